@@ -1,0 +1,3 @@
+from powerbudgetd.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,57 @@
+"""Project exceptions. NVML errors are mapped onto the few kinds the controller acts on."""
+
+
+class PowerBudgetError(Exception):
+    """Base of every error powerbudgetd raises on purpose."""
+
+
+class NvmlError(PowerBudgetError):
+    """An NVML call failed for a reason not covered by a subclass.
+
+    ``code`` is the NVML return code (``nvmlReturn_t``), ``call`` the NVML function name.
+    """
+
+    def __init__(self, message: str, code: int | None = None, call: str = "") -> None:
+        super().__init__(message)
+        self.code = code
+        self.call = call
+
+    kind = "other"
+
+
+class NvmlNotSupported(NvmlError):
+    """The device does not support the call (``NVML_ERROR_NOT_SUPPORTED``)."""
+
+    kind = "not_supported"
+
+
+class NvmlNoPermission(NvmlError):
+    """Writing power limits needs root or CAP_SYS_ADMIN (``NVML_ERROR_NO_PERMISSION``)."""
+
+    kind = "no_permission"
+
+
+class NvmlGpuLost(NvmlError):
+    """The GPU fell off the bus or needs a reset (``GPU_IS_LOST``, ``RESET_REQUIRED``)."""
+
+    kind = "gpu_lost"
+
+
+class NvmlNotInitialized(NvmlError):
+    """NVML could not be (or was not) initialised: driver, library or version trouble."""
+
+    kind = "not_initialized"
+
+
+class NvmlInvalidArgument(NvmlError):
+    """NVML refused a value, e.g. a limit outside the card's constraints."""
+
+    kind = "invalid_argument"
+
+
+class BudgetInfeasible(PowerBudgetError):
+    """The budget cannot be met: the cards' minimum limits sum above it."""
+
+
+class ConfigError(PowerBudgetError):
+    """A configuration file or value is invalid; the message names field, file and value."""

@@ -1,0 +1,273 @@
+"""The NVML layer: the only module that talks to ``pynvml`` (package ``nvidia-ml-py``).
+
+Watts in, watts out: NVML speaks milliwatts, and this module is the one place that
+converts. NVML errors become the project exceptions of :mod:`powerbudgetd.errors`.
+
+The layer is built on any module object that answers the ``pynvml`` calls it uses; in
+production that is the real ``pynvml``, in tests and ``simulate`` it is the simulator's
+fake (``powerbudgetd_sim.fake_pynvml``), so the code below is exactly the code tested.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.metadata
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Any, Callable, TypeVar
+
+from powerbudgetd.errors import (
+    NvmlError,
+    NvmlGpuLost,
+    NvmlInvalidArgument,
+    NvmlNoPermission,
+    NvmlNotInitialized,
+    NvmlNotSupported,
+)
+
+# nvmlReturn_t codes (nvml.h); the same values in nvidia-ml-py and in the simulator.
+_ERROR_KINDS: dict[int, type[NvmlError]] = {
+    1: NvmlNotInitialized,  # UNINITIALIZED
+    2: NvmlInvalidArgument,  # INVALID_ARGUMENT
+    3: NvmlNotSupported,  # NOT_SUPPORTED
+    4: NvmlNoPermission,  # NO_PERMISSION
+    9: NvmlNotInitialized,  # DRIVER_NOT_LOADED
+    12: NvmlNotInitialized,  # LIBRARY_NOT_FOUND
+    15: NvmlGpuLost,  # GPU_IS_LOST
+    16: NvmlGpuLost,  # RESET_REQUIRED
+    18: NvmlNotInitialized,  # LIB_RM_VERSION_MISMATCH
+}
+
+FI_DEV_POWER_INSTANT = 186  # NVML_FI_DEV_POWER_INSTANT: instant board power, mW
+_VALUE_FIELDS = {0: "dVal", 1: "uiVal", 2: "ulVal", 3: "ullVal", 4: "sllVal", 5: "siVal", 6: "usVal"}
+
+T = TypeVar("T")
+
+
+def load_pynvml() -> ModuleType:
+    """Import the official NVML bindings (``nvidia-ml-py``).
+
+    Raises NvmlNotInitialized when they are missing or when the unofficial ``pynvml``
+    wrapper package (before 12.0, which re-exports nvidia-ml-py) shadows them.
+    """
+    try:
+        module = importlib.import_module("pynvml")
+    except ImportError as exc:
+        raise NvmlNotInitialized(
+            "the NVML bindings are missing: pip install nvidia-ml-py"
+        ) from exc
+    try:
+        wrapper = importlib.metadata.version("pynvml")
+    except importlib.metadata.PackageNotFoundError:
+        wrapper = None
+    old_wrapper = wrapper is not None and int(wrapper.split(".")[0]) < 12
+    if old_wrapper or not hasattr(module, "_nvmlGetFunctionPointer"):
+        raise NvmlNotInitialized(
+            f"the unofficial 'pynvml' package ({wrapper or 'unknown version'}) shadows "
+            "NVIDIA's bindings: pip uninstall pynvml && pip install nvidia-ml-py"
+        )
+    return module
+
+
+@dataclass(frozen=True)
+class GpuInfo:
+    """A physical GPU as enumerated at start; keyed by ``uuid``.
+
+    Limits in W, from ``nvmlDeviceGetPowerManagementLimitConstraints`` and
+    ``nvmlDeviceGetPowerManagementDefaultLimit``; ``None`` where NVML does not support
+    limit control on the card.
+    """
+
+    index: int
+    uuid: str
+    name: str
+    min_limit_w: float | None
+    max_limit_w: float | None
+    default_limit_w: float | None
+
+
+@dataclass(frozen=True)
+class PowerReading:
+    """One read of a card. Every value in W; ``None`` means unknown (never 0 W).
+
+    ``power_avg_w``: ``nvmlDeviceGetPowerUsage``, a trailing 1 s mean on current GPUs.
+    ``power_instant_w``: field 186, refreshed every 100 ms; ``None`` on older cards.
+    ``requested_limit_w``: ``nvmlDeviceGetPowerManagementLimit``.
+    ``enforced_limit_w``: ``nvmlDeviceGetEnforcedPowerLimit``, after every limiter.
+    """
+
+    power_avg_w: float | None
+    power_instant_w: float | None
+    requested_limit_w: float | None
+    enforced_limit_w: float | None
+
+
+def _w(milliwatts: int | float) -> float:
+    return milliwatts / 1000.0
+
+
+def to_mw(watts: float) -> int:
+    """W to integer mW, rounded to the nearest mW (callers round toward safety first)."""
+    return int(round(watts * 1000.0))
+
+
+class Nvml:
+    """Thin, typed access to the NVML calls powerbudgetd needs.
+
+    ``module`` is a ``pynvml``-compatible module; by default the real bindings.
+    Raises project exceptions (:mod:`powerbudgetd.errors`), never ``NVMLError``.
+    """
+
+    def __init__(self, module: Any | None = None) -> None:
+        self._lib = module if module is not None else load_pynvml()
+        self._handles: dict[str, Any] = {}
+        self._instant_unsupported: set[str] = set()
+
+    # -- plumbing -------------------------------------------------------------------
+    def _call(self, name: str, fn: Callable[..., T], *args: Any) -> T:
+        try:
+            return fn(*args)
+        except self._lib.NVMLError as exc:
+            code = getattr(exc, "value", None)
+            kind = _ERROR_KINDS.get(code, NvmlError) if isinstance(code, int) else NvmlError
+            raise kind(f"{name}: {exc}", code=code, call=name) from None
+
+    def _handle(self, uuid: str) -> Any:
+        try:
+            return self._handles[uuid]
+        except KeyError:
+            raise NvmlGpuLost(f"unknown GPU {uuid}", call="handle") from None
+
+    # -- lifecycle ------------------------------------------------------------------
+    def init(self) -> None:
+        """``nvmlInit``. Raises NvmlNotInitialized with NVML's reason."""
+        try:
+            self._call("nvmlInit", self._lib.nvmlInit)
+        except NvmlError as exc:
+            raise NvmlNotInitialized(str(exc), code=exc.code, call="nvmlInit") from None
+
+    def shutdown(self) -> None:
+        """``nvmlShutdown``; errors are ignored (we are leaving anyway)."""
+        try:
+            self._lib.nvmlShutdown()
+        except Exception:  # noqa: BLE001 - best effort on the way out
+            pass
+
+    def driver_version(self) -> str:
+        v = self._call("nvmlSystemGetDriverVersion", self._lib.nvmlSystemGetDriverVersion)
+        return v.decode() if isinstance(v, bytes) else str(v)
+
+    # -- enumeration ----------------------------------------------------------------
+    def devices(self) -> list[GpuInfo]:
+        """Enumerate physical GPUs in index order. Limits unsupported on a card are None."""
+        lib = self._lib
+        out = []
+        for index in range(self._call("nvmlDeviceGetCount", lib.nvmlDeviceGetCount)):
+            handle = self._call("nvmlDeviceGetHandleByIndex", lib.nvmlDeviceGetHandleByIndex, index)
+            uuid = self._call("nvmlDeviceGetUUID", lib.nvmlDeviceGetUUID, handle)
+            name = self._call("nvmlDeviceGetName", lib.nvmlDeviceGetName, handle)
+            uuid = uuid.decode() if isinstance(uuid, bytes) else str(uuid)
+            name = name.decode() if isinstance(name, bytes) else str(name)
+            self._handles[uuid] = handle
+            try:
+                lo, hi = self._call(
+                    "nvmlDeviceGetPowerManagementLimitConstraints",
+                    lib.nvmlDeviceGetPowerManagementLimitConstraints,
+                    handle,
+                )
+                min_w, max_w = _w(lo), _w(hi)
+            except NvmlNotSupported:
+                min_w = max_w = None
+            try:
+                default_w = _w(
+                    self._call(
+                        "nvmlDeviceGetPowerManagementDefaultLimit",
+                        lib.nvmlDeviceGetPowerManagementDefaultLimit,
+                        handle,
+                    )
+                )
+            except NvmlNotSupported:
+                default_w = None
+            out.append(GpuInfo(index, uuid, name, min_w, max_w, default_w))
+        return out
+
+    # -- reads ----------------------------------------------------------------------
+    def _optional(self, name: str, fn: Callable[..., int], handle: Any) -> float | None:
+        try:
+            return _w(self._call(name, fn, handle))
+        except NvmlNotSupported:
+            return None
+
+    def power_instant_w(self, uuid: str) -> float | None:
+        """Field 186 in W; None where the card has no instant reading."""
+        if uuid in self._instant_unsupported:
+            return None
+        handle = self._handle(uuid)
+        values = self._call(
+            "nvmlDeviceGetFieldValues",
+            self._lib.nvmlDeviceGetFieldValues,
+            handle,
+            [FI_DEV_POWER_INSTANT],
+        )
+        value = values[0]
+        ret = int(value.nvmlReturn)
+        if ret == 3:  # NOT_SUPPORTED: remember, so we stop asking
+            self._instant_unsupported.add(uuid)
+            return None
+        if ret != 0:
+            kind = _ERROR_KINDS.get(ret, NvmlError)
+            raise kind(f"field {FI_DEV_POWER_INSTANT}: NVML return {ret}", code=ret, call="field186")
+        raw = getattr(value.value, _VALUE_FIELDS.get(int(value.valueType), "uiVal"))
+        return _w(raw)
+
+    def read(self, uuid: str) -> PowerReading:
+        """Read draw and limits of one card. Raises NvmlGpuLost, NvmlError on failure."""
+        lib = self._lib
+        handle = self._handle(uuid)
+        return PowerReading(
+            power_avg_w=self._optional("nvmlDeviceGetPowerUsage", lib.nvmlDeviceGetPowerUsage, handle),
+            power_instant_w=self.power_instant_w(uuid),
+            requested_limit_w=self._optional(
+                "nvmlDeviceGetPowerManagementLimit", lib.nvmlDeviceGetPowerManagementLimit, handle
+            ),
+            enforced_limit_w=self._optional(
+                "nvmlDeviceGetEnforcedPowerLimit", lib.nvmlDeviceGetEnforcedPowerLimit, handle
+            ),
+        )
+
+    def energy_j(self, uuid: str) -> float | None:
+        """``nvmlDeviceGetTotalEnergyConsumption`` in J since driver load; None if unsupported."""
+        lib = self._lib
+        try:
+            mj = self._call(
+                "nvmlDeviceGetTotalEnergyConsumption",
+                lib.nvmlDeviceGetTotalEnergyConsumption,
+                self._handle(uuid),
+            )
+        except NvmlNotSupported:
+            return None
+        return mj / 1000.0
+
+    def persistence_mode(self, uuid: str) -> bool | None:
+        """Whether persistence mode is on; None where unsupported (e.g. Windows)."""
+        lib = self._lib
+        try:
+            return bool(
+                self._call("nvmlDeviceGetPersistenceMode", lib.nvmlDeviceGetPersistenceMode, self._handle(uuid))
+            )
+        except NvmlNotSupported:
+            return None
+
+    # -- write ----------------------------------------------------------------------
+    def set_power_limit(self, uuid: str, limit_w: float) -> None:
+        """``nvmlDeviceSetPowerManagementLimit`` (root or CAP_SYS_ADMIN).
+
+        Raises NvmlNoPermission, NvmlInvalidArgument (outside constraints),
+        NvmlNotSupported, NvmlGpuLost or NvmlError.
+        """
+        self._call(
+            "nvmlDeviceSetPowerManagementLimit",
+            self._lib.nvmlDeviceSetPowerManagementLimit,
+            self._handle(uuid),
+            to_mw(limit_w),
+        )

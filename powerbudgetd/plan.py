@@ -1,0 +1,59 @@
+"""Order the writes that move caps to their targets, so the budget holds at every step.
+
+Pure. Every decrease comes first and is always allowed: it only lowers what may be in
+force. A decrease frees nothing until it is confirmed by read-back (the controller then
+lowers the card's bound), so an increase is planned only if it fits in the budget minus
+the sum of *bounds*, the highest limits that may be in force now. Increases that do not
+fit wait for a later tick.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Step:
+    """One card's position: its bound (highest limit that may be in force) and target, mW."""
+
+    uuid: str
+    bound_mw: int
+    target_mw: int
+    requested_mw: int | None = None  # what the card was last asked for (read-back)
+    priority: int = 0
+
+
+@dataclass(frozen=True)
+class Write:
+    """Set ``uuid``'s limit from ``from_mw`` (its bound) to ``to_mw``."""
+
+    uuid: str
+    from_mw: int
+    to_mw: int
+
+    @property
+    def is_increase(self) -> bool:
+        return self.to_mw > self.from_mw
+
+
+def plan_writes(steps: Sequence[Step], budget_mw: int) -> list[Write]:
+    """Decreases (largest first), then the increases that fit, by priority then size.
+
+    The sum of bounds plus every planned increase never exceeds ``budget_mw``; when the
+    bounds already exceed it (at boot, or after a card reverted) no increase is planned.
+    """
+    decreases = [
+        Write(s.uuid, s.bound_mw, s.target_mw)
+        for s in steps
+        if s.target_mw < s.bound_mw and s.requested_mw != s.target_mw  # else: awaiting enforcement
+    ]
+    decreases.sort(key=lambda w: w.to_mw - w.from_mw)
+    headroom = budget_mw - sum(s.bound_mw for s in steps)
+    increases = []
+    for s in sorted(steps, key=lambda s: (-s.priority, s.target_mw - s.bound_mw)):
+        delta = s.target_mw - s.bound_mw
+        if 0 < delta <= headroom:
+            increases.append(Write(s.uuid, s.bound_mw, s.target_mw))
+            headroom -= delta
+    return decreases + increases

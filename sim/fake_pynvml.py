@@ -1,0 +1,187 @@
+"""A fake ``pynvml`` module over a :class:`~powerbudgetd_sim.physics.SimBank`.
+
+It answers the same calls, with the same units (mW, mJ), return codes and exception
+shape (``NVMLError`` with ``.value``) as nvidia-ml-py, so powerbudgetd's NVML layer runs
+unchanged against it. Scripted faults (:class:`Fault`) make chosen calls fail on chosen
+cards at chosen times.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from types import SimpleNamespace
+from typing import Any
+
+from powerbudgetd_sim.physics import SimBank, SimCard
+
+NVML_SUCCESS = 0
+ERROR_CODES = {
+    "UNINITIALIZED": 1,
+    "INVALID_ARGUMENT": 2,
+    "NOT_SUPPORTED": 3,
+    "NO_PERMISSION": 4,
+    "DRIVER_NOT_LOADED": 9,
+    "TIMEOUT": 10,
+    "LIBRARY_NOT_FOUND": 12,
+    "GPU_IS_LOST": 15,
+    "RESET_REQUIRED": 16,
+    "LIB_RM_VERSION_MISMATCH": 18,
+    "UNKNOWN": 999,
+}
+NVML_FI_DEV_POWER_INSTANT = 186
+NVML_VALUE_TYPE_UNSIGNED_INT = 1
+
+
+class NVMLError(Exception):
+    """Same shape as nvidia-ml-py's: ``.value`` holds the ``nvmlReturn_t`` code."""
+
+    def __init__(self, value: int) -> None:
+        super().__init__(value)
+        self.value = value
+
+    def __str__(self) -> str:
+        names = {v: k for k, v in ERROR_CODES.items()}
+        return f"NVML_ERROR_{names.get(self.value, self.value)} (simulated)"
+
+
+@dataclass(frozen=True)
+class Fault:
+    """Make ``call`` fail with NVML error ``error`` (a name from ``ERROR_CODES``).
+
+    ``call``: an NVML function name such as ``nvmlDeviceSetPowerManagementLimit``, or
+    ``*`` for every call. ``card``: a card index, or None for every card and for calls
+    without a card (``nvmlInit``). Active while ``from_s <= t < until_s`` in bank time;
+    ``count`` limits it to the first N matching calls.
+    """
+
+    call: str
+    error: str
+    card: int | None = None
+    from_s: float = 0.0
+    until_s: float = math.inf
+    count: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.error not in ERROR_CODES:
+            raise ValueError(f"fault error {self.error!r} is not one of {', '.join(ERROR_CODES)}")
+
+
+class FakePynvml(SimpleNamespace):
+    """Module-like object exposing the ``pynvml`` calls powerbudgetd uses."""
+
+    NVMLError = NVMLError
+
+    def __init__(self, bank: SimBank, faults: list[Fault] | None = None, driver: str = "580.sim") -> None:
+        super().__init__()
+        self.bank = bank
+        self.faults = list(faults or [])
+        self._fault_hits: dict[int, int] = {}
+        self._initialized = False
+        self._driver = driver
+        self.calls = 0
+        self.call_delay_s = 0.0  # real seconds each call sleeps (to test a slow NVML)
+
+    # -- plumbing -------------------------------------------------------------------
+    def _enter(self, call: str, card: SimCard | None = None) -> float:
+        self.calls += 1
+        if self.call_delay_s:
+            time.sleep(self.call_delay_s)
+        now = self.bank.time()
+        index = card.index if card is not None else None
+        for i, f in enumerate(self.faults):
+            if f.call not in ("*", call) or not f.from_s <= now < f.until_s:
+                continue
+            if f.card is not None and f.card != index:
+                continue
+            hits = self._fault_hits.get(i, 0)
+            if f.count is not None and hits >= f.count:
+                continue
+            self._fault_hits[i] = hits + 1
+            raise NVMLError(ERROR_CODES[f.error])
+        if call != "nvmlInit" and not self._initialized:
+            raise NVMLError(ERROR_CODES["UNINITIALIZED"])
+        return now
+
+    # -- lifecycle ------------------------------------------------------------------
+    def nvmlInit(self) -> None:
+        self._enter("nvmlInit")
+        self._initialized = True
+
+    def nvmlShutdown(self) -> None:
+        self._initialized = False
+
+    def nvmlSystemGetDriverVersion(self) -> str:
+        self._enter("nvmlSystemGetDriverVersion")
+        return self._driver
+
+    # -- enumeration ----------------------------------------------------------------
+    def nvmlDeviceGetCount(self) -> int:
+        self._enter("nvmlDeviceGetCount")
+        return len(self.bank.cards)
+
+    def nvmlDeviceGetHandleByIndex(self, index: int) -> SimCard:
+        self._enter("nvmlDeviceGetHandleByIndex")
+        if not 0 <= index < len(self.bank.cards):
+            raise NVMLError(ERROR_CODES["INVALID_ARGUMENT"])
+        return self.bank.cards[index]
+
+    def nvmlDeviceGetUUID(self, handle: SimCard) -> str:
+        self._enter("nvmlDeviceGetUUID", handle)
+        return handle.spec.uuid
+
+    def nvmlDeviceGetName(self, handle: SimCard) -> str:
+        self._enter("nvmlDeviceGetName", handle)
+        return handle.spec.name
+
+    def nvmlDeviceGetPowerManagementLimitConstraints(self, handle: SimCard) -> list[int]:
+        self._enter("nvmlDeviceGetPowerManagementLimitConstraints", handle)
+        return [handle.min_mw, handle.max_mw]
+
+    def nvmlDeviceGetPowerManagementDefaultLimit(self, handle: SimCard) -> int:
+        self._enter("nvmlDeviceGetPowerManagementDefaultLimit", handle)
+        return handle.default_mw
+
+    def nvmlDeviceGetPersistenceMode(self, handle: SimCard) -> int:
+        self._enter("nvmlDeviceGetPersistenceMode", handle)
+        return 1
+
+    # -- reads ----------------------------------------------------------------------
+    def nvmlDeviceGetPowerUsage(self, handle: SimCard) -> int:
+        self._enter("nvmlDeviceGetPowerUsage", handle)
+        return int(handle.avg_w * 1000)
+
+    def nvmlDeviceGetFieldValues(self, handle: SimCard, field_ids: list[int]) -> list[Any]:
+        self._enter("nvmlDeviceGetFieldValues", handle)
+        out = []
+        for fid in field_ids:
+            ok = fid == NVML_FI_DEV_POWER_INSTANT and handle.spec.has_instant
+            out.append(
+                SimpleNamespace(
+                    fieldId=fid,
+                    nvmlReturn=NVML_SUCCESS if ok else ERROR_CODES["NOT_SUPPORTED"],
+                    valueType=NVML_VALUE_TYPE_UNSIGNED_INT,
+                    value=SimpleNamespace(uiVal=int(handle.instant_w * 1000) if ok else 0),
+                )
+            )
+        return out
+
+    def nvmlDeviceGetPowerManagementLimit(self, handle: SimCard) -> int:
+        self._enter("nvmlDeviceGetPowerManagementLimit", handle)
+        return handle.requested_mw
+
+    def nvmlDeviceGetEnforcedPowerLimit(self, handle: SimCard) -> int:
+        now = self._enter("nvmlDeviceGetEnforcedPowerLimit", handle)
+        return handle.enforced_mw(now)
+
+    def nvmlDeviceGetTotalEnergyConsumption(self, handle: SimCard) -> int:
+        self._enter("nvmlDeviceGetTotalEnergyConsumption", handle)
+        return int(handle.energy_mj)
+
+    # -- writes ---------------------------------------------------------------------
+    def nvmlDeviceSetPowerManagementLimit(self, handle: SimCard, limit_mw: int) -> None:
+        now = self._enter("nvmlDeviceSetPowerManagementLimit", handle)
+        if not handle.min_mw <= int(limit_mw) <= handle.max_mw:
+            raise NVMLError(ERROR_CODES["INVALID_ARGUMENT"])
+        handle.set_limit(now, int(limit_mw))

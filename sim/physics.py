@@ -1,0 +1,159 @@
+"""Board-power physics of a simulated GPU bank, taken from the recorded H200 traces.
+
+What the model reproduces (measured on an H200, driver 580; see ``traces/TRACES.md``):
+
+- readings refresh every 100 ms; between refreshes NVML returns the same values;
+- ``nvmlDeviceGetPowerUsage`` is the trailing 1 s mean of the instant power (field 186);
+- the limit caps the 1 s *average*: while pinned, instant samples wander about +-7 %
+  around the limit (measured 600-750 W at 700 W) and the mean stays at or under it;
+- at load onset the first instant sample overshoots, up to ~1.35x the limit (873-948 W
+  measured at 700 W), for one refresh;
+- a written limit takes effect after ``lag_s`` (not measured; public reports say tens of
+  ms; default 100 ms). The requested limit reads back at once, the enforced one after
+  the lag.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Callable
+
+from powerbudgetd_sim.profiles import Profile
+
+REFRESH_S = 0.1  # NVML power readings refresh period (measured)
+WINDOW = 10  # samples in the 1 s average
+PIN_NOISE = 0.07  # +-7 % wander around the limit while pinned (measured)
+ONSET_OVERSHOOT = (1.15, 1.35)  # first sample at load onset, x limit (measured 1.25-1.35)
+
+
+@dataclass(frozen=True)
+class CardSpec:
+    """A simulated card. Limits and draws in W; ``tgp_w`` defaults to ``max_w``."""
+
+    uuid: str
+    name: str
+    min_w: float
+    max_w: float
+    default_w: float
+    idle_w: float
+    tgp_w: float | None = None
+    has_instant: bool = True
+    profile: Profile = field(default_factory=Profile)
+
+    def __post_init__(self) -> None:
+        if not 0 < self.min_w <= self.default_w <= self.max_w:
+            raise ValueError(
+                f"card {self.uuid}: need 0 < min_w <= default_w <= max_w, "
+                f"got {self.min_w}, {self.default_w}, {self.max_w}"
+            )
+        if self.idle_w < 0:
+            raise ValueError(f"card {self.uuid}: idle_w must be >= 0, got {self.idle_w}")
+
+    @property
+    def board_tgp_w(self) -> float:
+        return self.tgp_w if self.tgp_w is not None else self.max_w
+
+
+class SimCard:
+    """One card's limits and power state; all limits kept in integer mW like NVML."""
+
+    def __init__(self, index: int, spec: CardSpec, lag_s: float, seed: int) -> None:
+        self.index = index
+        self.spec = spec
+        self.lag_s = lag_s
+        self.rng = random.Random(f"{seed}:{index}")
+        self.min_mw = round(spec.min_w * 1000)
+        self.max_mw = round(spec.max_w * 1000)
+        self.default_mw = round(spec.default_w * 1000)
+        self.requested_mw = self.default_mw
+        self._enforced_mw = self.default_mw
+        self._pending: deque[tuple[float, int]] = deque()
+        self.window: deque[float] = deque([spec.idle_w] * WINDOW, maxlen=WINDOW)
+        self.instant_w = spec.idle_w
+        self.avg_w = spec.idle_w
+        self.demand_w = spec.idle_w
+        self.energy_mj = 0.0
+        self.writes = 0
+
+    # -- limits ---------------------------------------------------------------------
+    def enforced_mw(self, now: float) -> int:
+        while self._pending and self._pending[0][0] <= now:
+            self._enforced_mw = self._pending.popleft()[1]
+        return self._enforced_mw
+
+    def set_limit(self, now: float, mw: int) -> None:
+        self.requested_mw = mw
+        self._pending.append((now + self.lag_s, mw))
+        self.writes += 1
+
+    def limit_bound_mw(self, now: float) -> int:
+        """Highest limit that may be in force now: requested, enforced or in flight."""
+        in_flight = max((mw for _, mw in self._pending), default=0)
+        return max(self.requested_mw, self.enforced_mw(now), in_flight)
+
+    # -- power ----------------------------------------------------------------------
+    def refresh(self, t: float) -> None:
+        """Advance the power state to the refresh at time ``t``."""
+        spec = self.spec
+        limit_w = self.enforced_mw(t) / 1000.0
+        demand = spec.profile.demand_w(t, spec.idle_w, spec.board_tgp_w)
+        self.demand_w = demand
+        prev = self.window[-1]
+        if demand > limit_w:
+            if prev < 0.8 * limit_w:  # load onset: one sample above the limit
+                p = min(demand, limit_w * self.rng.uniform(*ONSET_OVERSHOOT))
+            else:
+                p = limit_w * (1.0 + self.rng.uniform(-PIN_NOISE, PIN_NOISE))
+        else:
+            p = demand * (1.0 + self.rng.uniform(-0.01, 0.01))
+        # The firmware holds the 1 s mean at or under the limit (it cannot go below idle).
+        room = limit_w * WINDOW - (sum(self.window) - self.window[0])
+        p = max(min(p, room), min(spec.idle_w, p))
+        self.window.append(p)
+        self.instant_w = p
+        self.avg_w = sum(self.window) / WINDOW
+        self.energy_mj += p * REFRESH_S * 1000.0
+
+
+class SimBank:
+    """A bank of simulated cards on one clock.
+
+    ``clock`` returns the current time in s (virtual in ``simulate``, monotonic in
+    ``run --backend sim``). Every fake NVML call first advances the physics to now.
+    """
+
+    def __init__(
+        self,
+        specs: list[CardSpec],
+        *,
+        lag_s: float = 0.1,
+        seed: int = 0,
+        clock: Callable[[], float] | None = None,
+    ) -> None:
+        if lag_s < 0:
+            raise ValueError(f"lag_s must be >= 0, got {lag_s}")
+        self.cards = [SimCard(i, spec, lag_s, seed) for i, spec in enumerate(specs)]
+        self.now = 0.0
+        self._clock = clock
+        self._origin = clock() if clock else 0.0
+        self._next_refresh = 0.0
+
+    def time(self) -> float:
+        """Bank time in s since the bank was made."""
+        if self._clock is not None:
+            self.advance_to(self._clock() - self._origin)
+        return self.now
+
+    def advance_to(self, t: float) -> None:
+        """Run every refresh up to and including ``t`` (virtual time only moves forward)."""
+        while self._next_refresh <= t + 1e-9:
+            for card in self.cards:
+                card.refresh(self._next_refresh)
+            self._next_refresh = round(self._next_refresh + REFRESH_S, 9)
+        self.now = max(self.now, t)
+
+    def sum_limit_bound_mw(self) -> int:
+        """Sum over cards of the highest limit that may be in force (the invariant's left side)."""
+        return sum(c.limit_bound_mw(self.now) for c in self.cards)

@@ -1,0 +1,170 @@
+"""Scenarios: a bank, a budget, each card's demand, a duration and a seed (TOML).
+
+A scenario file (see ``scenarios/*.toml`` for commented examples)::
+
+    name = "workstation-4"           # defaults to the file name
+    description = "..."
+    bank = "workstation-4"           # a preset bank (BANKS) or omit and list cards
+    budget_w = 1000                  # defaults to the preset bank's budget
+    duration_s = 300
+    seed = 1
+    lag_s = 0.1                      # a written limit takes effect after this
+    tick_s = 0.1                     # the controller's tick
+
+    [[cards]]                        # one table per card, in index order
+    model = "rtx-pro-6000-maxq"      # a preset card (MODELS), or give the numbers:
+    # name = "..."; min_w = 150; max_w = 300; default_w = 300; idle_w = 30; tgp_w = 300
+    # has_instant = false            # an older card without field 186
+    phases = [                       # demand over time (see profiles.py for the kinds)
+      { at_s = 0, kind = "idle" },
+      { at_s = 60, kind = "trace", trace = "h200-serving" },
+    ]
+
+With a preset ``bank``, ``[[cards]]`` entries override that bank's cards by position
+(only the keys they give); cards not listed stay idle.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass, field, fields
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from powerbudgetd_sim.fake_pynvml import Fault
+from powerbudgetd_sim.physics import CardSpec
+from powerbudgetd_sim.profiles import Phase, Profile
+
+# Card models. Limits from the brief's reference banks; idle draws: H200 measured
+# (80-125 W), the workstation cards' assumed (not measured).
+MODELS: dict[str, dict[str, Any]] = {
+    "rtx-pro-6000-maxq": dict(
+        name="NVIDIA RTX PRO 6000 Blackwell Max-Q Workstation Edition",
+        min_w=150.0, max_w=300.0, default_w=300.0, idle_w=30.0,  # min assumed until probed
+    ),
+    "rtx-6000-ada": dict(
+        name="NVIDIA RTX 6000 Ada Generation", min_w=100.0, max_w=300.0, default_w=300.0, idle_w=25.0,
+    ),
+    "h200": dict(name="NVIDIA H200", min_w=200.0, max_w=700.0, default_w=700.0, idle_w=80.0),
+}
+
+# The brief's reference banks: (card model, count, budget W).
+BANKS: dict[str, tuple[str, int, float]] = {
+    "workstation-4": ("rtx-pro-6000-maxq", 4, 1000.0),
+    "ada-2": ("rtx-6000-ada", 2, 400.0),
+    "h200-1": ("h200", 1, 700.0),
+    "hgx-8": ("h200", 8, 4400.0),
+}
+
+_CARD_KEYS = {"model", "name", "min_w", "max_w", "default_w", "idle_w", "tgp_w", "has_instant", "phases", "uuid"}
+_TOP_KEYS = {"name", "description", "bank", "budget_w", "duration_s", "seed", "lag_s", "tick_s", "cards", "faults", "feed"}
+
+
+class ScenarioError(ValueError):
+    """A scenario file is invalid; the message names the file and the key."""
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    budget_w: float
+    cards: tuple[CardSpec, ...]
+    duration_s: float = 300.0
+    seed: int = 1
+    lag_s: float = 0.1
+    tick_s: float = 0.1
+    description: str = ""
+    faults: tuple[Fault, ...] = ()
+    feed: dict[str, Any] = field(default_factory=dict)
+
+
+def scenario_dir() -> Path:
+    return Path(str(resources.files("powerbudgetd_sim") / "scenarios"))
+
+
+def list_scenarios() -> list[tuple[str, str]]:
+    """(name, description) of every packaged scenario."""
+    out = []
+    for path in sorted(scenario_dir().glob("*.toml")):
+        sc = load_scenario(path)
+        out.append((sc.name, sc.description))
+    return out
+
+
+def load_scenario(name_or_path: str | Path) -> Scenario:
+    """Load a packaged scenario by name, or a TOML file by path. Raises ScenarioError."""
+    path = Path(name_or_path)
+    if not path.suffix:
+        path = scenario_dir() / f"{name_or_path}.toml"
+    if not path.is_file():
+        known = ", ".join(p.stem for p in sorted(scenario_dir().glob("*.toml")))
+        raise ScenarioError(f"no scenario {str(name_or_path)!r}: not a file, nor one of: {known}")
+    try:
+        data = tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as exc:
+        raise ScenarioError(f"{path}: not valid TOML: {exc}") from None
+    try:
+        return parse_scenario(data, default_name=path.stem)
+    except (ValueError, TypeError) as exc:
+        raise ScenarioError(f"{path}: {exc}") from None
+
+
+def parse_scenario(data: dict[str, Any], default_name: str = "scenario") -> Scenario:
+    unknown = set(data) - _TOP_KEYS
+    if unknown:
+        raise ScenarioError(f"unknown key(s) {', '.join(sorted(unknown))}")
+    bank = data.get("bank")
+    card_tables = data.get("cards", [])
+    if bank is not None:
+        if bank not in BANKS:
+            raise ScenarioError(f"bank {bank!r} is not one of {', '.join(BANKS)}")
+        model, count, budget = BANKS[bank]
+        if len(card_tables) > count:
+            raise ScenarioError(f"bank {bank} has {count} cards, {len(card_tables)} given")
+        tables = [{"model": model, **(card_tables[i] if i < len(card_tables) else {})} for i in range(count)]
+    else:
+        if not card_tables:
+            raise ScenarioError("give a preset 'bank' or at least one [[cards]] table")
+        tables, budget = list(card_tables), None
+    cards = tuple(_card(i, t) for i, t in enumerate(tables))
+    budget_w = data.get("budget_w", budget)
+    if budget_w is None or budget_w <= 0:
+        raise ScenarioError(f"budget_w must be a positive number of watts, got {budget_w!r}")
+    faults = tuple(Fault(**f) for f in data.get("faults", []))
+    return Scenario(
+        name=data.get("name", default_name),
+        budget_w=float(budget_w),
+        cards=cards,
+        duration_s=float(data.get("duration_s", 300.0)),
+        seed=int(data.get("seed", 1)),
+        lag_s=float(data.get("lag_s", 0.1)),
+        tick_s=float(data.get("tick_s", 0.1)),
+        description=data.get("description", ""),
+        faults=faults,
+        feed=dict(data.get("feed", {})),
+    )
+
+
+def _card(index: int, table: dict[str, Any]) -> CardSpec:
+    unknown = set(table) - _CARD_KEYS
+    if unknown:
+        raise ScenarioError(f"cards[{index}]: unknown key(s) {', '.join(sorted(unknown))}")
+    base: dict[str, Any] = {}
+    if "model" in table:
+        if table["model"] not in MODELS:
+            raise ScenarioError(f"cards[{index}].model {table['model']!r} is not one of {', '.join(MODELS)}")
+        base = dict(MODELS[table["model"]])
+    base.update({k: v for k, v in table.items() if k not in ("model", "phases")})
+    missing = {"name", "min_w", "max_w", "default_w", "idle_w"} - set(base)
+    if missing:
+        raise ScenarioError(f"cards[{index}]: missing {', '.join(sorted(missing))} (or give a model)")
+    phase_keys = {f.name for f in fields(Phase)}
+    phases = []
+    for j, ph in enumerate(table.get("phases", [{"at_s": 0.0, "kind": "idle"}])):
+        bad = set(ph) - phase_keys
+        if bad:
+            raise ScenarioError(f"cards[{index}].phases[{j}]: unknown key(s) {', '.join(sorted(bad))}")
+        phases.append(Phase(**ph))
+    base.setdefault("uuid", f"GPU-5151{index:04d}-0000-4000-8000-{index:012d}")
+    return CardSpec(profile=Profile(tuple(phases)), **base)
