@@ -87,6 +87,7 @@ class WriteEvent:
     reason: str
     sum_after_w: float
     error: str | None = None
+    error_kind: str | None = None  # NvmlError.kind: no_permission, invalid_argument, ...
     dry_run: bool = False
 
 
@@ -359,7 +360,10 @@ class Controller:
             sum_after = self.sum_bound_mw - c.bound_mw + w.to_mw
             ev = WriteEvent(
                 c.index, c.uuid, w.from_mw / 1000, w.to_mw / 1000, reasons.get(w.uuid, "lend"),
-                sum_after / 1000, None if applied.error is None else str(applied.error), self.dry_run,
+                sum_after / 1000,
+                None if applied.error is None else str(applied.error),
+                None if applied.error is None else applied.error.kind,
+                self.dry_run,
             )
             events.append(ev)
             if applied.error is not None:

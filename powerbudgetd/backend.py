@@ -1,0 +1,31 @@
+"""Build the NVML layer over real NVML or over a simulated bank."""
+
+from __future__ import annotations
+
+import time
+
+from powerbudgetd.nvml import Nvml
+from powerbudgetd_sim.fake_pynvml import FakePynvml
+from powerbudgetd_sim.physics import SimBank
+from powerbudgetd_sim.scenario import load_scenario
+
+BACKENDS = ("nvml", "sim")
+
+
+def make_nvml(backend: str, scenario: str = "workstation-4", seed: int | None = None, lag_s: float | None = None) -> Nvml:
+    """``nvml``: the real bindings. ``sim``: ``scenario``'s bank on the wall clock.
+
+    Raises NvmlNotInitialized (real bindings missing) or ScenarioError.
+    """
+    if backend == "nvml":
+        return Nvml()
+    if backend != "sim":
+        raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
+    sc = load_scenario(scenario)
+    bank = SimBank(
+        list(sc.cards),
+        lag_s=sc.lag_s if lag_s is None else lag_s,
+        seed=sc.seed if seed is None else seed,
+        clock=time.monotonic,
+    )
+    return Nvml(FakePynvml(bank, list(sc.faults)))
