@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import structlog
@@ -33,6 +33,7 @@ EXIT_NO_PERMISSION = 5
 EXIT_BOOT_TIMEOUT = 6
 
 TickListener = Callable[[TickReport, Controller], None]
+Service = Callable[["Daemon"], Awaitable[None]]
 
 
 class Daemon:
@@ -52,7 +53,10 @@ class Daemon:
         self.notifier = notifier or Notifier()
         self.clock = clock
         self.config_path = config_path
+        # Side channels (metrics, MQTT, recorder): listeners are called after every tick
+        # and must not block; services are long-running tasks started before boot.
         self.listeners: list[TickListener] = []
+        self.services: list[Service] = []
         self.controller: Controller | None = None
         self._stop = asyncio.Event()
         self._status = ""
@@ -84,9 +88,13 @@ class Daemon:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._stop.set)
+        tasks = [asyncio.create_task(svc(self)) for svc in self.services]
         try:
             return await self._loop(ctl)
         finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
             for sig in (signal.SIGTERM, signal.SIGINT):
                 loop.remove_signal_handler(sig)
             self.nvml.shutdown()
