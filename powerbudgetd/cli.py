@@ -124,7 +124,7 @@ def _run(args: argparse.Namespace) -> int:
 
     def factory(n):  # type: ignore[no-untyped-def]
         return Controller(
-            n, settings.budget_w, settings.control.timings(), dry_run=args.dry_run, overrides=settings.overrides()
+            n, settings.effective_budget_w(), settings.control.timings(), dry_run=args.dry_run, overrides=settings.overrides()
         )
 
     return asyncio.run(Daemon(nvml, factory, config_path=args.config).run())

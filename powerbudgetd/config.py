@@ -36,6 +36,39 @@ class CardConfig(_Section):
         return CardOverride(self.exclude, self.max_w, self.priority)
 
 
+class FeedConfig(_Section):
+    """The electrical feed; the board budget is derived so that
+    (sum of board limits + host draw) / PSU efficiency <= the tightest of circuit and UPS.
+
+    Circuit: breaker_a x volts x derating (NEC: continuous loads at 80 %).
+    UPS: ups_w (its real watt rating, not VA) x (1 - ups_margin): a UPS trips on peaks
+    within seconds, faster than a 1 s average shows (brief, "Protective devices").
+    """
+
+    breaker_a: float = Field(gt=0, le=400)
+    volts: float = Field(gt=0, le=480)
+    derating: float = Field(0.8, gt=0, le=1)
+    ups_w: float | None = Field(None, gt=0, le=100_000)
+    ups_margin: float = Field(0.2, ge=0, lt=1)
+    psu_efficiency: float = Field(0.9, gt=0.5, le=1)
+    host_w: float = Field(ge=0, le=100_000)  # CPU, RAM, drives, fans: measure it at the plug
+
+    def circuit_w(self) -> float:
+        return self.breaker_a * self.volts * self.derating
+
+    def ups_limit_w(self) -> float | None:
+        return None if self.ups_w is None else self.ups_w * (1 - self.ups_margin)
+
+    def wall_limit_w(self) -> float:
+        """The tightest plug-side limit (W)."""
+        ups = self.ups_limit_w()
+        return self.circuit_w() if ups is None else min(self.circuit_w(), ups)
+
+    def board_budget_w(self) -> float:
+        """Board watts the feed allows: wall limit x efficiency - host draw."""
+        return self.wall_limit_w() * self.psu_efficiency - self.host_w
+
+
 class ControlConfig(_Section):
     """Control timings (s) and thresholds (fractions of a limit); see ``Timings``."""
 
@@ -73,7 +106,8 @@ class Settings(BaseSettings):
 
     model_config = SettingsConfigDict(env_prefix="POWERBUDGETD_", env_nested_delimiter="__", extra="forbid")
 
-    budget_w: float = Field(gt=0, le=100_000)
+    budget_w: float | None = Field(None, gt=0, le=100_000)  # board watts; or derive it from [feed]
+    feed: FeedConfig | None = None
     allow_monitor_only: bool = False  # without write permission: watch, do not enforce
     log_level: str = Field("info", pattern="^(debug|info|warning|error)$")
     cards: dict[str, CardConfig] = Field(default_factory=dict)
@@ -83,7 +117,16 @@ class Settings(BaseSettings):
     @model_validator(mode="after")
     def _check(self) -> "Settings":
         Timings(**self.control.model_dump())  # cross-field rules live in Timings (ValueError)
+        if self.budget_w is None and self.feed is None:
+            raise ValueError("give budget_w (board watts) or a [feed] section to derive it from")
+        if self.effective_budget_w() <= 0:
+            raise ValueError(f"the feed leaves no board budget: {self.effective_budget_w():.0f} W")
         return self
+
+    def effective_budget_w(self) -> float:
+        """The board budget in force: the lower of ``budget_w`` and what ``[feed]`` allows."""
+        candidates = [b for b in (self.budget_w, self.feed.board_budget_w() if self.feed else None) if b is not None]
+        return min(candidates)
 
     @classmethod
     def settings_customise_sources(
