@@ -135,7 +135,6 @@ class Controller:
         self.stopped = False
         self.mode = Mode.DRY_RUN if dry_run else Mode.BOOTING
         self._failsafe_until = float("-inf")
-        self._dry_run_said: dict[str, int] = {}
         self._infeasible_said = False
 
     # -- start ----------------------------------------------------------------------
@@ -201,12 +200,15 @@ class Controller:
         if faults and not self.dry_run:
             self._failsafe_until = now + self.timings.failsafe_hold_s
         mode = self._mode(now)
-        if mode != self.mode:
-            log.info("mode_changed", old=str(self.mode), new=str(mode), faults=faults or None)
-            self.mode = mode
+        shown = Mode.DRY_RUN if self.dry_run else mode
+        if shown != self.mode:
+            log.info("mode_changed", old=str(self.mode), new=str(shown), faults=faults or None)
+            self.mode = shown
 
         targets, reasons = self._targets(now, mode)
         ctl = [c for c in self.cards if c.controllable and c.readable]
+        for c in ctl:
+            c.target_mw = targets[c.uuid]
         steps = [Step(c.uuid, c.bound_mw, targets[c.uuid], c.requested_mw, c.priority) for c in ctl]
         writes = plan_writes(steps, self.budget_mw)
         events = self._apply(writes, reasons, now)
@@ -214,8 +216,6 @@ class Controller:
         if mode == Mode.BOOTING and all(self._confirmed(c, now) and c.bound_mw == c.target_mw for c in ctl):
             self.ready = True
             log.info("ready", budget_w=self.budget_mw / 1000, sum_limits_w=self.sum_bound_mw / 1000)
-        elif mode == Mode.DRY_RUN:
-            self.ready = True
         if mode == Mode.STOPPING and all(self._confirmed(c, now) and c.bound_mw <= (c.share_mw or 0) for c in ctl):
             self.stopped = True
         return TickReport(
@@ -227,8 +227,6 @@ class Controller:
         return sum(c.bound_mw for c in self.cards)
 
     def _mode(self, now: float) -> Mode:
-        if self.dry_run:
-            return Mode.DRY_RUN
         if self.stopping:
             return Mode.STOPPING
         if not self.ready:
@@ -274,6 +272,8 @@ class Controller:
         known = [v for v in (c.requested_mw, c.enforced_mw) if v is not None]
         known += [mw for mw, _ in c.inflight]
         c.bound_mw = max(known) if known else c.hw_max_mw
+        if self.dry_run and c.target_mw is not None:
+            c.bound_mw = c.target_mw  # shadow mode: decide as if our last decision were in force
         return None
 
     def _confirmed(self, c: CardState, now: float) -> bool:
@@ -315,7 +315,7 @@ class Controller:
             self._infeasible_said = False
         for c, s in zip(ctl, shares):
             c.share_mw = s
-        if mode != Mode.DYNAMIC and mode != Mode.DRY_RUN:
+        if mode != Mode.DYNAMIC:
             self.policy.reset()
             for c in ctl:
                 c.role = Role.FAIR
@@ -324,7 +324,7 @@ class Controller:
         views = [
             CardView(
                 c.uuid, c.share_mw, c.min_mw, c.max_mw,  # type: ignore[arg-type]
-                c.enforced_mw if c.enforced_mw is not None else c.bound_mw,
+                c.bound_mw if self.dry_run or c.enforced_mw is None else c.enforced_mw,
                 _mw(c.reading.power_avg_w if c.reading else None),
                 _mw(c.reading.power_instant_w if c.reading else None),
                 c.priority,
@@ -347,14 +347,11 @@ class Controller:
         for applied in self.actuator.apply(writes):
             w = applied.write
             c = by_id[w.uuid]
-            c.target_mw = w.to_mw
             if applied.skipped and not self.dry_run:
                 continue
             if self.dry_run:
-                if self._dry_run_said.get(w.uuid) == w.to_mw:
-                    continue
-                self._dry_run_said[w.uuid] = w.to_mw
-            if applied.done:
+                c.bound_mw = w.to_mw
+            elif applied.done:
                 c.inflight.append((w.to_mw, now))
                 c.bound_mw = max(c.bound_mw, w.to_mw)
             sum_after = self.sum_bound_mw - c.bound_mw + w.to_mw

@@ -1,0 +1,92 @@
+"""The command line as a user runs it: simulate, probe, run --dry-run."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from powerbudgetd.cli import main
+from powerbudgetd.simulate import run_scenario
+from powerbudgetd_sim.scenario import load_scenario
+
+
+def test_simulate_json_has_the_promised_keys(capsys):
+    assert main(["simulate", "--json", "--duration", "30"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    for key in ("scenario", "budget_w", "cards", "duration_s", "max_sum_enforced_limit_w", "violation_ticks",
+                "max_sum_power_avg_w", "max_sum_power_instant_w", "cap_changes"):
+        assert key in report
+    assert report["scenario"] == "workstation-4" and report["budget_w"] == 1000
+    assert len(report["cards"]) == 4
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", range(1, 21))
+def test_default_scenario_has_no_violation_for_seeds_1_to_20(seed):
+    report = run_scenario(load_scenario("workstation-4"), seed=seed).report
+    assert report["violation_ticks"] == 0
+    assert report["max_sum_limit_bound_w"] <= 1000
+    assert report["boot_s"] is not None and report["boot_s"] <= 0.5
+    # lending happened: someone went above fair share while a neighbour idled
+    assert any(c["limit_writes"] > 1 for c in report["cards"])
+
+
+def test_simulate_plot_writes_a_png(tmp_path, capsys):
+    out = tmp_path / "bank.png"
+    assert main(["simulate", "--duration", "20", "--plot", str(out)]) == 0
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "violation ticks      0" in capsys.readouterr().out
+
+
+def test_simulate_list_and_unknown_scenario(capsys):
+    assert main(["simulate", "--list"]) == 0
+    assert "workstation-4" in capsys.readouterr().out
+    assert main(["simulate", "--scenario", "nope"]) == 2
+    assert "no scenario 'nope'" in capsys.readouterr().err
+
+
+def test_probe_json_on_the_simulated_bank(capsys):
+    assert main(["probe", "--backend", "sim", "--json"]) == 0
+    gpus = json.loads(capsys.readouterr().out)["gpus"]
+    assert [g["index"] for g in gpus] == [0, 1, 2, 3]
+    g = gpus[0]
+    assert (g["min_limit_w"], g["max_limit_w"], g["default_limit_w"]) == (150.0, 300.0, 300.0)
+    assert g["enforced_limit_w"] == g["requested_limit_w"] == 300.0
+    assert g["persistence_mode"] is True and g["power_avg_w"] > 0
+
+
+def test_run_dry_run_writes_nothing(tmp_path):
+    scenario = tmp_path / "one-busy.toml"
+    scenario.write_text(
+        'bank = "workstation-4"\n[[cards]]\nphases = [{ at_s = 0, kind = "constant", power_w = 300 }]\n'
+    )
+    cfg = tmp_path / "pb.toml"
+    cfg.write_text(
+        f"budget_w = 1000\n[control]\ndonor_hold_s = 1.0\nrecipient_hold_s = 0.5\n"
+        f"[sim]\nscenario = '{scenario}'\n"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "powerbudgetd", "run", "--config", str(cfg), "--backend", "sim", "--dry-run"],
+        stdout=subprocess.PIPE, text=True,
+    )
+    time.sleep(4)
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=20)
+    assert proc.returncode == 0
+    events = [json.loads(line) for line in out.splitlines()]
+    names = [e["event"] for e in events]
+    assert "power_limit_set" not in names
+    would = [e for e in events if e["event"] == "power_limit_would_set"]
+    assert [e["to_w"] for e in would if e["reason"] == "boot"] == [250.0] * 4
+    lend = {(e["index"], e["to_w"]) for e in would if e["reason"] == "lend"}
+    assert lend == {(1, 150.0), (2, 150.0), (3, 150.0), (0, 300.0)}  # what lending would do
+
+
+def test_run_missing_config_is_an_error(tmp_path, capsys):
+    assert main(["run", "--config", str(tmp_path / "none.toml"), "--backend", "sim"]) == 2
+    assert "no such config file" in capsys.readouterr().err
