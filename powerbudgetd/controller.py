@@ -59,6 +59,7 @@ class CardState:
     share_mw: int | None = None
     role: Role = Role.FAIR
     error: str | None = None
+    shadow_mw: int | None = None  # dry run only: the limit we would have set
 
     @property
     def readable(self) -> bool:
@@ -272,8 +273,8 @@ class Controller:
         known = [v for v in (c.requested_mw, c.enforced_mw) if v is not None]
         known += [mw for mw, _ in c.inflight]
         c.bound_mw = max(known) if known else c.hw_max_mw
-        if self.dry_run and c.target_mw is not None:
-            c.bound_mw = c.target_mw  # shadow mode: decide as if our last decision were in force
+        if c.shadow_mw is not None:
+            c.bound_mw = c.shadow_mw  # dry run: decide as if what we would have written were in force
         return None
 
     def _confirmed(self, c: CardState, now: float) -> bool:
@@ -350,7 +351,7 @@ class Controller:
             if applied.skipped and not self.dry_run:
                 continue
             if self.dry_run:
-                c.bound_mw = w.to_mw
+                c.bound_mw = c.shadow_mw = w.to_mw
             elif applied.done:
                 c.inflight.append((w.to_mw, now))
                 c.bound_mw = max(c.bound_mw, w.to_mw)
