@@ -12,8 +12,15 @@ from powerbudgetd_sim.scenario import load_scenario
 BACKENDS = ("nvml", "sim")
 
 
-def make_nvml(backend: str, scenario: str = "workstation-4", seed: int | None = None, lag_s: float | None = None) -> Nvml:
-    """``nvml``: the real bindings. ``sim``: ``scenario``'s bank on the wall clock.
+def make_nvml(
+    backend: str,
+    scenario: str = "workstation-4",
+    seed: int | None = None,
+    lag_s: float | None = None,
+    state_file: str | None = None,
+) -> Nvml:
+    """``nvml``: the real bindings. ``sim``: ``scenario``'s bank on the wall clock, its
+    limits kept in ``state_file`` across restarts when given (as a GPU keeps them).
 
     Raises NvmlNotInitialized (real bindings missing) or ScenarioError.
     """
@@ -27,5 +34,7 @@ def make_nvml(backend: str, scenario: str = "workstation-4", seed: int | None = 
         lag_s=sc.lag_s if lag_s is None else lag_s,
         seed=sc.seed if seed is None else seed,
         clock=time.monotonic,
+        events=list(sc.events),
+        state_file=state_file,
     )
     return Nvml(FakePynvml(bank, list(sc.faults)))

@@ -114,7 +114,9 @@ def _run(args: argparse.Namespace) -> int:
         return EXIT_CONFIG
     configure_logging(level=settings.log_level)
     try:
-        nvml = make_nvml(args.backend, settings.sim.scenario, settings.sim.seed, settings.sim.lag_s)
+        nvml = make_nvml(
+            args.backend, settings.sim.scenario, settings.sim.seed, settings.sim.lag_s, settings.sim.state_file
+        )
     except ScenarioError as exc:
         print(f"powerbudgetd: [sim] scenario: {exc}", file=sys.stderr)
         return EXIT_CONFIG

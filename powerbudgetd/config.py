@@ -99,6 +99,7 @@ class SimConfig(_Section):
     scenario: str = "workstation-4"  # a packaged scenario name or a TOML file
     seed: int | None = None
     lag_s: float | None = Field(None, ge=0, le=5)
+    state_file: str | None = None  # keep the simulated cards' limits across restarts
 
 
 class Settings(BaseSettings):

@@ -48,7 +48,7 @@ def run_scenario(
     duration = sc.duration_s if duration_s is None else duration_s
     seed = sc.seed if seed is None else seed
     timings = timings or Timings(tick_s=sc.tick_s)
-    bank = SimBank(list(sc.cards), lag_s=sc.lag_s, seed=seed)
+    bank = SimBank(list(sc.cards), lag_s=sc.lag_s, seed=seed, events=list(sc.events))
     nvml = Nvml(FakePynvml(bank, list(sc.faults)))
     nvml.init()
     ctl = Controller(nvml, sc.budget_w, timings)
@@ -56,7 +56,6 @@ def run_scenario(
     budget_mw = ctl.budget_mw
 
     series = Series()
-    n = len(bank.cards)
     violation_ticks = ticks = 0
     boot_s: float | None = None
     max_sum_enforced = max_sum_bound = max_sum_avg = max_sum_instant = 0.0

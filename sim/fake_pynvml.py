@@ -22,6 +22,7 @@ ERROR_CODES = {
     "INVALID_ARGUMENT": 2,
     "NOT_SUPPORTED": 3,
     "NO_PERMISSION": 4,
+    "NOT_FOUND": 6,
     "DRIVER_NOT_LOADED": 9,
     "TIMEOUT": 10,
     "LIBRARY_NOT_FOUND": 12,
@@ -48,7 +49,8 @@ class NVMLError(Exception):
 
 @dataclass(frozen=True)
 class Fault:
-    """Make ``call`` fail with NVML error ``error`` (a name from ``ERROR_CODES``).
+    """Make ``call`` fail with NVML error ``error`` (a name from ``ERROR_CODES``), or
+    with ``error = "SLOW"`` answer normally after ``delay_s`` real seconds.
 
     ``call``: an NVML function name such as ``nvmlDeviceSetPowerManagementLimit``, or
     ``*`` for every call. ``card``: a card index, or None for every card and for calls
@@ -62,10 +64,11 @@ class Fault:
     from_s: float = 0.0
     until_s: float = math.inf
     count: int | None = None
+    delay_s: float = 0.0
 
     def __post_init__(self) -> None:
-        if self.error not in ERROR_CODES:
-            raise ValueError(f"fault error {self.error!r} is not one of {', '.join(ERROR_CODES)}")
+        if self.error not in ERROR_CODES and self.error != "SLOW":
+            raise ValueError(f"fault error {self.error!r} is not SLOW nor one of {', '.join(ERROR_CODES)}")
 
 
 class FakePynvml(SimpleNamespace):
@@ -99,6 +102,9 @@ class FakePynvml(SimpleNamespace):
             if f.count is not None and hits >= f.count:
                 continue
             self._fault_hits[i] = hits + 1
+            if f.error == "SLOW":
+                time.sleep(f.delay_s)
+                continue
             raise NVMLError(ERROR_CODES[f.error])
         if call != "nvmlInit" and not self._initialized:
             raise NVMLError(ERROR_CODES["UNINITIALIZED"])
@@ -127,6 +133,15 @@ class FakePynvml(SimpleNamespace):
             raise NVMLError(ERROR_CODES["INVALID_ARGUMENT"])
         return self.bank.cards[index]
 
+    def nvmlDeviceGetHandleByUUID(self, uuid: str | bytes) -> SimCard:
+        self._enter("nvmlDeviceGetHandleByUUID")
+        uuid = uuid.decode() if isinstance(uuid, bytes) else uuid
+        for card in self.bank.cards:
+            if card.spec.uuid == uuid:
+                self._enter("nvmlDeviceGetHandleByUUID", card)  # a lost card stays lost
+                return card
+        raise NVMLError(ERROR_CODES["NOT_FOUND"])
+
     def nvmlDeviceGetUUID(self, handle: SimCard) -> str:
         self._enter("nvmlDeviceGetUUID", handle)
         return handle.spec.uuid
@@ -137,7 +152,10 @@ class FakePynvml(SimpleNamespace):
 
     def nvmlDeviceGetPowerManagementLimitConstraints(self, handle: SimCard) -> list[int]:
         self._enter("nvmlDeviceGetPowerManagementLimitConstraints", handle)
-        return [handle.min_mw, handle.max_mw]
+        spec = handle.spec
+        lo = handle.min_mw if spec.reported_min_w is None else round(spec.reported_min_w * 1000)
+        hi = handle.max_mw if spec.reported_max_w is None else round(spec.reported_max_w * 1000)
+        return [lo, hi]
 
     def nvmlDeviceGetPowerManagementDefaultLimit(self, handle: SimCard) -> int:
         self._enter("nvmlDeviceGetPowerManagementDefaultLimit", handle)
@@ -182,6 +200,10 @@ class FakePynvml(SimpleNamespace):
     # -- writes ---------------------------------------------------------------------
     def nvmlDeviceSetPowerManagementLimit(self, handle: SimCard, limit_mw: int) -> None:
         now = self._enter("nvmlDeviceSetPowerManagementLimit", handle)
+        if handle.spec.ignores_writes:  # "success", and nothing changes
+            handle.set_limit(now, int(limit_mw))
+            return
         if not handle.min_mw <= int(limit_mw) <= handle.max_mw:
             raise NVMLError(ERROR_CODES["INVALID_ARGUMENT"])
         handle.set_limit(now, int(limit_mw))
+        self.bank.save_state()

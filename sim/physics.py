@@ -15,6 +15,8 @@ What the model reproduces (measured on an H200, driver 580; see ``traces/TRACES.
 
 from __future__ import annotations
 
+import json
+import os
 import random
 from collections import deque
 from dataclasses import dataclass, field
@@ -41,6 +43,12 @@ class CardSpec:
     tgp_w: float | None = None
     has_instant: bool = True
     profile: Profile = field(default_factory=Profile)
+    # Misbehaviours seen in the field: constraints NVML reports that differ from the
+    # real ones (may be nonsense, e.g. min above max), and a card whose limit stays put
+    # whatever is written (the set call still succeeds).
+    reported_min_w: float | None = None
+    reported_max_w: float | None = None
+    ignores_writes: bool = False
 
     def __post_init__(self) -> None:
         if not 0 < self.min_w <= self.default_w <= self.max_w:
@@ -84,9 +92,25 @@ class SimCard:
         return self._enforced_mw
 
     def set_limit(self, now: float, mw: int) -> None:
+        self.writes += 1
+        if self.spec.ignores_writes:
+            return
         self.requested_mw = mw
         self._pending.append((now + self.lag_s, mw))
-        self.writes += 1
+
+    def reset_limits(self) -> None:
+        """A driver reload or GPU reset: back to the default limit, at once."""
+        self._pending.clear()
+        self.requested_mw = self._enforced_mw = self.default_mw
+
+    def limit_state(self, now: float) -> dict[str, object]:
+        return {"requested_mw": self.requested_mw, "enforced_mw": self.enforced_mw(now),
+                "pending": [[t - now, mw] for t, mw in self._pending]}
+
+    def restore_limits(self, state: dict, now: float) -> None:
+        self.requested_mw = int(state["requested_mw"])
+        self._enforced_mw = int(state["enforced_mw"])
+        self._pending = deque((now + dt, int(mw)) for dt, mw in state["pending"])
 
     def limit_bound_mw(self, now: float) -> int:
         """Highest limit that may be in force now: requested, enforced or in flight."""
@@ -117,11 +141,37 @@ class SimCard:
         self.energy_mj += p * REFRESH_S * 1000.0
 
 
+@dataclass(frozen=True)
+class BankEvent:
+    """Something that happens to a card behind the daemon's back, at ``at_s`` (bank time)
+    and again every ``every_s`` if given.
+
+    ``action``: ``reset`` (driver reload or GPU reset: limits back to the default at
+    once) or ``set_limit`` (another tool writes ``limit_w``; it bites after the lag).
+    """
+
+    at_s: float
+    card: int
+    action: str
+    limit_w: float | None = None
+    every_s: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.action not in ("reset", "set_limit"):
+            raise ValueError(f"event action {self.action!r} is not one of reset, set_limit")
+        if self.action == "set_limit" and self.limit_w is None:
+            raise ValueError("a set_limit event needs limit_w")
+        if self.every_s is not None and self.every_s <= 0:
+            raise ValueError("every_s must be > 0")
+
+
 class SimBank:
     """A bank of simulated cards on one clock.
 
     ``clock`` returns the current time in s (virtual in ``simulate``, monotonic in
     ``run --backend sim``). Every fake NVML call first advances the physics to now.
+    ``state_file``: where the cards' limits are kept across processes, as a real GPU
+    keeps its limits when the daemon dies (for kill -9 tests); None keeps them in memory.
     """
 
     def __init__(
@@ -131,14 +181,35 @@ class SimBank:
         lag_s: float = 0.1,
         seed: int = 0,
         clock: Callable[[], float] | None = None,
+        events: list[BankEvent] | None = None,
+        state_file: str | None = None,
     ) -> None:
         if lag_s < 0:
             raise ValueError(f"lag_s must be >= 0, got {lag_s}")
         self.cards = [SimCard(i, spec, lag_s, seed) for i, spec in enumerate(specs)]
+        for e in events or []:
+            if not 0 <= e.card < len(self.cards):
+                raise ValueError(f"event for card {e.card}: the bank has {len(self.cards)} cards")
         self.now = 0.0
         self._clock = clock
         self._origin = clock() if clock else 0.0
         self._next_refresh = 0.0
+        self._events = sorted(((e.at_s, i, e) for i, e in enumerate(events or [])), key=lambda x: x[:2])
+        self.state_file = state_file
+        if state_file and os.path.exists(state_file):
+            with open(state_file) as fh:
+                saved = json.load(fh)
+            for card, state in zip(self.cards, saved):
+                card.restore_limits(state, 0.0)
+
+    def save_state(self) -> None:
+        """Write every card's limits to ``state_file`` atomically (no-op without one)."""
+        if not self.state_file:
+            return
+        tmp = f"{self.state_file}.tmp"
+        with open(tmp, "w") as fh:
+            json.dump([c.limit_state(self.now) for c in self.cards], fh)
+        os.replace(tmp, self.state_file)
 
     def time(self) -> float:
         """Bank time in s since the bank was made."""
@@ -149,10 +220,28 @@ class SimBank:
     def advance_to(self, t: float) -> None:
         """Run every refresh up to and including ``t`` (virtual time only moves forward)."""
         while self._next_refresh <= t + 1e-9:
+            self._fire_events(self._next_refresh)
             for card in self.cards:
                 card.refresh(self._next_refresh)
             self._next_refresh = round(self._next_refresh + REFRESH_S, 9)
         self.now = max(self.now, t)
+
+    def _fire_events(self, t: float) -> None:
+        fired = False
+        while self._events and self._events[0][0] <= t + 1e-9:
+            at, order, e = self._events.pop(0)
+            card = self.cards[e.card]
+            if e.action == "reset":
+                card.reset_limits()
+            else:
+                card.set_limit(at, round(e.limit_w * 1000))  # type: ignore[operator]
+                card.writes -= 1  # not one of ours
+            if e.every_s is not None:
+                self._events.append((at + e.every_s, order, e))
+                self._events.sort(key=lambda x: x[:2])
+            fired = True
+        if fired:
+            self.save_state()
 
     def sum_limit_bound_mw(self) -> int:
         """Sum over cards of the highest limit that may be in force (the invariant's left side)."""

@@ -22,6 +22,29 @@ A scenario file (see ``scenarios/*.toml`` for commented examples)::
 
 With a preset ``bank``, ``[[cards]]`` entries override that bank's cards by position
 (only the keys they give); cards not listed stay idle.
+
+Faults and misbehaviours, so a case can be scripted without writing Python::
+
+    [[faults]]                       # an NVML call fails (see fake_pynvml.Fault)
+    call = "nvmlDeviceSetPowerManagementLimit"   # or "*" for every call
+    error = "NO_PERMISSION"          # NVML error name, or "SLOW" with delay_s
+    card = 1                         # omit: every card, and nvmlInit
+    from_s = 3.0                     # active from (bank time, s) ...
+    until_s = 10.0                   # ... until (omit: forever)
+    count = 2                        # only the first N matching calls
+    delay_s = 2.0                    # SLOW only: real seconds per call
+
+    [[events]]                       # behind the daemon's back (see physics.BankEvent)
+    at_s = 5.0
+    card = 0
+    action = "set_limit"             # another tool writes a limit ...
+    limit_w = 350
+    every_s = 30                     # ... and again every 30 s
+    # action = "reset"               # driver reload / GPU reset: back to default
+
+    # per card: constraints NVML reports that differ from the real ones, and a card
+    # whose limit stays put whatever is written:
+    # reported_min_w = 5; reported_max_w = 95; ignores_writes = true
 """
 
 from __future__ import annotations
@@ -33,7 +56,7 @@ from pathlib import Path
 from typing import Any
 
 from powerbudgetd_sim.fake_pynvml import Fault
-from powerbudgetd_sim.physics import CardSpec
+from powerbudgetd_sim.physics import BankEvent, CardSpec
 from powerbudgetd_sim.profiles import Phase, Profile
 
 # Card models. Limits from the brief's reference banks; idle draws: H200 measured
@@ -57,8 +80,14 @@ BANKS: dict[str, tuple[str, int, float]] = {
     "hgx-8": ("h200", 8, 4400.0),
 }
 
-_CARD_KEYS = {"model", "name", "min_w", "max_w", "default_w", "idle_w", "tgp_w", "has_instant", "phases", "uuid"}
-_TOP_KEYS = {"name", "description", "bank", "budget_w", "duration_s", "seed", "lag_s", "tick_s", "cards", "faults", "feed"}
+_CARD_KEYS = {
+    "model", "name", "min_w", "max_w", "default_w", "idle_w", "tgp_w", "has_instant", "phases", "uuid",
+    "reported_min_w", "reported_max_w", "ignores_writes",
+}
+_TOP_KEYS = {
+    "name", "description", "bank", "budget_w", "duration_s", "seed", "lag_s", "tick_s", "cards", "faults",
+    "events", "feed",
+}
 
 
 class ScenarioError(ValueError):
@@ -76,6 +105,7 @@ class Scenario:
     tick_s: float = 0.1
     description: str = ""
     faults: tuple[Fault, ...] = ()
+    events: tuple[BankEvent, ...] = ()
     feed: dict[str, Any] = field(default_factory=dict)
 
 
@@ -132,6 +162,10 @@ def parse_scenario(data: dict[str, Any], default_name: str = "scenario") -> Scen
     if budget_w is None or budget_w <= 0:
         raise ScenarioError(f"budget_w must be a positive number of watts, got {budget_w!r}")
     faults = tuple(Fault(**f) for f in data.get("faults", []))
+    events = tuple(BankEvent(**e) for e in data.get("events", []))
+    for e in events:
+        if not 0 <= e.card < len(cards):
+            raise ScenarioError(f"events: card {e.card} is not in this {len(cards)}-card bank")
     return Scenario(
         name=data.get("name", default_name),
         budget_w=float(budget_w),
@@ -142,6 +176,7 @@ def parse_scenario(data: dict[str, Any], default_name: str = "scenario") -> Scen
         tick_s=float(data.get("tick_s", 0.1)),
         description=data.get("description", ""),
         faults=faults,
+        events=events,
         feed=dict(data.get("feed", {})),
     )
 
