@@ -85,6 +85,11 @@ class ControlConfig(_Section):
     confirm_timeout_s: float = Field(3.0, ge=0.5, le=60)
     failsafe_hold_s: float = Field(30.0, ge=0, le=3600)
     boot_timeout_s: float = Field(30.0, ge=1, le=600)
+    retry_backoff_s: float = Field(5.0, ge=0.5, le=600)
+    retry_backoff_max_s: float = Field(300.0, ge=1, le=86400)
+    contest_reverts: int = Field(3, ge=1, le=100)
+    contest_window_s: float = Field(300.0, ge=1, le=86400)
+    contest_hold_s: float = Field(300.0, ge=1, le=86400)
 
     def timings(self) -> Timings:
         try:

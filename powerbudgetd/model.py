@@ -24,6 +24,7 @@ class Mode(StrEnum):
     FAILSAFE = "failsafe"  # after an error: every card at fair share, no lending
     STOPPING = "stopping"  # returning to fair share before exit
     DRY_RUN = "dry-run"  # reads and decides, writes nothing
+    MONITOR = "monitor-only"  # no permission to write, and the config allows watching only
 
 
 @dataclass(frozen=True)
@@ -47,6 +48,11 @@ class Timings:
     confirm_timeout_s: float = 3.0  # an unconfirmed write after this is a fault
     failsafe_hold_s: float = 30.0  # lending resumes this long after the last fault
     boot_timeout_s: float = 30.0  # READY must come within this
+    retry_backoff_s: float = 5.0  # a card whose write did not take is retried after this ...
+    retry_backoff_max_s: float = 300.0  # ... doubling up to this
+    contest_reverts: int = 3  # this many outside changes of a limit ...
+    contest_window_s: float = 300.0  # ... within this window mark the card contested ...
+    contest_hold_s: float = 300.0  # ... until this long passes without another
 
     def __post_init__(self) -> None:
         if not self.tick_s > 0:

@@ -44,6 +44,23 @@ _VALUE_FIELDS = {0: "dVal", 1: "uiVal", 2: "ulVal", 3: "ullVal", 4: "sllVal", 5:
 T = TypeVar("T")
 
 
+# What to do about each reason NVML will not start (nvmlReturn_t code -> advice).
+INIT_ADVICE = {
+    18: "the NVIDIA driver was upgraded but the old kernel module is still loaded: "
+    "reboot, or stop every GPU user and reload the nvidia kernel modules",
+    9: "the NVIDIA kernel driver is not loaded: check `lsmod | grep nvidia` and `dmesg`, "
+    "and that nvidia-persistenced started",
+    12: "libnvidia-ml.so.1 was not found: install the NVIDIA driver's NVML library "
+    "(e.g. the libnvidia-ml / nvidia-utils package) or fix the library path",
+    4: "NVML refused access: run as root or with CAP_SYS_ADMIN and access to /dev/nvidia*",
+}
+
+
+def init_advice(code: int | None) -> str:
+    """What an operator should do when ``nvmlInit`` fails with ``code``."""
+    return INIT_ADVICE.get(code or 0, "check that the NVIDIA driver is installed and `nvidia-smi` works")
+
+
 def load_pynvml() -> ModuleType:
     """Import the official NVML bindings (``nvidia-ml-py``).
 
@@ -130,13 +147,19 @@ class Nvml:
         except self._lib.NVMLError as exc:
             code = getattr(exc, "value", None)
             kind = _ERROR_KINDS.get(code, NvmlError) if isinstance(code, int) else NvmlError
+            if kind is NvmlGpuLost:  # a handle does not survive a reset: look it up again
+                self._handles = {u: h for u, h in self._handles.items() if not (args and h is args[0])}
             raise kind(f"{name}: {exc}", code=code, call=name) from None
 
     def _handle(self, uuid: str) -> Any:
-        try:
-            return self._handles[uuid]
-        except KeyError:
-            raise NvmlGpuLost(f"unknown GPU {uuid}", call="handle") from None
+        handle = self._handles.get(uuid)
+        if handle is None:
+            try:
+                handle = self._call("nvmlDeviceGetHandleByUUID", self._lib.nvmlDeviceGetHandleByUUID, uuid)
+            except NvmlError as exc:
+                raise NvmlGpuLost(f"GPU {uuid} not found: {exc}", code=exc.code, call=exc.call) from None
+            self._handles[uuid] = handle
+        return handle
 
     # -- lifecycle ------------------------------------------------------------------
     def init(self) -> None:

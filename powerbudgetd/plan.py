@@ -5,6 +5,10 @@ force. A decrease frees nothing until it is confirmed by read-back (the controll
 lowers the card's bound), so an increase is planned only if it fits in the budget minus
 the sum of *bounds*, the highest limits that may be in force now. Increases that do not
 fit wait for a later tick.
+
+A card takes one write at a time: while a write is unconfirmed, nothing more is sent to
+it. Otherwise an enforced limit that has not moved yet could read equal to a newer,
+lower target and "confirm" it while an older, higher write is still on its way.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ class Step:
     target_mw: int
     requested_mw: int | None = None  # what the card was last asked for (read-back)
     priority: int = 0
+    busy: bool = False  # a write to this card is not confirmed yet: write nothing more
 
 
 @dataclass(frozen=True)
@@ -37,23 +42,24 @@ class Write:
         return self.to_mw > self.from_mw
 
 
-def plan_writes(steps: Sequence[Step], budget_mw: int) -> list[Write]:
+def plan_writes(steps: Sequence[Step], budget_mw: int, allow_increases: bool = True) -> list[Write]:
     """Decreases (largest first), then the increases that fit, by priority then size.
 
     The sum of bounds plus every planned increase never exceeds ``budget_mw``; when the
-    bounds already exceed it (at boot, or after a card reverted) no increase is planned.
+    bounds already exceed it (at boot, or after a card reverted) no increase is planned;
+    with ``allow_increases`` false (a limit is contested) none at all.
     """
     decreases = [
         Write(s.uuid, s.bound_mw, s.target_mw)
         for s in steps
-        if s.target_mw < s.bound_mw and s.requested_mw != s.target_mw  # else: awaiting enforcement
+        if s.target_mw < s.bound_mw and s.requested_mw != s.target_mw and not s.busy
     ]
     decreases.sort(key=lambda w: w.to_mw - w.from_mw)
-    headroom = budget_mw - sum(s.bound_mw for s in steps)
+    headroom = budget_mw - sum(s.bound_mw for s in steps) if allow_increases else 0
     increases = []
     for s in sorted(steps, key=lambda s: (-s.priority, s.target_mw - s.bound_mw)):
         delta = s.target_mw - s.bound_mw
-        if 0 < delta <= headroom:
+        if 0 < delta <= headroom and not s.busy:
             increases.append(Write(s.uuid, s.bound_mw, s.target_mw))
             headroom -= delta
     return decreases + increases
