@@ -155,5 +155,5 @@ def _run(args: argparse.Namespace) -> int:
             n, settings.effective_budget_w(), settings.control.timings(), dry_run=args.dry_run, overrides=settings.overrides()
         )
 
-    daemon = Daemon(nvml, factory, config_path=config_path)
+    daemon = Daemon(nvml, factory, config_path=config_path, settings=settings)
     return asyncio.run(daemon.run())
