@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import pytest
+import structlog
 from structlog.testing import capture_logs
 
 from powerbudgetd.nvml import Nvml
@@ -11,6 +13,11 @@ from powerbudgetd.persistence import ensure_persistence_mode
 from powerbudgetd_sim.fake_pynvml import Fault, FakePynvml
 from powerbudgetd_sim.physics import SimBank
 from powerbudgetd_sim.scenario import load_scenario
+
+
+@pytest.fixture(autouse=True)
+def _default_structlog() -> None:
+    structlog.reset_defaults()  # a level filter left by another test would hide events
 
 
 def bank(off: set[int], faults: list[Fault] | None = None) -> tuple[Nvml, SimBank]:
