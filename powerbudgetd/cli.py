@@ -1,11 +1,11 @@
-"""Command line: ``powerbudgetd simulate | probe | run``."""
+"""Command line: ``powerbudgetd simulate | probe | run | check-config``."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
 import json
-import os
+import signal
 import sys
 from pathlib import Path
 
@@ -39,11 +39,17 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument(
         "--config",
         type=Path,
-        default=Path(os.environ.get("POWERBUDGETD_CONFIG", "/etc/powerbudgetd/powerbudgetd.toml")),
+        default=None,
         help="config file (default: $POWERBUDGETD_CONFIG or /etc/powerbudgetd/powerbudgetd.toml)",
     )
     r.add_argument("--dry-run", action="store_true", help="read and decide, log what would be written, write nothing")
     r.add_argument("--backend", choices=("nvml", "sim"), default="nvml")
+
+    c = sub.add_parser("check-config", help="validate a config file and show how the budget is derived")
+    c.add_argument(
+        "file", nargs="?", type=Path, default=None,
+        help="config file (default: $POWERBUDGETD_CONFIG or /etc/powerbudgetd/powerbudgetd.toml)",
+    )
     return p
 
 
@@ -53,7 +59,24 @@ def main(argv: list[str] | None = None) -> int:
         return _simulate(args)
     if args.command == "probe":
         return _probe(args)
+    if args.command == "check-config":
+        return _check_config(args)
     return _run(args)
+
+
+def _check_config(args: argparse.Namespace) -> int:
+    from powerbudgetd.checkconfig import describe
+    from powerbudgetd.config import default_config_path, load_config
+    from powerbudgetd.daemon import EXIT_CONFIG
+
+    path = args.file or default_config_path()
+    try:
+        settings = load_config(path)
+    except ConfigError as exc:
+        print(f"powerbudgetd: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
+    print(describe(settings, path))
+    return 0
 
 
 def _simulate(args: argparse.Namespace) -> int:
@@ -101,13 +124,16 @@ def _probe(args: argparse.Namespace) -> int:
 
 def _run(args: argparse.Namespace) -> int:
     from powerbudgetd.backend import make_nvml
-    from powerbudgetd.config import load_config
+    from powerbudgetd.config import default_config_path, load_config
     from powerbudgetd.controller import Controller
     from powerbudgetd.daemon import EXIT_CONFIG, EXIT_NVML, Daemon
     from powerbudgetd_sim.scenario import ScenarioError
 
+    # A SIGHUP before the daemon's handler is installed must not kill it (the default).
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    config_path = args.config or default_config_path()
     try:
-        settings = load_config(args.config)
+        settings = load_config(config_path)
     except ConfigError as exc:
         configure_logging()
         print(f"powerbudgetd: {exc}", file=sys.stderr)
@@ -129,4 +155,5 @@ def _run(args: argparse.Namespace) -> int:
             n, settings.effective_budget_w(), settings.control.timings(), dry_run=args.dry_run, overrides=settings.overrides()
         )
 
-    return asyncio.run(Daemon(nvml, factory, config_path=args.config).run())
+    daemon = Daemon(nvml, factory, config_path=config_path, settings=settings)
+    return asyncio.run(daemon.run())

@@ -7,6 +7,8 @@ silent defaults. Every error names the field, the file and the value.
 
 from __future__ import annotations
 
+import os
+import stat
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -19,6 +21,12 @@ from powerbudgetd.errors import ConfigError
 from powerbudgetd.model import Timings
 
 DEFAULT_CONFIG_PATH = Path("/etc/powerbudgetd/powerbudgetd.toml")
+ENV_PREFIX = "POWERBUDGETD_"
+
+
+def default_config_path() -> Path:
+    """``$POWERBUDGETD_CONFIG``, else ``/etc/powerbudgetd/powerbudgetd.toml``."""
+    return Path(os.environ.get("POWERBUDGETD_CONFIG") or DEFAULT_CONFIG_PATH)
 
 
 class _Section(BaseModel):
@@ -52,6 +60,15 @@ class FeedConfig(_Section):
     ups_margin: float = Field(0.2, ge=0, lt=1)
     psu_efficiency: float = Field(0.9, gt=0.5, le=1)
     host_w: float = Field(ge=0, le=100_000)  # CPU, RAM, drives, fans: measure it at the plug
+
+    @model_validator(mode="after")
+    def _leaves_a_budget(self) -> "FeedConfig":
+        if self.board_budget_w() <= 0:
+            raise ValueError(
+                f"leaves no board budget: {self.wall_limit_w():g} W at the plug x {self.psu_efficiency:g} "
+                f"- {self.host_w:g} W host_w = {self.board_budget_w():g} W"
+            )
+        return self
 
     def circuit_w(self) -> float:
         return self.breaker_a * self.volts * self.derating
@@ -91,6 +108,15 @@ class ControlConfig(_Section):
     contest_window_s: float = Field(300.0, ge=1, le=86400)
     contest_hold_s: float = Field(300.0, ge=1, le=86400)
 
+    @model_validator(mode="after")
+    def _consistent(self) -> "ControlConfig":
+        try:
+            Timings(**self.model_dump())  # cross-field rules live in Timings
+        except ValueError as exc:
+            named = [f"{k}={v:g}" for k, v in self.model_dump().items() if k in str(exc)]
+            raise ValueError(f"{exc} (got {', '.join(named)})") from None
+        return self
+
     def timings(self) -> Timings:
         try:
             return Timings(**self.model_dump())
@@ -115,6 +141,9 @@ class Settings(BaseSettings):
     budget_w: float | None = Field(None, gt=0, le=100_000)  # board watts; or derive it from [feed]
     feed: FeedConfig | None = None
     allow_monitor_only: bool = False  # without write permission: watch, do not enforce
+    # Limits are volatile without persistence mode (lost when the driver unloads):
+    # turn it on at boot where it is off; false only warns.
+    enable_persistence_mode: bool = True
     log_level: str = Field("info", pattern="^(debug|info|warning|error)$")
     cards: dict[str, CardConfig] = Field(default_factory=dict)
     control: ControlConfig = Field(default_factory=ControlConfig)
@@ -122,7 +151,6 @@ class Settings(BaseSettings):
 
     @model_validator(mode="after")
     def _check(self) -> "Settings":
-        Timings(**self.control.model_dump())  # cross-field rules live in Timings (ValueError)
         if self.budget_w is None and self.feed is None:
             raise ValueError("give budget_w (board watts) or a [feed] section to derive it from")
         if self.effective_budget_w() <= 0:
@@ -150,11 +178,20 @@ class Settings(BaseSettings):
         return {key: card.override() for key, card in self.cards.items()}
 
 
-def load_config(path: str | Path) -> Settings:
-    """Read and validate ``path``. Raises ConfigError naming the file, field and value."""
+def load_config(path: str | Path, *, euid: int | None = None) -> Settings:
+    """Read and validate ``path``, with environment overrides.
+
+    Raises ConfigError naming the file, field and value; ``euid`` (default: this
+    process's) 0 also refuses a file others could change (see :func:`unsafe_mode`).
+    """
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"{path}: no such config file (see config/powerbudgetd.toml for an example)")
+    if (os.geteuid() if euid is None else euid) == 0:
+        st, dir_st = path.stat(), path.resolve().parent.stat()
+        problem = unsafe_mode(st.st_mode, st.st_uid, dir_st.st_mode, dir_st.st_uid)
+        if problem:
+            raise ConfigError(f"{path}: {problem}; running as root, powerbudgetd refuses a config file others can change")
     try:
         data: dict[str, Any] = tomllib.loads(path.read_text())
     except tomllib.TOMLDecodeError as exc:
@@ -167,11 +204,50 @@ def load_config(path: str | Path) -> Settings:
         raise ConfigError(format_validation_error(path, exc)) from None
 
 
+def unsafe_mode(mode: int, uid: int, dir_mode: int, dir_uid: int) -> str | None:
+    """Why a config file that root reads is unsafe, or None (the rule sshd applies).
+
+    The file must be owned by root and writable by no one else; its directory must not
+    let another user swap it (group/other-writable without the sticky bit, or not
+    root's). ``mode``/``uid``: the file's ``st_mode``/``st_uid``; ``dir_*``: its directory's.
+    """
+    if uid != 0:
+        return f"owned by uid {uid}, not root"
+    if mode & 0o022:
+        return f"writable by group or others (mode {stat.S_IMODE(mode):04o})"
+    if dir_uid != 0:
+        return f"its directory is owned by uid {dir_uid}, not root"
+    if dir_mode & 0o022 and not dir_mode & stat.S_ISVTX:
+        return f"its directory is writable by group or others (mode {stat.S_IMODE(dir_mode):04o})"
+    return None
+
+
 def format_validation_error(path: Path, exc: ValidationError) -> str:
+    """One line per error: the field (dotted), pydantic's reason, the value given, and
+    the environment variable when the value came from one."""
     lines = [f"{path}: invalid configuration"]
     for err in exc.errors():
-        field = ".".join(str(p) for p in err["loc"]) or "(top level)"
+        loc = [str(p) for p in err["loc"]]
+        field = ".".join(loc) or "(top level)"
         value = err.get("input")
         shown = "" if isinstance(value, dict) else f" (got {value!r})"
-        lines.append(f"  {field}: {err['msg']}{shown}")
+        env = _env_source(loc)
+        if env:
+            shown += f" from ${env}"
+        msg = err["msg"].removeprefix("Value error, ")
+        lines.append(f"  {field}: {msg}{shown}")
     return "\n".join(lines)
+
+
+def _env_source(loc: list[str]) -> str | None:
+    """The environment variable that set the field at ``loc``, if one did."""
+    for n in range(len(loc), 0, -1):
+        name = ENV_PREFIX + "__".join(loc[:n]).upper()
+        if name in os.environ:
+            return name
+    return None
+
+
+def env_overrides() -> list[str]:
+    """Names of the ``POWERBUDGETD_*`` environment variables that override the file."""
+    return sorted(k for k in os.environ if k.startswith(ENV_PREFIX) and k != "POWERBUDGETD_CONFIG")

@@ -169,6 +169,7 @@ class Controller:
         self.nvml_errors: dict[str, int] = {}  # by NvmlError.kind, reads and writes
         self._failsafe_until = float("-inf")
         self._infeasible_said = False
+        self._budget_reason: str | None = None  # the reason for the next tick's writes
 
     # -- start ----------------------------------------------------------------------
     def start(self) -> list[CardState]:
@@ -241,9 +242,10 @@ class Controller:
                 + f" = {floor_mw / 1000:g} W. {detail}"
             )
 
-    def set_budget(self, budget_w: float) -> None:
+    def set_budget(self, budget_w: float, reason: str | None = None) -> None:
         """Change the budget. A lower one is acted on at the next tick, decreases first;
-        raises BudgetInfeasible (keeping the old budget) when the minimums do not fit."""
+        raises BudgetInfeasible (keeping the old budget) when the minimums do not fit.
+        ``reason`` (such as ``"reload"``) labels the writes of the next tick."""
         old = self.budget_mw
         self.budget_mw = int(budget_w * 1000)
         try:
@@ -251,6 +253,7 @@ class Controller:
         except BudgetInfeasible:
             self.budget_mw = old
             raise
+        self._budget_reason = reason
 
     def request_stop(self) -> None:
         """Return every card to fair share (decreases first); :attr:`stopped` follows."""
@@ -273,6 +276,9 @@ class Controller:
             return self._report(now, [], faults)
 
         targets, reasons = self._targets(now, mode)
+        if self._budget_reason is not None and mode != Mode.STOPPING:
+            reasons = dict.fromkeys(reasons, self._budget_reason)
+        self._budget_reason = None
         active = [c for c in self.cards if c.active(now)]
         for c in active:
             c.target_mw = targets[c.uuid]

@@ -3,6 +3,12 @@
 Each tick runs in a worker thread, so a slow NVML call cannot freeze the event loop that
 serves signals and side channels. The watchdog is fed only after a tick completes: a
 stuck control loop stops the pings and systemd restarts the service.
+
+SIGHUP reloads the config file: ``RELOADING=1``, re-read and validate, then
+``READY=1``. An invalid file keeps the running config (and says why); a new budget is
+acted on by the very next tick, whose writes carry the reason ``reload`` (a lower one:
+decreases first, as always). Sections that shape the bank itself ([control], [cards],
+[sim]) need a restart; a reload says so and keeps them.
 """
 
 from __future__ import annotations
@@ -15,11 +21,14 @@ from pathlib import Path
 
 import structlog
 
+from powerbudgetd.config import Settings, load_config
 from powerbudgetd.controller import Controller, TickReport
-from powerbudgetd.errors import BudgetInfeasible, NvmlError
+from powerbudgetd.errors import BudgetInfeasible, ConfigError, NvmlError
+from powerbudgetd.logs import configure_logging
 from powerbudgetd.model import Mode
 from powerbudgetd.notify import Notifier, watchdog_interval_s
 from powerbudgetd.nvml import Nvml
+from powerbudgetd.persistence import ensure_persistence_mode
 
 log = structlog.get_logger("powerbudgetd")
 
@@ -35,6 +44,9 @@ EXIT_BOOT_TIMEOUT = 6
 TickListener = Callable[[TickReport, Controller], None]
 Service = Callable[["Daemon"], Awaitable[None]]
 
+# Settings a reload cannot change in a running daemon: they shape the bank and the loop.
+RESTART_ONLY = ("control", "cards", "sim", "allow_monitor_only", "enable_persistence_mode")
+
 
 class Daemon:
     """Runs one controller until SIGTERM/SIGINT; see :meth:`run`."""
@@ -47,18 +59,24 @@ class Daemon:
         notifier: Notifier | None = None,
         clock: Callable[[], float] = time.monotonic,
         config_path: Path | None = None,
+        settings: Settings | None = None,
     ) -> None:
         self.nvml = nvml
         self.controller_factory = controller_factory
         self.notifier = notifier or Notifier()
         self.clock = clock
         self.config_path = config_path
+        self.settings = settings  # the config in force; replaced by a good reload
         # Side channels (metrics, MQTT, recorder): listeners are called after every tick
         # and must not block; services are long-running tasks started before boot.
         self.listeners: list[TickListener] = []
         self.services: list[Service] = []
         self.controller: Controller | None = None
         self._stop = asyncio.Event()
+        self._wake = asyncio.Event()  # a signal arrived: end the wait between ticks
+        self._reload_requested = False
+        self._reload_note = ""
+        self._persistence_off: list[int] = []
         self._status = ""
 
     def status_line(self, ctl: Controller) -> str:
@@ -67,8 +85,39 @@ class Daemon:
             f"mode {ctl.mode}, {len(ctl.cards)} GPUs"
         )
 
+    def status_text(self, ctl: Controller) -> str:
+        """The one STATUS= line: :meth:`status_line`, then warnings and the last reload."""
+        text = self.status_line(ctl)
+        if self._persistence_off:
+            text += f"; persistence mode OFF on GPU {','.join(map(str, self._persistence_off))}"
+        if self._reload_note:
+            text += f"; {self._reload_note}"
+        return text
+
+    def request_stop(self) -> None:
+        self._stop.set()
+        self._wake.set()
+
+    def request_reload(self) -> None:
+        self._reload_requested = True
+        self._wake.set()
+
     async def run(self) -> int:
-        """Boot, control until asked to stop, return to fair share, return an exit status."""
+        """Boot, control until asked to stop, return to fair share, return an exit status.
+
+        SIGTERM/SIGINT stop; SIGHUP reloads the config (see the module docstring).
+        """
+        loop = asyncio.get_running_loop()
+        handlers = {signal.SIGTERM: self.request_stop, signal.SIGINT: self.request_stop, signal.SIGHUP: self.request_reload}
+        for sig, handler in handlers.items():
+            loop.add_signal_handler(sig, handler)
+        try:
+            return await self._run()
+        finally:
+            for sig in handlers:
+                loop.remove_signal_handler(sig)
+
+    async def _run(self) -> int:
         try:
             self.nvml.init()
             ctl = self.controller_factory(self.nvml)
@@ -85,9 +134,10 @@ class Daemon:
             cards=[{"index": c.index, "uuid": c.uuid, "name": c.info.name, "min_w": c.min_mw / 1000,
                     "max_w": c.max_mw / 1000, "controllable": c.controllable} for c in ctl.cards],
         )
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, self._stop.set)
+        enable = self.settings is not None and self.settings.enable_persistence_mode and not ctl.dry_run
+        self._persistence_off = ensure_persistence_mode(
+            self.nvml, [(c.index, c.uuid, c.controllable) for c in ctl.cards], enable
+        )
         tasks = [asyncio.create_task(svc(self)) for svc in self.services]
         try:
             return await self._loop(ctl)
@@ -95,8 +145,6 @@ class Daemon:
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
-            for sig in (signal.SIGTERM, signal.SIGINT):
-                loop.remove_signal_handler(sig)
             self.nvml.shutdown()
 
     async def _loop(self, ctl: Controller) -> int:
@@ -107,6 +155,10 @@ class Daemon:
         stop_deadline: float | None = None
         announced = False
         while True:
+            self._wake.clear()
+            if self._reload_requested and announced and stop_deadline is None:
+                self._reload_requested = False
+                self._reload(ctl)  # the tick just below acts on a new budget at once
             t0 = self.clock()
             report = await asyncio.to_thread(ctl.tick, t0)
             for listener in self.listeners:
@@ -122,11 +174,12 @@ class Daemon:
                 return EXIT_NO_PERMISSION
             if ctl.ready and not announced:
                 announced = True
-                self.notifier.ready(self.status_line(ctl))
+                self._status = self.status_text(ctl)
+                self.notifier.ready(self._status)
             if not ctl.ready and t0 - started > ctl.timings.boot_timeout_s:
                 log.error("boot_timeout", after_s=round(t0 - started, 1), sum_limits_w=ctl.sum_bound_mw / 1000)
                 return EXIT_BOOT_TIMEOUT
-            status = self.status_line(ctl)
+            status = self.status_text(ctl)
             if status != self._status:
                 self._status = status
                 self.notifier.status(status)
@@ -139,7 +192,7 @@ class Daemon:
                 ctl.request_stop()
                 stop_deadline = t0 + max(5.0, 3 * ctl.timings.confirm_timeout_s)
             if stop_deadline is not None and (ctl.stopped or ctl.mode == Mode.DRY_RUN):
-                log.info("stopped", sum_limits_w=ctl.sum_bound_mw / 1000)
+                log.info("stopped", sum_limits_w=ctl.sum_bound_mw / 1000, limits_w=[c.bound_mw / 1000 for c in ctl.cards])
                 return EXIT_OK
             if stop_deadline is not None and t0 > stop_deadline:
                 log.error("stop_timeout", sum_limits_w=ctl.sum_bound_mw / 1000)
@@ -151,10 +204,44 @@ class Daemon:
                 except TimeoutError:
                     pass
 
+    def _reload(self, ctl: Controller) -> None:
+        """Re-read the config file; apply it, or keep the running one and say why."""
+        self.notifier.reloading()
+        path = None if self.config_path is None else str(self.config_path)
+        old_w = ctl.budget_mw / 1000
+        log.info("reloading", config=path)
+        try:
+            new = self._load()
+            new_w = new.effective_budget_w()
+            ctl.set_budget(new_w, reason="reload")
+        except (ConfigError, BudgetInfeasible) as exc:
+            log.error("reload_failed", config=path, error=str(exc), kept_budget_w=old_w)
+            detail = "; ".join(line.strip() for line in str(exc).splitlines())
+            self._reload_note = f"reload failed, running config kept: {detail}"
+        else:
+            old = self.settings
+            restart = [k for k in RESTART_ONLY if old is not None and getattr(new, k) != getattr(old, k)]
+            if old is not None:
+                new = new.model_copy(update={k: getattr(old, k) for k in restart})
+            if old is None or new.log_level != old.log_level:
+                configure_logging(level=new.log_level)
+            self.settings = new
+            (log.warning if restart else log.info)("reloaded", config=path, budget_w=ctl.budget_mw / 1000, was_budget_w=old_w,
+                     restart_needed=restart or None)
+            change = f"{old_w:g} -> {ctl.budget_mw / 1000:g} W" if ctl.budget_mw / 1000 != old_w else f"{old_w:g} W unchanged"
+            self._reload_note = f"reloaded: budget {change}" + (f" ({', '.join(restart)}: restart to apply)" if restart else "")
+        self._status = self.status_text(ctl)
+        self.notifier.ready(self._status)
+
+    def _load(self) -> Settings:
+        if self.config_path is None:
+            raise ConfigError("no config file to reload (started without --config)")
+        return load_config(self.config_path)
+
     async def _stop_wait(self, stop_deadline: float | None) -> None:
-        # Wake early on a stop signal (so SIGTERM is acted on within the tick), but not
-        # again once stopping has begun.
+        # Wake early on a signal (so SIGTERM or SIGHUP is acted on within the tick),
+        # but not again once stopping has begun.
         if stop_deadline is None:
-            await self._stop.wait()
+            await self._wake.wait()
         else:
             await asyncio.Event().wait()

@@ -281,7 +281,20 @@ class Nvml:
         except NvmlNotSupported:
             return None
 
-    # -- write ----------------------------------------------------------------------
+    # -- writes ---------------------------------------------------------------------
+    def set_persistence_mode(self, uuid: str, enabled: bool) -> None:
+        """``nvmlDeviceSetPersistenceMode`` (root, Linux only): keeps the driver loaded,
+        and with it the power limits, while no process holds the card.
+
+        Raises NvmlNoPermission, NvmlNotSupported, NvmlGpuLost or NvmlError.
+        """
+        self._call(
+            "nvmlDeviceSetPersistenceMode",
+            self._lib.nvmlDeviceSetPersistenceMode,
+            self._handle(uuid),
+            1 if enabled else 0,  # NVML_FEATURE_ENABLED / NVML_FEATURE_DISABLED
+        )
+
     def set_power_limit(self, uuid: str, limit_w: float) -> None:
         """``nvmlDeviceSetPowerManagementLimit`` (root or CAP_SYS_ADMIN).
 

@@ -163,7 +163,7 @@ class FakePynvml(SimpleNamespace):
 
     def nvmlDeviceGetPersistenceMode(self, handle: SimCard) -> int:
         self._enter("nvmlDeviceGetPersistenceMode", handle)
-        return 1
+        return int(handle.persistence_mode)
 
     # -- reads ----------------------------------------------------------------------
     def nvmlDeviceGetPowerUsage(self, handle: SimCard) -> int:
@@ -198,6 +198,12 @@ class FakePynvml(SimpleNamespace):
         return int(handle.energy_mj)
 
     # -- writes ---------------------------------------------------------------------
+    def nvmlDeviceSetPersistenceMode(self, handle: SimCard, mode: int) -> None:
+        self._enter("nvmlDeviceSetPersistenceMode", handle)
+        if int(mode) not in (0, 1):
+            raise NVMLError(ERROR_CODES["INVALID_ARGUMENT"])
+        handle.persistence_mode = bool(mode)
+
     def nvmlDeviceSetPowerManagementLimit(self, handle: SimCard, limit_mw: int) -> None:
         now = self._enter("nvmlDeviceSetPowerManagementLimit", handle)
         if handle.spec.ignores_writes:  # "success", and nothing changes

@@ -42,6 +42,7 @@ class CardSpec:
     idle_w: float
     tgp_w: float | None = None
     has_instant: bool = True
+    persistence_mode: bool = True  # as the card boots; the daemon may turn it on
     profile: Profile = field(default_factory=Profile)
     # Misbehaviours seen in the field: constraints NVML reports that differ from the
     # real ones (may be nonsense, e.g. min above max), and a card whose limit stays put
@@ -84,6 +85,7 @@ class SimCard:
         self.demand_w = spec.idle_w
         self.energy_mj = 0.0
         self.writes = 0
+        self.persistence_mode = spec.persistence_mode
 
     # -- limits ---------------------------------------------------------------------
     def enforced_mw(self, now: float) -> int:

@@ -15,6 +15,7 @@ A scenario file (see ``scenarios/*.toml`` for commented examples)::
     model = "rtx-pro-6000-maxq"      # a preset card (MODELS), or give the numbers:
     # name = "..."; min_w = 150; max_w = 300; default_w = 300; idle_w = 30; tgp_w = 300
     # has_instant = false            # an older card without field 186
+    # persistence_mode = false       # boots with persistence mode off
     phases = [                       # demand over time (see profiles.py for the kinds)
       { at_s = 0, kind = "idle" },
       { at_s = 60, kind = "trace", trace = "h200-serving" },
@@ -82,7 +83,7 @@ BANKS: dict[str, tuple[str, int, float]] = {
 
 _CARD_KEYS = {
     "model", "name", "min_w", "max_w", "default_w", "idle_w", "tgp_w", "has_instant", "phases", "uuid",
-    "reported_min_w", "reported_max_w", "ignores_writes",
+    "reported_min_w", "reported_max_w", "ignores_writes", "persistence_mode",
 }
 _TOP_KEYS = {
     "name", "description", "bank", "budget_w", "duration_s", "seed", "lag_s", "tick_s", "cards", "faults",
