@@ -1,9 +1,10 @@
-"""Command line: ``powerbudgetd simulate | probe | run``."""
+"""Command line: ``powerbudgetd simulate | probe | log report | run``."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import os
 import sys
@@ -29,11 +30,21 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--json", action="store_true", help="print one JSON object")
     s.add_argument("--plot", metavar="FILE.png", help="draw each card's draw and cap over time")
     s.add_argument("--list", action="store_true", help="list the packaged scenarios")
+    s.add_argument("--replay", metavar="DIR_OR_FILE", help="replay a recorded power log as demand (instead of --scenario)")
+    s.add_argument("--replay-draw", choices=("avg", "peak"), default="avg", help="replay each 1 s average or peak")
+    s.add_argument("--budget", type=float, metavar="W", help="the bank's budget (default: the scenario's or log's)")
 
     pr = sub.add_parser("probe", help="read every card's limits and draw (read-only)")
     pr.add_argument("--json", action="store_true")
     pr.add_argument("--backend", choices=("nvml", "sim"), default="nvml")
     pr.add_argument("--scenario", default="workstation-4", help="the simulated bank for --backend sim")
+
+    lg = sub.add_parser("log", help="the flight recorder's power log").add_subparsers(dest="log_command", required=True)
+    lr = lg.add_parser("report", help="where the log stops (the power event) and what was drawn before it")
+    lr.add_argument("--last", default="10m", help="the window before the stop: 90s, 10m, 2h (default 10m)")
+    lr.add_argument("--dir", type=Path, help="a recorder directory or one file (default: --config's [recorder] dir)")
+    lr.add_argument("--config", type=Path, help="take [feed] (for sizing) and [recorder] dir from this config")
+    lr.add_argument("--json", action="store_true", help="print one JSON object")
 
     r = sub.add_parser("run", help="the daemon")
     r.add_argument(
@@ -53,6 +64,8 @@ def main(argv: list[str] | None = None) -> int:
         return _simulate(args)
     if args.command == "probe":
         return _probe(args)
+    if args.command == "log":
+        return _log_report(args)
     return _run(args)
 
 
@@ -66,7 +79,16 @@ def _simulate(args: argparse.Namespace) -> int:
             print(f"{name:<20} {desc}")
         return 0
     try:
-        sc = load_scenario(args.scenario)
+        if args.replay:
+            from powerbudgetd_sim.replay import load_replay
+
+            sc = load_replay(args.replay, draw=args.replay_draw)
+        else:
+            sc = load_scenario(args.scenario)
+        if args.budget is not None:
+            if args.budget <= 0:
+                raise ScenarioError(f"--budget must be a positive number of watts, got {args.budget:g}")
+            sc = dataclasses.replace(sc, budget_w=args.budget)
     except ScenarioError as exc:
         print(f"powerbudgetd: {exc}", file=sys.stderr)
         return 2
@@ -96,6 +118,27 @@ def _probe(args: argparse.Namespace) -> int:
         return 4
     print(json.dumps(result, indent=2) if args.json else format_probe(result))
     nvml.shutdown()
+    return 0
+
+
+def _log_report(args: argparse.Namespace) -> int:
+    from powerbudgetd.config import RecorderConfig, load_config
+    from powerbudgetd.logreport import format_summary, parse_duration, summarize
+    from powerbudgetd.recordlog import LogError, scan_log
+
+    try:
+        last_s = parse_duration(args.last)
+        settings = load_config(args.config) if args.config else None
+    except (ValueError, ConfigError) as exc:
+        print(f"powerbudgetd: {exc}", file=sys.stderr)
+        return 2
+    directory = args.dir or (settings.recorder.dir if settings else RecorderConfig().dir)
+    try:
+        result = summarize(scan_log(directory), last_s, settings.feed if settings else None, str(args.config))
+    except (LogError, ValueError) as exc:
+        print(f"powerbudgetd: {exc}", file=sys.stderr)
+        return 1
+    print(json.dumps(result, indent=2) if args.json else format_summary(result))
     return 0
 
 
@@ -129,4 +172,9 @@ def _run(args: argparse.Namespace) -> int:
             n, settings.effective_budget_w(), settings.control.timings(), dry_run=args.dry_run, overrides=settings.overrides()
         )
 
-    return asyncio.run(Daemon(nvml, factory, config_path=args.config).run())
+    daemon = Daemon(nvml, factory, config_path=args.config)
+    if settings.recorder.enabled:
+        from powerbudgetd.recorder import attach
+
+        attach(daemon, settings.recorder, settings.feed)
+    return asyncio.run(daemon.run())
