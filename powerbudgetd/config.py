@@ -112,8 +112,8 @@ def _state_dir() -> Path:
 class RecorderConfig(_Section):
     """The flight recorder: a durable JSON-lines power log (see ``recorder.py``).
 
-    Sizes in bytes. A record is about 150 bytes per card plus 150 (``scripts/bench-recorder``):
-    at one a second the default total keeps about two weeks of a 4-card bank, a week of 8.
+    Sizes in bytes. A record is about 140 bytes per card plus 150 (``scripts/bench-recorder``):
+    at one a second the default total keeps about 17 days of a 4-card bank, 10 of 8 cards.
     """
 
     enabled: bool = True
