@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import json
+import sys
 import threading
 import time
 from pathlib import Path
@@ -13,6 +14,7 @@ from structlog.testing import capture_logs
 
 from powerbudgetd.config import FeedConfig
 from powerbudgetd.controller import Controller
+from powerbudgetd.logs import configure_logging
 from powerbudgetd.model import Timings
 from powerbudgetd.nvml import Nvml
 from powerbudgetd.recorder import LogWriter, Recorder, log_files
@@ -48,6 +50,12 @@ class SimRig:
             self.recorder(report, self.ctl)
             self.instant.append([c.reading.power_instant_w for c in self.ctl.cards])
             self.k += 1
+
+
+@pytest.fixture
+def warnings_logged() -> None:
+    """Let warnings through (the suite's default level drops them) for capture_logs."""
+    configure_logging(level="warning", stream=sys.__stderr__, json=True)
 
 
 def records(directory: Path) -> list[dict]:
@@ -175,7 +183,7 @@ def _run_in_thread(rig: SimRig, ticks: int) -> bool:
     return not t.is_alive()
 
 
-def test_a_stalled_disk_drops_and_counts_records_but_never_holds_a_tick(tmp_path: Path) -> None:
+def test_a_stalled_disk_drops_and_counts_records_but_never_holds_a_tick(tmp_path: Path, warnings_logged) -> None:
     gate = threading.Event()
     writer = LogWriter(tmp_path, queue_records=8, opener=lambda p: GatedFile(p, gate))
     writer.start()
@@ -235,7 +243,7 @@ class FullDisk:
         return _File()
 
 
-def test_a_full_disk_is_counted_and_recording_resumes_in_a_new_file(tmp_path: Path) -> None:
+def test_a_full_disk_is_counted_and_recording_resumes_in_a_new_file(tmp_path: Path, warnings_logged) -> None:
     disk = FullDisk()
     now = [0.0]
     writer = LogWriter(tmp_path, queue_records=10_000, opener=disk, clock=lambda: now[0])
