@@ -98,6 +98,8 @@ def _simulate(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(result.report, indent=2))
     else:
+        if args.replay:  # what the log cannot tell (demand above a cap) is said here
+            print(sc.description)
         print(format_report(result.report))
         if args.plot:
             print(f"plot written to {args.plot}")
