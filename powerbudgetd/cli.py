@@ -1,9 +1,10 @@
-"""Command line: ``powerbudgetd simulate | probe | run | check-config``."""
+"""Command line: ``powerbudgetd simulate | probe | log report | run | check-config``."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import signal
 import sys
@@ -29,11 +30,21 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--json", action="store_true", help="print one JSON object")
     s.add_argument("--plot", metavar="FILE.png", help="draw each card's draw and cap over time")
     s.add_argument("--list", action="store_true", help="list the packaged scenarios")
+    s.add_argument("--replay", metavar="DIR_OR_FILE", help="replay a recorded power log as demand (instead of --scenario)")
+    s.add_argument("--replay-draw", choices=("avg", "peak"), default="avg", help="replay each 1 s average or peak")
+    s.add_argument("--budget", type=float, metavar="W", help="the bank's budget (default: the scenario's or log's)")
 
     pr = sub.add_parser("probe", help="read every card's limits and draw (read-only)")
     pr.add_argument("--json", action="store_true")
     pr.add_argument("--backend", choices=("nvml", "sim"), default="nvml")
     pr.add_argument("--scenario", default="workstation-4", help="the simulated bank for --backend sim")
+
+    lg = sub.add_parser("log", help="the flight recorder's power log").add_subparsers(dest="log_command", required=True)
+    lr = lg.add_parser("report", help="where the log stops (the power event) and what was drawn before it")
+    lr.add_argument("--last", default="10m", help="the window before the stop: 90s, 10m, 2h (default 10m)")
+    lr.add_argument("--dir", type=Path, help="a recorder directory or one file (default: --config's [recorder] dir)")
+    lr.add_argument("--config", type=Path, help="take [feed] (for sizing) and [recorder] dir from this config")
+    lr.add_argument("--json", action="store_true", help="print one JSON object")
 
     r = sub.add_parser("run", help="the daemon")
     r.add_argument(
@@ -61,6 +72,8 @@ def main(argv: list[str] | None = None) -> int:
         return _probe(args)
     if args.command == "check-config":
         return _check_config(args)
+    if args.command == "log":
+        return _log_report(args)
     return _run(args)
 
 
@@ -89,7 +102,16 @@ def _simulate(args: argparse.Namespace) -> int:
             print(f"{name:<20} {desc}")
         return 0
     try:
-        sc = load_scenario(args.scenario)
+        if args.replay:
+            from powerbudgetd_sim.replay import load_replay
+
+            sc = load_replay(args.replay, draw=args.replay_draw)
+        else:
+            sc = load_scenario(args.scenario)
+        if args.budget is not None:
+            if args.budget <= 0:
+                raise ScenarioError(f"--budget must be a positive number of watts, got {args.budget:g}")
+            sc = dataclasses.replace(sc, budget_w=args.budget)
     except ScenarioError as exc:
         print(f"powerbudgetd: {exc}", file=sys.stderr)
         return 2
@@ -99,6 +121,8 @@ def _simulate(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(result.report, indent=2))
     else:
+        if args.replay:  # what the log cannot tell (demand above a cap) is said here
+            print(sc.description)
         print(format_report(result.report))
         if args.plot:
             print(f"plot written to {args.plot}")
@@ -119,6 +143,27 @@ def _probe(args: argparse.Namespace) -> int:
         return 4
     print(json.dumps(result, indent=2) if args.json else format_probe(result))
     nvml.shutdown()
+    return 0
+
+
+def _log_report(args: argparse.Namespace) -> int:
+    from powerbudgetd.config import RecorderConfig, load_config
+    from powerbudgetd.logreport import format_summary, parse_duration, summarize
+    from powerbudgetd.recordlog import LogError, scan_log
+
+    try:
+        last_s = parse_duration(args.last)
+        settings = load_config(args.config) if args.config else None
+    except (ValueError, ConfigError) as exc:
+        print(f"powerbudgetd: {exc}", file=sys.stderr)
+        return 2
+    directory = args.dir or (settings.recorder.dir if settings else RecorderConfig().dir)
+    try:
+        result = summarize(scan_log(directory), last_s, settings.feed if settings else None, str(args.config))
+    except (LogError, ValueError) as exc:
+        print(f"powerbudgetd: {exc}", file=sys.stderr)
+        return 1
+    print(json.dumps(result, indent=2) if args.json else format_summary(result))
     return 0
 
 
@@ -156,4 +201,8 @@ def _run(args: argparse.Namespace) -> int:
         )
 
     daemon = Daemon(nvml, factory, config_path=config_path, settings=settings)
+    if settings.recorder.enabled:
+        from powerbudgetd.recorder import attach
+
+        attach(daemon, settings.recorder, settings.feed)
     return asyncio.run(daemon.run())

@@ -133,6 +133,36 @@ class SimConfig(_Section):
     state_file: str | None = None  # keep the simulated cards' limits across restarts
 
 
+def _state_dir() -> Path:
+    # systemd's StateDirectory=powerbudgetd sets $STATE_DIRECTORY (colon-separated).
+    env = os.environ.get("STATE_DIRECTORY", "")
+    return Path(env.split(":")[0]) if env else Path("/var/lib/powerbudgetd")
+
+
+class RecorderConfig(_Section):
+    """The flight recorder: a durable JSON-lines power log (see ``recorder.py``).
+
+    Sizes in bytes. A record is about 140 bytes per card plus 150 (``scripts/bench-recorder``):
+    at one a second the default total keeps about 17 days of a 4-card bank, 10 of 8 cards.
+    """
+
+    enabled: bool = True
+    dir: Path = Field(default_factory=_state_dir)  # $STATE_DIRECTORY, else /var/lib/powerbudgetd
+    interval_s: float = Field(1.0, ge=0.1, le=3600)  # one record per interval
+    fsync_interval_s: float = Field(1.0, ge=0, le=3600)  # 0: fsync every record
+    max_file_bytes: int = Field(16 << 20, ge=4096, le=1 << 34)
+    max_total_bytes: int = Field(1 << 30, ge=8192, le=1 << 40)
+
+    @model_validator(mode="after")
+    def _check(self) -> "RecorderConfig":
+        if self.max_total_bytes < 2 * self.max_file_bytes:
+            raise ValueError(
+                f"max_total_bytes ({self.max_total_bytes}) must be at least twice max_file_bytes "
+                f"({self.max_file_bytes}): the file being written counts against the total"
+            )
+        return self
+
+
 class Settings(BaseSettings):
     """The whole configuration. ``budget_w`` is the bank's board-power budget (W)."""
 
@@ -148,6 +178,7 @@ class Settings(BaseSettings):
     cards: dict[str, CardConfig] = Field(default_factory=dict)
     control: ControlConfig = Field(default_factory=ControlConfig)
     sim: SimConfig = Field(default_factory=SimConfig)
+    recorder: RecorderConfig = Field(default_factory=RecorderConfig)
 
     @model_validator(mode="after")
     def _check(self) -> "Settings":

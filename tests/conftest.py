@@ -23,6 +23,13 @@ def _quiet_logs() -> None:
     configure_logging(level="error", stream=sys.__stderr__, json=True)
 
 
+@pytest.fixture(autouse=True)
+def _state_directory(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The flight recorder defaults to $STATE_DIRECTORY: a daemon started by a test
+    # (here or as a subprocess) records into a temporary directory, never /var/lib.
+    monkeypatch.setenv("STATE_DIRECTORY", str(tmp_path_factory.mktemp("state")))
+
+
 def card(i: int, *phases: Phase, min_w=150.0, max_w=300.0, default_w=None, idle_w=30.0, **kw) -> CardSpec:
     """A workstation-like card (150-300 W) with the given demand phases (default idle)."""
     return CardSpec(

@@ -1,0 +1,358 @@
+"""After a power event: where the log stops, what was drawn before it, what the feed needs.
+
+``powerbudgetd log report`` picks the *event*: the most recent run that stopped without
+a clean exit (its last record is when the power went, or the daemon crashed or was
+killed). With none, the newest run. For the window before its stop it gives, per card
+and for the bank, the mean and peak draw and the limits in force, the estimated wall
+power, and a sizing line.
+
+Sizing (figures from the brief, "Protective devices"):
+
+- UPS: on the **peak** wall power, since a UPS trips on overload within seconds (under
+  0.5 s above 150 %): ``peak wall W / (1 - ups_margin)``, in real watts (not VA).
+- Circuit: on the highest **1 s average** wall power, since a breaker forgives
+  sub-second spikes, not minutes over: ``W / (volts x derating)`` amperes (NEC: a
+  continuous load at 80 % of the breaker). A 1 s average is above any longer average,
+  so this errs on the safe side.
+- Wall power = (board power + host_w) / psu_efficiency. The feed figures come from
+  ``--config``'s ``[feed]``, else the one recorded in the log's header, else the
+  defaults of :class:`~powerbudgetd.config.FeedConfig` with 120 V and the host draw
+  unknown (counted as 0 W, and said so).
+
+Peaks are the highest sums of instant readings the daemon saw, one per tick (100 ms):
+shorter spikes can be higher still.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from statistics import fmean
+from typing import Any
+
+from powerbudgetd.config import FeedConfig
+from powerbudgetd.recorder import boot_id, utc_iso
+from powerbudgetd.recordlog import LogIndex, Run, Sample, epoch, load_samples
+
+DEFAULT_VOLTS = 120.0  # the incident's circuit; give [feed] volts for yours
+_FEED_DEFAULTS = {k: FeedConfig.model_fields[k].default for k in ("derating", "ups_margin", "psu_efficiency")}
+
+
+def parse_duration(text: str) -> float:
+    """``90``, ``90s``, ``10m``, ``2h``, ``1d`` to seconds. Raises ValueError."""
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*", text)
+    if not m or float(m.group(1)) <= 0:
+        raise ValueError(f"not a duration: {text!r} (like 90s, 10m, 2h, 1d)")
+    return float(m.group(1)) * {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}[m.group(2)]
+
+
+@dataclass(frozen=True)
+class Feed:
+    """The feed figures a report sizes with, and where they came from."""
+
+    volts: float
+    derating: float
+    ups_margin: float
+    psu_efficiency: float
+    host_w: float | None  # None: unknown
+    breaker_a: float | None
+    ups_w: float | None
+    source: str
+
+    @classmethod
+    def choose(cls, configured: FeedConfig | None, recorded: dict[str, Any] | None, config_name: str | None) -> Feed:
+        if configured is not None:
+            return cls(**_feed_fields(configured.model_dump()), source=f"[feed] of {config_name}")
+        if recorded:
+            return cls(**_feed_fields(recorded), source="[feed] recorded in the log")
+        return cls(
+            volts=DEFAULT_VOLTS, host_w=None, breaker_a=None, ups_w=None, **_FEED_DEFAULTS,
+            source="defaults (no [feed] configured or recorded)",
+        )
+
+    def wall_w(self, board_w: float) -> float:
+        return (board_w + (self.host_w or 0.0)) / self.psu_efficiency
+
+
+def _feed_fields(d: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "volts": float(d["volts"]), "derating": float(d.get("derating", _FEED_DEFAULTS["derating"])),
+        "ups_margin": float(d.get("ups_margin", _FEED_DEFAULTS["ups_margin"])),
+        "psu_efficiency": float(d.get("psu_efficiency", _FEED_DEFAULTS["psu_efficiency"])),
+        "host_w": float(d["host_w"]), "breaker_a": _opt(d.get("breaker_a")), "ups_w": _opt(d.get("ups_w")),
+    }
+
+
+@dataclass(frozen=True)
+class Host:
+    """The machine reading the log: to tell a run still being written from a dead one."""
+
+    hostname: str
+    boot_id: str | None
+    pid_alive: Callable[[int], bool]
+
+    @classmethod
+    def current(cls) -> Host:
+        return cls(socket.gethostname(), boot_id(), _pid_alive)
+
+
+# How a run ended, and what that says (the report's words).
+ENDINGS = {
+    "clean": "the daemon exited cleanly (not a power cut)",
+    "host_down": "the host went down under it (power cut or reboot): this is when the power went",
+    "killed": "the daemon died without a clean exit (crash or kill -9) while the host stayed up",
+    "abrupt": "the daemon did not exit cleanly: power cut, crash or kill",
+    "recording": "the daemon is still recording: no power event in this log",
+}
+
+
+def ended(run: Run, newest: bool, now_s: float, host: Host) -> str:
+    """One of ENDINGS' keys. Without an ``end`` record: the header's boot id and pid say
+    whether the host rebooted or the process died; else a recent last record on the
+    newest run counts as still recording."""
+    if run.end is not None:
+        return "clean"
+    h = run.header or {}
+    if h.get("host") == host.hostname and h.get("boot_id") and host.boot_id:
+        if h["boot_id"] != host.boot_id:
+            return "host_down"
+        return "recording" if newest and host.pid_alive(int(h.get("pid", 0))) else "killed"
+    if newest and now_s - (run.stop_s or 0.0) <= max(10.0, 5 * run.interval_s):
+        return "recording"
+    return "abrupt"
+
+
+def event_run(log: LogIndex, now_s: float, host: Host) -> tuple[Run, str]:
+    """The run to report on, and how it ended: the most recent run that did not end
+    cleanly and is not still recording; else the newest run."""
+    runs = [r for r in log.runs if r.has_samples]
+    if not runs:
+        raise ValueError(f"{log.source}: no sample records in the log")
+    states = [ended(r, r is runs[-1], now_s, host) for r in runs]
+    for run, state in zip(reversed(runs), reversed(states)):
+        if state not in ("clean", "recording"):
+            return run, state
+    return runs[-1], states[-1]
+
+
+def summarize(log: LogIndex, last_s: float, configured: FeedConfig | None = None, config_name: str | None = None,
+              now_s: float | None = None, host: Host | None = None) -> dict[str, Any]:
+    """The report as one JSON-able dict (W, s, UTC ISO times). ``configured``: the
+    ``[feed]`` of ``--config`` (else the recorded one, else defaults). Raises ValueError
+    when the log holds no samples."""
+    now_s = time.time() if now_s is None else now_s
+    host = host or Host.current()
+    run, state = event_run(log, now_s, host)
+    stop = run.stop_s
+    assert stop is not None
+    since = stop - last_s
+    files = [f for f in run.files if f.last is None or epoch(f.last["utc"]) >= since]
+    window, skipped = load_samples(files, since)
+    if not window:
+        raise ValueError(f"{log.source}: no sample records in the {last_s:g} s before {utc_iso(stop)}")
+    feed = Feed.choose(configured, (run.header or {}).get("feed"), config_name)
+    runs = [r for r in log.runs if r.has_samples]
+    skipped += [t for t in log.torn if t.path not in {s.path for s in skipped}]
+    return {
+        "source": str(log.source),
+        "files": len(log.files),
+        "skipped_lines": [
+            {"file": s.path.name, "line": s.line, "why": s.why, "torn": s.torn} for s in skipped
+        ],
+        "runs": [
+            {"run": r.run_id, "start": _iso(r.start_s), "stop": _iso(r.stop_s), "files": len(r.files),
+             "ended": ended(r, r is runs[-1], now_s, host)}
+            for r in runs
+        ],
+        "stop": {
+            "utc": _iso(stop), "run": run.run_id, "ended": state, "last_mode": window[-1].mode,
+            "host": (run.header or {}).get("host"),
+        },
+        "window": {
+            "last_s": last_s, "from": _iso(window[0].utc_s), "to": _iso(window[-1].utc_s),
+            "samples": len(window), "expected": int(round((window[-1].utc_s - window[0].utc_s) / run.interval_s)) + 1,
+            "dropped": window[-1].dropped - window[0].dropped,
+            "run_began_inside": run.start_s is not None and run.start_s > since,
+        },
+        "cards": _cards(window, run.card_names()),
+        "bank": _bank(window),
+        **_wall_and_sizing(window, feed),
+    }
+
+
+def _cards(window: list[Sample], names: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    by_uuid: dict[str, list] = {}
+    for s in window:
+        for c in s.cards:
+            by_uuid.setdefault(c.uuid, []).append(c)
+    out = []
+    for uuid, cs in sorted(by_uuid.items(), key=lambda kv: kv[1][-1].index):
+        avgs = [c.avg_w for c in cs if c.avg_w is not None]
+        peaks = [c.peak_w for c in cs if c.peak_w is not None]
+        limits = [c.limit_w for c in cs if c.limit_w is not None]
+        out.append({
+            "index": cs[-1].index, "uuid": uuid, "name": names.get(uuid, {}).get("name"),
+            "mean_w": _r(fmean(avgs) if avgs else None), "max_avg_w": _r(max(avgs, default=None)),
+            "peak_w": _r(max(peaks, default=None)),
+            "limit_w": _r(cs[-1].limit_w), "limit_min_w": _r(min(limits, default=None)),
+            "limit_max_w": _r(max(limits, default=None)),
+            "roles": dict(Counter(c.role for c in cs).most_common()),
+            "unreadable": sum(1 for c in cs if c.avg_w is None),
+        })
+    return out
+
+
+def _bank(window: list[Sample]) -> dict[str, Any]:
+    avgs = [s.bank_avg_w for s in window if s.bank_avg_w is not None]
+    peaks = [s.bank_peak_w for s in window if s.bank_peak_w is not None]
+    limits = [s.bank_limit_w for s in window if s.bank_limit_w is not None]
+    return {
+        "mean_w": _r(fmean(avgs) if avgs else None), "max_avg_w": _r(max(avgs, default=None)),
+        "peak_w": _r(max(peaks, default=None)),
+        "limit_w": _r(window[-1].bank_limit_w), "limit_max_w": _r(max(limits, default=None)),
+        "budget_w": window[-1].budget_w, "budget_max_w": max(s.budget_w for s in window),
+        "modes": dict(Counter(s.mode for s in window).most_common()), "last_mode": window[-1].mode,
+    }
+
+
+def _wall_and_sizing(window: list[Sample], feed: Feed) -> dict[str, Any]:
+    bank = _bank(window)
+    if bank["max_avg_w"] is None:
+        return {"wall": None, "sizing": None, "feed": None}
+    mean_w, max_avg_w = bank["mean_w"], bank["max_avg_w"]
+    peak_w = bank["peak_w"] if bank["peak_w"] is not None else max_avg_w
+    wall = {
+        "host_w": feed.host_w, "psu_efficiency": feed.psu_efficiency, "host_known": feed.host_w is not None,
+        "mean_w": _r(feed.wall_w(mean_w)), "max_avg_w": _r(feed.wall_w(max_avg_w)), "peak_w": _r(feed.wall_w(peak_w)),
+    }
+    ups_needed = wall["peak_w"] / (1 - feed.ups_margin)
+    amps_needed = wall["max_avg_w"] / (feed.volts * feed.derating)
+    sizing = {
+        "ups_w": _r(ups_needed), "ups_margin": feed.ups_margin,
+        "circuit_a": round(amps_needed, 2), "volts": feed.volts, "derating": feed.derating,
+    }
+    check: dict[str, Any] = {"source": feed.source, "ups": None, "circuit": None}
+    if feed.ups_w is not None:
+        p = wall["peak_w"]
+        verdict = ("held" if p <= feed.ups_w * (1 - feed.ups_margin)
+                   else "held, inside the margin" if p <= feed.ups_w else "over its rating: trips")
+        check["ups"] = {"ups_w": feed.ups_w, "peak_wall_w": p, "load": round(p / feed.ups_w, 3), "verdict": verdict}
+    if feed.breaker_a is not None:
+        a = wall["max_avg_w"]
+        cont = feed.breaker_a * feed.volts * feed.derating
+        verdict = ("held" if a <= cont
+                   else "over the continuous rating: trips if sustained" if a <= feed.breaker_a * feed.volts
+                   else "over the breaker's rating: trips")
+        check["circuit"] = {"breaker_a": feed.breaker_a, "continuous_w": _r(cont), "max_avg_wall_w": a,
+                            "verdict": verdict}
+    return {"wall": wall, "sizing": sizing, "feed": check}
+
+
+def format_summary(d: dict[str, Any]) -> str:
+    """The report for people: a few lines, the stop first."""
+    st, win, bank, wall = d["stop"], d["window"], d["bank"], d["wall"]
+    how = ENDINGS[st["ended"]]
+    lines = [
+        f"log {d['source']}: {len(d['runs'])} run(s) of the daemon, {d['files']} file(s)",
+        f"the log stops at {_human(st['utc'])}: {how}",
+    ]
+    later = [r for r in d["runs"] if r["start"] and r["start"] > st["utc"]]
+    if later:
+        lines.append(f"  (the daemon started again at {_human(later[0]['start'])})")
+    torn = [s for s in d["skipped_lines"] if s["torn"]]
+    if torn:
+        lines.append(f"  {len(torn)} torn last line(s) skipped (cut mid-write): " + ", ".join(s["file"] for s in torn))
+    other = len(d["skipped_lines"]) - len(torn)
+    if other:
+        lines.append(f"  {other} other unreadable line(s) skipped")
+    gap = win["expected"] - win["samples"]
+    lines += [
+        "",
+        f"the {_dur(win['last_s'])} before it: {_human(win['from'])} to {_human(win['to'])}, {win['samples']} records"
+        + (f" ({gap} missing, {win['dropped']} dropped by a slow disk)" if gap > 0 or win["dropped"] else "")
+        + (" (the run began inside the window)" if win["run_began_inside"] else ""),
+        "  card  mean W   peak W   limit W (range)    roles",
+    ]
+    for c in d["cards"]:
+        rng = f"{_w(c['limit_min_w'])}-{_w(c['limit_max_w'])}" if c["limit_min_w"] != c["limit_max_w"] else ""
+        roles = ", ".join(f"{k} {v}" for k, v in c["roles"].items())
+        lines.append(
+            f"  {c['index']:>4}  {_w(c['mean_w']):>6}   {_w(c['peak_w']):>6}   {_w(c['limit_w']):>7} {rng:<10} {roles}"
+        )
+    lines.append(
+        f"  bank  {_w(bank['mean_w']):>6}   {_w(bank['peak_w']):>6}   {_w(bank['limit_w']):>7}"
+        f"            budget {_w(bank['budget_w'])} W, highest 1 s average {_w(bank['max_avg_w'])} W, "
+        f"mode {bank['last_mode']}"
+    )
+    if wall is None:
+        return "\n".join(lines)
+    sz, fd = d["sizing"], d["feed"]
+    host = f"host {wall['host_w']:g} W" if wall["host_known"] else "host draw UNKNOWN, counted as 0 W: set [feed] host_w"
+    lines += [
+        "",
+        f"wall power (estimated: {host}, PSU {wall['psu_efficiency']:.0%}; {fd['source']}): "
+        f"mean {_w(wall['mean_w'])} W, highest 1 s average {_w(wall['max_avg_w'])} W, peak {_w(wall['peak_w'])} W",
+        f"sizing: a UPS of at least {_w(sz['ups_w'])} W real power (peak {_w(wall['peak_w'])} W with "
+        f"{sz['ups_margin']:.0%} margin) and a circuit of at least {sz['circuit_a']:.1f} A at {sz['volts']:g} V "
+        f"({sz['derating']:.0%} continuous)",
+    ]
+    if fd["ups"]:
+        u = fd["ups"]
+        lines.append(f"  configured UPS {u['ups_w']:g} W: {u['verdict']} (peak at {u['load']:.0%} of its rating)")
+    if fd["circuit"]:
+        c = fd["circuit"]
+        lines.append(
+            f"  configured circuit {c['breaker_a']:g} A: {c['verdict']} "
+            f"({_w(c['max_avg_wall_w'])} W of {_w(c['continuous_w'])} W continuous)"
+        )
+    if not fd["ups"] and not fd["circuit"]:
+        lines.append("  no breaker or UPS configured to check against: give --config with a [feed] section")
+    return "\n".join(lines)
+
+
+def _iso(t: float | None) -> str | None:
+    return None if t is None else utc_iso(t)
+
+
+def _human(iso: str | None) -> str:
+    return "?" if iso is None else iso.replace("T", " ").replace("Z", " UTC")
+
+
+def _dur(s: float) -> str:
+    for unit, n in (("h", 3600), ("min", 60)):
+        if s >= n and s % n == 0:
+            return f"{s / n:g} {unit}"
+    return f"{s:g} s"
+
+
+def _w(v: float | None) -> str:
+    return "-" if v is None else f"{v:.0f}"
+
+
+def _r(v: float | None) -> float | None:
+    return None if v is None else round(v, 1)
+
+
+def _opt(v: Any) -> float | None:
+    return None if v is None else float(v)
+
+
+def _pid_alive(pid: int) -> bool:
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    try:  # a reused pid is not our daemon
+        return b"powerbudgetd" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return True

@@ -1,0 +1,255 @@
+"""Reading the flight recorder's log back, torn lines and all.
+
+A power cut can leave the last line of a file half written (or, on some filesystems,
+padded with zero bytes); any line that is not one complete JSON record is skipped and
+counted, never fatal. Records are grouped into *runs* (one daemon process each, named by
+the header's ``run``); a run whose last record is not an ``end`` record stopped without
+a clean exit: a power cut, a crash or ``kill -9``. The format is documented in
+:mod:`powerbudgetd.recorder`.
+
+Reading is in two steps so that a report on the last minutes of a full log (up to
+``max_total_bytes``) stays quick: :func:`scan_log` reads only each file's first line and
+its tail (runs, their start and stop, torn tails); :func:`load_samples` parses the
+records of the files a question needs.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from powerbudgetd.recorder import SCHEMA_VERSION, log_files, utc_iso
+
+EDGE_BYTES = 64 << 10  # read this much of a file's head and tail when scanning
+
+
+class LogError(ValueError):
+    """No log where one was expected; the message names the path."""
+
+
+@dataclass(frozen=True, slots=True)
+class CardSample:
+    """One card in one record (W; None = unknown)."""
+
+    index: int
+    uuid: str
+    avg_w: float | None
+    peak_w: float | None
+    limit_w: float | None
+    role: str
+
+
+@dataclass(frozen=True, slots=True)
+class Sample:
+    """One ``sample`` record. ``utc_s``: epoch seconds; watts; None = unknown."""
+
+    utc_s: float
+    mono_s: float
+    mode: str
+    budget_w: float
+    dropped: int
+    cards: tuple[CardSample, ...]
+    bank_avg_w: float | None
+    bank_peak_w: float | None
+    bank_limit_w: float | None
+
+
+@dataclass
+class SkippedLine:
+    path: Path
+    line: int  # 1-based; 0: the whole file
+    why: str
+    torn: bool  # the file's last line, without its newline: cut mid-write
+
+
+@dataclass
+class LogFile:
+    """What a scan learns of one file: its run and its last complete record."""
+
+    path: Path
+    header: dict[str, Any] | None
+    last: dict[str, Any] | None  # the last complete record (header, sample or end)
+    torn: SkippedLine | None = None
+
+    @property
+    def run_id(self) -> str | None:
+        return None if self.header is None else self.header.get("run")
+
+
+@dataclass
+class Run:
+    """One daemon process's files, in order. ``end`` is None when it was cut."""
+
+    run_id: str | None
+    header: dict[str, Any] | None
+    files: list[LogFile] = field(default_factory=list)
+
+    @property
+    def last(self) -> dict[str, Any] | None:
+        return next((f.last for f in reversed(self.files) if f.last is not None), None)
+
+    @property
+    def end(self) -> dict[str, Any] | None:
+        last = self.last
+        return last if last is not None and last.get("kind") == "end" else None
+
+    @property
+    def has_samples(self) -> bool:
+        return any(f.last is not None and f.last.get("kind") != "header" for f in self.files)
+
+    @property
+    def start_s(self) -> float | None:
+        return None if self.header is None else epoch(self.header["utc"])
+
+    @property
+    def stop_s(self) -> float | None:
+        """Epoch s of the last complete record: the end record, else the last sample."""
+        last = self.last
+        return None if last is None else epoch(last["utc"])
+
+    @property
+    def interval_s(self) -> float:
+        return float(self.header.get("interval_s", 1.0)) if self.header else 1.0
+
+    def card_names(self) -> dict[str, dict[str, Any]]:
+        return {c["uuid"]: c for c in (self.header or {}).get("cards", [])}
+
+
+@dataclass
+class LogIndex:
+    """A scanned log: its files and runs, oldest first."""
+
+    source: Path
+    files: list[LogFile]
+    runs: list[Run]
+
+    @property
+    def torn(self) -> list[SkippedLine]:
+        return [f.torn for f in self.files if f.torn is not None]
+
+
+def scan_log(path: str | Path) -> LogIndex:
+    """Scan a recorder directory (every ``power-*.jsonl``) or one file.
+
+    Raises LogError when the path does not exist or holds no recorder files.
+    """
+    path = Path(path)
+    if path.is_dir():
+        paths = log_files(path)
+        if not paths:
+            raise LogError(f"{path}: no recorder files (power-*.jsonl) here")
+    elif path.is_file():
+        paths = [path]
+    else:
+        raise LogError(f"{path}: no such file or directory")
+    files = [_scan_file(p) for p in paths]
+    runs: list[Run] = []
+    for f in files:
+        if f.header is not None and (not runs or runs[-1].run_id != f.run_id):
+            runs.append(Run(f.run_id, f.header))
+        elif not runs:  # the run's header is gone (torn at creation, or pruned)
+            runs.append(Run(None, None))
+        runs[-1].files.append(f)
+    return LogIndex(path, files, runs)
+
+
+def _scan_file(path: Path) -> LogFile:
+    try:
+        with open(path, "rb") as fh:
+            size = fh.seek(0, 2)
+            fh.seek(0)
+            head = fh.read(min(size, EDGE_BYTES))
+            fh.seek(max(0, size - EDGE_BYTES))
+            tail = fh.read()
+    except OSError as exc:
+        return LogFile(path, None, None, SkippedLine(path, 0, f"unreadable: {exc.strerror or exc}", False))
+    first = _parse(head.split(b"\n", 1)[0]) if b"\n" in head or size <= EDGE_BYTES else None
+    header = first if first is not None and first.get("kind") == "header" else None
+    lines = tail.split(b"\n")
+    torn = None
+    if lines[-1]:  # no newline at the end: a torn last line, unless it parses whole
+        if _parse(lines[-1]) is None:
+            n = head.count(b"\n") + 1 if size <= EDGE_BYTES else 0
+            torn = SkippedLine(path, n, "torn last line (cut mid-write)", True)
+            lines.pop()
+    last = None
+    start = 1 if size > EDGE_BYTES else 0  # the tail's first piece may be a partial line
+    for raw in reversed(lines[start:]):
+        if raw and (last := _parse(raw)) is not None:
+            break
+    return LogFile(path, header, last, torn)
+
+
+def load_samples(files: list[LogFile], since_s: float = float("-inf")) -> tuple[list[Sample], list[SkippedLine]]:
+    """Parse every sample record at or after ``since_s`` (epoch s) in ``files``, in
+    order, and the lines that were skipped (torn or not records)."""
+    samples: list[Sample] = []
+    skipped: list[SkippedLine] = []
+    # The recorder writes "utc" as fixed-width ISO text, early in the line: lines before
+    # the window are passed over by comparing that text, without parsing them.
+    since_iso = utc_iso(since_s).encode() if since_s > 0 else b""
+    for f in files:
+        try:
+            data = f.path.read_bytes()
+        except OSError as exc:
+            skipped.append(SkippedLine(f.path, 0, f"unreadable: {exc.strerror or exc}", False))
+            continue
+        lines = data.split(b"\n")
+        last = len(lines) - 1  # b"" after the final newline when the file ends cleanly
+        for i, raw in enumerate(lines):
+            if i == last and not raw:
+                break
+            if since_iso and (k := raw.find(b'"utc":"', 0, 120)) >= 0 and raw[k + 7 : k + 31] < since_iso:
+                continue
+            try:
+                rec = json.loads(raw)
+                _check(rec)
+                if rec["kind"] != "sample":
+                    continue
+                sample = _sample(rec)
+                if sample.utc_s >= since_s:
+                    samples.append(sample)
+            except (ValueError, KeyError, TypeError) as exc:  # JSONDecodeError is a ValueError
+                torn = i == last
+                skipped.append(SkippedLine(f.path, i + 1, "torn last line (cut mid-write)" if torn else f"not a record: {exc}", torn))
+    return samples, skipped
+
+
+def _parse(raw: bytes) -> dict[str, Any] | None:
+    try:
+        rec = json.loads(raw)
+        _check(rec)
+        epoch(rec["utc"])
+    except (ValueError, TypeError):
+        return None
+    return rec
+
+
+def _check(rec: Any) -> None:
+    if not isinstance(rec, dict):
+        raise ValueError("not a JSON object")
+    if rec.get("v") != SCHEMA_VERSION:
+        raise ValueError(f"schema version {rec.get('v')!r}, this reader knows {SCHEMA_VERSION}")
+    if rec.get("kind") not in ("header", "sample", "end") or not isinstance(rec.get("utc"), str):
+        raise ValueError(f"unknown kind {rec.get('kind')!r} or no utc")
+
+
+def _sample(rec: dict[str, Any]) -> Sample:
+    bank = rec["bank"]
+    return Sample(
+        epoch(rec["utc"]), float(rec["mono_s"]), str(rec["mode"]), float(rec["budget_w"]),
+        int(rec.get("dropped", 0)),
+        tuple(
+            CardSample(int(c["index"]), str(c["uuid"]), c["avg_w"], c["peak_w"], c["limit_w"], str(c["role"]))
+            for c in rec["cards"]
+        ),
+        bank["avg_w"], bank["peak_w"], bank["limit_w"],
+    )
+
+
+def epoch(iso: str) -> float:
+    """``2025-06-01T14:00:00.000Z`` to epoch seconds. Raises ValueError."""
+    return datetime.fromisoformat(iso).timestamp()

@@ -1,0 +1,136 @@
+"""Replay a flight-recorder log as demand: what would another budget or policy have done?
+
+:func:`load_replay` turns a recorded log (a recorder directory or one ``power-*.jsonl``)
+into a :class:`~powerbudgetd_sim.scenario.Scenario` whose cards are the recorded ones
+(UUID, name, limit constraints from the log's header) and whose demand is each card's
+recorded draw, second by second:
+
+- ``draw="avg"`` (default): the recorded 1 s average. The average at a record covers
+  the interval before it, so that value is the demand over that interval.
+- ``draw="peak"``: the highest instant draw of each interval, held for the interval:
+  an upper bound, for asking whether a budget would have held on the worst moments.
+
+What a log cannot tell: how much a card *wanted* while it sat at its cap. Such seconds
+replay at the cap, so a replay at a higher budget understates demand there; the
+scenario's description says what share of card-seconds were at their cap. Gaps in the
+log (daemon down, power off) replay as idle.
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass
+from pathlib import Path
+
+from powerbudgetd.recordlog import LogError, load_samples, scan_log
+from powerbudgetd_sim.physics import CardSpec
+from powerbudgetd_sim.profiles import Profile
+from powerbudgetd_sim.scenario import Scenario, ScenarioError
+
+DRAWS = ("avg", "peak")
+PINNED_FRACTION = 0.95  # a 1 s average at or above this x the limit: the cap was binding
+GAP_INTERVALS = 2.5  # records further apart than this x the interval leave a gap (idle)
+
+
+@dataclass(frozen=True)
+class ReplayProfile(Profile):
+    """Demand (W) that steps through recorded values: ``watts[i]`` holds over
+    ``(times[i-1], times[i]]`` (s); None, and any time after the last, is idle."""
+
+    times: tuple[float, ...] = ()
+    watts: tuple[float | None, ...] = ()
+
+    def demand_w(self, t_s: float, idle_w: float, tgp_w: float) -> float:
+        i = bisect.bisect_left(self.times, t_s - 1e-9)
+        w = self.watts[i] if i < len(self.watts) else None
+        return idle_w if w is None else min(max(idle_w, w), tgp_w)
+
+
+def load_replay(
+    path: str | Path,
+    *,
+    draw: str = "avg",
+    budget_w: float | None = None,
+    tick_s: float = 0.1,
+    lag_s: float = 0.1,
+    seed: int = 1,
+) -> Scenario:
+    """A scenario replaying the log at ``path``. ``budget_w`` defaults to the last
+    recorded budget. Raises ScenarioError naming the path when there is nothing to replay."""
+    if draw not in DRAWS:
+        raise ScenarioError(f"draw must be one of {', '.join(DRAWS)}, got {draw!r}")
+    try:
+        log = scan_log(path)
+    except LogError as exc:
+        raise ScenarioError(str(exc)) from None
+    samples, _ = load_samples(log.files)
+    if not samples:
+        raise ScenarioError(f"{path}: no sample records to replay")
+    interval = log.runs[-1].interval_s
+    headers = {c["uuid"]: c for r in log.runs for c in (r.header or {}).get("cards", [])}
+
+    t0 = samples[0].utc_s - interval  # the first record's average covers the interval before it
+    uuids: dict[str, int] = {}
+    for s in samples:
+        for c in s.cards:
+            uuids[c.uuid] = c.index
+    order = sorted(uuids, key=lambda u: uuids[u])
+    times: list[float] = []
+    watts: dict[str, list[float | None]] = {u: [] for u in order}
+    prev_t: float | None = None
+    pinned = seen = 0
+    for s in samples:
+        t = max(s.utc_s - t0, prev_t or 0.0)
+        if prev_t is not None and t - prev_t > GAP_INTERVALS * interval:
+            times.append(t - interval)  # idle through the gap, up to the interval this record covers
+            for u in order:
+                watts[u].append(None)
+        times.append(t)
+        by = {c.uuid: c for c in s.cards}
+        for u in order:
+            c = by.get(u)
+            w = None if c is None else (c.peak_w if draw == "peak" and c.peak_w is not None else c.avg_w)
+            watts[u].append(w)
+            if c is not None and c.avg_w is not None and c.limit_w:
+                seen += 1
+                pinned += c.avg_w >= PINNED_FRACTION * c.limit_w
+        prev_t = t
+
+    cards = []
+    for u in order:
+        recorded = [c for s in samples for c in s.cards if c.uuid == u]
+        cards.append(_card_spec(u, headers.get(u, {}), recorded, ReplayProfile(times=tuple(times), watts=tuple(watts[u]))))
+    budget = budget_w if budget_w is not None else samples[-1].budget_w
+    share = 100.0 * pinned / seen if seen else 0.0
+    return Scenario(
+        name=f"replay:{Path(path).name}",
+        budget_w=float(budget),
+        cards=tuple(cards),
+        duration_s=round(times[-1], 3),
+        seed=seed,
+        lag_s=lag_s,
+        tick_s=tick_s,
+        description=(
+            f"replay of {len(samples)} records ({draw} draw), recorded at budget "
+            f"{samples[-1].budget_w:g} W; {share:.0f} % of card-seconds at their cap (demand above it unknown)"
+        ),
+    )
+
+
+def _card_spec(uuid: str, header: dict, recorded: list, profile: ReplayProfile) -> CardSpec:
+    """The card's constraints from the log's header, else from what was seen."""
+    limits = [c.limit_w for c in recorded if c.limit_w is not None]
+    draws = [c.avg_w for c in recorded if c.avg_w is not None]
+    peaks = [c.peak_w for c in recorded if c.peak_w is not None]
+    max_w = header.get("max_w") or max(limits + draws + peaks + [1.0])
+    min_w = header.get("min_w") or min(limits + [max_w / 2])  # no header: the lowest cap seen
+    idle_w = max(1.0, min(draws, default=0.0))
+    return CardSpec(
+        uuid=uuid,
+        name=header.get("name") or f"recorded GPU {recorded[-1].index}",
+        min_w=float(min_w),
+        max_w=float(max_w),
+        default_w=float(max_w),
+        idle_w=min(idle_w, float(min_w)),
+        profile=profile,
+    )

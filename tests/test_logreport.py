@@ -1,0 +1,215 @@
+"""Reading the log back after a power cut, and `powerbudgetd log report`."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+from pathlib import Path
+
+import pytest
+
+from powerbudgetd.cli import main
+from powerbudgetd.config import FeedConfig
+from powerbudgetd.logreport import Host, parse_duration, summarize
+from powerbudgetd.recorder import LogWriter, boot_id, log_files, utc_iso
+from powerbudgetd.recordlog import LogError, load_samples, scan_log
+
+T0 = 1_750_000_000.0
+ELSEWHERE = Host("another-host", "another-boot", lambda pid: False)
+FEED = {"breaker_a": 15.0, "volts": 120.0, "derating": 0.8, "ups_w": 1200.0, "ups_margin": 0.2,
+        "psu_efficiency": 0.9, "host_w": 250.0}
+
+
+def header(run: str, t: float, feed: dict | None = FEED, **kw) -> dict:
+    return {
+        "v": 1, "kind": "header", "run": run, "utc": utc_iso(t), "mono_s": 5.0, "host": "gpu-box",
+        "boot_id": "boot-1", "pid": 4242, "version": "0.1.0", "interval_s": 1.0, "budget_w": 1000.0,
+        "feed": feed,
+        "cards": [{"index": i, "uuid": f"GPU-{i}", "name": "Card", "min_w": 150.0, "max_w": 300.0} for i in range(2)],
+        **kw,
+    }
+
+
+def sample(n: int, t: float, avg: tuple[float, float], peak: tuple[float, float], bank_peak: float,
+           limit: tuple[float, float] = (250.0, 250.0), mode: str = "dynamic", dropped: int = 0) -> dict:
+    return {
+        "v": 1, "kind": "sample", "n": n, "utc": utc_iso(t), "mono_s": 5.0 + n, "mode": mode,
+        "budget_w": 500.0, "dropped": dropped,
+        "cards": [{"index": i, "uuid": f"GPU-{i}", "avg_w": avg[i], "peak_w": peak[i], "limit_w": limit[i],
+                   "role": "fair_share"} for i in range(2)],
+        "bank": {"avg_w": sum(avg), "peak_w": bank_peak, "limit_w": sum(limit), "wall_w": None, "wall_peak_w": None},
+    }
+
+
+def write_run(directory: Path, run: str, start: float, count: int, end: bool = False, seq: int = 1,
+              feed: dict | None = FEED) -> list[dict]:
+    """One run of the daemon, in one file: card 0 ramps, card 1 steady; one peak at n=count-5."""
+    recs = [header(run, start, feed)]
+    for n in range(1, count + 1):
+        a0 = 100.0 + n / 10  # 100.1 .. 100 + count/10
+        p0 = a0 + (150.0 if n == count - 5 else 10.0)
+        recs.append(sample(n, start + n, (a0, 200.0), (p0, 210.0), bank_peak=p0 + 205.0))
+    if end:
+        recs.append({"v": 1, "kind": "end", "run": run, "utc": utc_iso(start + count + 0.5), "mono_s": 0.0,
+                     "mode": "stopping"})
+    path = directory / f"power-{seq:08d}-20250615T000000Z.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in recs))
+    return recs
+
+
+def test_parse_duration() -> None:
+    assert [parse_duration(s) for s in ("90", "90s", "10m", "2h", "1d", "0.5m")] == [90, 90, 600, 7200, 86400, 30]
+    for bad in ("", "10x", "-5m", "0", "m"):
+        with pytest.raises(ValueError, match="not a duration"):
+            parse_duration(bad)
+
+
+def test_the_report_gives_peaks_means_limits_wall_power_and_sizing(tmp_path: Path) -> None:
+    write_run(tmp_path, "r1", T0, 1200)
+    d = summarize(scan_log(tmp_path), 600.0, host=ELSEWHERE)
+    assert d["stop"]["utc"] == utc_iso(T0 + 1200) and d["stop"]["ended"] == "abrupt"
+    win = d["window"]
+    assert win["from"] == utc_iso(T0 + 600) and win["samples"] == 601 and win["expected"] == 601
+    c0, c1 = d["cards"]
+    assert c0["mean_w"] == pytest.approx(190.0, abs=0.05)  # n = 600 .. 1200
+    assert c0["peak_w"] == pytest.approx(219.5 + 150) and c0["max_avg_w"] == 220
+    assert c1["mean_w"] == 200 and c1["peak_w"] == 210 and c1["limit_w"] == 250 and c1["name"] == "Card"
+    bank = d["bank"]
+    assert bank["peak_w"] == pytest.approx(369.5 + 205) and bank["max_avg_w"] == 420 and bank["limit_w"] == 500
+    assert bank["budget_w"] == 500 and bank["modes"] == {"dynamic": 601}
+    wall = d["wall"]
+    assert wall["host_w"] == 250 and wall["peak_w"] == pytest.approx((574.5 + 250) / 0.9, abs=0.1)
+    assert wall["max_avg_w"] == pytest.approx((420 + 250) / 0.9, abs=0.1)
+    sz = d["sizing"]
+    assert sz["ups_w"] == pytest.approx((574.5 + 250) / 0.9 / 0.8, abs=0.1)
+    assert sz["circuit_a"] == pytest.approx((420 + 250) / 0.9 / (120 * 0.8), abs=0.01)
+    assert d["feed"]["source"] == "[feed] recorded in the log"
+    assert d["feed"]["ups"]["verdict"] == "held" and d["feed"]["circuit"]["verdict"] == "held"
+
+
+@pytest.mark.parametrize(
+    ("host_w", "ups", "circuit"),
+    [
+        (400, "held, inside the margin", "held"),  # peak 1083 W of a 1200 W UPS (960 W with margin)
+        (1000, "over its rating: trips", "over the continuous rating: trips if sustained"),  # 1578 W of 1440
+        (1300, "over its rating: trips", "over the breaker's rating: trips"),  # 1911 W on a 1800 W breaker
+    ],
+)
+def test_would_the_feed_have_held(tmp_path: Path, host_w: float, ups: str, circuit: str) -> None:
+    write_run(tmp_path, "r1", T0, 1200)
+    # A host this heavy leaves no board budget (a config error); the report must still judge it.
+    feed = FeedConfig.model_construct(**{**FEED, "host_w": host_w})
+    d = summarize(scan_log(tmp_path), 600.0, feed, "x.toml", host=ELSEWHERE)
+    assert (d["feed"]["ups"]["verdict"], d["feed"]["circuit"]["verdict"]) == (ups, circuit)
+
+
+def test_a_configured_feed_wins_and_without_any_the_host_is_unknown(tmp_path: Path) -> None:
+    write_run(tmp_path, "r1", T0, 100, feed=None)
+    d = summarize(scan_log(tmp_path), 60.0, host=ELSEWHERE)
+    assert d["wall"]["host_known"] is False and d["feed"]["source"].startswith("defaults")
+    assert d["sizing"]["volts"] == 120 and d["sizing"]["ups_margin"] == 0.2 and d["sizing"]["derating"] == 0.8
+    assert d["feed"]["ups"] is None and d["feed"]["circuit"] is None
+    big = FeedConfig(breaker_a=30, volts=230, ups_w=3000, host_w=300, psu_efficiency=0.92)
+    d = summarize(scan_log(tmp_path), 60.0, big, "site.toml", host=ELSEWHERE)
+    assert d["feed"]["source"] == "[feed] of site.toml"
+    peak_wall = (100 + 9.5 + 150 + 205 + 300) / 0.92  # card 0's burst at n = 95
+    assert d["wall"]["peak_w"] == pytest.approx(peak_wall, abs=0.1)
+    assert d["feed"]["ups"]["verdict"] == "held" and d["feed"]["circuit"]["verdict"] == "held"
+
+
+def test_a_power_cut_mid_line_stops_the_log_at_the_last_complete_record(tmp_path: Path) -> None:
+    recs = write_run(tmp_path, "r1", T0, 300)
+    path = log_files(tmp_path)[0]
+    data = path.read_bytes()
+    lines = data.split(b"\n")
+    cut = len(data) - len(lines[-2]) - 1 - len(lines[-3]) // 2  # halfway through the second-to-last record
+    for tail in (b"", b"\0" * 512):  # cut clean, or with the zero-filled block some filesystems leave
+        path.write_bytes(data[:cut] + tail)
+        index = scan_log(tmp_path)
+        assert [t.path for t in index.torn] == [path]
+        d = summarize(index, 60.0, host=ELSEWHERE)
+        assert d["stop"]["utc"] == recs[-3]["utc"] == utc_iso(T0 + 298)
+        assert d["window"]["to"] == utc_iso(T0 + 298) and d["window"]["samples"] == 61
+        assert [s["torn"] for s in d["skipped_lines"]] == [True]
+        samples, skipped = load_samples(index.files)
+        assert len(samples) == 298 and len(skipped) == 1 and skipped[0].line == 300
+
+
+def test_the_event_is_the_last_run_that_did_not_exit_cleanly(tmp_path: Path) -> None:
+    me = Host("gpu-box", "boot-1", lambda pid: pid == 4242)
+    write_run(tmp_path, "cut", T0, 100, seq=1)  # the power went
+    write_run(tmp_path, "after", T0 + 3600, 50, end=True, seq=2)  # back up, then stopped by hand
+    write_run(tmp_path, "now", T0 + 7200, 20, seq=3)  # running now
+    # The log was written before a reboot: both unfinished runs are over.
+    d = summarize(scan_log(tmp_path), 600.0, now_s=T0 + 7220, host=Host("gpu-box", "boot-2", lambda pid: True))
+    assert [r["ended"] for r in d["runs"]] == ["host_down", "clean", "host_down"]
+    assert d["stop"]["run"] == "now"
+    # Same boot, the daemon of the newest run alive: it is recording; the cut is the event.
+    d = summarize(scan_log(tmp_path), 600.0, now_s=T0 + 7220, host=me)
+    assert [r["ended"] for r in d["runs"]] == ["killed", "clean", "recording"]
+    assert d["stop"]["run"] == "cut" and d["stop"]["utc"] == utc_iso(T0 + 100)
+    assert d["window"]["run_began_inside"] is True
+    # Read elsewhere: a recent last record counts as recording, an old one as cut.
+    d = summarize(scan_log(tmp_path), 600.0, now_s=T0 + 7221, host=ELSEWHERE)
+    assert [r["ended"] for r in d["runs"]] == ["abrupt", "clean", "recording"]
+    d = summarize(scan_log(tmp_path), 600.0, now_s=T0 + 9000, host=ELSEWHERE)
+    assert d["stop"]["run"] == "now" and d["stop"]["ended"] == "abrupt"
+
+
+def test_a_log_that_ended_cleanly_says_so(tmp_path: Path) -> None:
+    write_run(tmp_path, "r1", T0, 30, end=True)
+    d = summarize(scan_log(tmp_path), 600.0, host=ELSEWHERE)
+    assert d["stop"]["ended"] == "clean" and d["stop"]["utc"] == utc_iso(T0 + 30.5)
+
+
+def test_a_run_spread_over_rotated_files_reads_as_one(tmp_path: Path) -> None:
+    writer = LogWriter(tmp_path, max_file_bytes=4096, max_total_bytes=1 << 20)
+    writer.submit(header("r1", T0))
+    for n in range(1, 101):
+        writer.submit(sample(n, T0 + n, (120.0, 80.0), (130.0, 90.0), 215.0))
+    writer.close()
+    index = scan_log(tmp_path)
+    assert len(index.files) > 5 and len(index.runs) == 1
+    d = summarize(index, 30.0, host=ELSEWHERE)
+    assert d["window"]["samples"] == 31 and d["stop"]["utc"] == utc_iso(T0 + 100)
+
+
+def test_log_report_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    write_run(tmp_path, "r1", T0, 900)
+    assert main(["log", "report", "--dir", str(tmp_path), "--last", "5m", "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["window"]["samples"] == 301 and d["stop"]["utc"] == utc_iso(T0 + 900)
+    config = tmp_path / "powerbudgetd.toml"
+    config.write_text(
+        f'budget_w = 1000\n[feed]\nbreaker_a = 20\nvolts = 120\nups_w = 3000\nhost_w = 200\n'
+        f'[recorder]\ndir = "{tmp_path}"\n'
+    )
+    assert main(["log", "report", "--config", str(config)]) == 0
+    out = capsys.readouterr().out
+    assert f"the log stops at {utc_iso(T0 + 900).replace('T', ' ').replace('Z', ' UTC')}" in out
+    assert "sizing: a UPS of at least" in out and "configured UPS 3000 W: held" in out
+    assert "configured circuit 20 A" in out
+    assert main(["log", "report", "--dir", str(tmp_path / "nothing")]) == 1
+    assert "no such file or directory" in capsys.readouterr().err
+    assert main(["log", "report", "--dir", str(tmp_path), "--last", "soon"]) == 2
+    assert "not a duration" in capsys.readouterr().err
+
+
+def test_not_a_log(tmp_path: Path) -> None:
+    with pytest.raises(LogError, match="no recorder files"):
+        scan_log(tmp_path)
+    (tmp_path / "power-00000001-20250101T000000Z.jsonl").write_text('{"v": 2, "kind": "header"}\nnot json\n')
+    index = scan_log(tmp_path)
+    with pytest.raises(ValueError, match="no sample records"):
+        summarize(index, 60.0, host=ELSEWHERE)
+    samples, skipped = load_samples(index.files)
+    assert samples == [] and [s.torn for s in skipped] == [False, False]
+    assert "schema version 2" in skipped[0].why
+
+
+def test_this_hosts_view() -> None:
+    h = Host.current()
+    assert h.hostname == socket.gethostname() and h.boot_id == boot_id()
+    assert h.pid_alive(os.getpid()) in (True, False)  # pytest's own command line may not say powerbudgetd
+    assert h.pid_alive(0) is False
