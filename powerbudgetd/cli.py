@@ -197,7 +197,8 @@ def _run(args: argparse.Namespace) -> int:
 
     def factory(n):  # type: ignore[no-untyped-def]
         return Controller(
-            n, settings.effective_budget_w(), settings.control.timings(), dry_run=args.dry_run, overrides=settings.overrides()
+            n, settings.effective_budget_w(), settings.control.timings(), dry_run=args.dry_run, overrides=settings.overrides(),
+            allow_monitor_only=settings.allow_monitor_only,
         )
 
     daemon = Daemon(nvml, factory, config_path=config_path, settings=settings)

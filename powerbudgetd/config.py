@@ -171,6 +171,8 @@ class Settings(BaseSettings):
     budget_w: float | None = Field(None, gt=0, le=100_000)  # board watts; or derive it from [feed]
     feed: FeedConfig | None = None
     allow_monitor_only: bool = False  # without write permission: watch, do not enforce
+    nvml_init_attempts: int = Field(5, ge=1, le=100)  # nvmlInit tries at start (driver still loading)
+    nvml_init_backoff_s: float = Field(1.0, ge=0.01, le=60)  # first wait between them, doubling
     # Limits are volatile without persistence mode (lost when the driver unloads):
     # turn it on at boot where it is off; false only warns.
     enable_persistence_mode: bool = True

@@ -282,6 +282,8 @@ class Controller:
         active = [c for c in self.cards if c.active(now)]
         for c in active:
             c.target_mw = targets[c.uuid]
+            if c.target_mw in c.refused:  # NVML said no to this very value: hold, do not resend
+                self._hold(c, now, "write_refused", target_w=c.target_mw / 1000)
         steps = [
             Step(c.uuid, c.bound_mw, targets[c.uuid], c.requested_mw, c.priority, busy=bool(c.inflight))
             for c in active
@@ -358,8 +360,6 @@ class Controller:
                     log.info("card_controllable_again", index=c.index, uuid=c.uuid)
                     c.hold_until, c.backoff_s = float("-inf"), 0.0
             c.inflight.clear()
-        else:  # a write not visible in read-back after settle_s never took effect
-            c.inflight = [(mw, t) for mw, t in c.inflight if now - t < self.timings.settle_s]
         known = [v for v in (c.requested_mw, c.enforced_mw) if v is not None]
         known += [mw for mw, _ in c.inflight]
         c.bound_mw = max(known) if known else c.hw_max_mw

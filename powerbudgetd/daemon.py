@@ -23,11 +23,11 @@ import structlog
 
 from powerbudgetd.config import Settings, load_config
 from powerbudgetd.controller import Controller, TickReport
-from powerbudgetd.errors import BudgetInfeasible, ConfigError, NvmlError
+from powerbudgetd.errors import BudgetInfeasible, ConfigError, NvmlError, NvmlNoPermission
 from powerbudgetd.logs import configure_logging
 from powerbudgetd.model import Mode
 from powerbudgetd.notify import Notifier, watchdog_interval_s
-from powerbudgetd.nvml import Nvml
+from powerbudgetd.nvml import Nvml, init_advice
 from powerbudgetd.persistence import ensure_persistence_mode
 
 log = structlog.get_logger("powerbudgetd")
@@ -45,7 +45,10 @@ TickListener = Callable[[TickReport, Controller], None]
 Service = Callable[["Daemon"], Awaitable[None]]
 
 # Settings a reload cannot change in a running daemon: they shape the bank and the loop.
-RESTART_ONLY = ("control", "cards", "sim", "allow_monitor_only", "enable_persistence_mode")
+RESTART_ONLY = (
+    "control", "cards", "sim", "allow_monitor_only", "enable_persistence_mode", "nvml_init_attempts",
+    "nvml_init_backoff_s",
+)
 
 
 class Daemon:
@@ -117,14 +120,48 @@ class Daemon:
             for sig in handlers:
                 loop.remove_signal_handler(sig)
 
+    async def _init_nvml(self) -> bool:
+        """``nvmlInit`` with bounded retries and backoff (a driver may still be loading at
+        boot). Each failure says what to do about its cause. Nothing is written before."""
+        attempts = self.settings.nvml_init_attempts if self.settings else 5
+        delay = self.settings.nvml_init_backoff_s if self.settings else 1.0
+        for attempt in range(1, attempts + 1):
+            try:
+                self.nvml.init()
+                return True
+            except NvmlError as exc:
+                last = attempt == attempts or self._stop.is_set()
+                (log.error if last else log.warning)(
+                    "nvml_unavailable" if last else "nvml_init_failed",
+                    error=str(exc), attempt=attempt, attempts=attempts, action=init_advice(exc.code),
+                    **({} if last else {"retry_in_s": delay}),
+                )
+                if last:
+                    return False
+                self._wake.clear()
+                try:
+                    await asyncio.wait_for(self._wake.wait(), timeout=delay)
+                except TimeoutError:
+                    pass
+                delay = min(2 * delay, 30.0)
+        return False
+
     async def _run(self) -> int:
+        if not await self._init_nvml():
+            return EXIT_OK if self._stop.is_set() else EXIT_NVML
         try:
-            self.nvml.init()
             ctl = self.controller_factory(self.nvml)
             ctl.start()
         except BudgetInfeasible as exc:
             log.error("budget_infeasible", error=str(exc))
             return EXIT_INFEASIBLE
+        except NvmlNoPermission as exc:
+            log.error(
+                "no_permission", error=str(exc),
+                action="writing power limits needs root or CAP_SYS_ADMIN: the budget is NOT enforced. "
+                "Run as root (the systemd unit does), or set allow_monitor_only = true to watch only",
+            )
+            return EXIT_NO_PERMISSION
         except NvmlError as exc:
             log.error("nvml_unavailable", error=str(exc), kind=exc.kind)
             return EXIT_NVML

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from dataclasses import dataclass
 
@@ -16,11 +17,15 @@ from powerbudgetd_sim.physics import CardSpec, SimBank
 from powerbudgetd_sim.profiles import Phase, Profile
 
 
+_DEVNULL = open(os.devnull, "w")  # noqa: SIM115 - lives as long as the test session
+
+
 @pytest.fixture(autouse=True)
 def _quiet_logs() -> None:
     # Commands under test reconfigure logging onto captured streams; start each test
     # on the real stderr again.
-    configure_logging(level="error", stream=sys.__stderr__, json=True)
+    # Everything down to debug reaches structlog.testing.capture_logs(); nothing is printed.
+    configure_logging(level="debug", stream=_DEVNULL, json=True)
 
 
 @pytest.fixture(autouse=True)

@@ -88,6 +88,7 @@ def test_budget_invariant_over_random_banks(bank):
         for c in rig.bank.cards:
             assert c.min_mw <= c.requested_mw <= c.max_mw
         truth = rig.bank.sum_limit_bound_mw()
+        assert rig.ctl.sum_bound_mw >= truth, "the controller counted less than may be in force"
         if rig.ctl.ready or any(a > b for a, b in zip(now, prev)):
             assert truth <= budget_mw, f"t={rig.t}: {truth} mW > {budget_mw} mW"
         if rig.ctl.ready and not ready_seen:
