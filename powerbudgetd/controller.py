@@ -60,6 +60,7 @@ class CardState:
     role: Role = Role.FAIR
     error: str | None = None
     shadow_mw: int | None = None  # dry run only: the limit we would have set
+    read_errors: dict[str, int] = field(default_factory=dict)  # failed reads by NvmlError.kind (metrics)
 
     @property
     def readable(self) -> bool:
@@ -248,6 +249,7 @@ class Controller:
         try:
             r = self.nvml.read(c.uuid)
         except NvmlError as exc:
+            c.read_errors[exc.kind] = c.read_errors.get(exc.kind, 0) + 1
             first = c.error is None
             c.error = f"{exc.kind}: {exc}"
             c.reading = None
