@@ -9,10 +9,17 @@ import json
 import signal
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from powerbudgetd import __version__
 from powerbudgetd.errors import ConfigError, NvmlError
 from powerbudgetd.logs import configure_logging
+
+if TYPE_CHECKING:
+    from wsgiref.simple_server import WSGIServer
+
+    from powerbudgetd.config import Settings
+    from powerbudgetd.daemon import Daemon
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -206,4 +213,34 @@ def _run(args: argparse.Namespace) -> int:
         from powerbudgetd.recorder import attach
 
         attach(daemon, settings.recorder, settings.feed)
-    return asyncio.run(daemon.run())
+    server = _serve_metrics(settings, daemon)
+    try:
+        return asyncio.run(daemon.run())
+    finally:
+        if server is not None:
+            server.shutdown()
+            server.server_close()
+
+
+def _serve_metrics(settings: Settings, daemon: Daemon) -> WSGIServer | None:
+    """Start /metrics before the daemon boots (so before READY=1). A port that cannot be
+    bound is logged, not fatal: keeping the budget matters more than reporting on it."""
+    import structlog
+    from prometheus_client import CollectorRegistry
+
+    from powerbudgetd.metrics import Metrics, serve
+
+    cfg = settings.metrics
+    if not cfg.enabled:
+        return None
+    metrics = Metrics(CollectorRegistry())
+    metrics.reload_result(True)
+    metrics.attach(daemon)
+    log = structlog.get_logger("powerbudgetd")
+    try:
+        server = serve(metrics.registry, str(cfg.listen_address), cfg.port)
+    except OSError as exc:
+        log.error("metrics_unavailable", address=str(cfg.listen_address), port=cfg.port, error=str(exc))
+        return None
+    log.info("metrics_listening", address=str(cfg.listen_address), port=server.server_port)
+    return server

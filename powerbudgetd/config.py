@@ -13,7 +13,7 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, IPvAnyAddress, ValidationError, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from powerbudgetd.controller import CardOverride
@@ -161,6 +161,18 @@ class RecorderConfig(_Section):
                 f"({self.max_file_bytes}): the file being written counts against the total"
             )
         return self
+class MetricsConfig(_Section):
+    """The Prometheus endpoint, ``http://listen_address:port/metrics``.
+
+    Loopback by default: the daemon runs as root, and its numbers are for this host's
+    Prometheus (or a reverse proxy) unless the operator opens them up with
+    ``listen_address = "0.0.0.0"`` (or the address of the scrape network). Port 19400:
+    outside 9100-9999, which exporters have claimed, and clear of dcgm-exporter's 9400.
+    """
+
+    enabled: bool = True
+    listen_address: IPvAnyAddress = Field(default="127.0.0.1", validate_default=True)  # type: ignore[assignment]
+    port: int = Field(19400, ge=1, le=65535)
 
 
 class Settings(BaseSettings):
@@ -181,6 +193,7 @@ class Settings(BaseSettings):
     control: ControlConfig = Field(default_factory=ControlConfig)
     sim: SimConfig = Field(default_factory=SimConfig)
     recorder: RecorderConfig = Field(default_factory=RecorderConfig)
+    metrics: MetricsConfig = Field(default_factory=MetricsConfig)
 
     @model_validator(mode="after")
     def _check(self) -> "Settings":

@@ -76,6 +76,7 @@ class CardState:
     peak_excursion_w: float | None = None
     _over_limit: bool = False
     power_unknown: bool = False
+    read_errors: dict[str, int] = field(default_factory=dict)  # failed reads by NvmlError.kind (metrics)
 
     @property
     def readable(self) -> bool:
@@ -166,7 +167,6 @@ class Controller:
         self.stopping = False
         self.stopped = False
         self.mode = Mode.DRY_RUN if dry_run else Mode.BOOTING
-        self.nvml_errors: dict[str, int] = {}  # by NvmlError.kind, reads and writes
         self._failsafe_until = float("-inf")
         self._infeasible_said = False
         self._budget_reason: str | None = None  # the reason for the next tick's writes
@@ -334,7 +334,7 @@ class Controller:
         try:
             r = self.nvml.read(c.uuid)
         except NvmlError as exc:
-            self.nvml_errors[exc.kind] = self.nvml_errors.get(exc.kind, 0) + 1
+            c.read_errors[exc.kind] = c.read_errors.get(exc.kind, 0) + 1
             first = c.error is None
             c.error = f"{exc.kind}: {exc}"
             c.reading = None
@@ -507,7 +507,6 @@ class Controller:
             if err is None:
                 log.info("power_limit_would_set" if self.dry_run else "power_limit_set", **_event_fields(ev))
                 continue
-            self.nvml_errors[err.kind] = self.nvml_errors.get(err.kind, 0) + 1
             self._failsafe_until = now + self.timings.failsafe_hold_s
             log.error("power_limit_write_failed", **_event_fields(ev), kind=err.kind, error=str(err))
             if isinstance(err, NvmlInvalidArgument):  # never resend the same refused value

@@ -1,0 +1,347 @@
+"""Metrics: the exposition against the simulated bank's truth, and promtool on it."""
+
+from __future__ import annotations
+
+import platform
+import re
+import subprocess
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+from prometheus_client import CollectorRegistry, generate_latest
+
+from powerbudgetd import __version__
+from powerbudgetd.config import Settings
+from powerbudgetd.controller import Controller, TickReport
+from powerbudgetd.metrics import ERROR_KINDS, Metrics
+from powerbudgetd.model import Mode, Role, Timings
+from powerbudgetd.nvml import Nvml
+from powerbudgetd_sim.fake_pynvml import FakePynvml, Fault
+from powerbudgetd_sim.physics import SimBank
+from powerbudgetd_sim.scenario import load_scenario
+
+CONFIG = Path(__file__).resolve().parent.parent / "config"
+WALL0 = 1_700_000_000.0
+TICK_COST_S = 0.003  # what the injected clock says each tick took
+
+# Card 0 pinned from the start, the rest idle: lending starts ~5 s after boot.
+ONE_BUSY = """
+name = "one-busy"
+bank = "workstation-4"
+duration_s = 600
+seed = 1
+lag_s = 0.1
+[[cards]]
+phases = [{ at_s = 0, kind = "constant", power_w = 300 }]
+"""
+
+
+@dataclass
+class Rig:
+    bank: SimBank
+    fake: FakePynvml
+    nvml: Nvml
+    ctl: Controller
+    metrics: Metrics
+    t: float = 0.0
+    reports: list[TickReport] = field(default_factory=list)
+
+    def run_until(self, until_s: float) -> None:
+        while self.t < until_s - 1e-9:
+            self.bank.advance_to(self.t)
+            report = self.ctl.tick(self.t)
+            self.reports.append(report)
+            self.metrics.on_tick(report, self.ctl)
+            self.t = round(self.t + 0.1, 6)
+
+    def value(self, name: str, **labels: str) -> float | None:
+        return self.metrics.registry.get_sample_value(name, labels)
+
+    def card(self, i: int) -> dict[str, str]:
+        c = self.ctl.cards[i]
+        return {"gpu": str(i), "UUID": c.uuid, "modelName": c.info.name}
+
+
+def make_rig(tmp_path: Path, faults: list[Fault] | None = None, dry_run: bool = False) -> Rig:
+    path = tmp_path / "one-busy.toml"
+    path.write_text(ONE_BUSY)
+    sc = load_scenario(str(path))
+    bank = SimBank(list(sc.cards), lag_s=sc.lag_s, seed=sc.seed)
+    fake = FakePynvml(bank, faults)
+    nvml = Nvml(fake)
+    nvml.init()
+    ctl = Controller(nvml, sc.budget_w, Timings(), dry_run=dry_run)
+    ctl.start()
+    rig = Rig(bank, fake, nvml, ctl, None)  # type: ignore[arg-type]
+    rig.metrics = Metrics(
+        CollectorRegistry(), clock=lambda: rig.t + TICK_COST_S, wall_clock=lambda: WALL0 + rig.t
+    )
+    rig.metrics.nvml = nvml
+    return rig
+
+
+def test_card_and_bank_metrics_match_the_simulated_bank_while_lending(tmp_path: Path) -> None:
+    rig = make_rig(tmp_path)
+    rig.run_until(10.0)
+    now = rig.bank.now
+    for i, sim in enumerate(rig.bank.cards):
+        lab = rig.card(i)
+        assert rig.value("powerbudgetd_gpu_power_limit_watts", **lab) == sim.requested_mw / 1000
+        assert rig.value("powerbudgetd_gpu_enforced_power_limit_watts", **lab) == sim.enforced_mw(now) / 1000
+        assert rig.value("powerbudgetd_gpu_power_limit_min_watts", **lab) == 150.0
+        assert rig.value("powerbudgetd_gpu_power_limit_max_watts", **lab) == 300.0
+        assert rig.value("powerbudgetd_gpu_power_draw_watts", **lab) == pytest.approx(sim.avg_w, abs=0.001)
+        assert rig.value("powerbudgetd_gpu_power_draw_instant_watts", **lab) == pytest.approx(sim.instant_w, abs=0.001)
+        assert rig.value("powerbudgetd_gpu_energy_joules_total", **lab) == pytest.approx(sim.energy_mj / 1000, abs=0.001)
+    # Card 0 borrows from the three idle ones.
+    assert [rig.bank.cards[i].requested_mw for i in range(4)] == [300_000, 150_000, 150_000, 150_000]
+    for i, role in enumerate([Role.RECIPIENT, Role.DONOR, Role.DONOR, Role.DONOR]):
+        for r in Role:
+            assert rig.value("powerbudgetd_gpu_role", **rig.card(i), role=str(r)) == (1.0 if r == role else 0.0)
+    for m in Mode:
+        assert rig.value("powerbudgetd_mode", mode=str(m)) == (1.0 if m == Mode.DYNAMIC else 0.0)
+    assert rig.value("powerbudgetd_budget_watts") == 1000.0
+    assert rig.value("powerbudgetd_sum_power_limits_watts") == 750.0
+    assert rig.value("powerbudgetd_headroom_watts") == 250.0
+    assert rig.value("powerbudgetd_sum_power_draw_watts") == pytest.approx(sum(c.avg_w for c in rig.bank.cards), abs=0.01)
+    for i in range(4):
+        assert rig.value("powerbudgetd_gpu_limit_changes_total", **rig.card(i), reason="boot") == 1.0
+        assert rig.value("powerbudgetd_gpu_limit_changes_total", **rig.card(i), reason="lend") == 1.0
+        for kind in ERROR_KINDS:  # present from the start, so increase() sees the first error
+            assert rig.value("powerbudgetd_nvml_errors_total", **rig.card(i), kind=kind) == 0.0
+    ticks = len(rig.reports)
+    assert rig.value("powerbudgetd_tick_duration_seconds_count") == ticks
+    assert rig.value("powerbudgetd_tick_duration_seconds_sum") == pytest.approx(ticks * TICK_COST_S)
+    assert rig.value("powerbudgetd_last_tick_timestamp_seconds") == pytest.approx(WALL0 + rig.reports[-1].now)
+
+
+def test_read_errors_are_counted_by_kind_and_stale_values_dropped(tmp_path: Path) -> None:
+    lost = Fault("nvmlDeviceGetPowerUsage", "GPU_IS_LOST", card=2, from_s=3.0, until_s=4.0)
+    rig = make_rig(tmp_path, [lost])
+    rig.run_until(3.5)
+    lab = rig.card(2)
+    assert rig.value("powerbudgetd_gpu_role", **lab, role="lost") == 1.0
+    assert rig.value("powerbudgetd_mode", mode="failsafe") == 1.0
+    # Unknown is absent, never 0 W: the lost card's limits and draw, and the bank's draw.
+    assert rig.value("powerbudgetd_gpu_power_limit_watts", **lab) is None
+    assert rig.value("powerbudgetd_gpu_power_draw_watts", **lab) is None
+    assert rig.value("powerbudgetd_sum_power_draw_watts") is None
+    assert rig.value("powerbudgetd_gpu_power_limit_min_watts", **lab) == 150.0
+    assert rig.value("powerbudgetd_gpu_power_limit_watts", **rig.card(1)) is not None
+    rig.run_until(6.0)
+    failed_ticks = sum(1 for r in rig.reports if 3.0 <= r.now < 4.0)
+    assert rig.value("powerbudgetd_nvml_errors_total", **lab, kind="gpu_lost") == failed_ticks == 10
+    assert rig.value("powerbudgetd_nvml_errors_total", **lab, kind="other") == 0.0
+    assert rig.value("powerbudgetd_nvml_errors_total", **rig.card(1), kind="gpu_lost") == 0.0
+    assert rig.value("powerbudgetd_gpu_role", **lab, role="fair_share") == 1.0
+    assert rig.value("powerbudgetd_gpu_power_limit_watts", **lab) == 250.0
+
+
+def test_failed_writes_count_as_errors_not_changes(tmp_path: Path) -> None:
+    refused = Fault("nvmlDeviceSetPowerManagementLimit", "INVALID_ARGUMENT", card=1, count=1)
+    rig = make_rig(tmp_path, [refused])
+    rig.run_until(2.0)
+    lab = rig.card(1)
+    failed = [w for r in rig.reports for w in r.writes if w.error_kind is not None]
+    assert [(w.index, w.error_kind) for w in failed] == [(1, "invalid_argument")]
+    assert rig.value("powerbudgetd_nvml_errors_total", **lab, kind="invalid_argument") == 1.0
+    # A refused value is never resent unchanged: no change is counted for that card.
+    accepted = [w for r in rig.reports for w in r.writes if w.index == 1 and w.error is None]
+    assert accepted == [] and not rig.value("powerbudgetd_gpu_limit_changes_total", **lab, reason="boot")
+
+
+def test_dry_run_changes_nothing(tmp_path: Path) -> None:
+    rig = make_rig(tmp_path, dry_run=True)
+    rig.run_until(1.0)
+    assert any(w.dry_run for r in rig.reports for w in r.writes)
+    text = generate_latest(rig.metrics.registry).decode()
+    assert not [line for line in text.splitlines() if line.startswith("powerbudgetd_gpu_limit_changes_total")]
+    assert rig.value("powerbudgetd_mode", mode="dry-run") == 1.0
+
+
+def test_energy_only_while_nvml_is_up_and_where_supported(tmp_path: Path) -> None:
+    unsupported = Fault("nvmlDeviceGetTotalEnergyConsumption", "NOT_SUPPORTED", card=3)
+    rig = make_rig(tmp_path, [unsupported])
+    rig.run_until(1.0)
+    for _ in range(2):
+        assert rig.value("powerbudgetd_gpu_energy_joules_total", **rig.card(3)) is None
+        assert rig.value("powerbudgetd_gpu_energy_joules_total", **rig.card(0)) is not None
+    assert rig.value("powerbudgetd_nvml_errors_total", **rig.card(3), kind="not_supported") == 0.0
+    rig.metrics.nvml = None
+    assert rig.value("powerbudgetd_gpu_energy_joules_total", **rig.card(0)) is None
+
+
+def test_before_the_first_tick_only_process_metrics_are_exposed() -> None:
+    m = Metrics(CollectorRegistry(), wall_clock=lambda: WALL0)
+    m.reload_result(True)
+    assert m.registry.get_sample_value("powerbudgetd_budget_watts") is None
+    assert m.registry.get_sample_value("powerbudgetd_mode", {"mode": "booting"}) is None
+    build = {"version": __version__, "python_version": platform.python_version()}
+    assert m.registry.get_sample_value("powerbudgetd_build_info", build) == 1.0
+    assert m.registry.get_sample_value("powerbudgetd_config_last_reload_success") == 1.0
+    assert m.registry.get_sample_value("powerbudgetd_config_last_reload_timestamp_seconds") == WALL0
+
+
+def test_reload_result_records_failure_and_time() -> None:
+    now = [WALL0]
+    m = Metrics(CollectorRegistry(), wall_clock=lambda: now[0])
+    m.reload_result(True)
+    now[0] += 60
+    m.reload_result(False)
+    assert m.registry.get_sample_value("powerbudgetd_config_last_reload_success") == 0.0
+    assert m.registry.get_sample_value("powerbudgetd_config_last_reload_timestamp_seconds") == WALL0 + 60
+
+
+def test_nvml_calls_are_serialized_across_threads(tmp_path: Path) -> None:
+    # A scrape reads energy on its own thread while a tick reads: the simulator is not
+    # thread-safe, so the NVML layer must never run two calls at once.
+    rig = make_rig(tmp_path)
+    active = peak = 0
+    guard = threading.Lock()
+    real = rig.fake.nvmlDeviceGetPowerUsage
+
+    def slow_usage(handle):  # type: ignore[no-untyped-def]
+        nonlocal active, peak
+        with guard:
+            active += 1
+            peak = max(peak, active)
+        time.sleep(0.002)
+        with guard:
+            active -= 1
+        return real(handle)
+
+    rig.fake.nvmlDeviceGetPowerUsage = slow_usage
+    uuid = rig.ctl.cards[0].uuid
+    threads = [threading.Thread(target=lambda: [rig.nvml.read(uuid) for _ in range(15)]) for _ in range(3)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    assert peak == 1
+
+
+# -- promtool ---------------------------------------------------------------------------
+def promtool(*args: str, stdin: str | None = None, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["promtool", *args], input=stdin, capture_output=True, text=True, cwd=cwd, timeout=60)
+
+
+CAMEL_LINT = "label names should be written in 'snake_case' not 'camelCase'"
+
+
+def test_exposition_passes_promtool_check_metrics(tmp_path: Path) -> None:
+    lost = Fault("nvmlDeviceGetPowerUsage", "GPU_IS_LOST", card=2, from_s=6.0, until_s=6.5)
+    rig = make_rig(tmp_path, [lost])
+    rig.run_until(10.0)
+    rig.metrics.reload_result(True)
+    text = generate_latest(rig.metrics.registry).decode()
+    # modelName is dcgm-exporter's spelling, kept so dashboards can join on it; promtool
+    # lints its camelCase and nothing else: the same exposition with the label renamed
+    # is clean.
+    out = promtool("check", "metrics", stdin=text)
+    problems = {line.split(" ", 1)[1] for line in (out.stdout + out.stderr).splitlines() if line.strip()}
+    assert out.returncode in (0, 3) and problems <= {CAMEL_LINT}, out.stdout + out.stderr
+    clean = promtool("check", "metrics", stdin=text.replace("modelName", "model_name"))
+    assert clean.returncode == 0, clean.stdout + clean.stderr
+    broken = promtool("check", "metrics", stdin=text.replace("# TYPE powerbudgetd_budget_watts gauge", "# TYPE powerbudgetd_budget_watts counter"))
+    assert broken.returncode != 0
+
+
+ISSUE_METRICS = {
+    "powerbudgetd_gpu_power_limit_watts", "powerbudgetd_gpu_enforced_power_limit_watts",
+    "powerbudgetd_gpu_power_limit_min_watts", "powerbudgetd_gpu_power_limit_max_watts",
+    "powerbudgetd_gpu_power_draw_watts", "powerbudgetd_gpu_power_draw_instant_watts",
+    "powerbudgetd_gpu_energy_joules_total", "powerbudgetd_gpu_role", "powerbudgetd_gpu_limit_changes_total",
+    "powerbudgetd_nvml_errors_total", "powerbudgetd_budget_watts", "powerbudgetd_sum_power_limits_watts",
+    "powerbudgetd_sum_power_draw_watts", "powerbudgetd_headroom_watts", "powerbudgetd_mode",
+    "powerbudgetd_tick_duration_seconds_bucket", "powerbudgetd_last_tick_timestamp_seconds",
+    "powerbudgetd_config_last_reload_success", "powerbudgetd_config_last_reload_timestamp_seconds",
+    "powerbudgetd_build_info",
+}
+
+
+def exposed_names(tmp_path: Path) -> set[str]:
+    rig = make_rig(tmp_path)
+    rig.run_until(1.0)
+    rig.metrics.reload_result(True)
+    text = generate_latest(rig.metrics.registry).decode()
+    return {line.split("{")[0].split(" ")[0] for line in text.splitlines() if line and not line.startswith("#")}
+
+
+def test_every_metric_the_issue_names_is_exposed(tmp_path: Path) -> None:
+    names = exposed_names(tmp_path)
+    assert ISSUE_METRICS <= names, ISSUE_METRICS - names
+    assert all(n.startswith("powerbudgetd_") for n in names)
+
+
+def test_rules_pass_promtool_check_and_unit_tests() -> None:
+    checked = promtool("check", "rules", "prometheus-rules.yml", cwd=CONFIG)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    assert "SUCCESS: 6 rules found" in checked.stdout
+    tested = promtool("test", "rules", "prometheus-rules.test.yml", cwd=CONFIG)
+    assert tested.returncode == 0, tested.stdout + tested.stderr
+
+
+def test_every_alert_has_for_severity_description_and_a_test() -> None:
+    import yaml  # noqa: PLC0415 - only here
+
+    rules = yaml.safe_load((CONFIG / "prometheus-rules.yml").read_text())["groups"][0]["rules"]
+    names = [r["alert"] for r in rules]
+    assert names == [
+        "PowerBudgetdDown", "PowerBudgetSumAboveBudget", "PowerBudgetBankNearBudget",
+        "PowerBudgetLimitDrift", "PowerBudgetFailsafe", "PowerBudgetNvmlErrors",
+    ]
+    for r in rules:
+        assert r["for"] and r["labels"]["severity"] in ("critical", "warning", "info") and r["annotations"]["description"]
+    tests = yaml.safe_load((CONFIG / "prometheus-rules.test.yml").read_text())["tests"]
+    fired, quiet = set(), set()
+    for t in tests:
+        for case in t["alert_rule_test"]:
+            (fired if case["exp_alerts"] else quiet).add(case["alertname"])
+    assert fired == quiet == set(names)
+
+
+def metric_names_in(text: str) -> set[str]:
+    return set(re.findall(r"\bpowerbudgetd_[a-z_]+\b", text))
+
+
+def test_rules_and_dashboard_use_only_exposed_metrics(tmp_path: Path) -> None:
+    names = exposed_names(tmp_path)
+    for f in ("prometheus-rules.yml", "prometheus-rules.test.yml", "grafana-dashboard.json"):
+        used = metric_names_in((CONFIG / f).read_text())
+        assert used and used <= names, (f, used - names)
+
+
+def test_dashboard_is_import_ready() -> None:
+    import json
+
+    dash = json.loads((CONFIG / "grafana-dashboard.json").read_text())
+    assert dash["uid"] == "powerbudgetd" and isinstance(dash["schemaVersion"], int) and dash["id"] is None
+    variables = {v["name"]: v for v in dash["templating"]["list"]}
+    assert variables["datasource"]["type"] == "datasource"
+    assert "instance" in variables["gpu"]["definition"] and variables["instance"]["includeAll"]
+    titles = [p["title"] for p in dash["panels"]]
+    for needed in ("GPU $gpu: draw against its cap", "Bank: draw and caps against the budget", "Roles over time",
+                   "Limit changes by reason"):
+        assert needed in titles
+    ids = [p["id"] for p in dash["panels"]]
+    assert len(ids) == len(set(ids))
+    for p in dash["panels"]:
+        for t in p.get("targets", []):
+            assert t["datasource"]["uid"] == "${datasource}" and '$instance"' in t["expr"], t["expr"]
+
+
+# -- config -----------------------------------------------------------------------------
+def test_metrics_config_defaults_and_errors(monkeypatch: pytest.MonkeyPatch) -> None:
+    s = Settings(budget_w=1000)
+    assert (s.metrics.enabled, str(s.metrics.listen_address), s.metrics.port) == (True, "127.0.0.1", 19400)
+    monkeypatch.setenv("POWERBUDGETD_METRICS__PORT", "19555")
+    assert Settings(budget_w=1000).metrics.port == 19555
+    monkeypatch.delenv("POWERBUDGETD_METRICS__PORT")
+    assert str(Settings(budget_w=1000, metrics={"listen_address": "::"}).metrics.listen_address) == "::"
+    with pytest.raises(ValueError, match="metrics.listen_address"):
+        Settings(budget_w=1000, metrics={"listen_address": "localhost:19400"})
+    with pytest.raises(ValueError, match="metrics.port"):
+        Settings(budget_w=1000, metrics={"port": 0})

@@ -1,0 +1,243 @@
+"""A real Prometheus scraping ``powerbudgetd run --backend sim`` on loopback.
+
+It loads the project's alert rules, reads the caps back through its HTTP API, sees the
+lending roles, and answers every query of the Grafana dashboard.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+
+CONFIG = Path(__file__).resolve().parent.parent / "config"
+T = TypeVar("T")
+
+# Card 0 pinned from the start, the rest idle; short holds so lending starts ~1.5 s
+# after boot instead of ~5 s.
+SCENARIO = """
+name = "one-busy"
+bank = "workstation-4"
+duration_s = 3600
+seed = 1
+lag_s = 0.1
+[[cards]]
+phases = [{ at_s = 0, kind = "constant", power_w = 300 }]
+"""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def until(fn: Callable[[], T | None], timeout_s: float, what: str) -> T:
+    """Poll ``fn`` until it returns something truthy; fail naming ``what`` at the deadline."""
+    deadline = time.monotonic() + timeout_s
+    last: object = None
+    while time.monotonic() < deadline:
+        try:
+            value = fn()
+        except (OSError, AssertionError, KeyError, ValueError) as exc:
+            value, last = None, exc
+        if value:
+            return value
+        time.sleep(0.2)
+    raise AssertionError(f"timed out after {timeout_s} s waiting for {what} (last: {last!r})")
+
+
+def http_get(url: str) -> bytes:
+    with urllib.request.urlopen(url, timeout=5) as resp:
+        return resp.read()
+
+
+class Prom:
+    def __init__(self, port: int) -> None:
+        self.base = f"http://127.0.0.1:{port}"
+
+    def api(self, path: str, **params: str) -> Any:
+        url = f"{self.base}/api/v1/{path}" + (f"?{urllib.parse.urlencode(params)}" if params else "")
+        try:
+            body = json.loads(http_get(url))
+        except urllib.error.HTTPError as exc:
+            raise AssertionError(f"{url}: {exc.code} {exc.read().decode()}") from None
+        assert body["status"] == "success", body
+        return body["data"]
+
+    def query(self, expr: str) -> list[dict[str, Any]]:
+        return self.api("query", query=expr)["result"]
+
+    def by_gpu(self, expr: str) -> dict[str, float]:
+        return {r["metric"]["gpu"]: float(r["value"][1]) for r in self.query(expr)}
+
+
+@pytest.fixture
+def procs() -> Iterator[list[subprocess.Popen[bytes]]]:
+    started: list[subprocess.Popen[bytes]] = []
+    yield started
+    for p in started:
+        if p.poll() is None:
+            p.terminate()
+            try:
+                p.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+
+
+def start_daemon(
+    tmp_path: Path, procs: list[subprocess.Popen[bytes]], port: int, notify: str
+) -> tuple[subprocess.Popen[bytes], Path]:
+    (tmp_path / "one-busy.toml").write_text(SCENARIO)
+    config = tmp_path / "powerbudgetd.toml"
+    config.write_text(
+        "budget_w = 1000\n"
+        "[control]\ndonor_hold_s = 1.5\nrecipient_hold_s = 0.5\n"
+        f'[sim]\nscenario = "{tmp_path / "one-busy.toml"}"\n'
+        f"[metrics]\nport = {port}\n"
+    )
+    log = tmp_path / "daemon.log"
+    env = {**os.environ, "NOTIFY_SOCKET": notify, "PYTHONUNBUFFERED": "1"}
+    env.pop("WATCHDOG_USEC", None)
+    with log.open("wb") as out:
+        p = subprocess.Popen(
+            [sys.executable, "-m", "powerbudgetd", "run", "--backend", "sim", "--config", str(config)],
+            stdout=out, stderr=subprocess.STDOUT, env=env,
+        )
+    procs.append(p)
+    return p, log
+
+
+def notify_socket() -> tuple[socket.socket, str]:
+    path = os.path.join(tempfile.mkdtemp(prefix="pbd"), "notify")  # short: AF_UNIX paths <= 107 bytes
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    sock.bind(path)
+    sock.settimeout(0.2)
+    return sock, path
+
+
+def wait_ready(sock: socket.socket, daemon: subprocess.Popen[bytes], log: Path) -> None:
+    def ready() -> bool:
+        assert daemon.poll() is None, f"daemon exited {daemon.returncode}: {log.read_text()}"
+        try:
+            return b"READY=1" in sock.recv(4096).split(b"\n")
+        except TimeoutError:
+            return False
+
+    until(ready, 20, "READY=1")
+
+
+def log_events(log: Path, event: str) -> list[dict[str, Any]]:
+    out = []
+    for line in log.read_text().splitlines():
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            continue
+        if rec.get("event") == event:
+            out.append(rec)
+    return out
+
+
+def start_prometheus(tmp_path: Path, procs: list[subprocess.Popen[bytes]], target_port: int) -> Prom:
+    port = free_port()
+    cfg = tmp_path / "prometheus.yml"
+    cfg.write_text(
+        "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n"
+        f"rule_files:\n  - {CONFIG / 'prometheus-rules.yml'}\n"
+        "scrape_configs:\n  - job_name: powerbudgetd\n"
+        f"    static_configs:\n      - targets: ['127.0.0.1:{target_port}']\n"
+    )
+    with (tmp_path / "prometheus.log").open("wb") as out:
+        procs.append(subprocess.Popen(
+            ["prometheus", f"--config.file={cfg}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+             f"--web.listen-address=127.0.0.1:{port}"],
+            stdout=out, stderr=subprocess.STDOUT,
+        ))
+    prom = Prom(port)
+    until(lambda: http_get(f"{prom.base}/-/ready"), 30, "Prometheus to be ready")
+    return prom
+
+
+def test_prometheus_reads_caps_roles_rules_and_dashboard_queries(
+    tmp_path: Path, procs: list[subprocess.Popen[bytes]]
+) -> None:
+    metrics_port = free_port()
+    sock, notify = notify_socket()
+    daemon, log = start_daemon(tmp_path, procs, metrics_port, notify)
+    prom = start_prometheus(tmp_path, procs, metrics_port)
+
+    wait_ready(sock, daemon, log)
+    # /metrics was serving before READY=1 (it starts before the daemon boots).
+    assert b"powerbudgetd_build_info" in http_get(f"http://127.0.0.1:{metrics_port}/metrics")
+
+    # A scrape during lending: card 0 borrows from the three idle cards.
+    def lending() -> dict[str, str] | None:
+        roles = {r["metric"]["gpu"]: r["metric"]["role"] for r in prom.query('powerbudgetd_gpu_role == 1')}
+        return roles if roles == {"0": "recipient", "1": "donor", "2": "donor", "3": "donor"} else None
+
+    until(lending, 30, "donor and recipient roles in Prometheus")
+
+    # Each card's cap as Prometheus stored it equals the limit the daemon wrote and the
+    # simulated card enforces (the last power_limit_set per card in the daemon's log).
+    def caps_agree() -> dict[str, float] | None:
+        written = {str(e["index"]): e["to_w"] for e in log_events(log, "power_limit_set")}
+        caps = prom.by_gpu("powerbudgetd_gpu_power_limit_watts")
+        enforced = prom.by_gpu("powerbudgetd_gpu_enforced_power_limit_watts")
+        return caps if caps == enforced == written else None
+
+    caps = until(caps_agree, 15, "caps in Prometheus equal to the limits written")
+    assert caps == {"0": 300.0, "1": 150.0, "2": 150.0, "3": 150.0}
+    assert float(prom.query("powerbudgetd_sum_power_limits_watts")[0]["value"][1]) <= 1000.0
+    assert prom.query('up{job="powerbudgetd"}')[0]["value"][1] == "1"
+
+    # The rules load and evaluate; the invariant alert is not even pending.
+    def rules_evaluated() -> list[dict[str, Any]] | None:
+        rules = [r for g in prom.api("rules")["groups"] for r in g["rules"]]
+        return rules if len(rules) == 6 and all(r["health"] == "ok" and r["lastEvaluation"][:4] != "0001" for r in rules) else None
+
+    rules = until(rules_evaluated, 15, "every alert rule evaluated")
+    assert {r["name"]: r["state"] for r in rules}["PowerBudgetSumAboveBudget"] == "inactive"
+
+    # Every dashboard query runs (as Grafana would send it, with "All" selected).
+    dash = json.loads((CONFIG / "grafana-dashboard.json").read_text())
+    for panel in dash["panels"]:
+        for target in panel.get("targets", []):
+            expr = target["expr"].replace("$instance", ".*").replace("$gpu", ".*").replace("$__rate_interval", "5s")
+            prom.query(expr)
+            if panel["title"] == "Roles over time":  # role codes: 1 donor, 2 recipient
+                assert prom.by_gpu(expr) == {"0": 2.0, "1": 1.0, "2": 1.0, "3": 1.0}
+
+    daemon.send_signal(signal.SIGTERM)
+    assert daemon.wait(timeout=15) == 0, log.read_text()
+
+
+def test_a_taken_metrics_port_is_logged_and_the_daemon_keeps_the_budget(
+    tmp_path: Path, procs: list[subprocess.Popen[bytes]]
+) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        sock, notify = notify_socket()
+        daemon, log = start_daemon(tmp_path, procs, port, notify)
+        wait_ready(sock, daemon, log)
+        daemon.send_signal(signal.SIGTERM)
+        assert daemon.wait(timeout=15) == 0, log.read_text()
+    [err] = log_events(log, "metrics_unavailable")
+    assert (err["level"], err["port"]) == ("error", port)
+    assert log_events(log, "power_limit_set")
