@@ -57,6 +57,9 @@ class _Card:
     enforced_w: float | None
     draw_w: float | None  # 1 s average
     instant_w: float | None
+    contested_w: float | None  # the limit another tool keeps writing, while contested
+    excursions: int  # instant draw rising above the enforced limit (load onsets)
+    peak_excursion_w: float | None
 
 
 @dataclass(frozen=True)
@@ -176,9 +179,9 @@ class Metrics:
                 self.nvml_errors.labels(*labels, w.error_kind).inc()
             elif not w.dry_run:  # a dry run changes nothing
                 self.limit_changes.labels(*labels, w.reason).inc()
-        self._snapshot = self._snap(ctl)
+        self._snapshot = self._snap(ctl, report.now)
 
-    def _snap(self, ctl: Controller) -> _Snapshot:
+    def _snap(self, ctl: Controller, now: float) -> _Snapshot:
         cards = []
         for c in ctl.cards:
             r = c.reading if c.readable else None  # an unreadable card's last values are stale
@@ -190,6 +193,8 @@ class Metrics:
                 enforced_w=None if r is None else _w(c.enforced_mw),
                 draw_w=None if r is None else r.power_avg_w,
                 instant_w=None if r is None else r.power_instant_w,
+                contested_w=c.contested_w if c.contested(now) else None,
+                excursions=c.excursions, peak_excursion_w=c.peak_excursion_w,
             ))
         draws = [c.draw_w for c in cards]
         return _Snapshot(
@@ -272,6 +277,20 @@ class _StateCollector(Collector):
                 "Board power, instant (NVML field 186, refreshed every 100 ms)", CARD_LABELS, "watts",
             ),
         }
+        contested = gauge(
+            "powerbudgetd_gpu_contested_power_limit_watts",
+            "The power limit another tool keeps writing on this card; present only while the card is "
+            "contested (nothing is raised then)", CARD_LABELS, "watts",
+        )
+        excursions = CounterMetricFamily(
+            "powerbudgetd_gpu_power_excursions",
+            "Times the instant draw rose above the enforced limit (normal at load onset: the limit caps "
+            "the 1 s average)", labels=CARD_LABELS,
+        )
+        peak = gauge(
+            "powerbudgetd_gpu_power_excursion_peak_watts",
+            "Highest instant draw seen above the enforced limit", CARD_LABELS, "watts",
+        )
         role = gauge(
             "powerbudgetd_gpu_role", "1 for the card's current role, 0 for the others", (*CARD_LABELS, "role")
         )
@@ -297,6 +316,11 @@ class _StateCollector(Collector):
                         card[key].add_metric(list(c.labels), value)
                 for r in Role:
                     role.add_metric([*c.labels, str(r)], 1.0 if str(r) == c.role else 0.0)
+                if c.contested_w is not None:
+                    contested.add_metric(list(c.labels), c.contested_w)
+                excursions.add_metric(list(c.labels), c.excursions)
+                if c.peak_excursion_w is not None:
+                    peak.add_metric(list(c.labels), c.peak_excursion_w)
                 j = self.m._energy(c.uuid)
                 if j is not None:
                     energy.add_metric(list(c.labels), j)
@@ -304,6 +328,9 @@ class _StateCollector(Collector):
         yield mode
         yield from card.values()
         yield role
+        yield contested
+        yield excursions
+        yield peak
         yield energy
 
 

@@ -20,7 +20,7 @@ from powerbudgetd.metrics import ERROR_KINDS, Metrics
 from powerbudgetd.model import Mode, Role, Timings
 from powerbudgetd.nvml import Nvml
 from powerbudgetd_sim.fake_pynvml import FakePynvml, Fault
-from powerbudgetd_sim.physics import SimBank
+from powerbudgetd_sim.physics import BankEvent, SimBank
 from powerbudgetd_sim.scenario import load_scenario
 
 CONFIG = Path(__file__).resolve().parent.parent / "config"
@@ -279,7 +279,7 @@ def test_every_metric_the_issue_names_is_exposed(tmp_path: Path) -> None:
 def test_rules_pass_promtool_check_and_unit_tests() -> None:
     checked = promtool("check", "rules", "prometheus-rules.yml", cwd=CONFIG)
     assert checked.returncode == 0, checked.stdout + checked.stderr
-    assert "SUCCESS: 6 rules found" in checked.stdout
+    assert "SUCCESS: 7 rules found" in checked.stdout
     tested = promtool("test", "rules", "prometheus-rules.test.yml", cwd=CONFIG)
     assert tested.returncode == 0, tested.stdout + tested.stderr
 
@@ -291,7 +291,7 @@ def test_every_alert_has_for_severity_description_and_a_test() -> None:
     names = [r["alert"] for r in rules]
     assert names == [
         "PowerBudgetdDown", "PowerBudgetSumAboveBudget", "PowerBudgetBankNearBudget",
-        "PowerBudgetLimitDrift", "PowerBudgetFailsafe", "PowerBudgetNvmlErrors",
+        "PowerBudgetLimitDrift", "PowerBudgetLimitContested", "PowerBudgetFailsafe", "PowerBudgetNvmlErrors",
     ]
     for r in rules:
         assert r["for"] and r["labels"]["severity"] in ("critical", "warning", "info") and r["annotations"]["description"]
@@ -307,8 +307,22 @@ def metric_names_in(text: str) -> set[str]:
     return set(re.findall(r"\bpowerbudgetd_[a-z_]+\b", text))
 
 
+def test_contested_limit_is_exposed_only_while_contested(tmp_path: Path) -> None:
+    rig = make_rig(tmp_path)
+    rig.bank._events = [(3.0, 0, BankEvent(3.0, 1, "set_limit", limit_w=300.0, every_s=2.0))]
+    rig.run_until(2.5)
+    lab = rig.card(1)
+    assert rig.value("powerbudgetd_gpu_contested_power_limit_watts", **lab) is None
+    rig.run_until(8.0)  # three outside writes within the window
+    assert rig.value("powerbudgetd_gpu_contested_power_limit_watts", **lab) == 300.0
+
+
+# Present only under a condition the rig above does not reach.
+CONDITIONAL = {"powerbudgetd_gpu_contested_power_limit_watts"}
+
+
 def test_rules_and_dashboard_use_only_exposed_metrics(tmp_path: Path) -> None:
-    names = exposed_names(tmp_path)
+    names = exposed_names(tmp_path) | CONDITIONAL
     for f in ("prometheus-rules.yml", "prometheus-rules.test.yml", "grafana-dashboard.json"):
         used = metric_names_in((CONFIG / f).read_text())
         assert used and used <= names, (f, used - names)
