@@ -47,7 +47,7 @@ Service = Callable[["Daemon"], Awaitable[None]]
 # Settings a reload cannot change in a running daemon: they shape the bank and the loop.
 RESTART_ONLY = (
     "control", "cards", "sim", "allow_monitor_only", "enable_persistence_mode", "nvml_init_attempts",
-    "nvml_init_backoff_s",
+    "nvml_init_backoff_s", "metrics", "recorder",
 )
 
 
@@ -74,6 +74,7 @@ class Daemon:
         # and must not block; services are long-running tasks started before boot.
         self.listeners: list[TickListener] = []
         self.services: list[Service] = []
+        self.reload_listeners: list[Callable[[bool], None]] = []  # called with each reload's outcome
         self.controller: Controller | None = None
         self._stop = asyncio.Event()
         self._wake = asyncio.Event()  # a signal arrived: end the wait between ticks
@@ -255,6 +256,7 @@ class Daemon:
             log.error("reload_failed", config=path, error=str(exc), kept_budget_w=old_w)
             detail = "; ".join(line.strip() for line in str(exc).splitlines())
             self._reload_note = f"reload failed, running config kept: {detail}"
+            ok = False
         else:
             old = self.settings
             restart = [k for k in RESTART_ONLY if old is not None and getattr(new, k) != getattr(old, k)]
@@ -267,6 +269,9 @@ class Daemon:
                      restart_needed=restart or None)
             change = f"{old_w:g} -> {ctl.budget_mw / 1000:g} W" if ctl.budget_mw / 1000 != old_w else f"{old_w:g} W unchanged"
             self._reload_note = f"reloaded: budget {change}" + (f" ({', '.join(restart)}: restart to apply)" if restart else "")
+            ok = True
+        for listener in self.reload_listeners:
+            listener(ok)
         self._status = self.status_text(ctl)
         self.notifier.ready(self._status)
 

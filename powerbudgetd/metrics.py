@@ -145,6 +145,7 @@ class Metrics:
         self._clock = daemon.clock
         daemon.listeners.append(self.on_tick)
         daemon.services.append(self._nvml_service)
+        daemon.reload_listeners.append(self.reload_result)
 
     async def _nvml_service(self, daemon: Daemon) -> None:
         # Services run between NVML init and shutdown: no scrape reads energy outside.
