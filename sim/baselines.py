@@ -290,39 +290,111 @@ def _upper_hull(points: list[tuple[float, float]]) -> list[tuple[float, float]]:
     return hull
 
 
+def _hull_segments(c: CardDemand) -> list[tuple[int, int, float]]:
+    """(from mW, to mW, work per mW) along the upper concave hull of a card's work over
+    [min, min(demand, max)]; slopes decrease along the list."""
+    top = min(max(to_mw(c.demand_w), c.min_mw), c.max_mw)
+    if top <= c.min_mw:
+        return []
+    inner = (to_mw(c.demand_w * f) for f in POWER_FRACTIONS)
+    xs = sorted({c.min_mw, top, *(x for x in inner if c.min_mw < x < top)})
+    hull = _upper_hull([(float(x), _work(c, x)) for x in xs])
+    return [
+        (int(x0), int(x1), (y1 - y0) / (x1 - x0))
+        for (x0, y0), (x1, y1) in zip(hull, hull[1:])
+        if y1 > y0
+    ]
+
+
+def _work(c: CardDemand, mw: float) -> float:
+    return work_rate(c.workload, c.demand_w, mw / 1000, c.idle_w, c.tgp_w)
+
+
+def _fill(alloc: list[int], left: int, segments: list[tuple[int, int, float, int]]) -> int:
+    """Pour ``left`` mW into ``segments`` (from, to, slope, card), steepest first, each
+    only from where its card's allocation stands. Returns the mW left over."""
+    for x0, x1, _, i in sorted(segments, key=lambda s: -s[2]):
+        if left <= 0:
+            break
+        if alloc[i] < x0 or alloc[i] >= x1:
+            continue
+        take = min(x1 - alloc[i], left)
+        alloc[i] += take
+        left -= take
+    return left
+
+
 def allocate(budget_mw: int, cards: Sequence[CardDemand]) -> list[int]:
     """Split ``budget_mw`` over ``cards`` (limits in mW) to maximise the summed work rate.
 
-    Water-filling on marginal work: every card starts at its minimum; the rest goes,
-    watt by watt, to the card whose next watt buys the most work, up to its demand
-    (a watt above demand buys nothing). Exact where the work curves are concave; on
-    their convex foot (below ~45-55 % of the draw) it fills along the concave hull, so
-    at most one card may end part-way along a hull chord. Watts nobody can use are then
-    spread evenly up to each card's max. Raises ValueError if the minimums do not fit.
+    Water-filling on marginal work: every card starts at its minimum; the rest goes to
+    the card whose next watts buy the most work, up to its demand (a watt above demand
+    buys nothing), along each card's upper concave hull. That is exact where the work
+    curves are concave. On their convex foot (below ~45-55 % of the draw) a card may end
+    part-way along a hull chord, doing less than the hull promises; then both roundings
+    are tried, a few levels deep — that card back to the chord's start with its watts
+    poured into the others, or on to the chord's end with watts taken from the others'
+    flattest segments — and the allocation doing the most work is kept. Watts nobody can
+    use are spread evenly up to each card's max. Raises ValueError if the minimums do
+    not fit.
     """
-    alloc = [c.min_mw for c in cards]
-    if sum(alloc) > budget_mw:
+    base = [c.min_mw for c in cards]
+    if sum(base) > budget_mw:
         raise ValueError("the minimum limits sum above the budget")
-    segments: list[tuple[float, int, int]] = []  # (work per mW, mW, card)
-    for i, c in enumerate(cards):
-        top = min(max(to_mw(c.demand_w), c.min_mw), c.max_mw)
-        if top <= c.min_mw:
-            continue
-        xs = sorted({c.min_mw, top, *(to_mw(c.demand_w * f) for f in POWER_FRACTIONS if c.min_mw < c.demand_w * f * 1000 < top)})
-        pts = [(float(x), work_rate(c.workload, c.demand_w, x / 1000, c.idle_w, c.tgp_w)) for x in xs]
-        hull = _upper_hull(pts)
-        for (x0, y0), (x1, y1) in zip(hull, hull[1:]):
-            if y1 > y0:
-                segments.append(((y1 - y0) / (x1 - x0), int(x1 - x0), i))
-    left = budget_mw - sum(alloc)
-    for _, length, i in sorted(segments, key=lambda s: -s[0]):
-        take = min(length, left)
-        alloc[i] += take
-        left -= take
-        if left <= 0:
+    segs = [(x0, x1, slope, i) for i, c in enumerate(cards) for x0, x1, slope in _hull_segments(c)]
+    alloc = list(base)
+    _fill(alloc, budget_mw - sum(base), segs)
+    best = _rounded(alloc, cards, segs, depth=3)
+    if sum(best) < budget_mw:
+        best = waterfill(budget_mw, best, [c.max_mw for c in cards])
+    return best
+
+
+def hull_bound(budget_mw: int, cards: Sequence[CardDemand]) -> float:
+    """An upper bound on the summed work rate any split of ``budget_mw`` can reach: the
+    water-fill along each card's concave hull, which never lies under the curve. Where
+    :func:`allocate`'s work equals it, that allocation is optimal."""
+    segs = sorted((s for c in cards for s in _hull_segments(c)), key=lambda s: -s[2])
+    left = budget_mw - sum(c.min_mw for c in cards)
+    value = sum(_work(c, c.min_mw) for c in cards)
+    for x0, x1, slope in segs:
+        take = min(x1 - x0, left)
+        if take <= 0:
             break
-    if left > 0:
-        alloc = waterfill(budget_mw, alloc, [c.max_mw for c in cards])
+        value += slope * take
+        left -= take
+    return value
+
+
+def _total(cards: Sequence[CardDemand], alloc: list[int]) -> float:
+    return sum(_work(c, x) for c, x in zip(cards, alloc))
+
+
+def _rounded(
+    alloc: list[int], cards: Sequence[CardDemand], segs: list[tuple[int, int, float, int]], depth: int
+) -> list[int]:
+    """``alloc``, or a rounding of its card stranded on a convex chord that does more work."""
+    if depth == 0:
+        return alloc
+    for x0, x1, slope, p in segs:
+        if not x0 < alloc[p] < x1:
+            continue
+        if _work(cards[p], alloc[p]) >= _work(cards[p], x0) + slope * (alloc[p] - x0) - 1e-12:
+            continue  # on a concave piece: the hull is the curve
+        others = [s for s in segs if s[3] != p]
+        down = list(alloc)
+        down[p] = x0
+        _fill(down, alloc[p] - x0, others)
+        candidates = [alloc, _rounded(down, cards, segs, depth - 1)]
+        up, need = list(alloc), x1 - alloc[p]
+        for y0, _, _, i in sorted(others, key=lambda s: s[2]):
+            give = min(max(up[i] - y0, 0), need)
+            up[i] -= give
+            need -= give
+        if need <= 0:
+            up[p] = x1
+            candidates.append(_rounded(up, cards, segs, depth - 1))
+        return max(candidates, key=lambda a: _total(cards, a))
     return alloc
 
 
