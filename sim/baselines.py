@@ -28,6 +28,8 @@ budget: the comparison is about how watts are shared, not about write ordering.
 
 from __future__ import annotations
 
+import math
+
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -293,7 +295,7 @@ def _upper_hull(points: list[tuple[float, float]]) -> list[tuple[float, float]]:
 def _hull_segments(c: CardDemand) -> list[tuple[int, int, float]]:
     """(from mW, to mW, work per mW) along the upper concave hull of a card's work over
     [min, min(demand, max)]; slopes decrease along the list."""
-    top = min(max(to_mw(c.demand_w), c.min_mw), c.max_mw)
+    top = min(max(math.ceil(c.demand_w * 1000), c.min_mw), c.max_mw)  # up: all of the demand
     if top <= c.min_mw:
         return []
     inner = (to_mw(c.demand_w * f) for f in POWER_FRACTIONS)
@@ -352,8 +354,9 @@ def allocate(budget_mw: int, cards: Sequence[CardDemand]) -> list[int]:
 
 def hull_bound(budget_mw: int, cards: Sequence[CardDemand]) -> float:
     """An upper bound on the summed work rate any split of ``budget_mw`` can reach: the
-    water-fill along each card's concave hull, which never lies under the curve. Where
-    :func:`allocate`'s work equals it, that allocation is optimal."""
+    water-fill along each card's concave hull, which never lies under the curve (to
+    within the rounding of breakpoints to whole mW). Where :func:`allocate`'s work
+    equals it, that allocation is optimal."""
     segs = sorted((s for c in cards for s in _hull_segments(c)), key=lambda s: -s[2])
     left = budget_mw - sum(c.min_mw for c in cards)
     value = sum(_work(c, c.min_mw) for c in cards)

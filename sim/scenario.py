@@ -176,7 +176,10 @@ def parse_scenario(data: dict[str, Any], default_name: str = "scenario") -> Scen
     if not isinstance(feed, dict):
         raise ScenarioError(f"feed must be a table, got {feed!r}")
     if feed:
-        Feed.from_dict(feed)  # validate; consumers build their own Feed from the dict
+        try:
+            Feed.from_dict(feed)  # validate; consumers build their own Feed from the dict
+        except ValueError as exc:
+            raise ScenarioError(str(exc)) from None
     return Scenario(
         name=data.get("name", default_name),
         budget_w=float(budget_w),
