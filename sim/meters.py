@@ -84,10 +84,10 @@ class BankMeters:
     def close(self) -> None:
         """End the run: reclaims still open count with the time they have been open."""
         for i, woke in enumerate(self._wake_at):
-            if woke is not None:
+            if woke is not None and self._last_t > woke:  # one woken at the last refresh: no time to act
                 self.latencies_s.append(round(self._last_t - woke, 9))
                 self.unresolved += 1
-                self._wake_at[i] = None
+            self._wake_at[i] = None
 
     def reclaim_summary(self) -> dict[str, float | int | None]:
         """``p50``, ``p99``, ``max`` of the reclaim latencies (s; None without any),
