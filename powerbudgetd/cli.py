@@ -15,6 +15,8 @@ from powerbudgetd import __version__
 from powerbudgetd.errors import ConfigError, NvmlError
 from powerbudgetd.logs import configure_logging
 
+POLICY_NAMES = ("static", "slurm", "reactive", "powerbudgetd", "oracle")  # simulate.POLICIES
+
 if TYPE_CHECKING:
     from wsgiref.simple_server import WSGIServer
 
@@ -40,6 +42,11 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--replay", metavar="DIR_OR_FILE", help="replay a recorded power log as demand (instead of --scenario)")
     s.add_argument("--replay-draw", choices=("avg", "peak"), default="avg", help="replay each 1 s average or peak")
     s.add_argument("--budget", type=float, metavar="W", help="the bank's budget (default: the scenario's or log's)")
+    s.add_argument(
+        "--policy", choices=(*POLICY_NAMES, "all"),
+        help="the policy to run (default powerbudgetd), or all of them side by side",
+    )
+    s.add_argument("--suite", action="store_true", help="every packaged scenario under every policy: the scoreboard")
 
     pr = sub.add_parser("probe", help="read every card's limits and draw (read-only)")
     pr.add_argument("--json", action="store_true")
@@ -100,7 +107,7 @@ def _check_config(args: argparse.Namespace) -> int:
 
 
 def _simulate(args: argparse.Namespace) -> int:
-    from powerbudgetd.simulate import format_report, plot, run_scenario
+    from powerbudgetd.simulate import format_report, plot, plot_compare, run_policies, run_scenario
     from powerbudgetd_sim.scenario import ScenarioError, list_scenarios, load_scenario
 
     configure_logging(level="warning", stream=sys.stderr)
@@ -108,6 +115,8 @@ def _simulate(args: argparse.Namespace) -> int:
         for name, desc in list_scenarios():
             print(f"{name:<20} {desc}")
         return 0
+    if args.suite:
+        return _suite(args)
     try:
         if args.replay:
             from powerbudgetd_sim.replay import load_replay
@@ -122,7 +131,28 @@ def _simulate(args: argparse.Namespace) -> int:
     except ScenarioError as exc:
         print(f"powerbudgetd: {exc}", file=sys.stderr)
         return 2
-    result = run_scenario(sc, duration_s=args.duration, seed=args.seed, keep_series=bool(args.plot))
+    if args.policy == "all":
+        from powerbudgetd.scoreboard import check_targets, format_table
+
+        results = run_policies(sc, duration_s=args.duration, seed=args.seed, keep_series=bool(args.plot))
+        reports = {p: r.report for p, r in results.items()}
+        if args.plot:
+            plot_compare(results, sc.budget_w, args.plot, f"{sc.name}: {sc.description}")
+        if args.json:
+            print(json.dumps(reports, indent=2))
+            return 0
+        any_r = reports["powerbudgetd"]
+        print(f"scenario {sc.name} (seed {any_r['seed']}): {len(any_r['cards'])} cards, budget {sc.budget_w:g} W, "
+              f"{any_r['duration_s']:g} s simulated")
+        print(format_table(reports))
+        for c in check_targets(sc, reports, args.duration):
+            print(f"  [{_MARK[c.met]}] {c.target}: {c.detail}")
+        if args.plot:
+            print(f"plot written to {args.plot}")
+        return 0
+    result = run_scenario(
+        sc, duration_s=args.duration, seed=args.seed, keep_series=bool(args.plot), policy=args.policy or "powerbudgetd"
+    )
     if args.plot:
         plot(result, sc.budget_w, args.plot, f"{sc.name}: {sc.description}")
     if args.json:
@@ -133,6 +163,17 @@ def _simulate(args: argparse.Namespace) -> int:
         print(format_report(result.report))
         if args.plot:
             print(f"plot written to {args.plot}")
+    return 0
+
+
+_MARK = {True: "met    ", False: "NOT MET", None: "n/a    "}
+
+
+def _suite(args: argparse.Namespace) -> int:
+    from powerbudgetd.scoreboard import format_suite, run_suite
+
+    suite = run_suite(duration_s=args.duration, seed=args.seed)
+    print(json.dumps(suite, indent=2) if args.json else format_suite(suite))
     return 0
 
 

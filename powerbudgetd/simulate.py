@@ -1,39 +1,111 @@
-"""Run the real controller against a simulated bank on virtual time, and report.
+"""Run a policy against a simulated bank on virtual time, and report.
 
-The controller talks to the simulator through the production NVML layer
-(:class:`powerbudgetd.nvml.Nvml` over the fake ``pynvml``). Every tick the simulator's
-own truth is checked: the sum over cards of the highest limit that may be in force
-(requested, enforced or in flight) against the budget, from the moment the controller
-declared itself ready (before that, boot is bringing the bank down from its defaults).
+powerbudgetd's controller talks to the simulator through the production NVML layer
+(:class:`powerbudgetd.nvml.Nvml` over the fake ``pynvml``); so do the baselines
+``static``, ``slurm`` and ``reactive`` (``powerbudgetd_sim.baselines``); the ``oracle``
+writes straight into a bank without limit lag. Every tick the simulator's own truth is
+checked: the sum over cards of the highest limit that may be in force (requested,
+enforced or in flight) against the budget, from the moment the policy declared itself
+ready (before that, boot is bringing the bank down from its defaults). Every 100 ms
+refresh, meters (``powerbudgetd_sim.meters``) account the work done, the draw above the
+budget, the wall power against the feed's breaker and UPS, and reclaims.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from powerbudgetd.controller import Controller
+from powerbudgetd.fairshare import fair_shares
 from powerbudgetd.model import Timings
 from powerbudgetd.nvml import Nvml
+from powerbudgetd_sim.baselines import OraclePolicy, ReactivePolicy, SlurmPolicy, StaticPolicy
 from powerbudgetd_sim.fake_pynvml import FakePynvml
+from powerbudgetd_sim.feed import Feed
+from powerbudgetd_sim.meters import BankMeters
 from powerbudgetd_sim.physics import SimBank
 from powerbudgetd_sim.scenario import Scenario
+
+POLICIES = ("static", "slurm", "reactive", "powerbudgetd", "oracle")
 
 
 @dataclass
 class Series:
-    """Per-tick samples for plots: time (s), and per card power and enforced limit (W)."""
+    """Per-tick samples for plots: time (s), per card power and enforced limit (W),
+    cumulative work (TGP-s) and wall power (W, where the scenario states a feed)."""
 
     t: list[float] = field(default_factory=list)
     avg_w: list[list[float]] = field(default_factory=list)
     instant_w: list[list[float]] = field(default_factory=list)
     limit_w: list[list[float]] = field(default_factory=list)
+    work: list[float] = field(default_factory=list)
+    wall_w: list[float] = field(default_factory=list)
 
 
 @dataclass
 class SimResult:
     report: dict[str, Any]
     series: Series
+
+
+class Policy(Protocol):
+    """What the runner drives: see ``powerbudgetd_sim.baselines``."""
+
+    ready: bool
+
+    def start(self) -> Any: ...
+
+    def tick(self, now: float) -> int: ...
+
+    def role(self, index: int) -> str: ...
+
+
+class ControllerPolicy:
+    """powerbudgetd's :class:`Controller` in the shape the runner drives."""
+
+    name = "powerbudgetd"
+
+    def __init__(self, ctl: Controller) -> None:
+        self.ctl = ctl
+
+    @property
+    def ready(self) -> bool:
+        return self.ctl.ready
+
+    def start(self) -> None:
+        self.ctl.start()
+
+    def tick(self, now: float) -> int:
+        rep = self.ctl.tick(now)
+        return sum(1 for w in rep.writes if w.error is None and not w.dry_run)
+
+    def role(self, index: int) -> str:
+        return str(self.ctl.cards[index].role)
+
+
+def _job_start(sc: Scenario):  # type: ignore[no-untyped-def]
+    def job_start(index: int, now: float) -> float | None:
+        phase = sc.cards[index].profile.phase_at(now)
+        return None if phase.kind == "idle" else phase.at_s
+
+    return job_start
+
+
+def make_policy(name: str, sc: Scenario, bank: SimBank, nvml: Nvml, timings: Timings) -> Policy:
+    """The policy ``name`` (one of ``POLICIES``) over ``bank``. Raises ValueError."""
+    if name == "powerbudgetd":
+        return ControllerPolicy(Controller(nvml, sc.budget_w, timings))
+    if name == "static":
+        return StaticPolicy(nvml, sc.budget_w)
+    if name == "slurm":
+        return SlurmPolicy(nvml, sc.budget_w, _job_start(sc))
+    if name == "reactive":
+        return ReactivePolicy(nvml, sc.budget_w)
+    if name == "oracle":
+        return OraclePolicy(bank, sc.budget_w)
+    raise ValueError(f"policy {name!r} is not one of {', '.join(POLICIES)}")
 
 
 def run_scenario(
@@ -43,17 +115,32 @@ def run_scenario(
     seed: int | None = None,
     timings: Timings | None = None,
     keep_series: bool = False,
+    policy: str = "powerbudgetd",
+    oracle_work: float | None = None,
+    compare: bool = True,
 ) -> SimResult:
-    """Simulate ``sc`` under the controller and return the report (W, s)."""
+    """Simulate ``sc`` under ``policy`` and return the report (W, s; work in TGP-s).
+
+    ``work_vs_oracle`` is this run's work over the oracle's on the same scenario, seed
+    and duration: ``oracle_work`` when given, else the oracle is run too (``compare``
+    False skips it and reports None). Raises ValueError for an unknown policy, and
+    BudgetInfeasible / ValueError when the minimum limits sum above the budget.
+    """
     duration = sc.duration_s if duration_s is None else duration_s
     seed = sc.seed if seed is None else seed
     timings = timings or Timings(tick_s=sc.tick_s)
-    bank = SimBank(list(sc.cards), lag_s=sc.lag_s, seed=seed, events=list(sc.events))
+    bank = SimBank(
+        list(sc.cards), lag_s=0.0 if policy == "oracle" else sc.lag_s, seed=seed, events=list(sc.events)
+    )
     nvml = Nvml(FakePynvml(bank, list(sc.faults)))
     nvml.init()
-    ctl = Controller(nvml, sc.budget_w, timings)
-    ctl.start()
-    budget_mw = ctl.budget_mw
+    pol = make_policy(policy, sc, bank, nvml, timings)
+    pol.start()
+    budget_mw = int(sc.budget_w * 1000)
+    shares = fair_shares(budget_mw, [c.min_mw for c in bank.cards], [c.max_mw for c in bank.cards])
+    meters = BankMeters(
+        bank, sc.budget_w, shares or [c.min_mw for c in bank.cards], Feed.from_dict(sc.feed) if sc.feed else None
+    ).attach()
 
     series = Series()
     violation_ticks = ticks = 0
@@ -64,11 +151,11 @@ def run_scenario(
     k = 0
     while (t := round(k * timings.tick_s, 9)) <= duration:
         bank.advance_to(t)
-        rep = ctl.tick(t)
-        cap_changes += sum(1 for w in rep.writes if w.error is None and not w.dry_run)
+        cap_changes += pol.tick(t)
         ticks += 1
         bound = bank.sum_limit_bound_mw()
-        if ctl.ready:
+        if pol.ready:
+            meters.counting = policy != "oracle"  # the oracle has no fair share to return to
             if boot_s is None:
                 boot_s = t
             violation_ticks += bound > budget_mw
@@ -81,11 +168,14 @@ def run_scenario(
             series.avg_w.append([c.avg_w for c in bank.cards])
             series.instant_w.append([c.instant_w for c in bank.cards])
             series.limit_w.append([c.enforced_mw(t) / 1000 for c in bank.cards])
+            series.work.append(sum(meters.work))
+            series.wall_w.append(meters.wall_w)
         k += 1
+    meters.close()
 
     span = max(bank.now, 1e-9)
     cards = []
-    for c, st in zip(bank.cards, ctl.cards):
+    for c in bank.cards:
         cards.append(
             {
                 "index": c.index,
@@ -95,12 +185,19 @@ def run_scenario(
                 "max_w": c.max_mw / 1000,
                 "mean_power_w": round((c.energy_mj - energy_start[c.index]) / 1000 / span, 1),
                 "final_limit_w": c.enforced_mw(bank.now) / 1000,
-                "final_role": str(st.role),
+                "final_role": pol.role(c.index),
                 "limit_writes": c.writes,
+                "work": round(meters.work[c.index], 3),
             }
         )
+    work = sum(meters.work)
+    if policy == "oracle":
+        oracle_work = work
+    elif oracle_work is None and compare:
+        oracle_work = run_scenario(sc, duration_s=duration, seed=seed, policy="oracle", compare=False).report["work"]
     report = {
         "scenario": sc.name,
+        "policy": policy,
         "seed": seed,
         "budget_w": sc.budget_w,
         "cards": cards,
@@ -113,14 +210,45 @@ def run_scenario(
         "max_sum_power_avg_w": round(max_sum_avg, 1),
         "max_sum_power_instant_w": round(max_sum_instant, 1),
         "cap_changes": cap_changes,
+        "work": round(work, 3),
+        "work_vs_oracle": round(work / oracle_work, 4) if oracle_work else None,
+        "reclaim_latency_s": meters.reclaim_summary(),
+        "over_budget_s": round(meters.over_budget_s, 1),
+        "trips": meters.trips(),
+        "trip_at_s": meters.trip_times(),
+        "max_wall_power_w": round(meters.max_wall_w, 1) if sc.feed else None,
     }
     return SimResult(report, series)
+
+
+def run_policies(
+    sc: Scenario,
+    policies: Sequence[str] = POLICIES,
+    *,
+    duration_s: float | None = None,
+    seed: int | None = None,
+    timings: Timings | None = None,
+    keep_series: bool = False,
+) -> dict[str, SimResult]:
+    """Run each of ``policies`` on the same scenario, seed and duration; the oracle runs
+    once (first) and every ``work_vs_oracle`` is against it. Keyed by policy name."""
+    unknown = [p for p in policies if p not in POLICIES]
+    if unknown:
+        raise ValueError(f"policy {unknown[0]!r} is not one of {', '.join(POLICIES)}")
+    kw: dict[str, Any] = dict(duration_s=duration_s, seed=seed, timings=timings, keep_series=keep_series)
+    oracle = run_scenario(sc, policy="oracle", **kw)
+    out = {}
+    for name in policies:
+        out[name] = oracle if name == "oracle" else run_scenario(
+            sc, policy=name, oracle_work=oracle.report["work"], **kw
+        )
+    return out
 
 
 def format_report(r: dict[str, Any]) -> str:
     """A readable multi-line summary of one report."""
     lines = [
-        f"scenario {r['scenario']} (seed {r['seed']}): {len(r['cards'])} cards, budget {r['budget_w']:g} W, "
+        f"scenario {r['scenario']} (seed {r['seed']}){', policy ' + r['policy'] if 'policy' in r else ''}: {len(r['cards'])} cards, budget {r['budget_w']:g} W, "
         f"{r['duration_s']:g} s simulated",
         f"  ready after          {r['boot_s']} s" if r["boot_s"] is not None else "  NEVER READY",
         f"  violation ticks      {r['violation_ticks']} of {r['ticks']}",
@@ -128,8 +256,25 @@ def format_report(r: dict[str, Any]) -> str:
         f"  max sum of draw      {r['max_sum_power_avg_w']:g} W (1 s average), "
         f"{r['max_sum_power_instant_w']:g} W (instant)",
         f"  cap changes          {r['cap_changes']}",
-        "  card  limits      mean draw  final limit  role",
     ]
+    if "work" in r:
+        rec = r["reclaim_latency_s"]
+        trips = ", ".join(f"{d} {'TRIPPED at ' + str(r['trip_at_s'][d]) + ' s' if v else 'held'}"
+                          for d, v in r["trips"].items() if v is not None)
+        wvo = "-" if r["work_vs_oracle"] is None else f"{r['work_vs_oracle']:.3f}"
+        lines += [
+            f"  work                 {r['work']:g} TGP-s ({wvo} of the oracle's)",
+            f"  over budget          {r['over_budget_s']:g} s (summed 1 s average draw above the budget)",
+            f"  reclaim latency      " + (
+                f"p50 {rec['p50']:g} s, p99 {rec['p99']:g} s, max {rec['max']:g} s over {rec['events']} reclaims"
+                if rec["events"] else "no reclaim"
+            ),
+            f"  feed                 " + (
+                f"max {r['max_wall_power_w']:g} W at the plug; {trips}" if r["max_wall_power_w"] is not None
+                else "none stated"
+            ),
+        ]
+    lines.append("  card  limits      mean draw  final limit  role")
     for c in r["cards"]:
         lines.append(
             f"  {c['index']:>4}  {c['min_w']:g}-{c['max_w']:g} W  {c['mean_power_w']:>7.1f} W  "
@@ -165,6 +310,45 @@ def plot(result: SimResult, budget_w: float, path: str, title: str) -> None:
     ax.set_ylabel("bank (W)")
     ax.set_xlabel("time (s)")
     ax.legend(loc="lower right", fontsize=7, ncol=3)
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def plot_compare(results: dict[str, SimResult], budget_w: float, path: str, title: str) -> None:
+    """The policies over time on one figure (PNG): summed enforced limits, summed 1 s
+    average draw against the budget, wall power, and cumulative work."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError as exc:  # pragma: no cover - depends on the install
+        raise SystemExit("--plot needs matplotlib: pip install 'powerbudgetd[plot]'") from exc
+    has_wall = any(r.report.get("max_wall_power_w") is not None for r in results.values())
+    rows = 4 if has_wall else 3
+    fig, axes = plt.subplots(rows, 1, figsize=(12, 2.6 * rows), sharex=True)
+    ref = results["oracle"].series.work if "oracle" in results else None
+    for name, res in results.items():
+        s = res.series
+        axes[0].plot(s.t, [sum(r) for r in s.limit_w], lw=1.0, drawstyle="steps-post", label=name)
+        axes[1].plot(s.t, [sum(r) for r in s.avg_w], lw=0.8, label=name)
+        # Work so far against the oracle's so far shows where each policy loses.
+        ys = [w / o if o > 0 else 1.0 for w, o in zip(s.work, ref)] if ref else s.work
+        axes[-1].plot(s.t, ys, lw=1.0, label=f"{name} ({res.report['work']:g} TGP-s)")
+        if has_wall:
+            axes[2].plot(s.t, s.wall_w, lw=0.5, alpha=0.8, label=name)
+    for ax in axes[:2]:
+        ax.axhline(budget_w, color="tab:red", ls="--", lw=0.8)
+    axes[0].set_ylabel("sum of enforced\nlimits (W)")
+    axes[1].set_ylabel("sum of 1 s average\ndraw (W)")
+    if has_wall:
+        axes[2].set_ylabel("wall power (W)")
+    axes[-1].set_ylabel("work so far\n/ oracle's" if ref else "work (TGP-s)")
+    axes[-1].set_xlabel("time (s)")
+    axes[0].legend(loc="lower right", fontsize=7, ncol=len(results))
+    axes[-1].legend(loc="upper left", fontsize=7)
     fig.suptitle(title)
     fig.tight_layout()
     fig.savefig(path, dpi=110)

@@ -193,6 +193,8 @@ class SimBank:
             if not 0 <= e.card < len(self.cards):
                 raise ValueError(f"event for card {e.card}: the bank has {len(self.cards)} cards")
         self.now = 0.0
+        # Called as observer(t) after every refresh (meters: work, wall power, trips).
+        self.observers: list[Callable[[float], None]] = []
         self._clock = clock
         self._origin = clock() if clock else 0.0
         self._next_refresh = 0.0
@@ -225,6 +227,8 @@ class SimBank:
             self._fire_events(self._next_refresh)
             for card in self.cards:
                 card.refresh(self._next_refresh)
+            for observe in self.observers:
+                observe(self._next_refresh)
             self._next_refresh = round(self._next_refresh + REFRESH_S, 9)
         self.now = max(self.now, t)
 

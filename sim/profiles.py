@@ -89,3 +89,7 @@ class Profile:
 
     def demand_w(self, t_s: float, idle_w: float, tgp_w: float) -> float:
         return max(idle_w, self.phase_at(t_s).demand_w(t_s, idle_w, tgp_w))
+
+    def workload_at(self, t_s: float) -> str:
+        """The workload class (``compute`` or ``memory``) in force at ``t_s``."""
+        return self.phase_at(t_s).workload

@@ -21,6 +21,10 @@ A scenario file (see ``scenarios/*.toml`` for commented examples)::
       { at_s = 60, kind = "trace", trace = "h200-serving" },
     ]
 
+An optional ``[feed]`` table states the box's electrical feed (host draw, PSU efficiency,
+breaker, volts, UPS; see ``feed.py``); the scoreboard uses it to tell whether a breaker or
+UPS would have tripped.
+
 With a preset ``bank``, ``[[cards]]`` entries override that bank's cards by position
 (only the keys they give); cards not listed stay idle.
 
@@ -57,6 +61,7 @@ from pathlib import Path
 from typing import Any
 
 from powerbudgetd_sim.fake_pynvml import Fault
+from powerbudgetd_sim.feed import Feed
 from powerbudgetd_sim.physics import BankEvent, CardSpec
 from powerbudgetd_sim.profiles import Phase, Profile
 
@@ -167,6 +172,14 @@ def parse_scenario(data: dict[str, Any], default_name: str = "scenario") -> Scen
     for e in events:
         if not 0 <= e.card < len(cards):
             raise ScenarioError(f"events: card {e.card} is not in this {len(cards)}-card bank")
+    feed = data.get("feed", {})
+    if not isinstance(feed, dict):
+        raise ScenarioError(f"feed must be a table, got {feed!r}")
+    if feed:
+        try:
+            Feed.from_dict(feed)  # validate; consumers build their own Feed from the dict
+        except ValueError as exc:
+            raise ScenarioError(str(exc)) from None
     return Scenario(
         name=data.get("name", default_name),
         budget_w=float(budget_w),
@@ -178,7 +191,7 @@ def parse_scenario(data: dict[str, Any], default_name: str = "scenario") -> Scen
         description=data.get("description", ""),
         faults=faults,
         events=events,
-        feed=dict(data.get("feed", {})),
+        feed=dict(feed),
     )
 
 

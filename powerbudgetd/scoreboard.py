@@ -1,0 +1,181 @@
+"""The policy scoreboard: every packaged scenario under every policy, against the targets.
+
+Targets (issue "Policy scoreboard"; never lowered here — a miss is shown as a miss):
+
+- ``violation_ticks`` is 0 for every policy except ``reactive``;
+- ``powerbudgetd`` trips neither breaker nor UPS where ``static`` does not;
+- ``powerbudgetd`` ``work_vs_oracle`` >= 0.97;
+- ``powerbudgetd`` does more work than ``static`` and ``slurm`` where a card has an idle
+  neighbour (a card at or over its fair share while another sits at or under its floor
+  for at least 10 % of the run, from the scenario's demand);
+- reclaim p99 <= 0.5 s (the scenarios' limit lag is 100 ms).
+"""
+
+from __future__ import annotations
+
+import os
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from powerbudgetd.fairshare import fair_shares
+from powerbudgetd.simulate import POLICIES, run_policies
+from powerbudgetd_sim.scenario import Scenario, list_scenarios, load_scenario
+
+MIN_WORK_VS_ORACLE = 0.97
+MAX_RECLAIM_P99_S = 0.5
+IDLE_NEIGHBOUR_FRACTION = 0.10
+
+TARGETS = (
+    "violation_ticks 0 for every policy except reactive",
+    "powerbudgetd trips no breaker or UPS that static does not",
+    f"powerbudgetd work_vs_oracle >= {MIN_WORK_VS_ORACLE}",
+    "powerbudgetd work above static and slurm where a card has an idle neighbour",
+    f"powerbudgetd reclaim p99 <= {MAX_RECLAIM_P99_S} s",
+)
+
+
+@dataclass(frozen=True)
+class Check:
+    """One target on one scenario: met (None: does not apply) and the numbers behind it."""
+
+    target: str
+    met: bool | None
+    detail: str
+
+
+def idle_neighbour_s(sc: Scenario, duration_s: float | None = None) -> float:
+    """Seconds (sampled each second) in which one card's demand is at or over its fair
+    share while another card's is at or under its floor (minimum limit)."""
+    duration = sc.duration_s if duration_s is None else duration_s
+    lows = [round(c.min_w * 1000) for c in sc.cards]
+    shares = fair_shares(int(sc.budget_w * 1000), lows, [round(c.max_w * 1000) for c in sc.cards]) or lows
+    seconds = 0
+    for t in range(int(duration) + 1):
+        demand = [c.profile.demand_w(float(t), c.idle_w, c.board_tgp_w) for c in sc.cards]
+        busy = {i for i, d in enumerate(demand) if d * 1000 >= shares[i]}
+        idle = {i for i, d in enumerate(demand) if d <= sc.cards[i].min_w}
+        seconds += bool(busy) and bool(idle - busy)
+    return float(seconds)
+
+
+def check_targets(sc: Scenario, reports: dict[str, dict[str, Any]], duration_s: float | None = None) -> list[Check]:
+    """Evaluate every target on one scenario's reports (keyed by policy)."""
+    duration = sc.duration_s if duration_s is None else duration_s
+    out = []
+    bad = {p: r["violation_ticks"] for p, r in reports.items() if p != "reactive" and r["violation_ticks"]}
+    out.append(Check(TARGETS[0], not bad, ", ".join(f"{p} {n}" for p, n in bad.items()) or "0 everywhere"))
+
+    pbd, static = reports.get("powerbudgetd"), reports.get("static")
+    if pbd is None or static is None:
+        return out
+    extra = [d for d, tripped in pbd["trips"].items() if tripped and not static["trips"].get(d)]
+    stated = [d for d, v in pbd["trips"].items() if v is not None]
+    out.append(
+        Check(
+            TARGETS[1],
+            None if not stated else not extra,
+            "no feed stated" if not stated
+            else (f"trips {', '.join(extra)} at {', '.join(str(pbd['trip_at_s'][d]) for d in extra)} s; static does not"
+                  if extra else _trips(reports)),
+        )
+    )
+    wvo = pbd["work_vs_oracle"]
+    out.append(Check(TARGETS[2], wvo is not None and wvo >= MIN_WORK_VS_ORACLE, f"{wvo}"))
+
+    idle_s = idle_neighbour_s(sc, duration)
+    if idle_s >= IDLE_NEIGHBOUR_FRACTION * duration and "slurm" in reports:
+        slurm = reports["slurm"]
+        met = pbd["work"] > static["work"] and pbd["work"] > slurm["work"]
+        out.append(Check(
+            TARGETS[3], met,
+            f"idle neighbour {idle_s:g} s; work {pbd['work']:g} vs static {static['work']:g}, slurm {slurm['work']:g}",
+        ))
+    else:
+        out.append(Check(TARGETS[3], None, f"idle neighbour only {idle_s:g} s"))
+
+    rec = pbd["reclaim_latency_s"]
+    if rec["events"]:
+        out.append(Check(
+            TARGETS[4], rec["p99"] <= MAX_RECLAIM_P99_S,
+            f"p99 {rec['p99']} s over {rec['events']} reclaims (max {rec['max']} s, {rec['unresolved']} unresolved)",
+        ))
+    else:
+        out.append(Check(TARGETS[4], None, "no reclaim"))
+    return out
+
+
+def _trips(reports: dict[str, dict[str, Any]]) -> str:
+    tripped = [f"{p} {d}" for p, r in reports.items() for d, v in r["trips"].items() if v]
+    return "tripped: " + ", ".join(tripped) if tripped else "no trips"
+
+
+def score_scenario(name: str, duration_s: float | None = None, seed: int | None = None) -> dict[str, Any]:
+    """Run one scenario under every policy; its reports and target checks."""
+    sc = load_scenario(name)
+    results = run_policies(sc, POLICIES, duration_s=duration_s, seed=seed)
+    reports = {p: r.report for p, r in results.items()}
+    return {
+        "description": sc.description,
+        "reports": reports,
+        "checks": [asdict(c) for c in check_targets(sc, reports, duration_s)],
+    }
+
+
+def run_suite(
+    scenarios: list[str] | None = None,
+    *,
+    duration_s: float | None = None,
+    seed: int | None = None,
+    jobs: int | None = None,
+) -> dict[str, Any]:
+    """Every scenario (default: all packaged ones) under every policy, in ``jobs``
+    processes (default: one per CPU; 1 runs in this process)."""
+    names = scenarios or [n for n, _ in list_scenarios()]
+    jobs = jobs or min(len(names), os.cpu_count() or 1)
+    if jobs <= 1:
+        scored = [score_scenario(n, duration_s, seed) for n in names]
+    else:
+        with ProcessPoolExecutor(jobs) as pool:
+            scored = list(pool.map(score_scenario, names, [duration_s] * len(names), [seed] * len(names)))
+    by_name = dict(zip(names, scored))
+    verdicts = [c["met"] for s in scored for c in s["checks"]]
+    return {"targets": list(TARGETS), "scenarios": by_name, "all_met": all(v is not False for v in verdicts)}
+
+
+def format_table(reports: dict[str, dict[str, Any]]) -> str:
+    """One line per policy: work, limits, draw above budget, trips, reclaim."""
+    lines = [
+        f"  {'policy':<13}{'work TGP-s':>11}{'vs oracle':>10}{'viol.ticks':>11}{'over budget':>12}"
+        f"{'max wall':>10}{'trips':>16}{'reclaim p50/p99/max s':>23}{'writes':>8}"
+    ]
+    for p, r in reports.items():
+        rec = r["reclaim_latency_s"]
+        reclaim = "-" if not rec["events"] else f"{rec['p50']:g}/{rec['p99']:g}/{rec['max']:g}"
+        trips = ",".join(d for d, v in r["trips"].items() if v) or (
+            "none" if any(v is not None for v in r["trips"].values()) else "no feed"
+        )
+        wvo = "-" if r["work_vs_oracle"] is None else f"{r['work_vs_oracle']:.3f}"
+        wall = "-" if r["max_wall_power_w"] is None else f"{r['max_wall_power_w']:.0f} W"
+        lines.append(
+            f"  {p:<13}{r['work']:>11.1f}{wvo:>10}{r['violation_ticks']:>11}{r['over_budget_s']:>10.1f} s"
+            f"{wall:>10}{trips:>16}{reclaim:>23}{r['cap_changes']:>8}"
+        )
+    return "\n".join(lines)
+
+
+def format_suite(suite: dict[str, Any]) -> str:
+    """The scoreboard: per scenario the policy table and each target met / NOT MET."""
+    mark = {True: "met    ", False: "NOT MET", None: "n/a    "}
+    out = ["Targets:"] + [f"  - {t}" for t in suite["targets"]]
+    for name, s in suite["scenarios"].items():
+        any_r = next(iter(s["reports"].values()))
+        out += ["", f"{name}: {s['description']} ({any_r['duration_s']:g} s, seed {any_r['seed']})"]
+        out.append(format_table(s["reports"]))
+        for c in s["checks"]:
+            out.append(f"  [{mark[c['met']]}] {c['target']}: {c['detail']}")
+    misses = [(n, c) for n, s in suite["scenarios"].items() for c in s["checks"] if c["met"] is False]
+    out.append("")
+    out.append("All targets met." if not misses else f"{len(misses)} target(s) NOT MET:")
+    out += [f"  {n}: {c['target']} ({c['detail']})" for n, c in misses]
+    return "\n".join(out)

@@ -1,0 +1,444 @@
+"""What an operator would run instead of powerbudgetd, and the best any controller could do.
+
+Every policy has the shape the scoreboard drives: ``start()``, then ``tick(now)`` every
+tick (returns how many limits it wrote), ``ready`` (the boot limits are in force) and
+``role(index)``. The first three talk to the simulated bank through the production NVML
+layer (:class:`powerbudgetd.nvml.Nvml` over the fake ``pynvml``), so they see the same
+readings, read-back and limit lag as powerbudgetd:
+
+- :class:`StaticPolicy`: every card at budget / N forever — ``nvidia-smi -pl`` in a boot
+  unit, or DCGM's group power budget.
+- :class:`SlurmPolicy`: the rules of Slurm's power plugin as the brief gives them; every
+  30 s, from each card's mean draw since the last balance (energy counter): cut a card
+  drawing under 90 % of its cap by half its slack, at most 50 % of (max - min); keep a
+  card at 90-95 %; raise a card above 95 % by at most 20 % of (max - min); a card whose
+  job started in the last 300 s gets an even split of what is left, up to its max.
+- :class:`ReactivePolicy`: boots every card at max and cuts every card to budget / N
+  when the summed 1 s average draw reaches 95 % of the budget; back to max after 5 s
+  under 80 % (the capping and uncapping bands of a data-centre capper). The design the
+  brief warns against: its limits sum above the budget whenever it is not cutting.
+- :class:`OraclePolicy`: knows each card's demand at the next refresh, writes limits
+  with no lag, and each tick splits the budget to maximise work (see :func:`allocate`).
+  No controller can do better within the budget: the upper bound of the scoreboard.
+
+Static and Slurm order their writes as powerbudgetd does (decreases first, increases
+only into the budget minus the limits that may be in force), so that they keep the
+budget: the comparison is about how watts are shared, not about write ordering.
+"""
+
+from __future__ import annotations
+
+import math
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from powerbudgetd.errors import NvmlError
+from powerbudgetd.fairshare import fair_shares, waterfill
+from powerbudgetd.nvml import GpuInfo, Nvml, PowerReading, to_mw
+from powerbudgetd.plan import Step, plan_writes
+from powerbudgetd_sim.physics import REFRESH_S, SimBank
+from powerbudgetd_sim.work import POWER_FRACTIONS, work_rate
+
+JobStart = Callable[[int, float], "float | None"]  # (card index, now) -> job start s, None if idle
+
+
+class NvmlPolicy:
+    """Shared plumbing of the baselines that drive the bank through the NVML layer."""
+
+    name = "nvml"
+
+    def __init__(self, nvml: Nvml, budget_w: float) -> None:
+        self.nvml = nvml
+        self.budget_mw = int(budget_w * 1000)  # rounded down: toward safety
+        self.ready = False
+        self.cards: list[GpuInfo] = []
+        self.min_mw: list[int] = []
+        self.max_mw: list[int] = []
+        self.share_mw: list[int] = []
+        self.readings: list[PowerReading | None] = []
+
+    def start(self) -> None:
+        """Enumerate the cards and their fair shares. Raises ValueError when the
+        minimum limits sum above the budget."""
+        self.cards = [c for c in self.nvml.devices() if c.min_limit_w is not None and c.max_limit_w is not None]
+        self.min_mw = [to_mw(c.min_limit_w) for c in self.cards]  # type: ignore[arg-type]
+        self.max_mw = [to_mw(c.max_limit_w) for c in self.cards]  # type: ignore[arg-type]
+        shares = fair_shares(self.budget_mw, self.min_mw, self.max_mw)
+        if shares is None:
+            raise ValueError(
+                f"budget {self.budget_mw / 1000:g} W is below the minimum limits' sum {sum(self.min_mw) / 1000:g} W"
+            )
+        self.share_mw = shares
+
+    def role(self, index: int) -> str:
+        return self.name
+
+    def _read_all(self) -> None:
+        self.readings = []
+        for c in self.cards:
+            try:
+                self.readings.append(self.nvml.read(c.uuid))
+            except NvmlError:
+                self.readings.append(None)
+
+    def _bound_mw(self, i: int) -> int:
+        """Highest limit that may be in force, from read-back (unknown: the max)."""
+        r = self.readings[i]
+        known = [to_mw(v) for v in (r.requested_limit_w, r.enforced_limit_w) if v is not None] if r else []
+        return max(known) if known else self.max_mw[i]
+
+    def _enforced_mw(self, i: int) -> int | None:
+        r = self.readings[i]
+        return None if r is None or r.enforced_limit_w is None else to_mw(r.enforced_limit_w)
+
+    def _requested_mw(self, i: int) -> int | None:
+        r = self.readings[i]
+        return None if r is None or r.requested_limit_w is None else to_mw(r.requested_limit_w)
+
+    def _write(self, i: int, mw: int) -> bool:
+        try:
+            self.nvml.set_power_limit(self.cards[i].uuid, mw / 1000)
+        except NvmlError:
+            return False
+        return True
+
+    def _apply_safely(self, targets: Sequence[int]) -> int:
+        """Move toward ``targets`` (mW): decreases first, increases that fit the budget."""
+        steps = [
+            Step(c.uuid, self._bound_mw(i), targets[i], self._requested_mw(i))
+            for i, c in enumerate(self.cards)
+            if self.readings[i] is not None
+        ]
+        index = {c.uuid: i for i, c in enumerate(self.cards)}
+        return sum(self._write(index[w.uuid], w.to_mw) for w in plan_writes(steps, self.budget_mw))
+
+    def _at(self, targets: Sequence[int]) -> bool:
+        return all(self._enforced_mw(i) == t and self._requested_mw(i) == t for i, t in enumerate(targets))
+
+
+class StaticPolicy(NvmlPolicy):
+    """Every card at its fair share (budget / N, clamped to its constraints), forever."""
+
+    name = "static"
+
+    def tick(self, now: float) -> int:
+        self._read_all()
+        writes = self._apply_safely(self.share_mw)
+        self.ready = self.ready or self._at(self.share_mw)
+        return writes
+
+
+@dataclass(frozen=True)
+class SlurmRules:
+    """Slurm power plugin parameters (its defaults; the brief, "Prior art")."""
+
+    balance_interval_s: float = 30.0
+    lower_threshold: float = 0.90  # cut a card drawing under this x its cap
+    upper_threshold: float = 0.95  # raise a card drawing over this x its cap
+    decrease_rate: float = 0.50  # a cut is at most this x (max - min)
+    increase_rate: float = 0.20  # a raise is at most this x (max - min)
+    recent_job_s: float = 300.0  # a job this young gets an even split, up to max
+
+
+class SlurmPolicy(NvmlPolicy):
+    """Slurm's power-plugin rules, per card instead of per node; see the module docstring.
+
+    ``job_start(index, now)`` says when the card's current job started (None: no job):
+    the scheduler knows, having started it.
+    """
+
+    name = "slurm"
+
+    def __init__(self, nvml: Nvml, budget_w: float, job_start: JobStart, rules: SlurmRules | None = None) -> None:
+        super().__init__(nvml, budget_w)
+        self.job_start = job_start
+        self.rules = rules or SlurmRules()
+        self.cap_mw: list[int] = []
+        self._last_balance: float | None = None
+        self._energy_j: list[float | None] = []
+
+    def start(self) -> None:
+        super().start()
+        self.cap_mw = list(self.share_mw)  # "initially distributed evenly"
+
+    def tick(self, now: float) -> int:
+        self._read_all()
+        if not self.ready:
+            writes = self._apply_safely(self.cap_mw)
+            if self._at(self.cap_mw):
+                self.ready = True
+                self._last_balance = now
+                self._energy_j = self._energies()
+            return writes
+        assert self._last_balance is not None
+        if now - self._last_balance >= self.rules.balance_interval_s - 1e-9:
+            energy = self._energies()
+            span = now - self._last_balance
+            draws = [
+                None if e1 is None or e0 is None else (e1 - e0) / span * 1000
+                for e0, e1 in zip(self._energy_j, energy)
+            ]
+            self.cap_mw = self.rebalance(now, draws)
+            self._energy_j, self._last_balance = energy, now
+        return self._apply_safely(self.cap_mw)
+
+    def _energies(self) -> list[float | None]:
+        out = []
+        for c in self.cards:
+            try:
+                out.append(self.nvml.energy_j(c.uuid))
+            except NvmlError:
+                out.append(None)
+        return out
+
+    def rebalance(self, now: float, draws_mw: Sequence[float | None]) -> list[int]:
+        """New caps (mW) from each card's mean draw (mW) since the last balance."""
+        r = self.rules
+        new: dict[int, int] = {}
+        raise_: list[tuple[int, bool]] = []  # (index, recent job)
+        for i, cap in enumerate(self.cap_mw):
+            lo, hi, draw = self.min_mw[i], self.max_mw[i], draws_mw[i]
+            started = self.job_start(i, now)
+            if started is not None and now - started < r.recent_job_s:
+                raise_.append((i, True))
+            elif draw is None:
+                new[i] = cap  # unknown: leave it
+            elif draw < r.lower_threshold * cap:
+                cut = min(r.decrease_rate * (hi - lo), (cap - draw) / 2)
+                new[i] = max(lo, int(cap - cut))
+            elif draw <= r.upper_threshold * cap:
+                new[i] = max(lo, cap)
+            else:
+                raise_.append((i, False))
+        # Make room for the raised cards' minimums by cutting the others evenly.
+        short = max(sum(new.values()) - self.budget_mw, sum(self.min_mw[i] for i, _ in raise_) - (self.budget_mw - sum(new.values())))
+        if short > 0 and new:
+            each = -(-short // len(new))
+            for i in new:
+                new[i] = max(self.min_mw[i], new[i] - each)
+        avail = self.budget_mw - sum(new.values())
+        for k, (i, recent) in enumerate(raise_):
+            even = max(avail, 0) // (len(raise_) - k)
+            lo, hi = self.min_mw[i], self.max_mw[i]
+            want = even if recent else min(self.cap_mw[i] + int(r.increase_rate * (hi - lo)), even)
+            new[i] = min(max(want, lo), hi)
+            avail -= new[i]
+        caps = [new[i] for i in range(len(self.cap_mw))]
+        return caps if sum(caps) <= self.budget_mw else list(self.share_mw)
+
+
+class ReactivePolicy(NvmlPolicy):
+    """Boot at max; cut to fair share near the budget; uncap after a quiet spell."""
+
+    name = "reactive"
+    cap_at = 0.95  # cut when the summed 1 s average reaches this x the budget
+    uncap_at = 0.80  # back to max after the sum stays under this x the budget ...
+    uncap_hold_s = 5.0  # ... for this long
+
+    def __init__(self, nvml: Nvml, budget_w: float) -> None:
+        super().__init__(nvml, budget_w)
+        self.capped = False
+        self._low_since: float | None = None
+
+    def role(self, index: int) -> str:
+        return "capped" if self.capped else "uncapped"
+
+    def tick(self, now: float) -> int:
+        if not self.ready:  # boot: every card at max, without waiting for read-back
+            self.ready = True
+            return sum(self._write(i, m) for i, m in enumerate(self.max_mw))
+        self._read_all()
+        total_mw = sum(to_mw(r.power_avg_w) for r in self.readings if r is not None and r.power_avg_w is not None)
+        if not self.capped:
+            if total_mw >= self.cap_at * self.budget_mw:
+                self.capped, self._low_since = True, None
+                return sum(self._write(i, s) for i, s in enumerate(self.share_mw))
+            return 0
+        if total_mw > self.uncap_at * self.budget_mw:
+            self._low_since = None
+            return 0
+        if self._low_since is None:
+            self._low_since = now
+        if now - self._low_since >= self.uncap_hold_s - 1e-9:
+            self.capped = False
+            return sum(self._write(i, m) for i, m in enumerate(self.max_mw))
+        return 0
+
+
+@dataclass(frozen=True)
+class CardDemand:
+    """One card as the oracle sees it: limits (mW), its coming demand and idle (W)."""
+
+    min_mw: int
+    max_mw: int
+    demand_w: float
+    idle_w: float
+    tgp_w: float
+    workload: str
+
+
+def _upper_hull(points: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """Upper concave hull of points sorted by x."""
+    hull: list[tuple[float, float]] = []
+    for p in points:
+        while len(hull) >= 2:
+            (x0, y0), (x1, y1) = hull[-2], hull[-1]
+            if (y1 - y0) * (p[0] - x0) <= (p[1] - y0) * (x1 - x0):  # hull[-1] under the chord
+                hull.pop()
+            else:
+                break
+        hull.append(p)
+    return hull
+
+
+def _hull_segments(c: CardDemand) -> list[tuple[int, int, float]]:
+    """(from mW, to mW, work per mW) along the upper concave hull of a card's work over
+    [min, min(demand, max)]; slopes decrease along the list."""
+    top = min(max(math.ceil(c.demand_w * 1000), c.min_mw), c.max_mw)  # up: all of the demand
+    if top <= c.min_mw:
+        return []
+    inner = (to_mw(c.demand_w * f) for f in POWER_FRACTIONS)
+    xs = sorted({c.min_mw, top, *(x for x in inner if c.min_mw < x < top)})
+    hull = _upper_hull([(float(x), _work(c, x)) for x in xs])
+    return [
+        (int(x0), int(x1), (y1 - y0) / (x1 - x0))
+        for (x0, y0), (x1, y1) in zip(hull, hull[1:])
+        if y1 > y0
+    ]
+
+
+def _work(c: CardDemand, mw: float) -> float:
+    return work_rate(c.workload, c.demand_w, mw / 1000, c.idle_w, c.tgp_w)
+
+
+def _fill(alloc: list[int], left: int, segments: list[tuple[int, int, float, int]]) -> int:
+    """Pour ``left`` mW into ``segments`` (from, to, slope, card), steepest first, each
+    only from where its card's allocation stands. Returns the mW left over."""
+    for x0, x1, _, i in sorted(segments, key=lambda s: -s[2]):
+        if left <= 0:
+            break
+        if alloc[i] < x0 or alloc[i] >= x1:
+            continue
+        take = min(x1 - alloc[i], left)
+        alloc[i] += take
+        left -= take
+    return left
+
+
+def allocate(budget_mw: int, cards: Sequence[CardDemand]) -> list[int]:
+    """Split ``budget_mw`` over ``cards`` (limits in mW) to maximise the summed work rate.
+
+    Water-filling on marginal work: every card starts at its minimum; the rest goes to
+    the card whose next watts buy the most work, up to its demand (a watt above demand
+    buys nothing), along each card's upper concave hull. That is exact where the work
+    curves are concave. On their convex foot (below ~45-55 % of the draw) a card may end
+    part-way along a hull chord, doing less than the hull promises; then both roundings
+    are tried, a few levels deep — that card back to the chord's start with its watts
+    poured into the others, or on to the chord's end with watts taken from the others'
+    flattest segments — and the allocation doing the most work is kept. Watts nobody can
+    use are spread evenly up to each card's max. Raises ValueError if the minimums do
+    not fit.
+    """
+    base = [c.min_mw for c in cards]
+    if sum(base) > budget_mw:
+        raise ValueError("the minimum limits sum above the budget")
+    segs = [(x0, x1, slope, i) for i, c in enumerate(cards) for x0, x1, slope in _hull_segments(c)]
+    alloc = list(base)
+    _fill(alloc, budget_mw - sum(base), segs)
+    best = _rounded(alloc, cards, segs, depth=3)
+    if sum(best) < budget_mw:
+        best = waterfill(budget_mw, best, [c.max_mw for c in cards])
+    return best
+
+
+def hull_bound(budget_mw: int, cards: Sequence[CardDemand]) -> float:
+    """An upper bound on the summed work rate any split of ``budget_mw`` can reach: the
+    water-fill along each card's concave hull, which never lies under the curve (to
+    within the rounding of breakpoints to whole mW). Where :func:`allocate`'s work
+    equals it, that allocation is optimal."""
+    segs = sorted((s for c in cards for s in _hull_segments(c)), key=lambda s: -s[2])
+    left = budget_mw - sum(c.min_mw for c in cards)
+    value = sum(_work(c, c.min_mw) for c in cards)
+    for x0, x1, slope in segs:
+        take = min(x1 - x0, left)
+        if take <= 0:
+            break
+        value += slope * take
+        left -= take
+    return value
+
+
+def _total(cards: Sequence[CardDemand], alloc: list[int]) -> float:
+    return sum(_work(c, x) for c, x in zip(cards, alloc))
+
+
+def _rounded(
+    alloc: list[int], cards: Sequence[CardDemand], segs: list[tuple[int, int, float, int]], depth: int
+) -> list[int]:
+    """``alloc``, or a rounding of its card stranded on a convex chord that does more work."""
+    if depth == 0:
+        return alloc
+    for x0, x1, slope, p in segs:
+        if not x0 < alloc[p] < x1:
+            continue
+        if _work(cards[p], alloc[p]) >= _work(cards[p], x0) + slope * (alloc[p] - x0) - 1e-12:
+            continue  # on a concave piece: the hull is the curve
+        others = [s for s in segs if s[3] != p]
+        down = list(alloc)
+        down[p] = x0
+        _fill(down, alloc[p] - x0, others)
+        candidates = [alloc, _rounded(down, cards, segs, depth - 1)]
+        up, need = list(alloc), x1 - alloc[p]
+        for y0, _, _, i in sorted(others, key=lambda s: s[2]):
+            give = min(max(up[i] - y0, 0), need)
+            up[i] -= give
+            need -= give
+        if need <= 0:
+            up[p] = x1
+            candidates.append(_rounded(up, cards, segs, depth - 1))
+        return max(candidates, key=lambda a: _total(cards, a))
+    return alloc
+
+
+class OraclePolicy:
+    """Clairvoyant and lag-free: each tick, the budget split for the next refresh's demand.
+
+    Writes limits straight into the simulated bank (build that bank with ``lag_s=0``).
+    """
+
+    name = "oracle"
+
+    def __init__(self, bank: SimBank, budget_w: float) -> None:
+        self.bank = bank
+        self.budget_mw = int(budget_w * 1000)
+        self.ready = False
+
+    def start(self) -> None:
+        allocate(self.budget_mw, self._demands(0.0))  # raises ValueError when infeasible
+
+    def role(self, index: int) -> str:
+        return "oracle"
+
+    def _demands(self, t: float) -> list[CardDemand]:
+        out = []
+        for card in self.bank.cards:
+            spec = card.spec
+            out.append(
+                CardDemand(
+                    card.min_mw, card.max_mw,
+                    spec.profile.demand_w(t, spec.idle_w, spec.board_tgp_w),
+                    spec.idle_w, spec.board_tgp_w, spec.profile.workload_at(t),
+                )
+            )
+        return out
+
+    def tick(self, now: float) -> int:
+        t_next = round((int(now / REFRESH_S + 1e-6) + 1) * REFRESH_S, 9)
+        writes = 0
+        for card, mw in zip(self.bank.cards, allocate(self.budget_mw, self._demands(t_next))):
+            if mw != card.requested_mw:
+                card.set_limit(now, mw)
+                writes += 1
+        self.ready = True
+        return writes

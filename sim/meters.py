@@ -1,0 +1,125 @@
+"""Meters on the simulator's own truth, read at every 100 ms refresh of a bank.
+
+What the scoreboard reports beyond the limits: the work done (``work.py``), seconds
+the summed 1 s average draw spent above the budget, the wall power and whether the
+feed's breaker or UPS would have tripped (``feed.py``), and reclaim latencies.
+
+A *reclaim* starts when a card whose enforced limit sits below its fair share wakes —
+its demand rises above its floor (its minimum limit) — and ends when its enforced limit
+is back at fair share (within 1 W). Reclaims still open when the run ends count with
+the time they had been open (a lower bound).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from powerbudgetd_sim.feed import Breaker, Feed, Ups
+from powerbudgetd_sim.physics import REFRESH_S, SimBank
+from powerbudgetd_sim.work import work_rate
+
+SHARE_TOLERANCE_MW = 1000
+
+
+@dataclass
+class BankMeters:
+    """Attach to ``bank`` with :meth:`attach`; set :attr:`counting` once the policy is
+    ready (reclaims are counted from then on). Powers in W, times in s."""
+
+    bank: SimBank
+    budget_w: float
+    share_mw: list[int]
+    feed: Feed | None = None
+    counting: bool = False
+    work: list[float] = field(default_factory=list)  # TGP-seconds per card
+    over_budget_s: float = 0.0
+    max_wall_w: float = 0.0
+    wall_w: float = 0.0
+    latencies_s: list[float] = field(default_factory=list)
+    unresolved: int = 0
+
+    def __post_init__(self) -> None:
+        n = len(self.bank.cards)
+        self.work = [0.0] * n
+        self._awake = [True] * n  # no wake event at the first refresh
+        self._wake_at: list[float | None] = [None] * n
+        self.breaker = Breaker(self.feed.breaker_a) if self.feed else None
+        self.ups = Ups(self.feed.ups_w) if self.feed and self.feed.ups_w else None
+        self._last_t = 0.0
+
+    def attach(self) -> "BankMeters":
+        self.bank.observers.append(self.observe)
+        return self
+
+    def observe(self, t: float) -> None:
+        self._last_t = t
+        sum_avg = sum_instant = 0.0
+        for i, card in enumerate(self.bank.cards):
+            spec = card.spec
+            limit_mw = card.enforced_mw(t)
+            self.work[i] += REFRESH_S * work_rate(
+                spec.profile.workload_at(t), card.demand_w, limit_mw / 1000, spec.idle_w, spec.board_tgp_w
+            )
+            sum_avg += card.avg_w
+            sum_instant += card.instant_w
+            awake = card.demand_w > card.min_mw / 1000
+            share = self.share_mw[i] - SHARE_TOLERANCE_MW
+            if self.counting and awake and not self._awake[i] and self._wake_at[i] is None and limit_mw < share:
+                self._wake_at[i] = t
+            woke = self._wake_at[i]
+            if woke is not None and limit_mw >= share:
+                self.latencies_s.append(round(t - woke, 9))
+                self._wake_at[i] = None
+            self._awake[i] = awake
+        if sum_avg > self.budget_w:
+            self.over_budget_s += REFRESH_S
+        if self.feed is not None:
+            self.wall_w = self.feed.wall_w(sum_instant)
+            self.max_wall_w = max(self.max_wall_w, self.wall_w)
+            if self.breaker:
+                self.breaker.step(t, self.wall_w / self.feed.volts, REFRESH_S)
+            if self.ups:
+                self.ups.step(t, self.wall_w, REFRESH_S)
+
+    def close(self) -> None:
+        """End the run: reclaims still open count with the time they have been open."""
+        for i, woke in enumerate(self._wake_at):
+            if woke is not None and self._last_t > woke:  # one woken at the last refresh: no time to act
+                self.latencies_s.append(round(self._last_t - woke, 9))
+                self.unresolved += 1
+            self._wake_at[i] = None
+
+    def reclaim_summary(self) -> dict[str, float | int | None]:
+        """``p50``, ``p99``, ``max`` of the reclaim latencies (s; None without any),
+        ``events`` and ``unresolved`` (still open at the end)."""
+        xs = sorted(self.latencies_s)
+        return {
+            "p50": _percentile(xs, 50),
+            "p99": _percentile(xs, 99),
+            "max": xs[-1] if xs else None,
+            "events": len(xs),
+            "unresolved": self.unresolved,
+        }
+
+    def trips(self) -> dict[str, bool | None]:
+        """Whether the breaker and the UPS tripped (None: the scenario states none)."""
+        return {
+            "breaker": None if self.breaker is None else self.breaker.tripped_at is not None,
+            "ups": None if self.ups is None else self.ups.tripped_at is not None,
+        }
+
+    def trip_times(self) -> dict[str, float | None]:
+        return {
+            "breaker": self.breaker.tripped_at if self.breaker else None,
+            "ups": self.ups.tripped_at if self.ups else None,
+        }
+
+
+def _percentile(sorted_xs: list[float], q: float) -> float | None:
+    """Linear-interpolated percentile ``q`` (0-100) of sorted values; None if empty."""
+    if not sorted_xs:
+        return None
+    pos = (len(sorted_xs) - 1) * q / 100
+    lo = int(pos)
+    hi = min(lo + 1, len(sorted_xs) - 1)
+    return round(sorted_xs[lo] + (sorted_xs[hi] - sorted_xs[lo]) * (pos - lo), 6)
