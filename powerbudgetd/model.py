@@ -46,6 +46,9 @@ class Timings:
     wake_fraction: float = 0.85  # a donor wakes at draw >= this x its floor
     pinned_fraction: float = 0.9  # pinned: 1 s average >= this x the cap
     release_fraction: float = 0.6  # busy: 1 s average >= this x fair share
+    burst_window_s: float = 2.0  # a bursty card's time at its cap is averaged over this ...
+    burst_pinned_share: float = 0.3  # ... pinned at this share of it or more ...
+    burst_release_share: float = 0.1  # ... and no longer busy under this share
     min_step_w: float = 5.0  # smaller raises are not worth a write
     settle_s: float = 1.0  # a write not visible in read-back after this never happened
     confirm_timeout_s: float = 3.0  # an unconfirmed write after this is a fault
@@ -64,5 +67,7 @@ class Timings:
             raise ValueError("need 0 < donor_enter_fraction < wake_fraction <= 1")
         if not 0 < self.release_fraction < self.pinned_fraction <= 1:
             raise ValueError("need 0 < release_fraction < pinned_fraction <= 1")
+        if not 0 <= self.burst_release_share < self.burst_pinned_share <= 1:
+            raise ValueError("need 0 <= burst_release_share < burst_pinned_share <= 1")
         if self.confirm_timeout_s < self.settle_s:
             raise ValueError("confirm_timeout_s must be >= settle_s")

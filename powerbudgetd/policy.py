@@ -9,13 +9,21 @@ Rules (fractions and holds in :class:`~powerbudgetd.model.Timings`):
 - a card whose draw (max of 1 s average and instant) has stayed at or under
   ``donor_enter_fraction`` x its floor for ``donor_hold_s`` may become a **donor**: its
   cap drops to its floor (its minimum limit). It lends only while some card borrows.
-- a card whose 1 s average has stayed at ``pinned_fraction`` x its cap or more for
-  ``recipient_hold_s`` may become a **recipient**: it gets its fair share plus the watts
-  donors free, water-filled by priority, never above its max.
+- a card that has stayed **pinned** for ``recipient_hold_s`` may become a **recipient**:
+  it gets its fair share plus the watts donors free, water-filled by priority, never
+  above its max. Pinned: its 1 s average is at ``pinned_fraction`` x its cap or more, or
+  (a bursty load, whose average hides its peaks) its instant draw has been at the cap
+  for ``burst_pinned_share`` of the last ``burst_window_s``.
 - **reclaim**: a donor whose instant (or average) draw reaches ``wake_fraction`` x its
   floor returns to fair share at once; the plan lowers the recipients first.
-- a recipient whose average stays under ``release_fraction`` x its fair share for
+- a recipient whose average stays under ``release_fraction`` x its fair share, and
+  whose instant draw is at the cap less than ``burst_release_share`` of the time, for
   ``release_hold_s`` returns to fair share.
+
+Cards without an instant reading (field 186) get one estimated from the average: a
+10-sample mean that rose by d since the last read had a newest sample about 10 d above
+the one it dropped, which on a steady card is the previous mean. So a wake shows in
+100-200 ms instead of the second the average needs.
 """
 
 from __future__ import annotations
@@ -57,6 +65,10 @@ class _Track:
     pinned_since: float | None = None
     idle_since: float | None = None
     limit_mw: int | None = None
+    at_cap: float = 0.0  # share of recent time the instant draw sat at the cap (moving average)
+    last_t: float | None = None
+    prev_avg_mw: int | None = None
+    instant_mw: int | None = None  # read, or estimated from the average (see module docstring)
 
 
 @dataclass
@@ -84,7 +96,7 @@ class LendingPolicy:
         for c in cards:
             tr = self._tracks.setdefault(c.uuid, _Track())
             self._update_timers(tr, c, now)
-            draw = _draw(c)
+            draw = _draw(c, tr)
             if draw is None:  # power unknown: neither donor nor recipient
                 if tr.role != Role.FAIR:
                     reasons[c.uuid] = "power_unknown"
@@ -144,17 +156,27 @@ class LendingPolicy:
 
     def _update_timers(self, tr: _Track, c: CardView, now: float) -> None:
         tm = self.timings
-        draw = _draw(c)
+        avg = c.power_avg_mw
+        dt = tm.tick_s if tr.last_t is None else now - tr.last_t
+        tr.last_t = now
+        tr.instant_mw = c.power_instant_mw
+        if tr.instant_mw is None and avg is not None and tr.prev_avg_mw is not None:
+            tr.instant_mw = tr.prev_avg_mw + 10 * (avg - tr.prev_avg_mw)
+        tr.prev_avg_mw = avg
+        sample = tr.instant_mw if tr.instant_mw is not None else avg
+        at_cap = sample is not None and sample >= tm.pinned_fraction * c.cap_mw
+        tr.at_cap += min(1.0, dt / tm.burst_window_s) * (float(at_cap) - tr.at_cap)
+        draw = _draw(c, tr)
         quiet = draw is not None and draw <= tm.donor_enter_fraction * c.min_mw
-        pinned = c.power_avg_mw is not None and c.power_avg_mw >= tm.pinned_fraction * c.cap_mw
-        idle = c.power_avg_mw is None or c.power_avg_mw < tm.release_fraction * c.share_mw
+        pinned = (avg is not None and avg >= tm.pinned_fraction * c.cap_mw) or tr.at_cap >= tm.burst_pinned_share
+        idle = (avg is None or avg < tm.release_fraction * c.share_mw) and tr.at_cap < tm.burst_release_share
         tr.quiet_since = (tr.quiet_since if tr.quiet_since is not None else now) if quiet else None
         tr.pinned_since = (tr.pinned_since if tr.pinned_since is not None else now) if pinned else None
         tr.idle_since = (tr.idle_since if tr.idle_since is not None else now) if idle else None
 
 
-def _draw(c: CardView) -> int | None:
-    known = [p for p in (c.power_avg_mw, c.power_instant_mw) if p is not None]
+def _draw(c: CardView, tr: _Track) -> int | None:
+    known = [p for p in (c.power_avg_mw, tr.instant_mw) if p is not None]
     return max(known) if known else None
 
 
