@@ -60,6 +60,8 @@ class CardState:
     role: Role = Role.FAIR
     error: str | None = None
     shadow_mw: int | None = None  # dry run only: the limit we would have set
+    foreign_mw: int | None = None  # a raise we did not make, maybe still in flight
+    foreign_since: float | None = None
     # A write that did not take (unconfirmed, or refused as invalid) holds the card: it
     # counts at what it reads and is left alone until hold_until, the hold doubling.
     hold_until: float = float("-inf")
@@ -281,11 +283,10 @@ class Controller:
         self._budget_reason = None
         active = [c for c in self.cards if c.active(now)]
         for c in active:
-            c.target_mw = targets[c.uuid]
-            if c.target_mw in c.refused:  # NVML said no to this very value: hold, do not resend
-                self._hold(c, now, "write_refused", target_w=c.target_mw / 1000)
+            c.target_mw = targets[c.uuid] = _avoid_refused(c, targets[c.uuid])
         steps = [
-            Step(c.uuid, c.bound_mw, targets[c.uuid], c.requested_mw, c.priority, busy=bool(c.inflight))
+            Step(c.uuid, c.bound_mw, targets[c.uuid], c.requested_mw, c.priority,
+                 busy=bool(c.inflight) or c.foreign_mw is not None)
             for c in active
             if targets[c.uuid] not in c.refused
         ]
@@ -360,13 +361,30 @@ class Controller:
                     log.info("card_controllable_again", index=c.index, uuid=c.uuid)
                     c.hold_until, c.backoff_s = float("-inf"), 0.0
             c.inflight.clear()
+        self._foreign(c, now)
         known = [v for v in (c.requested_mw, c.enforced_mw) if v is not None]
-        known += [mw for mw, _ in c.inflight]
+        known += [mw for mw, _ in c.inflight] + ([c.foreign_mw] if c.foreign_mw is not None else [])
         c.bound_mw = max(known) if known else c.hw_max_mw
         if c.shadow_mw is not None:
             c.bound_mw = c.shadow_mw  # dry run: decide as if what we would have written were in force
         self._audit(c, r, now)
         return None
+
+    def _foreign(self, c: CardState, now: float) -> None:
+        """A raise we did not make may still be on its way: requested above enforced with
+        nothing of ours in flight (a run killed mid-write, another tool). Until it lands
+        (or ``settle_s`` shows another limiter holds enforced lower), the card takes no
+        write: the old enforced value could otherwise "confirm" our next write too early."""
+        pending = (
+            not c.inflight and c.requested_mw is not None and c.enforced_mw is not None
+            and c.requested_mw > c.enforced_mw
+        )
+        if not pending:
+            c.foreign_mw = c.foreign_since = None
+        elif c.foreign_mw != c.requested_mw:
+            c.foreign_mw, c.foreign_since = c.requested_mw, now
+        elif now - c.foreign_since >= self.timings.settle_s:  # type: ignore[operator]
+            c.foreign_mw = None  # settled: a tighter limiter, not a write in flight
 
     def _audit(self, c: CardState, r: PowerReading, now: float) -> None:
         """Things worth knowing that are not faults: drift, contest, excursions, unknown power."""
@@ -517,6 +535,16 @@ class Controller:
                 log.error("monitor_only", error="writing power limits needs root or CAP_SYS_ADMIN",
                           action="watching only: the budget is NOT enforced")
         return events
+
+
+def _avoid_refused(c: CardState, target_mw: int) -> int:
+    """A value NVML refused (INVALID_ARGUMENT) is never resent unchanged: take the nearest
+    whole watt below it that was not refused (lower is always within the budget), down to
+    the card's minimum; with none left the target stays and the card stays held."""
+    candidate = target_mw
+    while candidate in c.refused and candidate - 1000 >= c.min_mw:
+        candidate -= 1000
+    return candidate
 
 
 def _mw(w: float | None) -> int | None:

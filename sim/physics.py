@@ -203,16 +203,24 @@ class SimBank:
         if state_file and os.path.exists(state_file):
             with open(state_file) as fh:
                 saved = json.load(fh)
-            for card, state in zip(self.cards, saved):
+            for card, state in zip(self.cards, saved["cards"]):
                 card.restore_limits(state, 0.0)
+        # The sum of limits that may be in force when this bank (process) started, and the
+        # highest it reached just after any write or event since: what a test checks.
+        self.start_bound_mw = self.peak_bound_mw = self.sum_limit_bound_mw()
 
     def save_state(self) -> None:
         """Write every card's limits to ``state_file`` atomically (no-op without one)."""
+        self.peak_bound_mw = max(self.peak_bound_mw, self.sum_limit_bound_mw())
         if not self.state_file:
             return
         tmp = f"{self.state_file}.tmp"
         with open(tmp, "w") as fh:
-            json.dump([c.limit_state(self.now) for c in self.cards], fh)
+            json.dump({
+                "cards": [c.limit_state(self.now) for c in self.cards],
+                "start_bound_mw": self.start_bound_mw,
+                "peak_bound_mw": self.peak_bound_mw,
+            }, fh)
         os.replace(tmp, self.state_file)
 
     def time(self) -> float:

@@ -170,11 +170,13 @@ def test_invalid_argument_never_crashes_and_is_never_resent_unchanged():
     rig = make_rig([card(i) for i in range(4)], 1000, timings=T, faults=faults)
     with capture_logs() as logs:
         rig.run(60.0, watch(rig))
-    refused = [w for rep in rig.reports for w in rep.writes if w.error_kind == "invalid_argument"]
-    assert [(w.index, w.to_w) for w in refused] == [(0, 250.0)]  # tried once, never again
-    assert rig.ctl.cards[0].role == Role.FIXED and rig.ctl.cards[0].bound_mw == 300_000
+    refused = [(w.index, w.to_w) for rep in rig.reports for w in rep.writes if w.error_kind == "invalid_argument"]
+    # Each value tried once, then the next watt down, after a doubling backoff (5, 10, 20 s).
+    assert refused[:3] == [(0, 250.0), (0, 249.0), (0, 248.0)]
+    assert len(refused) == len(set(refused)) <= 5
+    assert rig.ctl.cards[0].bound_mw == 300_000  # still counted at what it reads
     assert [rig.enforced_w(i) for i in (1, 2, 3)] == [233.333] * 3  # (1000 - 300) / 3
-    assert len(events(logs, "write_refused")) == 1
+    assert len(events(logs, "write_refused")) == 1  # one line per state change
 
 
 # 6 -------------------------------------------------------------------------------------
@@ -355,13 +357,16 @@ def test_kill_9_mid_lend_restarts_into_a_safe_state(tmp_path):
             [sys.executable, "-m", "powerbudgetd", "run", "--config", str(cfg), "--backend", "sim"],
             stdout=subprocess.PIPE, text=True,
         )
-        time.sleep(rng.uniform(1.5, 4.0))
+        time.sleep(rng.uniform(2.0, 4.5))
         proc.kill()
         out, _ = proc.communicate(timeout=10)
         logs = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
         assert_safe_boot(logs, budget=1000.0)
-        limits = json.loads(state.read_text())
-        assert sum(max(c["requested_mw"], c["enforced_mw"], *[mw for _, mw in c["pending"]]) for c in limits) <= 1_000_000
+        if not state.exists():  # killed before its first write (a slow start)
+            continue
+        saved = json.loads(state.read_text())
+        if saved["start_bound_mw"] <= 1_000_000:  # (the first run starts from the 4 x 300 W defaults)
+            assert saved["peak_bound_mw"] <= 1_000_000, (attempt, saved)
     proc = subprocess.Popen(
         [sys.executable, "-m", "powerbudgetd", "run", "--config", str(cfg), "--backend", "sim"],
         stdout=subprocess.PIPE, text=True,
@@ -370,7 +375,9 @@ def test_kill_9_mid_lend_restarts_into_a_safe_state(tmp_path):
     proc.send_signal(signal.SIGTERM)
     out, _ = proc.communicate(timeout=10)
     assert proc.returncode == 0
-    assert [c["requested_mw"] for c in json.loads(state.read_text())] == [250_000] * 4
+    saved = json.loads(state.read_text())
+    assert [c["requested_mw"] for c in saved["cards"]] == [250_000] * 4
+    assert saved["peak_bound_mw"] <= 1_000_000
 
 
 def assert_safe_boot(logs, budget):
