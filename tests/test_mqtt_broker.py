@@ -431,3 +431,55 @@ async def test_broker_down_at_start_then_killed_and_restarted_mid_run(stopped_br
     assert len(during) >= 0.7 * (t_back - t_cut) / 0.1
     events = [e["event"] for e in logs if e["event"].startswith("mqtt_")]
     assert events == ["mqtt_unavailable", "mqtt_connected", "mqtt_disconnected", "mqtt_connected"]  # once per change
+
+
+def make_tls_broker(workdir: Path) -> tuple[Mosquitto, Path]:
+    """A broker that wants TLS (a throwaway CA) and a user name and password."""
+    def run(*args: str) -> None:
+        subprocess.run(args, cwd=workdir, check=True, capture_output=True)
+
+    ec = ("-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes")
+    run("openssl", "req", "-x509", *ec, "-keyout", "ca.key", "-out", "ca.pem", "-days", "2", "-subj", "/CN=test CA")
+    run("openssl", "req", *ec, "-keyout", "server.key", "-out", "server.csr", "-subj", "/CN=localhost")
+    (workdir / "san.ext").write_text("subjectAltName=IP:127.0.0.1,DNS:localhost\n")
+    run("openssl", "x509", "-req", "-in", "server.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial",
+        "-out", "server.pem", "-days", "2", "-extfile", "san.ext")
+    passwd = shutil.which("mosquitto_passwd") or "/usr/bin/mosquitto_passwd"
+    run(passwd, "-c", "-b", "passwd", "pbd", "correct horse")
+    b = Mosquitto(workdir)
+    b.conf.write_text(
+        ("user root\n" if os.geteuid() == 0 else "")  # keep reading our files after start
+        + f"listener {b.port} 127.0.0.1\ncafile {workdir / 'ca.pem'}\ncertfile {workdir / 'server.pem'}\n"
+        f"keyfile {workdir / 'server.key'}\nallow_anonymous false\npassword_file {workdir / 'passwd'}\n"
+        "persistence false\n"
+    )
+    return b, workdir / "ca.pem"
+
+
+async def test_tls_and_password_from_the_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    b, ca = make_tls_broker(tmp_path)
+    b.start()
+    try:
+        extra = f'tls = true\nca_file = "{ca}"\nusername = "pbd"\n'
+        config = write_config(tmp_path, b.port, extra)
+        monkeypatch.setenv("POWERBUDGETD_MQTT__PASSWORD", "wrong")
+        with capture_logs() as logs:
+            async with running(config) as r:  # refused: the daemon controls anyway
+                await r.until(lambda: r.bridge.connected is False)
+                await asyncio.sleep(0.5)
+                assert r.ctl.ready and r.metric("powerbudgetd_mqtt_connected") == 0
+        refused = [e for e in logs if e["event"].startswith("mqtt_")]
+        assert [e["event"] for e in refused] == ["mqtt_unavailable"]
+        assert "wrong" not in json.dumps(logs, default=str)
+
+        monkeypatch.setenv("POWERBUDGETD_MQTT__PASSWORD", "correct horse")
+        async with running(config) as r:
+            await r.until(lambda: r.bridge.connected)
+            tls = aiomqtt.TLSParameters(ca_certs=str(ca))
+            async with aiomqtt.Client("127.0.0.1", b.port, username="pbd", password="correct horse", tls_params=tls) as c:
+                await c.subscribe(f"{BASE}/availability")
+                async with asyncio.timeout(5):
+                    msg = await anext(aiter(c.messages))
+            assert msg.payload == b"online"
+    finally:
+        b.kill()
