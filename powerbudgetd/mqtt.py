@@ -335,6 +335,7 @@ class MqttBridge:
         self._changed = asyncio.Event()
         self._board: deque[tuple[float, float]] = deque(maxlen=256)  # (s, W); ~20 at 10 ticks/s
         self._applied_mw: int | None = None
+        self.budget_source = "config"  # which source set the budget in force
         self._infeasible_said: int | None = None
         self._discovered: tuple | None = None  # the card set discovery was last sent for
         self.metrics.meter_budget.set(configured_budget_w)
@@ -385,6 +386,8 @@ class MqttBridge:
                     self._infeasible_said = int(want_w * 1000)
             else:
                 log.info("budget_changed", from_w=old_w, to_w=ctl.budget_mw / 1000, source=source)
+        if int(want_w * 1000) == ctl.budget_mw:
+            self.budget_source = source
         self._applied_mw = ctl.budget_mw
 
     def board_power_w(self) -> float | None:
@@ -396,7 +399,7 @@ class MqttBridge:
         meter = self.meter
         return {
             **snap.bank,
-            "budget_source": self.desired_budget_w()[1],
+            "budget_source": self.budget_source,  # of the budget in force, not one still to apply
             "configured_budget_w": self.configured_w,
             "floor_w": snap.floor_w,
             "remote_budget_w": self.remote_w,

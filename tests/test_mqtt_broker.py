@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import io
 import itertools
 import json
 import os
@@ -32,8 +33,17 @@ from powerbudgetd.backend import make_nvml
 from powerbudgetd.config import load_config
 from powerbudgetd.controller import Controller, TickReport
 from powerbudgetd.daemon import Daemon
+from powerbudgetd.logs import configure_logging
 from powerbudgetd.mqtt import MqttBridge
 from powerbudgetd.notify import Notifier
+
+
+@pytest.fixture(autouse=True)
+def _every_log_level(_quiet_logs: None) -> None:
+    # These tests count warnings (once per change of state): let every level through
+    # to structlog's capture_logs; the rendered lines go nowhere.
+    configure_logging(level="debug", stream=io.StringIO(), json=True)
+
 
 IDLE_BANK = 'name = "idle-4"\nbank = "workstation-4"\nbudget_w = 1000\n'  # 4 idle 150-300 W cards
 

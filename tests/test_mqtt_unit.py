@@ -3,6 +3,7 @@ hysteresis, the budget arbitration through a real controller, discovery, config.
 
 from __future__ import annotations
 
+import io
 import json
 import math
 import re
@@ -16,6 +17,7 @@ from powerbudgetd.backend import make_nvml
 from powerbudgetd.config import FeedConfig, MqttConfig, Settings, WallMeterConfig, load_config
 from powerbudgetd.controller import Controller
 from powerbudgetd.errors import ConfigError
+from powerbudgetd.logs import configure_logging
 from powerbudgetd.model import Timings
 from powerbudgetd.mqtt import (
     MqttBridge,
@@ -27,6 +29,14 @@ from powerbudgetd.mqtt import (
     parse_budget_command,
     parse_power_w,
 )
+
+
+@pytest.fixture(autouse=True)
+def _every_log_level(_quiet_logs: None) -> None:
+    # These tests count warnings (once per change of state): let every level through
+    # to structlog's capture_logs; the rendered lines go nowhere.
+    configure_logging(level="debug", stream=io.StringIO(), json=True)
+
 
 FEED = FeedConfig(breaker_a=15, volts=120, psu_efficiency=0.9, host_w=200)  # 1440 W at the plug
 TASMOTA = WallMeterConfig(preset="tasmota", topic="plug", max_age_s=5, hysteresis_w=20)
