@@ -262,9 +262,7 @@ def _run(args: argparse.Namespace) -> int:
     if settings.mqtt is not None:  # aiomqtt is imported only when MQTT is configured
         from powerbudgetd.mqtt import MqttBridge
 
-        bridge = MqttBridge(settings.mqtt, settings.effective_budget_w(), settings.feed, registry=registry)
-        daemon.listeners.append(bridge.on_tick)
-        daemon.services.append(bridge.run)
+        MqttBridge(settings.mqtt, settings.effective_budget_w(), settings.feed, registry=registry).attach(daemon)
     server = _serve_metrics(settings, daemon, registry)
     try:
         return asyncio.run(daemon.run())

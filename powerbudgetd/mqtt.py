@@ -35,6 +35,7 @@ from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge
 from powerbudgetd import __version__
 from powerbudgetd.config import FeedConfig, MqttConfig, WallMeterConfig
 from powerbudgetd.controller import Controller, TickReport
+from powerbudgetd.daemon import Daemon
 from powerbudgetd.errors import BudgetInfeasible
 
 log = structlog.get_logger("powerbudgetd")
@@ -302,8 +303,7 @@ class MqttBridge:
 
     ``configured_budget_w``: the budget from the config (W). ``feed``: needed with a wall
     meter (plug-side limit, PSU efficiency). Metrics go on ``registry`` (default: the
-    process-wide one). Register with ``daemon.listeners.append(bridge.on_tick)`` and
-    ``daemon.services.append(bridge.run)``.
+    process-wide one). :meth:`attach` registers it with a daemon.
     """
 
     def __init__(
@@ -340,6 +340,12 @@ class MqttBridge:
         self._discovered: tuple | None = None  # the card set discovery was last sent for
         self.metrics.meter_budget.set(configured_budget_w)
 
+    def attach(self, daemon: Daemon) -> None:
+        """Run beside ``daemon``: a tick listener, a reload listener and a service."""
+        daemon.listeners.append(self.on_tick)
+        daemon.reload_listeners.append(lambda ok: self.on_reload(daemon.controller))
+        daemon.services.append(self.run)
+
     # -- the tick listener (event-loop thread, between ticks; must not block) ---------
     def on_tick(self, report: TickReport, ctl: Controller) -> None:
         now = self.clock()
@@ -353,6 +359,12 @@ class MqttBridge:
         if self._latest is None or snap.limits_key != self._latest.limits_key:
             self._changed.set()
         self._latest = snap
+
+    def on_reload(self, ctl: Controller | None) -> None:
+        """After a reload, before the tick that acts on it: the file's budget is the
+        configured one now, and a lower meter or remote budget stays in force."""
+        if ctl is not None and self._applied_mw is not None:
+            self._apply_budget(ctl)
 
     def desired_budget_w(self) -> tuple[float, str]:
         """The budget the sources ask for (W), and which source sets it."""
@@ -379,7 +391,7 @@ class MqttBridge:
         if int(want_w * 1000) != ctl.budget_mw:
             old_w = ctl.budget_mw / 1000
             try:
-                ctl.set_budget(want_w)
+                ctl.set_budget(want_w, reason=source)
             except BudgetInfeasible as exc:
                 if self._infeasible_said != int(want_w * 1000):
                     log.error("budget_change_refused", wanted_w=round(want_w, 1), source=source, error=str(exc))
@@ -447,7 +459,7 @@ class MqttBridge:
         return out
 
     # -- the service ------------------------------------------------------------------
-    async def run(self, daemon: object = None) -> None:
+    async def run(self, daemon: Daemon | None = None) -> None:
         """Stay connected until cancelled; every failure ends in a retry, never a raise."""
         attempt = 0
         while True:

@@ -20,6 +20,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
@@ -160,12 +161,15 @@ async def publish(port: int, topic: str, payload: bytes | str, *, retain: bool =
         await client.publish(topic, payload, qos=1, retain=retain)
 
 
-def write_config(tmp_path: Path, port: int, extra: str = "") -> Path:
+def write_config(tmp_path: Path, port: int, extra: str = "", *, metrics_port: int | None = None, budget_w: float = 1000) -> Path:
     scenario = tmp_path / "idle-4.toml"
     scenario.write_text(IDLE_BANK)
     path = tmp_path / "powerbudgetd.toml"
     path.write_text(
-        f"""budget_w = 1000
+        f"""budget_w = {budget_w}
+[metrics]
+enabled = {"false" if metrics_port is None else "true"}
+port = {metrics_port or 19400}
 [feed]
 breaker_a = 15
 volts = 120
@@ -197,8 +201,14 @@ def start_daemon(config: Path) -> subprocess.Popen[bytes]:
     )
 
 
+def scrape(port: int) -> str:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
+        return resp.read().decode()
+
+
 async def test_state_discovery_and_the_last_will_on_sigkill(broker: Mosquitto, tmp_path: Path) -> None:
-    config = write_config(tmp_path, broker.port)
+    metrics_port = free_port()
+    config = write_config(tmp_path, broker.port, metrics_port=metrics_port)
     async with watching(broker.port, [f"{BASE}/#", "homeassistant/#"]) as w:
         proc = start_daemon(config)
         try:
@@ -215,6 +225,8 @@ async def test_state_discovery_and_the_last_will_on_sigkill(broker: Mosquitto, t
             assert {s["device"]["identifiers"][0] for s in sensors.values()} == {"powerbudgetd_testbox"}
             assert all(s["device_class"] == "power" and s["unit_of_measurement"] == "W" for s in sensors.values())
             assert sensors["powerbudgetd_testbox_budget"]["state_topic"] == f"{BASE}/state"
+            exposition = await asyncio.to_thread(scrape, metrics_port)  # one /metrics, ours included
+            assert "powerbudgetd_mqtt_connected 1.0" in exposition and "powerbudgetd_budget_watts 1000.0" in exposition
         except BaseException:
             proc.kill()
             raise
@@ -284,7 +296,7 @@ async def running(config: Path) -> AsyncIterator[Running]:
     def factory(n):  # type: ignore[no-untyped-def]
         return Controller(n, settings.effective_budget_w(), settings.control.timings())
 
-    daemon = Daemon(nvml, factory, notifier=Notifier(""))
+    daemon = Daemon(nvml, factory, notifier=Notifier(""), config_path=config, settings=settings)
     r = Running(daemon, bridge, registry)
 
     def record(report: TickReport, ctl: Controller) -> None:
@@ -294,15 +306,14 @@ async def running(config: Path) -> AsyncIterator[Running]:
             r.set_budget_w, r.budget_set_at = None, len(r.ticks)
 
     daemon.listeners.append(record)
-    daemon.listeners.append(bridge.on_tick)
-    daemon.services.append(bridge.run)
+    bridge.attach(daemon)
     task = asyncio.create_task(daemon.run())
     try:
         await r.until(lambda: task.done() or (daemon.controller is not None and daemon.controller.ready))
         assert not task.done(), f"daemon exited: {task.result()}"
         yield r
     finally:
-        daemon._stop.set()  # what SIGTERM does
+        daemon.request_stop()
         assert await asyncio.wait_for(task, 10) == 0
 
 
@@ -493,3 +504,23 @@ async def test_tls_and_password_from_the_environment(tmp_path: Path, monkeypatch
             assert msg.payload == b"online"
     finally:
         b.kill()
+
+
+async def test_a_reload_keeps_a_lower_meter_budget_in_force(broker: Mosquitto, tmp_path: Path) -> None:
+    config = write_config(tmp_path, broker.port, METER.replace("max_age_s = 1.5", "max_age_s = 60"))
+    async with running(config) as r:
+        await r.until(lambda: r.bridge.connected)
+        await publish(broker.port, "tele/plug/SENSOR", tasmota(700))
+        await r.until(lambda: r.ctl.budget_mw < 1_000_000)
+        lowered_mw = r.ctl.budget_mw
+
+        n = len(r.ticks)
+        r.daemon.request_reload()  # the same file: its 1000 W must not slip in for a tick
+        await r.until(lambda: "reloaded" in r.daemon._reload_note and len(r.ticks) > n + 3)
+        assert all(rep.budget_w * 1000 <= lowered_mw for _, rep in r.ticks[n:])
+        assert r.ctl.budget_mw == lowered_mw and r.bridge.configured_w == 1000
+
+        config.write_text(config.read_text().replace("budget_w = 1000", "budget_w = 700"))
+        r.daemon.request_reload()  # a file below the meter's budget wins
+        await r.until(lambda: r.ctl.budget_mw == 700_000)
+        assert r.bridge.configured_w == 700 and r.bridge.budget_source == "config"
