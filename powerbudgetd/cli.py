@@ -20,6 +20,8 @@ POLICY_NAMES = ("static", "slurm", "reactive", "powerbudgetd", "oracle")  # simu
 if TYPE_CHECKING:
     from wsgiref.simple_server import WSGIServer
 
+    from prometheus_client import CollectorRegistry
+
     from powerbudgetd.config import Settings
     from powerbudgetd.daemon import Daemon
 
@@ -216,6 +218,8 @@ def _log_report(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
+    from prometheus_client import CollectorRegistry
+
     from powerbudgetd.backend import make_nvml
     from powerbudgetd.config import default_config_path, load_config
     from powerbudgetd.controller import Controller
@@ -254,7 +258,12 @@ def _run(args: argparse.Namespace) -> int:
         from powerbudgetd.recorder import attach
 
         attach(daemon, settings.recorder, settings.feed)
-    server = _serve_metrics(settings, daemon)
+    registry = CollectorRegistry()  # what /metrics serves, MQTT's metrics included
+    if settings.mqtt is not None:  # aiomqtt is imported only when MQTT is configured
+        from powerbudgetd.mqtt import MqttBridge
+
+        MqttBridge(settings.mqtt, settings.effective_budget_w(), settings.feed, registry=registry).attach(daemon)
+    server = _serve_metrics(settings, daemon, registry)
     try:
         return asyncio.run(daemon.run())
     finally:
@@ -263,18 +272,17 @@ def _run(args: argparse.Namespace) -> int:
             server.server_close()
 
 
-def _serve_metrics(settings: Settings, daemon: Daemon) -> WSGIServer | None:
+def _serve_metrics(settings: Settings, daemon: Daemon, registry: CollectorRegistry) -> WSGIServer | None:
     """Start /metrics before the daemon boots (so before READY=1). A port that cannot be
     bound is logged, not fatal: keeping the budget matters more than reporting on it."""
     import structlog
-    from prometheus_client import CollectorRegistry
 
     from powerbudgetd.metrics import Metrics, serve
 
     cfg = settings.metrics
     if not cfg.enabled:
         return None
-    metrics = Metrics(CollectorRegistry())
+    metrics = Metrics(registry)
     metrics.reload_result(True)
     metrics.attach(daemon)
     log = structlog.get_logger("powerbudgetd")

@@ -8,12 +8,23 @@ silent defaults. Every error names the field, the file and the value.
 from __future__ import annotations
 
 import os
+import re
+import socket
 import stat
 import tomllib
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, IPvAnyAddress, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    IPvAnyAddress,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from powerbudgetd.controller import CardOverride
@@ -178,6 +189,144 @@ class MetricsConfig(_Section):
     port: int = Field(19400, ge=1, le=65535)
 
 
+_TOPIC_LEVEL_CHARS = re.compile(r"[+#\x00]")
+
+
+def _check_topic(value: str | None) -> str | None:
+    """An MQTT topic we publish or subscribe to: not empty, no wildcards, no NUL."""
+    if value is not None and (not value or _TOPIC_LEVEL_CHARS.search(value) or value.startswith("/") or value.endswith("/")):
+        raise ValueError(f"not a usable MQTT topic: {value!r} (no '+', '#', leading or trailing '/')")
+    return value
+
+
+def default_node_id() -> str:
+    """This host's short name, reduced to the characters MQTT topics and Home Assistant
+    object ids accept (``[A-Za-z0-9_-]``)."""
+    short = socket.gethostname().split(".")[0]
+    return re.sub(r"[^A-Za-z0-9_-]", "_", short) or "powerbudgetd"
+
+
+class WallMeterConfig(_Section):
+    """A smart plug or metered PDU that reports the host's wall (plug) power over MQTT.
+
+    Presets: ``tasmota`` (``topic`` is the device topic: ``tele/<topic>/SENSOR``,
+    ``ENERGY.Power``), ``shelly`` (Gen2/Plus, ``prefix``: ``<prefix>/status/switch:0``,
+    ``apower``) and ``generic`` (``topic`` is the full topic, ``json_path`` a dotted path
+    to the watts, list items by number: ``meters.0.power``; empty for a bare number).
+    A reading older than ``max_age_s`` or outside [``min_w``, ``max_w``] is ignored.
+    """
+
+    preset: Literal["tasmota", "shelly", "generic"]
+    topic: str | None = None
+    prefix: str | None = None
+    json_path: str | None = None
+    max_age_s: float = Field(30.0, gt=0, le=3600)
+    min_w: float = Field(1.0, ge=0, le=100_000)  # a running host never draws 0 W
+    max_w: float = Field(20_000.0, gt=0, le=100_000)
+    hysteresis_w: float = Field(20.0, ge=0, le=1000)  # dead band against a noisy meter
+
+    @field_validator("topic", "prefix")
+    @classmethod
+    def _topics(cls, value: str | None) -> str | None:
+        return _check_topic(value)
+
+    @model_validator(mode="after")
+    def _check(self) -> "WallMeterConfig":
+        needs = {"tasmota": ("topic",), "shelly": ("prefix",), "generic": ("topic", "json_path")}[self.preset]
+        missing = [name for name in needs if getattr(self, name) is None]
+        if missing:
+            raise ValueError(f"preset {self.preset!r} needs {' and '.join(missing)}")
+        if self.min_w >= self.max_w:
+            raise ValueError(f"min_w ({self.min_w:g} W) must be below max_w ({self.max_w:g} W)")
+        return self
+
+    def state_topic(self) -> str:
+        if self.preset == "tasmota":
+            return f"tele/{self.topic}/SENSOR"
+        if self.preset == "shelly":
+            return f"{self.prefix}/status/switch:0"
+        return self.topic  # type: ignore[return-value]
+
+    def power_path(self) -> tuple[str, ...]:
+        path = {"tasmota": "ENERGY.Power", "shelly": "apower"}.get(self.preset, self.json_path or "")
+        return tuple(p for p in path.split(".") if p)
+
+    def availability(self) -> tuple[str, frozenset[str]] | None:
+        """The meter's own online topic and the payloads that mean offline, if it has one."""
+        if self.preset == "tasmota":
+            return f"tele/{self.topic}/LWT", frozenset({"Offline"})
+        if self.preset == "shelly":
+            return f"{self.prefix}/online", frozenset({"false"})
+        return None
+
+
+class RemoteBudgetConfig(_Section):
+    """Budget commands over MQTT: a value in [sum of card minimums, configured budget] (W)
+    is applied, anything else rejected with the reason on ``response_topic``. Topics
+    default to ``<base_topic>/budget/set`` and ``<base_topic>/budget/result``."""
+
+    enabled: bool = False
+    command_topic: str | None = None
+    response_topic: str | None = None
+
+    @field_validator("command_topic", "response_topic")
+    @classmethod
+    def _topics(cls, value: str | None) -> str | None:
+        return _check_topic(value)
+
+
+class MqttConfig(_Section):
+    """The MQTT side channel: state, Home Assistant discovery, wall meter, remote budget.
+
+    ``password`` may come from the environment: ``POWERBUDGETD_MQTT__PASSWORD``. With
+    ``tls`` on, ``ca_file`` (default: the system's CAs), ``cert_file``/``key_file`` for a
+    client certificate; ``tls_insecure`` skips the broker's host name check.
+    """
+
+    host: str = Field(min_length=1)
+    port: int = Field(1883, ge=1, le=65535)
+    tls: bool = False
+    ca_file: Path | None = None
+    cert_file: Path | None = None
+    key_file: Path | None = None
+    tls_insecure: bool = False
+    username: str | None = None
+    password: SecretStr | None = None
+    node_id: str = Field(default_factory=default_node_id, pattern=r"^[A-Za-z0-9_-]+$")
+    base_topic: str | None = None  # default powerbudgetd/<node_id>
+    publish_interval_s: float = Field(10.0, ge=0.5, le=3600)
+    discovery: bool = True
+    discovery_prefix: str = "homeassistant"
+    keepalive_s: int = Field(30, ge=5, le=3600)
+    reconnect_min_s: float = Field(1.0, gt=0, le=60)
+    reconnect_max_s: float = Field(30.0, gt=0, le=3600)
+    wall_meter: WallMeterConfig | None = None
+    remote_budget: RemoteBudgetConfig = Field(default_factory=RemoteBudgetConfig)
+
+    @field_validator("base_topic", "discovery_prefix")
+    @classmethod
+    def _topics(cls, value: str | None) -> str | None:
+        return _check_topic(value)
+
+    @model_validator(mode="after")
+    def _check(self) -> "MqttConfig":
+        if self.reconnect_min_s > self.reconnect_max_s:
+            raise ValueError("reconnect_min_s must be <= reconnect_max_s")
+        if (self.cert_file is None) != (self.key_file is None):
+            raise ValueError("give both cert_file and key_file for a client certificate, or neither")
+        if not self.tls and any(v for v in (self.ca_file, self.cert_file, self.tls_insecure)):
+            raise ValueError("ca_file, cert_file, key_file and tls_insecure need tls = true")
+        for name in ("ca_file", "cert_file", "key_file"):
+            path = getattr(self, name)
+            if path is not None and not path.is_file():
+                raise ValueError(f"{name}: no such file: {path}")
+        return self
+
+    def topic(self) -> str:
+        """The base topic every state topic hangs under."""
+        return self.base_topic or f"powerbudgetd/{self.node_id}"
+
+
 class Settings(BaseSettings):
     """The whole configuration. ``budget_w`` is the bank's board-power budget (W)."""
 
@@ -197,6 +346,7 @@ class Settings(BaseSettings):
     sim: SimConfig = Field(default_factory=SimConfig)
     recorder: RecorderConfig = Field(default_factory=RecorderConfig)
     metrics: MetricsConfig = Field(default_factory=MetricsConfig)
+    mqtt: MqttConfig | None = None  # off unless configured
 
     @model_validator(mode="after")
     def _check(self) -> "Settings":
@@ -204,6 +354,8 @@ class Settings(BaseSettings):
             raise ValueError("give budget_w (board watts) or a [feed] section to derive it from")
         if self.effective_budget_w() <= 0:
             raise ValueError(f"the feed leaves no board budget: {self.effective_budget_w():.0f} W")
+        if self.mqtt is not None and self.mqtt.wall_meter is not None and self.feed is None:
+            raise ValueError("[mqtt.wall_meter] needs a [feed] section: the plug-side limit and PSU efficiency come from it")
         return self
 
     def effective_budget_w(self) -> float:

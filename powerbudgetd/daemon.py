@@ -47,7 +47,7 @@ Service = Callable[["Daemon"], Awaitable[None]]
 # Settings a reload cannot change in a running daemon: they shape the bank and the loop.
 RESTART_ONLY = (
     "control", "cards", "sim", "allow_monitor_only", "enable_persistence_mode", "nvml_init_attempts",
-    "nvml_init_backoff_s", "metrics", "recorder",
+    "nvml_init_backoff_s", "metrics", "recorder", "mqtt",
 )
 
 

@@ -1,0 +1,88 @@
+"""Benchmark: what the MQTT bridge's tick listener adds to each tick, for 4, 8 and 64 cards.
+
+The listener runs on the event loop between ticks: it snapshots the bank, keeps 2 s of
+board power for the wall meter, applies a changed budget and wakes the publisher. Here
+it runs after real controller ticks over a simulated bank on virtual time (no broker:
+the listener never talks to one), and only its own CPU time is counted
+(``time.process_time``). A JSON encoding of the state it hands over is timed as well:
+the MQTT task pays that, not the tick.
+
+    python benchmarks/mqtt_listener.py [--ticks 3000] [--cards 4 8 64]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+
+from prometheus_client import CollectorRegistry
+
+from powerbudgetd.config import FeedConfig, MqttConfig, WallMeterConfig
+from powerbudgetd.controller import Controller
+from powerbudgetd.logs import configure_logging
+from powerbudgetd.model import Timings
+from powerbudgetd.mqtt import MqttBridge
+from powerbudgetd.nvml import Nvml
+from powerbudgetd_sim.fake_pynvml import FakePynvml
+from powerbudgetd_sim.physics import CardSpec, SimBank
+from powerbudgetd_sim.profiles import Phase, Profile
+
+
+def bank(n: int) -> list[CardSpec]:
+    def spec(i: int) -> CardSpec:
+        phases = (Phase(0.0, "constant", power_w=300.0),) if i % 2 else (Phase(0.0, "square", high_w=300.0, on_s=2, off_s=3),)
+        return CardSpec(f"GPU-bench-{i}", "Bench GPU", 150.0, 300.0, 300.0, 30.0, Profile(phases))
+
+    return [spec(i) for i in range(n)]
+
+
+def run(n: int, ticks: int) -> dict[str, float]:
+    sim = SimBank(bank(n), lag_s=0.1, seed=1)
+    nvml = Nvml(FakePynvml(sim, []))
+    nvml.init()
+    ctl = Controller(nvml, 250.0 * n, Timings())
+    ctl.start()
+    now = [0.0]
+    cfg = MqttConfig(host="localhost", node_id="bench", wall_meter=WallMeterConfig(preset="tasmota", topic="plug"))
+    feed = FeedConfig(breaker_a=400, volts=480, host_w=300)
+    bridge = MqttBridge(cfg, 250.0 * n, feed, registry=CollectorRegistry(), clock=lambda: now[0])
+    listener_s, encode_s = [], []
+    for i in range(ticks):
+        now[0] = i * 0.1
+        sim.advance_to(now[0])
+        report = ctl.tick(now[0])
+        t0 = time.process_time()
+        bridge.on_tick(report, ctl)
+        t1 = time.process_time()
+        snap = bridge._latest  # noqa: SLF001 - what the publisher reads
+        assert snap is not None
+        json.dumps(bridge.bank_state(snap))
+        for card in snap.cards:
+            json.dumps(card)
+        encode_s.append(time.process_time() - t1)
+        listener_s.append(t1 - t0)
+    q = lambda xs, p: statistics.quantiles(xs, n=100)[p - 1] * 1e6  # noqa: E731
+    return {
+        "cards": n,
+        "listener_median_us": round(statistics.median(listener_s) * 1e6, 1),
+        "listener_p99_us": round(q(listener_s, 99), 1),
+        "encode_median_us": round(statistics.median(encode_s) * 1e6, 1),
+    }
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--ticks", type=int, default=3000)
+    ap.add_argument("--cards", type=int, nargs="+", default=[4, 8, 64])
+    args = ap.parse_args()
+    configure_logging(level="error", stream=sys.stderr)
+    for n in args.cards:
+        print(json.dumps(run(n, args.ticks)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
