@@ -184,10 +184,15 @@ def _probe(args: argparse.Namespace) -> int:
     from powerbudgetd.probe import format_probe, probe
 
     configure_logging(level="warning", stream=sys.stderr)
+    from powerbudgetd_sim.scenario import ScenarioError
+
     try:
         nvml = make_nvml(args.backend, scenario=args.scenario)
         nvml.init()
         result = probe(nvml)
+    except ScenarioError as exc:
+        print(f"powerbudgetd: {exc}", file=sys.stderr)
+        return 2
     except NvmlError as exc:
         print(f"powerbudgetd: NVML unavailable: {exc}", file=sys.stderr)
         return 4

@@ -240,8 +240,8 @@ class Controller:
             raise BudgetInfeasible(
                 f"budget {self.budget_mw / 1000:g} W is below what the cards can be held to: "
                 f"minimum limits sum to {sum(c.min_mw for c in ctl) / 1000:g} W"
-                + (f" plus {fixed_mw / 1000:g} W on cards we cannot control" if fixed_mw else "")
-                + f" = {floor_mw / 1000:g} W. {detail}"
+                + (f" plus {fixed_mw / 1000:g} W on cards we cannot control = {floor_mw / 1000:g} W" if fixed_mw else "")
+                + f". {detail}"
             )
 
     def set_budget(self, budget_w: float, reason: str | None = None) -> None:
@@ -502,6 +502,7 @@ class Controller:
     def _apply(self, writes: list, reasons: dict[str, str], now: float) -> list[WriteEvent]:
         by_id = {c.uuid: c for c in self.cards}
         events = []
+        running_mw = self.sum_bound_mw  # the sum once this tick's writes so far have landed
         for applied in self.actuator.apply(writes):
             w = applied.write
             c = by_id[w.uuid]
@@ -512,8 +513,10 @@ class Controller:
             elif applied.done:
                 c.inflight.append((w.to_mw, now))
                 c.bound_mw = max(c.bound_mw, w.to_mw)
-            sum_after = self.sum_bound_mw - c.bound_mw + w.to_mw
             err = applied.error
+            if err is None:
+                running_mw += w.to_mw - w.from_mw
+            sum_after = running_mw
             ev = WriteEvent(
                 c.index, c.uuid, w.from_mw / 1000, w.to_mw / 1000, reasons.get(w.uuid, "lend"),
                 sum_after / 1000,

@@ -349,6 +349,10 @@ def allocate(budget_mw: int, cards: Sequence[CardDemand]) -> list[int]:
     best = _rounded(alloc, cards, segs, depth=3)
     if sum(best) < budget_mw:
         best = waterfill(budget_mw, best, [c.max_mw for c in cards])
+    # The roundings are a heuristic on the convex foot: never do worse than fair share.
+    fair = waterfill(budget_mw, base, [c.max_mw for c in cards])
+    if sum(_work(c, x) for c, x in zip(cards, fair)) > sum(_work(c, x) for c, x in zip(cards, best)):
+        return fair
     return best
 
 

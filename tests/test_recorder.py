@@ -199,6 +199,7 @@ def test_a_stalled_disk_drops_and_counts_records_but_never_holds_a_tick(tmp_path
     # In: the queue's 8, the header the writer keeps, the record stuck in write().
     assert due - 10 <= st.records_dropped <= due - 8
     gate.set()
+    _wait_for(writer.queue.empty)  # the backlog drains before the next records are made
     assert _run_in_thread(rig, 20)
     writer.close()
     samples = [r for r in records(tmp_path) if r["kind"] == "sample"]
