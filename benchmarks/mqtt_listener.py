@@ -20,12 +20,12 @@ import time
 
 from prometheus_client import CollectorRegistry
 
-from powerbudgetd.config import FeedConfig, MqttConfig, WallMeterConfig
-from powerbudgetd.controller import Controller
-from powerbudgetd.logs import configure_logging
-from powerbudgetd.model import Timings
-from powerbudgetd.mqtt import MqttBridge
-from powerbudgetd.nvml import Nvml
+from powerbudgetd.service.config import FeedConfig, MqttConfig, WallMeterConfig
+from powerbudgetd.control.controller import Controller
+from powerbudgetd.service.logs import configure_logging
+from powerbudgetd.core.model import Timings
+from powerbudgetd.channels.mqtt import MqttBridge
+from powerbudgetd.hw.nvml import Nvml
 from powerbudgetd_sim.fake_pynvml import FakePynvml
 from powerbudgetd_sim.physics import CardSpec, SimBank
 from powerbudgetd_sim.profiles import Phase, Profile

@@ -20,10 +20,10 @@ import statistics
 import sys
 import time
 
-from powerbudgetd.controller import Controller
-from powerbudgetd.logs import configure_logging
-from powerbudgetd.model import Timings
-from powerbudgetd.nvml import Nvml
+from powerbudgetd.control.controller import Controller
+from powerbudgetd.service.logs import configure_logging
+from powerbudgetd.core.model import Timings
+from powerbudgetd.hw.nvml import Nvml
 from powerbudgetd_sim.fake_pynvml import FakePynvml
 from powerbudgetd_sim.physics import CardSpec, SimBank
 from powerbudgetd_sim.profiles import Phase, Profile

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 from powerbudgetd import __version__
 from powerbudgetd.errors import ConfigError, NvmlError
-from powerbudgetd.logs import configure_logging
+from powerbudgetd.service.logs import configure_logging
 
 POLICY_NAMES = ("static", "slurm", "reactive", "powerbudgetd", "oracle")  # simulate.POLICIES
 
@@ -22,8 +22,8 @@ if TYPE_CHECKING:
 
     from prometheus_client import CollectorRegistry
 
-    from powerbudgetd.config import Settings
-    from powerbudgetd.daemon import Daemon
+    from powerbudgetd.service.config import Settings
+    from powerbudgetd.service.daemon import Daemon
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -94,9 +94,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _check_config(args: argparse.Namespace) -> int:
-    from powerbudgetd.checkconfig import describe
-    from powerbudgetd.config import default_config_path, load_config
-    from powerbudgetd.daemon import EXIT_CONFIG
+    from powerbudgetd.service.checkconfig import describe
+    from powerbudgetd.service.config import default_config_path, load_config
+    from powerbudgetd.service.daemon import EXIT_CONFIG
 
     path = args.file or default_config_path()
     try:
@@ -109,7 +109,7 @@ def _check_config(args: argparse.Namespace) -> int:
 
 
 def _simulate(args: argparse.Namespace) -> int:
-    from powerbudgetd.simulate import format_report, plot, plot_compare, run_policies, run_scenario
+    from powerbudgetd_sim.simulate import format_report, plot, plot_compare, run_policies, run_scenario
     from powerbudgetd_sim.scenario import ScenarioError, list_scenarios, load_scenario
 
     configure_logging(level="warning", stream=sys.stderr)
@@ -134,7 +134,7 @@ def _simulate(args: argparse.Namespace) -> int:
         print(f"powerbudgetd: {exc}", file=sys.stderr)
         return 2
     if args.policy == "all":
-        from powerbudgetd.scoreboard import check_targets, format_table
+        from powerbudgetd_sim.scoreboard import check_targets, format_table
 
         results = run_policies(sc, duration_s=args.duration, seed=args.seed, keep_series=bool(args.plot))
         reports = {p: r.report for p, r in results.items()}
@@ -172,7 +172,7 @@ _MARK = {True: "met    ", False: "NOT MET", None: "n/a    "}
 
 
 def _suite(args: argparse.Namespace) -> int:
-    from powerbudgetd.scoreboard import format_suite, run_suite
+    from powerbudgetd_sim.scoreboard import format_suite, run_suite
 
     suite = run_suite(duration_s=args.duration, seed=args.seed)
     print(json.dumps(suite, indent=2) if args.json else format_suite(suite))
@@ -180,8 +180,8 @@ def _suite(args: argparse.Namespace) -> int:
 
 
 def _probe(args: argparse.Namespace) -> int:
-    from powerbudgetd.backend import make_nvml
-    from powerbudgetd.probe import format_probe, probe
+    from powerbudgetd.service.backend import make_nvml
+    from powerbudgetd.hw.probe import format_probe, probe
 
     configure_logging(level="warning", stream=sys.stderr)
     from powerbudgetd_sim.scenario import ScenarioError
@@ -202,9 +202,9 @@ def _probe(args: argparse.Namespace) -> int:
 
 
 def _log_report(args: argparse.Namespace) -> int:
-    from powerbudgetd.config import RecorderConfig, load_config
-    from powerbudgetd.logreport import format_summary, parse_duration, summarize
-    from powerbudgetd.recordlog import LogError, scan_log
+    from powerbudgetd.service.config import RecorderConfig, load_config
+    from powerbudgetd.powerlog.report import format_summary, parse_duration, summarize
+    from powerbudgetd.powerlog.reader import LogError, scan_log
 
     try:
         last_s = parse_duration(args.last)
@@ -225,10 +225,10 @@ def _log_report(args: argparse.Namespace) -> int:
 def _run(args: argparse.Namespace) -> int:
     from prometheus_client import CollectorRegistry
 
-    from powerbudgetd.backend import make_nvml
-    from powerbudgetd.config import default_config_path, load_config
-    from powerbudgetd.controller import Controller
-    from powerbudgetd.daemon import EXIT_CONFIG, EXIT_NVML, Daemon
+    from powerbudgetd.service.backend import make_nvml
+    from powerbudgetd.service.config import default_config_path, load_config
+    from powerbudgetd.control.controller import Controller
+    from powerbudgetd.service.daemon import EXIT_CONFIG, EXIT_NVML, Daemon
     from powerbudgetd_sim.scenario import ScenarioError
 
     # A SIGHUP before the daemon's handler is installed must not kill it (the default).
@@ -260,12 +260,12 @@ def _run(args: argparse.Namespace) -> int:
 
     daemon = Daemon(nvml, factory, config_path=config_path, settings=settings)
     if settings.recorder.enabled:
-        from powerbudgetd.recorder import attach
+        from powerbudgetd.powerlog.recorder import attach
 
         attach(daemon, settings.recorder, settings.feed)
     registry = CollectorRegistry()  # what /metrics serves, MQTT's metrics included
     if settings.mqtt is not None:  # aiomqtt is imported only when MQTT is configured
-        from powerbudgetd.mqtt import MqttBridge
+        from powerbudgetd.channels.mqtt import MqttBridge
 
         MqttBridge(settings.mqtt, settings.effective_budget_w(), settings.feed, registry=registry).attach(daemon)
     server = _serve_metrics(settings, daemon, registry)
@@ -282,7 +282,7 @@ def _serve_metrics(settings: Settings, daemon: Daemon, registry: CollectorRegist
     bound is logged, not fatal: keeping the budget matters more than reporting on it."""
     import structlog
 
-    from powerbudgetd.metrics import Metrics, serve
+    from powerbudgetd.channels.metrics import Metrics, serve
 
     cfg = settings.metrics
     if not cfg.enabled:

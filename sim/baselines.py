@@ -3,7 +3,7 @@
 Every policy has the shape the scoreboard drives: ``start()``, then ``tick(now)`` every
 tick (returns how many limits it wrote), ``ready`` (the boot limits are in force) and
 ``role(index)``. The first three talk to the simulated bank through the production NVML
-layer (:class:`powerbudgetd.nvml.Nvml` over the fake ``pynvml``), so they see the same
+layer (:class:`powerbudgetd.hw.nvml.Nvml` over the fake ``pynvml``), so they see the same
 readings, read-back and limit lag as powerbudgetd:
 
 - :class:`StaticPolicy`: every card at budget / N forever — ``nvidia-smi -pl`` in a boot
@@ -34,9 +34,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from powerbudgetd.errors import NvmlError
-from powerbudgetd.fairshare import fair_shares, waterfill
-from powerbudgetd.nvml import GpuInfo, Nvml, PowerReading, to_mw
-from powerbudgetd.plan import Step, plan_writes
+from powerbudgetd.core.fairshare import fair_shares, waterfill
+from powerbudgetd.hw.nvml import GpuInfo, Nvml, PowerReading, to_mw
+from powerbudgetd.core.plan import Step, plan_writes
 from powerbudgetd_sim.physics import REFRESH_S, SimBank
 from powerbudgetd_sim.work import POWER_FRACTIONS, work_rate
 

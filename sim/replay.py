@@ -22,7 +22,7 @@ import bisect
 from dataclasses import dataclass
 from pathlib import Path
 
-from powerbudgetd.recordlog import LogError, load_samples, scan_log
+from powerbudgetd.powerlog.reader import LogError, load_samples, scan_log
 from powerbudgetd_sim.physics import CardSpec
 from powerbudgetd_sim.profiles import Profile
 from powerbudgetd_sim.scenario import Scenario, ScenarioError

@@ -8,10 +8,10 @@ from dataclasses import dataclass
 
 import pytest
 
-from powerbudgetd.controller import Controller, TickReport
-from powerbudgetd.logs import configure_logging
-from powerbudgetd.model import Timings
-from powerbudgetd.nvml import Nvml
+from powerbudgetd.control.controller import Controller, TickReport
+from powerbudgetd.service.logs import configure_logging
+from powerbudgetd.core.model import Timings
+from powerbudgetd.hw.nvml import Nvml
 from powerbudgetd_sim.fake_pynvml import FakePynvml, Fault
 from powerbudgetd_sim.physics import CardSpec, SimBank
 from powerbudgetd_sim.profiles import Phase, Profile

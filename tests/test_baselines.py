@@ -4,9 +4,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from powerbudgetd.fairshare import fair_shares
-from powerbudgetd.nvml import Nvml
-from powerbudgetd.simulate import run_policies, run_scenario
+from powerbudgetd.core.fairshare import fair_shares
+from powerbudgetd.hw.nvml import Nvml
+from powerbudgetd_sim.simulate import run_policies, run_scenario
 from powerbudgetd_sim.baselines import CardDemand, SlurmPolicy, allocate, hull_bound
 from powerbudgetd_sim.fake_pynvml import FakePynvml
 from powerbudgetd_sim.physics import SimBank

@@ -11,7 +11,7 @@ import time
 import pytest
 
 from powerbudgetd.cli import main
-from powerbudgetd.simulate import run_scenario
+from powerbudgetd_sim.simulate import run_scenario
 from powerbudgetd_sim.scenario import load_scenario
 
 

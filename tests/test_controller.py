@@ -6,7 +6,7 @@ import pytest
 
 from conftest import FAST, Fault, Phase, busy, card, idle, make_rig
 from powerbudgetd.errors import BudgetInfeasible
-from powerbudgetd.model import Mode, Role, Timings
+from powerbudgetd.core.model import Mode, Role, Timings
 
 
 def never_raise_while_over(rig):

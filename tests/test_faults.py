@@ -21,7 +21,7 @@ from structlog.testing import capture_logs
 
 from conftest import Fault, Phase, busy, card, idle, make_rig
 from powerbudgetd.errors import BudgetInfeasible, NvmlNoPermission
-from powerbudgetd.model import Mode, Role, Timings
+from powerbudgetd.core.model import Mode, Role, Timings
 from powerbudgetd_sim.physics import BankEvent
 from test_service import NotifySocket
 

@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 
 from powerbudgetd.cli import main
-from powerbudgetd.config import FeedConfig
-from powerbudgetd.logreport import Host, parse_duration, summarize
-from powerbudgetd.recorder import LogWriter, boot_id, log_files, utc_iso
-from powerbudgetd.recordlog import LogError, load_samples, scan_log
+from powerbudgetd.service.config import FeedConfig
+from powerbudgetd.powerlog.report import Host, parse_duration, summarize
+from powerbudgetd.powerlog.recorder import LogWriter, boot_id, log_files, utc_iso
+from powerbudgetd.powerlog.reader import LogError, load_samples, scan_log
 
 T0 = 1_750_000_000.0
 ELSEWHERE = Host("another-host", "another-boot", lambda pid: False)

@@ -9,8 +9,8 @@ import os
 import pytest
 import structlog
 
-from powerbudgetd.logs import configure_logging
-from powerbudgetd.notify import watchdog_interval_s
+from powerbudgetd.service.logs import configure_logging
+from powerbudgetd.service.notify import watchdog_interval_s
 
 
 class Terminal(io.StringIO):

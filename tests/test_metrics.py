@@ -14,11 +14,11 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
 from powerbudgetd import __version__
-from powerbudgetd.config import Settings
-from powerbudgetd.controller import Controller, TickReport
-from powerbudgetd.metrics import ERROR_KINDS, Metrics
-from powerbudgetd.model import Mode, Role, Timings
-from powerbudgetd.nvml import Nvml
+from powerbudgetd.service.config import Settings
+from powerbudgetd.control.controller import Controller, TickReport
+from powerbudgetd.channels.metrics import ERROR_KINDS, Metrics
+from powerbudgetd.core.model import Mode, Role, Timings
+from powerbudgetd.hw.nvml import Nvml
 from powerbudgetd_sim.fake_pynvml import FakePynvml, Fault
 from powerbudgetd_sim.physics import BankEvent, SimBank
 from powerbudgetd_sim.scenario import load_scenario

@@ -30,13 +30,13 @@ import pytest
 from prometheus_client import CollectorRegistry
 from structlog.testing import capture_logs
 
-from powerbudgetd.backend import make_nvml
-from powerbudgetd.config import load_config
-from powerbudgetd.controller import Controller, TickReport
-from powerbudgetd.daemon import Daemon
-from powerbudgetd.logs import configure_logging
-from powerbudgetd.mqtt import MqttBridge
-from powerbudgetd.notify import Notifier
+from powerbudgetd.service.backend import make_nvml
+from powerbudgetd.service.config import load_config
+from powerbudgetd.control.controller import Controller, TickReport
+from powerbudgetd.service.daemon import Daemon
+from powerbudgetd.service.logs import configure_logging
+from powerbudgetd.channels.mqtt import MqttBridge
+from powerbudgetd.service.notify import Notifier
 
 
 @pytest.fixture(autouse=True)

@@ -13,13 +13,13 @@ import pytest
 from prometheus_client import CollectorRegistry
 from structlog.testing import capture_logs
 
-from powerbudgetd.backend import make_nvml
-from powerbudgetd.config import FeedConfig, MqttConfig, Settings, WallMeterConfig, load_config
-from powerbudgetd.controller import Controller
+from powerbudgetd.service.backend import make_nvml
+from powerbudgetd.service.config import FeedConfig, MqttConfig, Settings, WallMeterConfig, load_config
+from powerbudgetd.control.controller import Controller
 from powerbudgetd.errors import ConfigError
-from powerbudgetd.logs import configure_logging
-from powerbudgetd.model import Timings
-from powerbudgetd.mqtt import (
+from powerbudgetd.service.logs import configure_logging
+from powerbudgetd.core.model import Timings
+from powerbudgetd.channels.mqtt import (
     MqttBridge,
     MqttMetrics,
     ReadingError,

@@ -9,7 +9,7 @@ import pytest
 
 from conftest import Fault, busy, card, make_rig
 from powerbudgetd import errors
-from powerbudgetd.nvml import Nvml, load_pynvml
+from powerbudgetd.hw.nvml import Nvml, load_pynvml
 from powerbudgetd_sim.fake_pynvml import FakePynvml
 from powerbudgetd_sim.physics import SimBank
 

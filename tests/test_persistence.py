@@ -8,8 +8,8 @@ import pytest
 import structlog
 from structlog.testing import capture_logs
 
-from powerbudgetd.nvml import Nvml
-from powerbudgetd.persistence import ensure_persistence_mode
+from powerbudgetd.hw.nvml import Nvml
+from powerbudgetd.hw.persistence import ensure_persistence_mode
 from powerbudgetd_sim.fake_pynvml import Fault, FakePynvml
 from powerbudgetd_sim.physics import SimBank
 from powerbudgetd_sim.scenario import load_scenario

@@ -12,13 +12,13 @@ from pathlib import Path
 import pytest
 from structlog.testing import capture_logs
 
-from powerbudgetd.config import FeedConfig
-from powerbudgetd.controller import Controller
-from powerbudgetd.logs import configure_logging
-from powerbudgetd.model import Timings
-from powerbudgetd.nvml import Nvml
-from powerbudgetd.recorder import LogWriter, Recorder, log_files
-from powerbudgetd.recordlog import load_samples, scan_log
+from powerbudgetd.service.config import FeedConfig
+from powerbudgetd.control.controller import Controller
+from powerbudgetd.service.logs import configure_logging
+from powerbudgetd.core.model import Timings
+from powerbudgetd.hw.nvml import Nvml
+from powerbudgetd.powerlog.recorder import LogWriter, Recorder, log_files
+from powerbudgetd.powerlog.reader import load_samples, scan_log
 from powerbudgetd_sim.fake_pynvml import FakePynvml
 from powerbudgetd_sim.physics import SimBank
 from powerbudgetd_sim.scenario import load_scenario

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from powerbudgetd.logreport import Host, summarize
-from powerbudgetd.recorder import log_files
-from powerbudgetd.recordlog import load_samples, scan_log
+from powerbudgetd.powerlog.report import Host, summarize
+from powerbudgetd.powerlog.recorder import log_files
+from powerbudgetd.powerlog.reader import load_samples, scan_log
 
 
 def _config(tmp_path: Path, recorder_dir: Path) -> Path:

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from powerbudgetd.controller import Controller
-from powerbudgetd.nvml import Nvml
+from powerbudgetd.control.controller import Controller
+from powerbudgetd.hw.nvml import Nvml
 from powerbudgetd_sim.fake_pynvml import FakePynvml
 from powerbudgetd_sim.physics import SimBank
 from powerbudgetd_sim.scenario import load_scenario

@@ -9,12 +9,12 @@ from statistics import fmean
 import pytest
 
 from powerbudgetd.cli import main
-from powerbudgetd.controller import Controller
-from powerbudgetd.model import Timings
-from powerbudgetd.nvml import Nvml
-from powerbudgetd.recorder import LogWriter, Recorder
-from powerbudgetd.recordlog import load_samples, scan_log
-from powerbudgetd.simulate import run_scenario
+from powerbudgetd.control.controller import Controller
+from powerbudgetd.core.model import Timings
+from powerbudgetd.hw.nvml import Nvml
+from powerbudgetd.powerlog.recorder import LogWriter, Recorder
+from powerbudgetd.powerlog.reader import load_samples, scan_log
+from powerbudgetd_sim.simulate import run_scenario
 from powerbudgetd_sim.fake_pynvml import FakePynvml
 from powerbudgetd_sim.physics import SimBank
 from powerbudgetd_sim.replay import ReplayProfile, load_replay
@@ -102,8 +102,8 @@ def test_gaps_between_runs_replay_as_idle(tmp_path: Path, recorded: Path) -> Non
         (tmp_path / p.name).write_bytes(p.read_bytes())
     later = tmp_path / "power-00000099-20250615T020000Z.jsonl"
     lines = [json.loads(x) for x in next(iter(sorted(recorded.glob("power-*.jsonl")))).read_text().splitlines()]
-    from powerbudgetd.recorder import utc_iso
-    from powerbudgetd.recordlog import epoch
+    from powerbudgetd.powerlog.recorder import utc_iso
+    from powerbudgetd.powerlog.reader import epoch
 
     shifted = [dict(rec, utc=utc_iso(epoch(rec["utc"]) + 3600), run="later") for rec in lines[:11]]
     later.write_text("".join(json.dumps(r) + "\n" for r in shifted))

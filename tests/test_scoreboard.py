@@ -5,8 +5,8 @@ import json
 import pytest
 
 from powerbudgetd.cli import main
-from powerbudgetd.scoreboard import TARGETS, check_targets, idle_neighbour_s
-from powerbudgetd.simulate import POLICIES, run_policies, run_scenario
+from powerbudgetd_sim.scoreboard import TARGETS, check_targets, idle_neighbour_s
+from powerbudgetd_sim.simulate import POLICIES, run_policies, run_scenario
 from powerbudgetd_sim.scenario import list_scenarios, load_scenario
 
 SLICE_KEYS = {

@@ -2,7 +2,7 @@
 
 import pytest
 
-from powerbudgetd.simulate import run_scenario
+from powerbudgetd_sim.simulate import run_scenario
 from powerbudgetd_sim.scenario import parse_scenario
 from powerbudgetd_sim.work import CURVES, POWER_FRACTIONS, demand_weight, throughput_fraction, work_rate
 

@@ -29,12 +29,12 @@ from prometheus_client.registry import Collector
 
 from powerbudgetd import __version__
 from powerbudgetd.errors import NvmlError
-from powerbudgetd.model import Mode, Role
+from powerbudgetd.core.model import Mode, Role
 
 if TYPE_CHECKING:
-    from powerbudgetd.controller import CardState, Controller, TickReport
-    from powerbudgetd.daemon import Daemon
-    from powerbudgetd.nvml import Nvml
+    from powerbudgetd.control.controller import CardState, Controller, TickReport
+    from powerbudgetd.service.daemon import Daemon
+    from powerbudgetd.hw.nvml import Nvml
 
 DEFAULT_PORT = 19400  # outside 9100-9999 (all claimed by exporters); not 9400 (dcgm-exporter)
 CARD_LABELS = ("gpu", "UUID", "modelName")  # dcgm-exporter's spelling

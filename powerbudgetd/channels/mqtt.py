@@ -33,9 +33,9 @@ import structlog
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge
 
 from powerbudgetd import __version__
-from powerbudgetd.config import FeedConfig, MqttConfig, WallMeterConfig
-from powerbudgetd.controller import Controller, TickReport
-from powerbudgetd.daemon import Daemon
+from powerbudgetd.service.config import FeedConfig, MqttConfig, WallMeterConfig
+from powerbudgetd.control.controller import Controller, TickReport
+from powerbudgetd.service.daemon import Daemon
 from powerbudgetd.errors import BudgetInfeasible
 
 log = structlog.get_logger("powerbudgetd")

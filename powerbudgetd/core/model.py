@@ -6,6 +6,15 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 
+@dataclass(frozen=True)
+class CardOverride:
+    """Per-card settings from the config: leave it alone, a lower max (W), lending priority."""
+
+    exclude: bool = False
+    max_w: float | None = None
+    priority: int = 0
+
+
 class Role(StrEnum):
     """What the controller does with a card right now."""
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from powerbudgetd.errors import NvmlError
-from powerbudgetd.nvml import Nvml
+from powerbudgetd.hw.nvml import Nvml
 
 
 def probe(nvml: Nvml) -> dict[str, Any]:

@@ -14,7 +14,7 @@ from collections.abc import Iterable
 import structlog
 
 from powerbudgetd.errors import NvmlError
-from powerbudgetd.nvml import Nvml
+from powerbudgetd.hw.nvml import Nvml
 
 log = structlog.get_logger("powerbudgetd")
 

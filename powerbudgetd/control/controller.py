@@ -18,26 +18,17 @@ from dataclasses import dataclass, field
 
 import structlog
 
-from powerbudgetd.actuator import Actuator
+from powerbudgetd.control.actuator import Actuator
 from powerbudgetd.errors import BudgetInfeasible, NvmlError, NvmlInvalidArgument, NvmlNoPermission
-from powerbudgetd.fairshare import fair_shares
-from powerbudgetd.model import Mode, Role, Timings
-from powerbudgetd.nvml import GpuInfo, Nvml, PowerReading, to_mw
-from powerbudgetd.plan import Step, plan_writes
-from powerbudgetd.policy import CardView, LendingPolicy
+from powerbudgetd.core.fairshare import fair_shares
+from powerbudgetd.core.model import CardOverride, Mode, Role, Timings
+from powerbudgetd.hw.nvml import GpuInfo, Nvml, PowerReading, to_mw
+from powerbudgetd.core.plan import Step, plan_writes
+from powerbudgetd.core.policy import CardView, LendingPolicy
 
 log = structlog.get_logger("powerbudgetd")
 
 MODE_REASON = {Mode.BOOTING: "boot", Mode.FAILSAFE: "fail_static", Mode.STOPPING: "shutdown"}
-
-
-@dataclass(frozen=True)
-class CardOverride:
-    """Per-card settings from the config: leave it alone, a lower max (W), lending priority."""
-
-    exclude: bool = False
-    max_w: float | None = None
-    priority: int = 0
 
 
 @dataclass

@@ -27,9 +27,9 @@ from pydantic import (
 )
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
-from powerbudgetd.controller import CardOverride
+from powerbudgetd.core.model import CardOverride
 from powerbudgetd.errors import ConfigError
-from powerbudgetd.model import Timings
+from powerbudgetd.core.model import Timings
 
 DEFAULT_CONFIG_PATH = Path("/etc/powerbudgetd/powerbudgetd.toml")
 ENV_PREFIX = "POWERBUDGETD_"

@@ -16,7 +16,7 @@ Sizing (figures from the brief, "Protective devices"):
   so this errs on the safe side.
 - Wall power = (board power + host_w) / psu_efficiency. The feed figures come from
   ``--config``'s ``[feed]``, else the one recorded in the log's header, else the
-  defaults of :class:`~powerbudgetd.config.FeedConfig` with 120 V and the host draw
+  defaults of :class:`~powerbudgetd.service.config.FeedConfig` with 120 V and the host draw
   unknown (counted as 0 W, and said so).
 
 Peaks are the highest sums of instant readings the daemon saw, one per tick (100 ms):
@@ -36,9 +36,9 @@ from pathlib import Path
 from statistics import fmean
 from typing import Any
 
-from powerbudgetd.config import FeedConfig
-from powerbudgetd.recorder import boot_id, utc_iso
-from powerbudgetd.recordlog import LogIndex, Run, Sample, epoch, load_samples
+from powerbudgetd.service.config import FeedConfig
+from powerbudgetd.powerlog.recorder import boot_id, utc_iso
+from powerbudgetd.powerlog.reader import LogIndex, Run, Sample, epoch, load_samples
 
 DEFAULT_VOLTS = 120.0  # the incident's circuit; give [feed] volts for yours
 _FEED_DEFAULTS = {k: FeedConfig.model_fields[k].default for k in ("derating", "ups_margin", "psu_efficiency")}

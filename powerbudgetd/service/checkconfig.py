@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from powerbudgetd.config import Settings, env_overrides
+from powerbudgetd.service.config import Settings, env_overrides
 
 
 def _n(x: float) -> str:

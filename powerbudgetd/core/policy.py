@@ -4,7 +4,7 @@ No I/O, no clock: the controller passes ``now`` and what it observed. The policy
 only per-card timers (how long a card has been quiet, pinned, or not busy), so that its
 decisions have hysteresis and hold times and a bursty load does not move caps each tick.
 
-Rules (fractions and holds in :class:`~powerbudgetd.model.Timings`):
+Rules (fractions and holds in :class:`~powerbudgetd.core.model.Timings`):
 
 - a card whose draw (max of 1 s average and instant) has stayed at or under
   ``donor_enter_fraction`` x its floor for ``donor_hold_s`` may become a **donor**: its
@@ -31,8 +31,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from powerbudgetd.fairshare import waterfill
-from powerbudgetd.model import Role, Timings
+from powerbudgetd.core.fairshare import waterfill
+from powerbudgetd.core.model import Role, Timings
 
 
 @dataclass(frozen=True)

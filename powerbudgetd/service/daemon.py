@@ -21,14 +21,14 @@ from pathlib import Path
 
 import structlog
 
-from powerbudgetd.config import Settings, load_config
-from powerbudgetd.controller import Controller, TickReport
+from powerbudgetd.service.config import Settings, load_config
+from powerbudgetd.control.controller import Controller, TickReport
 from powerbudgetd.errors import BudgetInfeasible, ConfigError, NvmlError, NvmlNoPermission
-from powerbudgetd.logs import configure_logging
-from powerbudgetd.model import Mode
-from powerbudgetd.notify import Notifier, watchdog_interval_s
-from powerbudgetd.nvml import Nvml, init_advice
-from powerbudgetd.persistence import ensure_persistence_mode
+from powerbudgetd.service.logs import configure_logging
+from powerbudgetd.core.model import Mode
+from powerbudgetd.service.notify import Notifier, watchdog_interval_s
+from powerbudgetd.hw.nvml import Nvml, init_advice
+from powerbudgetd.hw.persistence import ensure_persistence_mode
 
 log = structlog.get_logger("powerbudgetd")
 

@@ -5,7 +5,7 @@ padded with zero bytes); any line that is not one complete JSON record is skippe
 counted, never fatal. Records are grouped into *runs* (one daemon process each, named by
 the header's ``run``); a run whose last record is not an ``end`` record stopped without
 a clean exit: a power cut, a crash or ``kill -9``. The format is documented in
-:mod:`powerbudgetd.recorder`.
+:mod:`powerbudgetd.powerlog.recorder`.
 
 Reading is in two steps so that a report on the last minutes of a full log (up to
 ``max_total_bytes``) stays quick: :func:`scan_log` reads only each file's first line and
@@ -21,7 +21,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from powerbudgetd.recorder import SCHEMA_VERSION, log_files, utc_iso
+from powerbudgetd.powerlog.recorder import SCHEMA_VERSION, log_files, utc_iso
 
 EDGE_BYTES = 64 << 10  # read this much of a file's head and tail when scanning
 

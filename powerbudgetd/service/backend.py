@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 
-from powerbudgetd.nvml import Nvml
+from powerbudgetd.hw.nvml import Nvml
 from powerbudgetd_sim.fake_pynvml import FakePynvml
 from powerbudgetd_sim.physics import SimBank
 from powerbudgetd_sim.scenario import load_scenario

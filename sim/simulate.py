@@ -1,7 +1,7 @@
 """Run a policy against a simulated bank on virtual time, and report.
 
 powerbudgetd's controller talks to the simulator through the production NVML layer
-(:class:`powerbudgetd.nvml.Nvml` over the fake ``pynvml``); so do the baselines
+(:class:`powerbudgetd.hw.nvml.Nvml` over the fake ``pynvml``); so do the baselines
 ``static``, ``slurm`` and ``reactive`` (``powerbudgetd_sim.baselines``); the ``oracle``
 writes straight into a bank without limit lag. Every tick the simulator's own truth is
 checked: the sum over cards of the highest limit that may be in force (requested,
@@ -17,10 +17,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from powerbudgetd.controller import Controller
-from powerbudgetd.fairshare import fair_shares
-from powerbudgetd.model import Timings
-from powerbudgetd.nvml import Nvml
+from powerbudgetd.control.controller import Controller
+from powerbudgetd.core.fairshare import fair_shares
+from powerbudgetd.core.model import Timings
+from powerbudgetd.hw.nvml import Nvml
 from powerbudgetd_sim.baselines import OraclePolicy, ReactivePolicy, SlurmPolicy, StaticPolicy
 from powerbudgetd_sim.fake_pynvml import FakePynvml
 from powerbudgetd_sim.feed import Feed

@@ -18,8 +18,8 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from powerbudgetd.fairshare import fair_shares
-from powerbudgetd.simulate import POLICIES, run_policies
+from powerbudgetd.core.fairshare import fair_shares
+from powerbudgetd_sim.simulate import POLICIES, run_policies
 from powerbudgetd_sim.scenario import Scenario, list_scenarios, load_scenario
 
 MIN_WORK_VS_ORACLE = 0.97

@@ -10,8 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from powerbudgetd.errors import NvmlError
-from powerbudgetd.nvml import Nvml
-from powerbudgetd.plan import Write
+from powerbudgetd.hw.nvml import Nvml
+from powerbudgetd.core.plan import Write
 
 
 @dataclass(frozen=True)

@@ -73,9 +73,9 @@ import structlog
 from powerbudgetd import __version__
 
 if TYPE_CHECKING:
-    from powerbudgetd.config import FeedConfig, RecorderConfig
-    from powerbudgetd.controller import Controller, TickReport
-    from powerbudgetd.daemon import Daemon
+    from powerbudgetd.service.config import FeedConfig, RecorderConfig
+    from powerbudgetd.control.controller import Controller, TickReport
+    from powerbudgetd.service.daemon import Daemon
 
 log = structlog.get_logger("powerbudgetd")
 
