@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from powerbudgetd import __version__
-from powerbudgetd.errors import ConfigError, NvmlError
+from powerbudgetd.errors import ConfigError, ExitStatus, NvmlError
 from powerbudgetd.service.logs import configure_logging
 
 POLICY_NAMES = ("static", "slurm", "reactive", "powerbudgetd", "oracle")  # simulate.POLICIES
@@ -22,6 +22,8 @@ if TYPE_CHECKING:
 
     from prometheus_client import CollectorRegistry
 
+    from powerbudgetd.control.controller import Controller
+    from powerbudgetd.hw.nvml import Nvml
     from powerbudgetd.service.config import Settings
     from powerbudgetd.service.daemon import Daemon
 
@@ -96,16 +98,15 @@ def main(argv: list[str] | None = None) -> int:
 def _check_config(args: argparse.Namespace) -> int:
     from powerbudgetd.service.checkconfig import describe
     from powerbudgetd.service.config import default_config_path, load_config
-    from powerbudgetd.service.daemon import EXIT_CONFIG
 
     path = args.file or default_config_path()
     try:
         settings = load_config(path)
     except ConfigError as exc:
         print(f"powerbudgetd: {exc}", file=sys.stderr)
-        return EXIT_CONFIG
+        return ExitStatus.CONFIG
     print(describe(settings, path))
-    return 0
+    return ExitStatus.OK
 
 
 def _simulate(args: argparse.Namespace) -> int:
@@ -116,7 +117,7 @@ def _simulate(args: argparse.Namespace) -> int:
     if args.list:
         for name, desc in list_scenarios():
             print(f"{name:<20} {desc}")
-        return 0
+        return ExitStatus.OK
     if args.suite:
         return _suite(args)
     try:
@@ -132,7 +133,7 @@ def _simulate(args: argparse.Namespace) -> int:
             sc = dataclasses.replace(sc, budget_w=args.budget)
     except ScenarioError as exc:
         print(f"powerbudgetd: {exc}", file=sys.stderr)
-        return 2
+        return ExitStatus.CONFIG
     if args.policy == "all":
         from powerbudgetd_sim.scoreboard import check_targets, format_table
 
@@ -142,7 +143,7 @@ def _simulate(args: argparse.Namespace) -> int:
             plot_compare(results, sc.budget_w, args.plot, f"{sc.name}: {sc.description}")
         if args.json:
             print(json.dumps(reports, indent=2))
-            return 0
+            return ExitStatus.OK
         any_r = reports["powerbudgetd"]
         print(f"scenario {sc.name} (seed {any_r['seed']}): {len(any_r['cards'])} cards, budget {sc.budget_w:g} W, "
               f"{any_r['duration_s']:g} s simulated")
@@ -151,7 +152,7 @@ def _simulate(args: argparse.Namespace) -> int:
             print(f"  [{_MARK[c.met]}] {c.target}: {c.detail}")
         if args.plot:
             print(f"plot written to {args.plot}")
-        return 0
+        return ExitStatus.OK
     result = run_scenario(
         sc, duration_s=args.duration, seed=args.seed, keep_series=bool(args.plot), policy=args.policy or "powerbudgetd"
     )
@@ -165,7 +166,7 @@ def _simulate(args: argparse.Namespace) -> int:
         print(format_report(result.report))
         if args.plot:
             print(f"plot written to {args.plot}")
-    return 0
+    return ExitStatus.OK
 
 
 _MARK = {True: "met    ", False: "NOT MET", None: "n/a    "}
@@ -176,7 +177,7 @@ def _suite(args: argparse.Namespace) -> int:
 
     suite = run_suite(duration_s=args.duration, seed=args.seed)
     print(json.dumps(suite, indent=2) if args.json else format_suite(suite))
-    return 0
+    return ExitStatus.OK
 
 
 def _probe(args: argparse.Namespace) -> int:
@@ -192,13 +193,13 @@ def _probe(args: argparse.Namespace) -> int:
         result = probe(nvml)
     except ScenarioError as exc:
         print(f"powerbudgetd: {exc}", file=sys.stderr)
-        return 2
+        return ExitStatus.CONFIG
     except NvmlError as exc:
         print(f"powerbudgetd: NVML unavailable: {exc}", file=sys.stderr)
-        return 4
+        return ExitStatus.NVML
     print(json.dumps(result, indent=2) if args.json else format_probe(result))
     nvml.shutdown()
-    return 0
+    return ExitStatus.OK
 
 
 def _log_report(args: argparse.Namespace) -> int:
@@ -211,15 +212,15 @@ def _log_report(args: argparse.Namespace) -> int:
         settings = load_config(args.config) if args.config else None
     except (ValueError, ConfigError) as exc:
         print(f"powerbudgetd: {exc}", file=sys.stderr)
-        return 2
+        return ExitStatus.CONFIG
     directory = args.dir or (settings.recorder.dir if settings else RecorderConfig().dir)
     try:
         result = summarize(scan_log(directory), last_s, settings.feed if settings else None, str(args.config))
     except (LogError, ValueError) as exc:
         print(f"powerbudgetd: {exc}", file=sys.stderr)
-        return 1
+        return ExitStatus.ERROR
     print(json.dumps(result, indent=2) if args.json else format_summary(result))
-    return 0
+    return ExitStatus.OK
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -228,7 +229,7 @@ def _run(args: argparse.Namespace) -> int:
     from powerbudgetd.service.backend import make_nvml
     from powerbudgetd.service.config import default_config_path, load_config
     from powerbudgetd.control.controller import Controller
-    from powerbudgetd.service.daemon import EXIT_CONFIG, EXIT_NVML, Daemon
+    from powerbudgetd.service.daemon import Daemon
     from powerbudgetd_sim.scenario import ScenarioError
 
     # A SIGHUP before the daemon's handler is installed must not kill it (the default).
@@ -239,7 +240,7 @@ def _run(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         configure_logging()
         print(f"powerbudgetd: {exc}", file=sys.stderr)
-        return EXIT_CONFIG
+        return ExitStatus.CONFIG
     configure_logging(level=settings.log_level)
     try:
         nvml = make_nvml(
@@ -247,12 +248,12 @@ def _run(args: argparse.Namespace) -> int:
         )
     except ScenarioError as exc:
         print(f"powerbudgetd: [sim] scenario: {exc}", file=sys.stderr)
-        return EXIT_CONFIG
+        return ExitStatus.CONFIG
     except NvmlError as exc:
         print(f"powerbudgetd: NVML unavailable: {exc}", file=sys.stderr)
-        return EXIT_NVML
+        return ExitStatus.NVML
 
-    def factory(n):  # type: ignore[no-untyped-def]
+    def factory(n: Nvml) -> Controller:
         return Controller(
             n, settings.effective_budget_w(), settings.control.timings(), dry_run=args.dry_run, overrides=settings.overrides(),
             allow_monitor_only=settings.allow_monitor_only,

@@ -1,4 +1,6 @@
-"""Project exceptions. NVML errors are mapped onto the few kinds the controller acts on."""
+"""Project exceptions and exit statuses. NVML errors are mapped onto the few kinds the controller acts on."""
+
+from enum import IntEnum
 
 
 class PowerBudgetError(Exception):
@@ -55,3 +57,18 @@ class BudgetInfeasible(PowerBudgetError):
 
 class ConfigError(PowerBudgetError):
     """A configuration file or value is invalid; the message names field, file and value."""
+
+
+class ExitStatus(IntEnum):
+    """Exit statuses of the daemon and every command (README: Troubleshooting).
+
+    The unit's ``RestartPreventExitStatus=`` lists those a restart cannot fix.
+    """
+
+    OK = 0
+    ERROR = 1  # a failure not listed below (also: a log that cannot be read)
+    CONFIG = 2  # the config file, an argument or a scenario is invalid
+    INFEASIBLE = 3  # the budget is below what the cards can be held to
+    NVML = 4  # NVML unavailable or failing at start
+    NO_PERMISSION = 5  # limits cannot be written (needs root or CAP_SYS_ADMIN)
+    BOOT_TIMEOUT = 6  # the boot limits were not confirmed within boot_timeout_s

@@ -59,7 +59,7 @@ class Feed:
                 raise ValueError(f"feed.{key} must be {what}, got {value!r}")
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "Feed":
+    def from_dict(cls, data: dict[str, Any]) -> Feed:
         """Build from a scenario's ``[feed]`` table. Raises ValueError naming the key."""
         unknown = set(data) - FEED_KEYS
         if unknown:

@@ -47,7 +47,7 @@ class BankMeters:
         self.ups = Ups(self.feed.ups_w) if self.feed and self.feed.ups_w else None
         self._last_t = 0.0
 
-    def attach(self) -> "BankMeters":
+    def attach(self) -> BankMeters:
         self.bank.observers.append(self.observe)
         return self
 

@@ -20,7 +20,7 @@ import os
 import random
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Callable
+from collections.abc import Callable
 
 from powerbudgetd_sim.profiles import Profile
 

@@ -88,12 +88,12 @@ def load_replay(
         times.append(t)
         by = {c.uuid: c for c in s.cards}
         for u in order:
-            c = by.get(u)
-            w = None if c is None else (c.peak_w if draw == "peak" and c.peak_w is not None else c.avg_w)
+            card = by.get(u)
+            w = None if card is None else (card.peak_w if draw == "peak" and card.peak_w is not None else card.avg_w)
             watts[u].append(w)
-            if c is not None and c.avg_w is not None and c.limit_w:
+            if card is not None and card.avg_w is not None and card.limit_w:
                 seen += 1
-                pinned += c.avg_w >= PINNED_FRACTION * c.limit_w
+                pinned += card.avg_w >= PINNED_FRACTION * card.limit_w
         prev_t = t
 
     cards = []

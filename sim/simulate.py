@@ -13,7 +13,7 @@ budget, the wall power against the feed's breaker and UPS, and reclaims.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -53,7 +53,8 @@ class SimResult:
 class Policy(Protocol):
     """What the runner drives: see ``powerbudgetd_sim.baselines``."""
 
-    ready: bool
+    @property
+    def ready(self) -> bool: ...
 
     def start(self) -> Any: ...
 
@@ -85,7 +86,7 @@ class ControllerPolicy:
         return str(self.ctl.cards[index].role)
 
 
-def _job_start(sc: Scenario):  # type: ignore[no-untyped-def]
+def _job_start(sc: Scenario) -> Callable[[int, float], float | None]:
     def job_start(index: int, now: float) -> float | None:
         phase = sc.cards[index].profile.phase_at(now)
         return None if phase.kind == "idle" else phase.at_s
@@ -265,11 +266,11 @@ def format_report(r: dict[str, Any]) -> str:
         lines += [
             f"  work                 {r['work']:g} TGP-s ({wvo} of the oracle's)",
             f"  over budget          {r['over_budget_s']:g} s (summed 1 s average draw above the budget)",
-            f"  reclaim latency      " + (
+            "  reclaim latency      " + (
                 f"p50 {rec['p50']:g} s, p99 {rec['p99']:g} s, max {rec['max']:g} s over {rec['events']} reclaims"
                 if rec["events"] else "no reclaim"
             ),
-            f"  feed                 " + (
+            "  feed                 " + (
                 f"max {r['max_wall_power_w']:g} W at the plug; {trips}" if r["max_wall_power_w"] is not None
                 else "none stated"
             ),

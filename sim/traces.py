@@ -9,6 +9,7 @@ from __future__ import annotations
 import bisect
 import csv
 import functools
+import io
 from dataclasses import dataclass
 from importlib import resources
 
@@ -43,7 +44,7 @@ def load_trace(name: str) -> Trace:
         raise KeyError(f"unknown trace {name!r}; known: {', '.join(TRACES)}")
     path = resources.files("powerbudgetd_sim") / "traces" / f"{name}.csv"
     times, power = [], []
-    with path.open(newline="") as fh:
+    with io.TextIOWrapper(path.open("rb"), encoding="utf-8", newline="") as fh:
         for row in csv.DictReader(fh):
             times.append(float(row["t_s"]))
             power.append(int(row["power_instant_mw"]) / 1000.0)

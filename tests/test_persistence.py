@@ -28,7 +28,7 @@ def bank(off: set[int], faults: list[Fault] | None = None) -> tuple[Nvml, SimBan
     return nvml, sim
 
 
-def cards(nvml: Nvml, excluded: set[int] = set()) -> list[tuple[int, str, bool]]:
+def cards(nvml: Nvml, excluded: frozenset[int] = frozenset()) -> list[tuple[int, str, bool]]:
     return [(g.index, g.uuid, g.index not in excluded) for g in nvml.devices()]
 
 

@@ -182,7 +182,7 @@ class Controller:
                           action="card left alone and counted at its enforced limit")
             controllable = not ov.exclude and valid
             hw_max = to_mw(max(v for v in (hi, info.default_limit_w, 0.0) if v is not None))
-            min_mw = to_mw(lo) if valid else 0
+            min_mw = to_mw(lo) if valid and lo is not None else 0
             max_mw = hw_max if ov.max_w is None else max(min_mw, min(hw_max, int(ov.max_w * 1000)))
             role = Role.FIXED if not controllable else Role.FAIR
             self.cards.append(CardState(info, controllable, min_mw, max_mw, hw_max, ov.priority, role=role))
@@ -380,7 +380,7 @@ class Controller:
     def _audit(self, c: CardState, r: PowerReading, now: float) -> None:
         """Things worth knowing that are not faults: drift, contest, excursions, unknown power."""
         if c.expected_mw is not None and not c.inflight and c.requested_mw not in (None, c.expected_mw):
-            found_w = c.requested_mw / 1000  # type: ignore[operator]
+            found_w = c.requested_mw / 1000
             log.warning("limit_drift", index=c.index, uuid=c.uuid, expected_w=c.expected_mw / 1000, found_w=found_w,
                         action="re-applied (a driver reload, a GPU reset or another tool)")
             window = self.timings.contest_window_s

@@ -15,7 +15,8 @@ import importlib.metadata
 import threading
 from dataclasses import dataclass
 from types import ModuleType
-from typing import Any, Callable, TypeVar
+from typing import Any, TypeVar
+from collections.abc import Callable
 
 from powerbudgetd.errors import (
     NvmlError,
@@ -198,6 +199,8 @@ class Nvml:
             uuid = uuid.decode() if isinstance(uuid, bytes) else str(uuid)
             name = name.decode() if isinstance(name, bytes) else str(name)
             self._handles[uuid] = handle
+            min_w: float | None
+            max_w: float | None
             try:
                 lo, hi = self._call(
                     "nvmlDeviceGetPowerManagementLimitConstraints",

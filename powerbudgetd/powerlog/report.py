@@ -227,7 +227,7 @@ def _wall_and_sizing(window: list[Sample], feed: Feed) -> dict[str, Any]:
         return {"wall": None, "sizing": None, "feed": None}
     mean_w, max_avg_w = bank["mean_w"], bank["max_avg_w"]
     peak_w = bank["peak_w"] if bank["peak_w"] is not None else max_avg_w
-    wall = {
+    wall: dict[str, Any] = {
         "host_w": feed.host_w, "psu_efficiency": feed.psu_efficiency, "host_known": feed.host_w is not None,
         "mean_w": _r(feed.wall_w(mean_w)), "max_avg_w": _r(feed.wall_w(max_avg_w)), "peak_w": _r(feed.wall_w(peak_w)),
     }

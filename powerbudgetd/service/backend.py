@@ -5,9 +5,6 @@ from __future__ import annotations
 import time
 
 from powerbudgetd.hw.nvml import Nvml
-from powerbudgetd_sim.fake_pynvml import FakePynvml
-from powerbudgetd_sim.physics import SimBank
-from powerbudgetd_sim.scenario import load_scenario
 
 BACKENDS = ("nvml", "sim")
 
@@ -28,6 +25,11 @@ def make_nvml(
         return Nvml()
     if backend != "sim":
         raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
+    # The simulator is loaded only when asked for: a real host never imports it.
+    from powerbudgetd_sim.fake_pynvml import FakePynvml
+    from powerbudgetd_sim.physics import SimBank
+    from powerbudgetd_sim.scenario import load_scenario
+
     sc = load_scenario(scenario)
     bank = SimBank(
         list(sc.cards),

@@ -73,7 +73,7 @@ class FeedConfig(_Section):
     host_w: float = Field(ge=0, le=100_000)  # CPU, RAM, drives, fans: measure it at the plug
 
     @model_validator(mode="after")
-    def _leaves_a_budget(self) -> "FeedConfig":
+    def _leaves_a_budget(self) -> FeedConfig:
         if self.board_budget_w() <= 0:
             raise ValueError(
                 f"leaves no board budget: {self.wall_limit_w():g} W at the plug x {self.psu_efficiency:g} "
@@ -123,7 +123,7 @@ class ControlConfig(_Section):
     contest_hold_s: float = Field(300.0, ge=1, le=86400)
 
     @model_validator(mode="after")
-    def _consistent(self) -> "ControlConfig":
+    def _consistent(self) -> ControlConfig:
         try:
             Timings(**self.model_dump())  # cross-field rules live in Timings
         except ValueError as exc:
@@ -168,7 +168,7 @@ class RecorderConfig(_Section):
     max_total_bytes: int = Field(1 << 30, ge=8192, le=1 << 40)
 
     @model_validator(mode="after")
-    def _check(self) -> "RecorderConfig":
+    def _check(self) -> RecorderConfig:
         if self.max_total_bytes < 2 * self.max_file_bytes:
             raise ValueError(
                 f"max_total_bytes ({self.max_total_bytes}) must be at least twice max_file_bytes "
@@ -185,7 +185,7 @@ class MetricsConfig(_Section):
     """
 
     enabled: bool = True
-    listen_address: IPvAnyAddress = Field(default="127.0.0.1", validate_default=True)  # type: ignore[assignment]
+    listen_address: IPvAnyAddress = Field(default="127.0.0.1", validate_default=True)
     port: int = Field(19400, ge=1, le=65535)
 
 
@@ -231,7 +231,7 @@ class WallMeterConfig(_Section):
         return _check_topic(value)
 
     @model_validator(mode="after")
-    def _check(self) -> "WallMeterConfig":
+    def _check(self) -> WallMeterConfig:
         needs = {"tasmota": ("topic",), "shelly": ("prefix",), "generic": ("topic", "json_path")}[self.preset]
         missing = [name for name in needs if getattr(self, name) is None]
         if missing:
@@ -309,7 +309,7 @@ class MqttConfig(_Section):
         return _check_topic(value)
 
     @model_validator(mode="after")
-    def _check(self) -> "MqttConfig":
+    def _check(self) -> MqttConfig:
         if self.reconnect_min_s > self.reconnect_max_s:
             raise ValueError("reconnect_min_s must be <= reconnect_max_s")
         if (self.cert_file is None) != (self.key_file is None):
@@ -349,7 +349,7 @@ class Settings(BaseSettings):
     mqtt: MqttConfig | None = None  # off unless configured
 
     @model_validator(mode="after")
-    def _check(self) -> "Settings":
+    def _check(self) -> Settings:
         if self.budget_w is None and self.feed is None:
             raise ValueError("give budget_w (board watts) or a [feed] section to derive it from")
         if self.effective_budget_w() <= 0:

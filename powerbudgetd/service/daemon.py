@@ -23,7 +23,7 @@ import structlog
 
 from powerbudgetd.service.config import Settings, load_config
 from powerbudgetd.control.controller import Controller, TickReport
-from powerbudgetd.errors import BudgetInfeasible, ConfigError, NvmlError, NvmlNoPermission
+from powerbudgetd.errors import BudgetInfeasible, ConfigError, ExitStatus, NvmlError, NvmlNoPermission
 from powerbudgetd.service.logs import configure_logging
 from powerbudgetd.core.model import Mode
 from powerbudgetd.service.notify import Notifier, watchdog_interval_s
@@ -31,15 +31,6 @@ from powerbudgetd.hw.nvml import Nvml, init_advice
 from powerbudgetd.hw.persistence import ensure_persistence_mode
 
 log = structlog.get_logger("powerbudgetd")
-
-# Exit statuses (documented in the README's Troubleshooting section).
-EXIT_OK = 0
-EXIT_ERROR = 1
-EXIT_CONFIG = 2
-EXIT_INFEASIBLE = 3
-EXIT_NVML = 4
-EXIT_NO_PERMISSION = 5
-EXIT_BOOT_TIMEOUT = 6
 
 TickListener = Callable[[TickReport, Controller], None]
 Service = Callable[["Daemon"], Awaitable[None]]
@@ -149,23 +140,23 @@ class Daemon:
 
     async def _run(self) -> int:
         if not await self._init_nvml():
-            return EXIT_OK if self._stop.is_set() else EXIT_NVML
+            return ExitStatus.OK if self._stop.is_set() else ExitStatus.NVML
         try:
             ctl = self.controller_factory(self.nvml)
             ctl.start()
         except BudgetInfeasible as exc:
             log.error("budget_infeasible", error=str(exc))
-            return EXIT_INFEASIBLE
+            return ExitStatus.INFEASIBLE
         except NvmlNoPermission as exc:
             log.error(
                 "no_permission", error=str(exc),
                 action="writing power limits needs root or CAP_SYS_ADMIN: the budget is NOT enforced. "
                 "Run as root (the systemd unit does), or set allow_monitor_only = true to watch only",
             )
-            return EXIT_NO_PERMISSION
+            return ExitStatus.NO_PERMISSION
         except NvmlError as exc:
             log.error("nvml_unavailable", error=str(exc), kind=exc.kind)
-            return EXIT_NVML
+            return ExitStatus.NVML
         self.controller = ctl
         log.info(
             "starting", budget_w=ctl.budget_mw / 1000, gpus=len(ctl.cards), dry_run=ctl.dry_run,
@@ -176,7 +167,7 @@ class Daemon:
         self._persistence_off = ensure_persistence_mode(
             self.nvml, [(c.index, c.uuid, c.controllable) for c in ctl.cards], enable
         )
-        tasks = [asyncio.create_task(svc(self)) for svc in self.services]
+        tasks = [asyncio.ensure_future(svc(self)) for svc in self.services]
         try:
             return await self._loop(ctl)
         finally:
@@ -209,14 +200,14 @@ class Daemon:
                     "no_permission",
                     error="writing power limits needs root or CAP_SYS_ADMIN; the budget is NOT enforced",
                 )
-                return EXIT_NO_PERMISSION
+                return ExitStatus.NO_PERMISSION
             if ctl.ready and not announced:
                 announced = True
                 self._status = self.status_text(ctl)
                 self.notifier.ready(self._status)
             if not ctl.ready and t0 - started > ctl.timings.boot_timeout_s:
                 log.error("boot_timeout", after_s=round(t0 - started, 1), sum_limits_w=ctl.sum_bound_mw / 1000)
-                return EXIT_BOOT_TIMEOUT
+                return ExitStatus.BOOT_TIMEOUT
             status = self.status_text(ctl)
             if status != self._status:
                 self._status = status
@@ -231,10 +222,10 @@ class Daemon:
                 stop_deadline = t0 + max(5.0, 3 * ctl.timings.confirm_timeout_s)
             if stop_deadline is not None and (ctl.stopped or ctl.mode == Mode.DRY_RUN):
                 log.info("stopped", sum_limits_w=ctl.sum_bound_mw / 1000, limits_w=[c.bound_mw / 1000 for c in ctl.cards])
-                return EXIT_OK
+                return ExitStatus.OK
             if stop_deadline is not None and t0 > stop_deadline:
                 log.error("stop_timeout", sum_limits_w=ctl.sum_bound_mw / 1000)
-                return EXIT_ERROR
+                return ExitStatus.ERROR
             delay = t0 + tick_s - self.clock()
             if delay > 0:
                 try:
