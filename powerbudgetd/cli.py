@@ -260,15 +260,17 @@ def _run(args: argparse.Namespace) -> int:
         )
 
     daemon = Daemon(nvml, factory, config_path=config_path, settings=settings)
+    assert daemon.arbiter is not None  # built from settings
+    feed = None if settings.feed is None else settings.feed.feed()
     if settings.recorder.enabled:
-        from powerbudgetd.powerlog.recorder import attach
+        from powerbudgetd.powerlog.recorder import from_config
 
-        attach(daemon, settings.recorder, settings.feed)
+        daemon.register(from_config(settings.recorder, feed))
     registry = CollectorRegistry()  # what /metrics serves, MQTT's metrics included
     if settings.mqtt is not None:  # aiomqtt is imported only when MQTT is configured
-        from powerbudgetd.channels.mqtt import MqttBridge
+        from powerbudgetd.channels.mqtt.session import MqttBridge
 
-        MqttBridge(settings.mqtt, settings.effective_budget_w(), settings.feed, registry=registry).attach(daemon)
+        daemon.register(MqttBridge(settings.mqtt, daemon.arbiter, feed, registry=registry))
     server = _serve_metrics(settings, daemon, registry)
     try:
         return asyncio.run(daemon.run())
@@ -288,9 +290,9 @@ def _serve_metrics(settings: Settings, daemon: Daemon, registry: CollectorRegist
     cfg = settings.metrics
     if not cfg.enabled:
         return None
-    metrics = Metrics(registry)
+    metrics = Metrics(registry, nvml=daemon.nvml, clock=daemon.clock)
     metrics.reload_result(True)
-    metrics.attach(daemon)
+    daemon.register(metrics)
     log = structlog.get_logger("powerbudgetd")
     try:
         server = serve(metrics.registry, str(cfg.listen_address), cfg.port)

@@ -9,8 +9,9 @@ A scenario's ``[feed]`` table states what the bank hangs off::
     volts = 120
     ups_w = 1200            # the UPS's real watt rating (not VA); omit if none
 
-Wall power (W) = (sum of instant board power + host_w) / psu_efficiency: the instant
-samples, because both devices see the current at the plug, and a UPS acts faster than a
+The feed itself and its arithmetic are ``powerbudgetd.core.feed.Feed`` (the model the
+daemon's config, wall meter and flight recorder use too). Wall power (W) = (sum of
+instant board power + host_w) / psu_efficiency: the instant samples, because both devices see the current at the plug, and a UPS acts faster than a
 1 s average can show.
 
 Trip models (the brief, "Protective devices"):
@@ -30,56 +31,28 @@ Trip models (the brief, "Protective devices"):
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import Any
+
+from powerbudgetd.core.feed import Feed
 
 FEED_KEYS = {"host_w", "psu_efficiency", "breaker_a", "volts", "ups_w"}
 
+__all__ = ["FEED_KEYS", "Breaker", "Feed", "Ups", "feed_from_dict"]
 
-@dataclass(frozen=True)
-class Feed:
-    """A box's feed: host draw (W), PSU efficiency (0.5-1], breaker (A), volts, UPS (W)."""
 
-    host_w: float
-    breaker_a: float
-    volts: float
-    psu_efficiency: float = 0.9
-    ups_w: float | None = None
-
-    def __post_init__(self) -> None:
-        checks = [
-            ("host_w", self.host_w, 0 <= self.host_w < 100_000, "a draw in W, >= 0"),
-            ("psu_efficiency", self.psu_efficiency, 0.5 < self.psu_efficiency <= 1, "a fraction in (0.5, 1]"),
-            ("breaker_a", self.breaker_a, 0 < self.breaker_a <= 400, "a rating in A, in (0, 400]"),
-            ("volts", self.volts, 0 < self.volts <= 480, "a voltage in V, in (0, 480]"),
-            ("ups_w", self.ups_w, self.ups_w is None or 0 < self.ups_w < 100_000, "a rating in W, > 0"),
-        ]
-        for key, value, ok, what in checks:
-            if isinstance(value, bool) or not ok:
-                raise ValueError(f"feed.{key} must be {what}, got {value!r}")
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> Feed:
-        """Build from a scenario's ``[feed]`` table. Raises ValueError naming the key."""
-        unknown = set(data) - FEED_KEYS
-        if unknown:
-            raise ValueError(f"feed: unknown key(s) {', '.join(sorted(unknown))}")
-        missing = {"host_w", "breaker_a", "volts"} - set(data)
-        if missing:
-            raise ValueError(f"feed: missing {', '.join(sorted(missing))}")
-        for key, value in data.items():
-            if isinstance(value, bool) or not isinstance(value, (int, float)):
-                raise ValueError(f"feed.{key} must be a number, got {value!r}")
-        return cls(**{k: float(v) for k, v in data.items()})
-
-    @property
-    def breaker_w(self) -> float:
-        """The breaker's rating at the plug, W."""
-        return self.breaker_a * self.volts
-
-    def wall_w(self, board_w: float) -> float:
-        """Power at the plug for ``board_w`` of summed board power, W."""
-        return (board_w + self.host_w) / self.psu_efficiency
+def feed_from_dict(data: dict[str, Any]) -> Feed:
+    """The feed (``powerbudgetd.core.feed.Feed``, the one model every part uses) from a
+    scenario's ``[feed]`` table. Raises ValueError naming the key."""
+    unknown = set(data) - FEED_KEYS
+    if unknown:
+        raise ValueError(f"feed: unknown key(s) {', '.join(sorted(unknown))}")
+    missing = {"host_w", "breaker_a", "volts"} - set(data)
+    if missing:
+        raise ValueError(f"feed: missing {', '.join(sorted(missing))}")
+    for key, value in data.items():
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ValueError(f"feed.{key} must be a number, got {value!r}")
+    return Feed(**{k: float(v) for k, v in data.items()})
 
 
 BREAKER_K = 120.0 * (2.0**2 - 1.0)  # s: 200 % trips in 2 min

@@ -43,7 +43,7 @@ class BankMeters:
         self.work = [0.0] * n
         self._awake = [True] * n  # no wake event at the first refresh
         self._wake_at: list[float | None] = [None] * n
-        self.breaker = Breaker(self.feed.breaker_a) if self.feed else None
+        self.breaker = Breaker(self.feed.breaker_a) if self.feed and self.feed.breaker_a else None
         self.ups = Ups(self.feed.ups_w) if self.feed and self.feed.ups_w else None
         self._last_t = 0.0
 

@@ -61,7 +61,7 @@ from pathlib import Path
 from typing import Any
 
 from powerbudgetd_sim.fake_pynvml import Fault
-from powerbudgetd_sim.feed import Feed
+from powerbudgetd_sim.feed import feed_from_dict
 from powerbudgetd_sim.physics import BankEvent, CardSpec
 from powerbudgetd_sim.profiles import Phase, Profile
 
@@ -177,7 +177,7 @@ def parse_scenario(data: dict[str, Any], default_name: str = "scenario") -> Scen
         raise ScenarioError(f"feed must be a table, got {feed!r}")
     if feed:
         try:
-            Feed.from_dict(feed)  # validate; consumers build their own Feed from the dict
+            feed_from_dict(feed)  # validate; consumers build their own Feed from the dict
         except ValueError as exc:
             raise ScenarioError(str(exc)) from None
     return Scenario(

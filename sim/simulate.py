@@ -23,7 +23,7 @@ from powerbudgetd.core.model import Timings
 from powerbudgetd.hw.nvml import Nvml
 from powerbudgetd_sim.baselines import OraclePolicy, ReactivePolicy, SlurmPolicy, StaticPolicy
 from powerbudgetd_sim.fake_pynvml import FakePynvml
-from powerbudgetd_sim.feed import Feed
+from powerbudgetd_sim.feed import feed_from_dict
 from powerbudgetd_sim.meters import BankMeters
 from powerbudgetd_sim.physics import SimBank
 from powerbudgetd_sim.scenario import Scenario
@@ -140,7 +140,7 @@ def run_scenario(
     budget_mw = int(sc.budget_w * 1000)
     shares = fair_shares(budget_mw, [c.min_mw for c in bank.cards], [c.max_mw for c in bank.cards])
     meters = BankMeters(
-        bank, sc.budget_w, shares or [c.min_mw for c in bank.cards], Feed.from_dict(sc.feed) if sc.feed else None
+        bank, sc.budget_w, shares or [c.min_mw for c in bank.cards], feed_from_dict(sc.feed) if sc.feed else None
     ).attach()
 
     series = Series()

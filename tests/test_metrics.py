@@ -54,7 +54,7 @@ class Rig:
             self.bank.advance_to(self.t)
             report = self.ctl.tick(self.t)
             self.reports.append(report)
-            self.metrics.on_tick(report, self.ctl)
+            self.metrics.on_tick(report)
             self.t = round(self.t + 0.1, 6)
 
     def value(self, name: str, **labels: str) -> float | None:

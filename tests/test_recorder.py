@@ -38,7 +38,8 @@ class SimRig:
         nvml.init()
         self.ctl = Controller(nvml, sc.budget_w, Timings(tick_s=sc.tick_s))
         self.ctl.start()
-        self.recorder = Recorder(writer, interval_s=interval_s, feed=feed, wall_clock=lambda: T0 + self.bank.now)
+        self.recorder = Recorder(writer, interval_s=interval_s, feed=None if feed is None else feed.feed(),
+                                 wall_clock=lambda: T0 + self.bank.now)
         self.k = 0
         self.instant: list[list[float]] = []  # per tick, each card's instant reading (W)
 
@@ -47,7 +48,7 @@ class SimRig:
             t = round(self.k * self.tick_s, 9)
             self.bank.advance_to(t)
             report = self.ctl.tick(t)
-            self.recorder(report, self.ctl)
+            self.recorder.on_tick(report)
             self.instant.append([c.reading.power_instant_w for c in self.ctl.cards])
             self.k += 1
 

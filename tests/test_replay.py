@@ -38,7 +38,7 @@ def record(directory: Path, scenario: str, duration_s: float, timings: Timings =
     k = 0
     while (t := round(k * timings.tick_s, 9)) <= duration_s:
         bank.advance_to(t)
-        rec(ctl.tick(t), ctl)
+        rec.on_tick(ctl.tick(t))
         k += 1
     writer.submit(rec.end_record())
     writer.close()

@@ -5,9 +5,9 @@ labelled ``gpu`` (index), ``UUID`` and ``modelName``, spelled as dcgm-exporter s
 them, so a dashboard can join our caps with its draw; no hostname label (the scrape
 target adds ``instance``).
 
-The daemon feeds :class:`Metrics` from its tick listener hook (cheap: a snapshot of
-the controller's state and a few counter increments on the event loop); the HTTP
-server answers scrapes from its own threads and renders that snapshot. Energy is the
+The daemon feeds :class:`Metrics` each tick's bank snapshot through the side-channel
+hook (cheap: a reference kept and a few counter increments on the event loop); the
+HTTP server answers scrapes from its own threads and renders that snapshot. Energy is the
 one NVML read done at scrape time, not per tick: ``nvmlDeviceGetTotalEnergyConsumption``
 costs ~3 ms median, 16 ms p99 on an H200 (brief), too much for a 100 ms control loop
 but nothing for a scrape every 15 s.
@@ -19,7 +19,6 @@ import asyncio
 import platform
 import time
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 from wsgiref.simple_server import WSGIServer
 
@@ -32,9 +31,10 @@ from powerbudgetd.errors import NvmlError
 from powerbudgetd.core.model import Mode, Role
 
 if TYPE_CHECKING:
-    from powerbudgetd.control.controller import CardState, Controller, TickReport
-    from powerbudgetd.service.daemon import Daemon
+    from powerbudgetd.control.controller import TickReport
+    from powerbudgetd.core.snapshot import BankSnapshot, CardSnapshot
     from powerbudgetd.hw.nvml import Nvml
+    from powerbudgetd.service.config import Settings
 
 DEFAULT_PORT = 19400  # outside 9100-9999 (all claimed by exporters); not 9400 (dcgm-exporter)
 CARD_LABELS = ("gpu", "UUID", "modelName")  # dcgm-exporter's spelling
@@ -46,61 +46,36 @@ ERROR_KINDS = tuple(dict.fromkeys([NvmlError.kind] + [cls.kind for cls in NvmlEr
 TICK_BUCKETS_S = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 
 
-@dataclass(frozen=True)
-class _Card:
-    labels: tuple[str, str, str]
-    uuid: str
-    role: str
-    min_w: float | None
-    max_w: float | None
-    limit_w: float | None  # requested limit, read back from the card
-    enforced_w: float | None
-    draw_w: float | None  # 1 s average
-    instant_w: float | None
-    contested_w: float | None  # the limit another tool keeps writing, while contested
-    excursions: int  # instant draw rising above the enforced limit (load onsets)
-    peak_excursion_w: float | None
-
-
-@dataclass(frozen=True)
-class _Snapshot:
-    budget_w: float
-    sum_limits_w: float
-    sum_draw_w: float | None
-    mode: str
-    cards: tuple[_Card, ...]
-
-
-def _w(mw: int | None) -> float | None:
-    return None if mw is None else mw / 1000
-
-
-def card_labels(c: CardState) -> tuple[str, str, str]:
+def card_labels(c: CardSnapshot) -> tuple[str, str, str]:
     """``(gpu, UUID, modelName)`` label values of one card."""
-    return (str(c.index), c.uuid, c.info.name)
+    return (str(c.index), c.uuid, c.name)
 
 
 class Metrics:
     """The daemon's metrics on ``registry`` (pass a fresh one; never the global).
 
-    Wire it with :meth:`attach`; serve it with :func:`serve`. Thread-safe: the tick
-    listener runs on the event loop, scrapes on the HTTP server's threads. ``clock``
-    (s) is the clock of ``TickReport.now``; ``wall_clock`` (Unix s) stamps timestamps.
+    A side channel: register it with ``Daemon.register``; serve it with :func:`serve`.
+    Thread-safe: the hooks run on the event loop, scrapes on the HTTP server's threads.
+    ``clock`` (s) is the clock of ``TickReport.now`` (the daemon's); ``wall_clock`` (Unix
+    s) stamps timestamps. ``nvml``: where energy is read at scrape time, only while
+    :meth:`run` runs (the daemon runs it between NVML init and shutdown).
     """
 
     def __init__(
         self,
         registry: CollectorRegistry,
         *,
+        nvml: Nvml | None = None,
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
     ) -> None:
         self.registry = registry
-        self._clock = clock  # the clock of TickReport.now (attach takes the daemon's)
+        self._clock = clock
         self._wall = wall_clock
-        self._snapshot: _Snapshot | None = None
+        self._snapshot: BankSnapshot | None = None
+        self._nvml_source = nvml
         # The NVML layer energy is read from at scrape time, set only while NVML is up
-        # (attach does that for the daemon's lifetime); None: no energy series.
+        # (run() does that for the daemon's lifetime); None: no energy series.
         self.nvml: Nvml | None = None
         self._no_energy: set[str] = set()
         self._labels: dict[str, tuple[str, str, str]] = {}
@@ -140,36 +115,33 @@ class Metrics:
         registry.register(_StateCollector(self))
 
     # -- hooks ----------------------------------------------------------------------
-    def attach(self, daemon: Daemon) -> None:
-        """Listen to ``daemon``'s ticks, and read energy only while its NVML is up."""
-        self._clock = daemon.clock
-        daemon.listeners.append(self.on_tick)
-        daemon.services.append(self._nvml_service)
-        daemon.reload_listeners.append(self.reload_result)
-
-    async def _nvml_service(self, daemon: Daemon) -> None:
-        # Services run between NVML init and shutdown: no scrape reads energy outside.
-        self.nvml = daemon.nvml
+    async def run(self) -> None:
+        # Runs between NVML init and shutdown: no scrape reads energy outside.
+        self.nvml = self._nvml_source
         try:
             await asyncio.Event().wait()
         finally:
             self.nvml = None
+
+    def on_reload(self, ok: bool, settings: Settings | None) -> None:
+        self.reload_result(ok)
 
     def reload_result(self, ok: bool) -> None:
         """Record a configuration load (at start, and on each reload): ``ok`` or failed."""
         self.reload_success.set(1 if ok else 0)
         self.reload_timestamp.set(self._wall())
 
-    def on_tick(self, report: TickReport, ctl: Controller) -> None:
-        """The daemon's tick listener: called with each (TickReport, Controller); never blocks."""
+    def on_tick(self, report: TickReport) -> None:
+        """Called with each tick's report; never blocks."""
         self.tick_duration.observe(max(0.0, self._clock() - report.now))
         self.last_tick.set(self._wall())
-        for c in ctl.cards:
+        snap = report.snapshot
+        for c in snap.cards:
             if c.uuid not in self._labels:
                 self._labels[c.uuid] = card_labels(c)
                 for kind in ERROR_KINDS:
                     self.nvml_errors.labels(*self._labels[c.uuid], kind)
-            for kind, n in c.read_errors.items():
+            for kind, n in c.read_errors:
                 seen = self._read_errors_seen.get((c.uuid, kind), 0)
                 if n > seen:
                     self.nvml_errors.labels(*self._labels[c.uuid], kind).inc(n - seen)
@@ -180,29 +152,7 @@ class Metrics:
                 self.nvml_errors.labels(*labels, w.error_kind).inc()
             elif not w.dry_run:  # a dry run changes nothing
                 self.limit_changes.labels(*labels, w.reason).inc()
-        self._snapshot = self._snap(ctl, report.now)
-
-    def _snap(self, ctl: Controller, now: float) -> _Snapshot:
-        cards = []
-        for c in ctl.cards:
-            r = c.reading if c.readable else None  # an unreadable card's last values are stale
-            cards.append(_Card(
-                labels=self._labels[c.uuid], uuid=c.uuid, role=str(c.role),
-                min_w=None if c.info.min_limit_w is None else c.min_mw / 1000,
-                max_w=None if c.info.max_limit_w is None else c.max_mw / 1000,
-                limit_w=None if r is None else _w(c.requested_mw),
-                enforced_w=None if r is None else _w(c.enforced_mw),
-                draw_w=None if r is None else r.power_avg_w,
-                instant_w=None if r is None else r.power_instant_w,
-                contested_w=c.contested_w if c.contested(now) else None,
-                excursions=c.excursions, peak_excursion_w=c.peak_excursion_w,
-            ))
-        draws = [c.draw_w for c in cards]
-        return _Snapshot(
-            ctl.budget_mw / 1000, ctl.sum_bound_mw / 1000,
-            None if any(d is None for d in draws) else sum(draws),  # type: ignore[arg-type]
-            str(ctl.mode), tuple(cards),
-        )
+        self._snapshot = snap
 
     # -- scrape time ----------------------------------------------------------------
     def _energy(self, uuid: str) -> float | None:
@@ -231,7 +181,7 @@ class _StateCollector(Collector):
     def collect(self) -> Iterable[Metric]:
         return list(self._families(self.m._snapshot))
 
-    def _families(self, s: _Snapshot | None) -> Iterator[Metric]:
+    def _families(self, s: BankSnapshot | None) -> Iterator[Metric]:
         def gauge(name: str, doc: str, labels: tuple[str, ...] = (), unit: str = "") -> GaugeMetricFamily:
             return GaugeMetricFamily(name, doc, labels=labels, unit=unit)
 
@@ -252,6 +202,15 @@ class _StateCollector(Collector):
             ),
         }
         mode = gauge("powerbudgetd_mode", "1 for the bank's current operating mode, 0 for the others", ("mode",))
+        source_w = gauge(
+            "powerbudgetd_budget_source_watts",
+            "Each budget source's current value: config (the file or its [feed] derivation), wall_meter, remote; "
+            "the lowest is in force, never above config", ("source",), "watts",
+        )
+        in_force = gauge(
+            "powerbudgetd_budget_source_in_force",
+            "1 for the budget source whose value is in force, 0 for the others", ("source",),
+        )
         card = {
             "limit": gauge(
                 "powerbudgetd_gpu_power_limit_watts",
@@ -302,31 +261,38 @@ class _StateCollector(Collector):
         )
         if s is not None:
             bank["budget"].add_metric([], s.budget_w)
-            bank["sum_limits"].add_metric([], s.sum_limits_w)
-            if s.sum_draw_w is not None:
-                bank["sum_draw"].add_metric([], s.sum_draw_w)
-            bank["headroom"].add_metric([], s.budget_w - s.sum_limits_w)
+            bank["sum_limits"].add_metric([], s.sum_limit_bound_w)
+            if s.power_complete:
+                bank["sum_draw"].add_metric([], s.sum_power_avg_w)
+            bank["headroom"].add_metric([], s.headroom_w)
             for m in Mode:
                 mode.add_metric([str(m)], 1.0 if str(m) == s.mode else 0.0)
+            sources = dict(s.sources) or {s.budget_source: s.budget_w}
+            for name, value in sources.items():
+                source_w.add_metric([name], value)
+                in_force.add_metric([name], 1.0 if name == s.budget_source else 0.0)
             for c in s.cards:
+                labels = self.m._labels.get(c.uuid) or card_labels(c)
                 for key, value in (
-                    ("limit", c.limit_w), ("enforced", c.enforced_w), ("min", c.min_w), ("max", c.max_w),
-                    ("draw", c.draw_w), ("instant", c.instant_w),
+                    ("limit", c.requested_limit_w), ("enforced", c.enforced_limit_w), ("min", c.min_limit_w),
+                    ("max", c.max_limit_w), ("draw", c.power_avg_w), ("instant", c.power_instant_w),
                 ):
                     if value is not None:  # unknown is absent, never 0 W
-                        card[key].add_metric(list(c.labels), value)
+                        card[key].add_metric(list(labels), value)
                 for r in Role:
-                    role.add_metric([*c.labels, str(r)], 1.0 if str(r) == c.role else 0.0)
+                    role.add_metric([*labels, str(r)], 1.0 if str(r) == c.role else 0.0)
                 if c.contested_w is not None:
-                    contested.add_metric(list(c.labels), c.contested_w)
-                excursions.add_metric(list(c.labels), c.excursions)
+                    contested.add_metric(list(labels), c.contested_w)
+                excursions.add_metric(list(labels), c.excursions)
                 if c.peak_excursion_w is not None:
-                    peak.add_metric(list(c.labels), c.peak_excursion_w)
+                    peak.add_metric(list(labels), c.peak_excursion_w)
                 j = self.m._energy(c.uuid)
                 if j is not None:
-                    energy.add_metric(list(c.labels), j)
+                    energy.add_metric(list(labels), j)
         yield from bank.values()
         yield mode
+        yield source_w
+        yield in_force
         yield from card.values()
         yield role
         yield contested

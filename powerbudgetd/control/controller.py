@@ -25,6 +25,7 @@ from powerbudgetd.core.model import CardOverride, Mode, Role, Timings
 from powerbudgetd.hw.nvml import GpuInfo, Nvml, PowerReading, to_mw
 from powerbudgetd.core.plan import Step, plan_writes
 from powerbudgetd.core.policy import CardView, LendingPolicy
+from powerbudgetd.core.snapshot import BankSnapshot, CardSnapshot
 
 log = structlog.get_logger("powerbudgetd")
 
@@ -111,7 +112,8 @@ class WriteEvent:
 
 @dataclass(frozen=True)
 class TickReport:
-    """The outcome of one tick: mode, budget and sum of bounds (W), and the writes."""
+    """The outcome of one tick: mode, budget and sum of bounds (W), the writes, and the
+    bank as the tick left it (built once, read by every side channel)."""
 
     now: float
     mode: Mode
@@ -120,6 +122,7 @@ class TickReport:
     sum_bound_w: float
     writes: tuple[WriteEvent, ...]
     faults: tuple[str, ...]
+    snapshot: BankSnapshot
 
 
 class Controller:
@@ -297,7 +300,8 @@ class Controller:
 
     def _report(self, now: float, events: list[WriteEvent], faults: list[str]) -> TickReport:
         return TickReport(
-            now, self.mode, self.ready, self.budget_mw / 1000, self.sum_bound_mw / 1000, tuple(events), tuple(faults)
+            now, self.mode, self.ready, self.budget_mw / 1000, self.sum_bound_mw / 1000, tuple(events), tuple(faults),
+            bank_snapshot(self, now),
         )
 
     @property
@@ -529,6 +533,35 @@ class Controller:
                 log.error("monitor_only", error="writing power limits needs root or CAP_SYS_ADMIN",
                           action="watching only: the budget is NOT enforced")
         return events
+
+
+def bank_snapshot(ctl: Controller, now: float) -> BankSnapshot:
+    """The bank in W from the controller's card states at ``now``: the one place the
+    side channels' view is computed. An unreadable card's limits and draw are None."""
+    cards = []
+    for c in ctl.cards:
+        r = c.reading if c.readable else None  # an unreadable card's last values are stale
+        info = c.info
+        cards.append(CardSnapshot(
+            index=c.index, uuid=c.uuid, name=info.name, role=str(c.role), controllable=c.controllable,
+            readable=c.readable,
+            requested_limit_w=None if r is None else _w(c.requested_mw),
+            enforced_limit_w=None if r is None else _w(c.enforced_mw),
+            limit_bound_w=c.bound_mw / 1000,
+            min_limit_w=None if info.min_limit_w is None else c.min_mw / 1000,
+            max_limit_w=None if info.max_limit_w is None else c.max_mw / 1000,
+            hw_min_limit_w=info.min_limit_w, hw_max_limit_w=info.max_limit_w,
+            power_avg_w=None if r is None else r.power_avg_w,
+            power_instant_w=None if r is None else r.power_instant_w,
+            error=c.error, contested_w=c.contested_w if c.contested(now) else None,
+            excursions=c.excursions, peak_excursion_w=c.peak_excursion_w,
+            read_errors=tuple(sorted(c.read_errors.items())),
+        ))
+    floor_mw = sum(c.min_mw if c.controllable else c.bound_mw for c in ctl.cards)
+    return BankSnapshot(
+        now=now, mode=str(ctl.mode), ready=ctl.ready, budget_w=ctl.budget_mw / 1000,
+        sum_limit_bound_w=ctl.sum_bound_mw / 1000, floor_w=floor_mw / 1000, cards=tuple(cards),
+    )
 
 
 def _avoid_refused(c: CardState, target_mw: int) -> int:

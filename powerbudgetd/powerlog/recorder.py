@@ -1,6 +1,6 @@
 """The flight recorder: a durable power log, written beside the control loop.
 
-A tick listener (:class:`Recorder`) keeps, between records, each card's highest instant
+A side channel (:class:`Recorder`) keeps, from each tick's bank snapshot and between records, each card's highest instant
 draw and the highest summed instant draw of the bank, and every ``interval_s`` hands one
 record to a writer thread (:class:`LogWriter`) through a bounded queue. The listener
 never blocks: when the queue is full the record is dropped and counted, so a slow or
@@ -63,7 +63,7 @@ import threading
 import time
 import uuid as uuid_mod
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO
@@ -73,9 +73,10 @@ import structlog
 from powerbudgetd import __version__
 
 if TYPE_CHECKING:
-    from powerbudgetd.service.config import FeedConfig, RecorderConfig
-    from powerbudgetd.control.controller import Controller, TickReport
-    from powerbudgetd.service.daemon import Daemon
+    from powerbudgetd.control.controller import TickReport
+    from powerbudgetd.core.feed import Feed
+    from powerbudgetd.core.snapshot import BankSnapshot
+    from powerbudgetd.service.config import RecorderConfig, Settings
 
 log = structlog.get_logger("powerbudgetd")
 
@@ -357,11 +358,12 @@ class LogWriter:
 
 
 class Recorder:
-    """The tick listener: tracks peaks every tick, emits a record every ``interval_s``.
+    """The side channel: tracks peaks every tick, emits a record every ``interval_s``.
 
-    Call it with ``(TickReport, Controller)`` after each tick (``Daemon.listeners``); it
-    only reads the controller's cards and queues a dict. ``wall_clock`` gives epoch
-    seconds for the ``utc`` field (virtual time in simulations).
+    Register it with ``Daemon.register``; :meth:`on_tick` only reads the tick's bank
+    snapshot and queues a dict; :meth:`run` runs the writer. ``feed`` (``core.feed``)
+    gives the wall power; ``wall_clock`` epoch seconds for the ``utc`` field (virtual
+    time in simulations).
     """
 
     def __init__(
@@ -369,7 +371,7 @@ class Recorder:
         writer: LogWriter,
         *,
         interval_s: float = 1.0,
-        feed: FeedConfig | None = None,
+        feed: Feed | None = None,
         wall_clock: Callable[[], float] = time.time,
     ) -> None:
         self.writer = writer
@@ -390,27 +392,21 @@ class Recorder:
     def stats(self) -> RecorderStats:
         return self.writer.stats
 
-    def __call__(self, report: TickReport, ctl: Controller) -> None:
+    def on_tick(self, report: TickReport) -> None:
+        snap = report.snapshot
         now = report.now
-        bank_instant = 0.0
-        seen = False
-        for c in ctl.cards:
-            r = c.reading
-            if r is None:
-                continue
-            w = r.power_instant_w if r.power_instant_w is not None else r.power_avg_w
-            if w is None:
-                continue
-            seen = True
-            bank_instant += w
-            prev = self._card_peak.get(c.uuid)
-            self._card_peak[c.uuid] = w if prev is None else max(prev, w)
-        if seen:
+        for c in snap.cards:
+            w = c.power_peak_w
+            if w is not None:
+                prev = self._card_peak.get(c.uuid)
+                self._card_peak[c.uuid] = w if prev is None else max(prev, w)
+        bank_instant = snap.sum_power_peak_w
+        if bank_instant is not None:
             self._bank_peak = bank_instant if self._bank_peak is None else max(self._bank_peak, bank_instant)
-        self._last_mode, self._last_now = str(report.mode), now
+        self._last_mode, self._last_now = snap.mode, now
         if not self._header_sent:
             self._header_sent = True
-            self.writer.submit(self._header(report, ctl))
+            self.writer.submit(self._header(report.now, snap))
             self._next_due = now + self.interval_s
             return
         assert self._next_due is not None
@@ -419,7 +415,7 @@ class Recorder:
         # Keep a steady cadence; after a stall, restart it rather than emit a burst.
         self._next_due = self._next_due + self.interval_s if now < self._next_due + self.interval_s else now + self.interval_s
         self._samples += 1
-        if not self.writer.submit(self._sample(report, ctl)):
+        if not self.writer.submit(self._sample(report.now, snap)):
             if now - self._warned_at >= WARN_EVERY_S:
                 self._warned_at = now
                 log.warning(
@@ -429,41 +425,39 @@ class Recorder:
         self._card_peak.clear()
         self._bank_peak = None
 
-    def _header(self, report: TickReport, ctl: Controller) -> dict[str, Any]:
+    def on_reload(self, ok: bool, settings: Settings | None) -> None:
+        """``[recorder]`` changes need a restart: nothing to do."""
+
+    def _header(self, now: float, snap: BankSnapshot) -> dict[str, Any]:
         return {
             "v": SCHEMA_VERSION, "kind": "header", "run": self.run_id,
-            "utc": utc_iso(self.wall_clock()), "mono_s": round(report.now, 3),
+            "utc": utc_iso(self.wall_clock()), "mono_s": round(now, 3),
             "host": socket.gethostname(), "boot_id": boot_id(), "pid": os.getpid(),
-            "version": __version__, "interval_s": self.interval_s, "budget_w": report.budget_w,
-            "feed": None if self.feed is None else self.feed.model_dump(),
+            "version": __version__, "interval_s": self.interval_s, "budget_w": snap.budget_w,
+            "feed": None if self.feed is None else asdict(self.feed),
             "cards": [
-                {"index": c.index, "uuid": c.uuid, "name": c.info.name,
-                 "min_w": c.info.min_limit_w, "max_w": c.info.max_limit_w}
-                for c in ctl.cards
+                {"index": c.index, "uuid": c.uuid, "name": c.name, "min_w": c.hw_min_limit_w, "max_w": c.hw_max_limit_w}
+                for c in snap.cards
             ],
         }
 
-    def _sample(self, report: TickReport, ctl: Controller) -> dict[str, Any]:
-        cards = []
-        sum_avg = sum_limit = 0.0
-        for c in ctl.cards:
-            r = c.reading
-            avg = r.power_avg_w if r is not None else None
-            limit = c.enforced_mw / 1000 if c.enforced_mw is not None and c.readable else None
-            sum_avg += avg or 0.0
-            sum_limit += limit or 0.0
-            cards.append({
-                "index": c.index, "uuid": c.uuid, "avg_w": _r(avg),
-                "peak_w": _r(self._card_peak.get(c.uuid)), "limit_w": _r(limit), "role": str(c.role),
-            })
+    def _sample(self, now: float, snap: BankSnapshot) -> dict[str, Any]:
+        cards = [
+            {
+                "index": c.index, "uuid": c.uuid, "avg_w": _r(c.power_avg_w),
+                "peak_w": _r(self._card_peak.get(c.uuid)), "limit_w": _r(c.enforced_limit_w), "role": c.role,
+            }
+            for c in snap.cards
+        ]
+        sum_avg = snap.sum_power_avg_w
         peak = self._bank_peak
         return {
             "v": SCHEMA_VERSION, "kind": "sample", "n": self._samples,
-            "utc": utc_iso(self.wall_clock()), "mono_s": round(report.now, 3),
-            "mode": str(report.mode), "budget_w": report.budget_w, "dropped": self.stats.records_dropped,
+            "utc": utc_iso(self.wall_clock()), "mono_s": round(now, 3),
+            "mode": snap.mode, "budget_w": snap.budget_w, "dropped": self.stats.records_dropped,
             "cards": cards,
             "bank": {
-                "avg_w": _r(sum_avg), "peak_w": _r(peak), "limit_w": _r(sum_limit),
+                "avg_w": _r(sum_avg), "peak_w": _r(peak), "limit_w": _r(snap.sum_enforced_limit_w),
                 "wall_w": _r(self._wall(sum_avg)), "wall_peak_w": _r(self._wall(peak)),
             },
         }
@@ -471,7 +465,7 @@ class Recorder:
     def _wall(self, board_w: float | None) -> float | None:
         if self.feed is None or board_w is None:
             return None
-        return (board_w + self.feed.host_w) / self.feed.psu_efficiency
+        return self.feed.wall_w(board_w)
 
     def end_record(self) -> dict[str, Any]:
         """The clean-exit marker: a log without it after its last sample was cut."""
@@ -481,9 +475,9 @@ class Recorder:
             "mode": self._last_mode,
         }
 
-    async def service(self, daemon: Daemon) -> None:
-        """A ``Daemon.services`` entry: runs the writer while the daemon runs, and on the
-        way out writes the ``end`` record and flushes everything (off the event loop)."""
+    async def run(self) -> None:
+        """Runs the writer while the daemon runs, and on the way out writes the ``end``
+        record and flushes everything (off the event loop)."""
         self.writer.start()
         try:
             await asyncio.Event().wait()
@@ -494,17 +488,14 @@ class Recorder:
             log.info("recorder_closed", **{k: v for k, v in vars(self.stats).items() if v})
 
 
-def attach(daemon: Daemon, cfg: RecorderConfig, feed: FeedConfig | None) -> Recorder:
-    """Build a recorder from the ``[recorder]`` section and hook it into ``daemon``."""
+def from_config(cfg: RecorderConfig, feed: Feed | None) -> Recorder:
+    """A recorder built from the ``[recorder]`` section (register it with the daemon)."""
     writer = LogWriter(
         cfg.dir, max_file_bytes=cfg.max_file_bytes, max_total_bytes=cfg.max_total_bytes,
         fsync_interval_s=cfg.fsync_interval_s,
     )
-    rec = Recorder(writer, interval_s=cfg.interval_s, feed=feed)
-    daemon.listeners.append(rec)
-    daemon.services.append(rec.service)
     log.info("recorder_enabled", dir=str(cfg.dir), interval_s=cfg.interval_s, max_total_bytes=cfg.max_total_bytes)
-    return rec
+    return Recorder(writer, interval_s=cfg.interval_s, feed=feed)
 
 
 def _r(w: float | None) -> float | None:

@@ -16,8 +16,8 @@ Sizing (figures from the brief, "Protective devices"):
   so this errs on the safe side.
 - Wall power = (board power + host_w) / psu_efficiency. The feed figures come from
   ``--config``'s ``[feed]``, else the one recorded in the log's header, else the
-  defaults of :class:`~powerbudgetd.service.config.FeedConfig` with 120 V and the host draw
-  unknown (counted as 0 W, and said so).
+  defaults of :class:`~powerbudgetd.core.feed.Feed` (120 V, the host draw unknown:
+  counted as 0 W, and said so). The arithmetic is that model's.
 
 Peaks are the highest sums of instant readings the daemon saw, one per tick (100 ms):
 shorter spikes can be higher still.
@@ -36,12 +36,12 @@ from pathlib import Path
 from statistics import fmean
 from typing import Any
 
+from powerbudgetd.core.feed import Feed
 from powerbudgetd.service.config import FeedConfig
 from powerbudgetd.powerlog.recorder import boot_id, utc_iso
 from powerbudgetd.powerlog.reader import LogIndex, Run, Sample, epoch, load_samples
 
-DEFAULT_VOLTS = 120.0  # the incident's circuit; give [feed] volts for yours
-_FEED_DEFAULTS = {k: FeedConfig.model_fields[k].default for k in ("derating", "ups_margin", "psu_efficiency")}
+_FEED_FIELDS = ("breaker_a", "volts", "derating", "ups_w", "ups_margin", "psu_efficiency", "host_w")
 
 
 def parse_duration(text: str) -> float:
@@ -53,40 +53,24 @@ def parse_duration(text: str) -> float:
 
 
 @dataclass(frozen=True)
-class Feed:
-    """The feed figures a report sizes with, and where they came from."""
+class FeedChoice:
+    """The feed a report sizes with (``core.feed``), and where it came from."""
 
-    volts: float
-    derating: float
-    ups_margin: float
-    psu_efficiency: float
-    host_w: float | None  # None: unknown
-    breaker_a: float | None
-    ups_w: float | None
+    feed: Feed
     source: str
 
     @classmethod
-    def choose(cls, configured: FeedConfig | None, recorded: dict[str, Any] | None, config_name: str | None) -> Feed:
+    def choose(
+        cls, configured: FeedConfig | None, recorded: dict[str, Any] | None, config_name: str | None
+    ) -> FeedChoice:
+        """``--config``'s ``[feed]``, else the one recorded in the log, else the defaults
+        (120 V, host draw unknown). Raises ValueError for a recorded feed out of range."""
         if configured is not None:
-            return cls(**_feed_fields(configured.model_dump()), source=f"[feed] of {config_name}")
+            return cls(configured.feed(), f"[feed] of {config_name}")
         if recorded:
-            return cls(**_feed_fields(recorded), source="[feed] recorded in the log")
-        return cls(
-            volts=DEFAULT_VOLTS, host_w=None, breaker_a=None, ups_w=None, **_FEED_DEFAULTS,
-            source="defaults (no [feed] configured or recorded)",
-        )
-
-    def wall_w(self, board_w: float) -> float:
-        return (board_w + (self.host_w or 0.0)) / self.psu_efficiency
-
-
-def _feed_fields(d: dict[str, Any]) -> dict[str, Any]:
-    return {
-        "volts": float(d["volts"]), "derating": float(d.get("derating", _FEED_DEFAULTS["derating"])),
-        "ups_margin": float(d.get("ups_margin", _FEED_DEFAULTS["ups_margin"])),
-        "psu_efficiency": float(d.get("psu_efficiency", _FEED_DEFAULTS["psu_efficiency"])),
-        "host_w": float(d["host_w"]), "breaker_a": _opt(d.get("breaker_a")), "ups_w": _opt(d.get("ups_w")),
-    }
+            fields = {k: float(recorded[k]) for k in _FEED_FIELDS if recorded.get(k) is not None}
+            return cls(Feed(**fields), "[feed] recorded in the log")
+        return cls(Feed(), "defaults (no [feed] configured or recorded)")
 
 
 @dataclass(frozen=True)
@@ -156,7 +140,7 @@ def summarize(log: LogIndex, last_s: float, configured: FeedConfig | None = None
     window, skipped = load_samples(files, since)
     if not window:
         raise ValueError(f"{log.source}: no sample records in the {last_s:g} s before {utc_iso(stop)}")
-    feed = Feed.choose(configured, (run.header or {}).get("feed"), config_name)
+    feed = FeedChoice.choose(configured, (run.header or {}).get("feed"), config_name)
     runs = [r for r in log.runs if r.has_samples]
     skipped += [t for t in log.torn if t.path not in {s.path for s in skipped}]
     return {
@@ -221,12 +205,13 @@ def _bank(window: list[Sample]) -> dict[str, Any]:
     }
 
 
-def _wall_and_sizing(window: list[Sample], feed: Feed) -> dict[str, Any]:
+def _wall_and_sizing(window: list[Sample], choice: FeedChoice) -> dict[str, Any]:
     bank = _bank(window)
     if bank["max_avg_w"] is None:
         return {"wall": None, "sizing": None, "feed": None}
     mean_w, max_avg_w = bank["mean_w"], bank["max_avg_w"]
     peak_w = bank["peak_w"] if bank["peak_w"] is not None else max_avg_w
+    feed = choice.feed
     wall: dict[str, Any] = {
         "host_w": feed.host_w, "psu_efficiency": feed.psu_efficiency, "host_known": feed.host_w is not None,
         "mean_w": _r(feed.wall_w(mean_w)), "max_avg_w": _r(feed.wall_w(max_avg_w)), "peak_w": _r(feed.wall_w(peak_w)),
@@ -237,17 +222,17 @@ def _wall_and_sizing(window: list[Sample], feed: Feed) -> dict[str, Any]:
         "ups_w": _r(ups_needed), "ups_margin": feed.ups_margin,
         "circuit_a": round(amps_needed, 2), "volts": feed.volts, "derating": feed.derating,
     }
-    check: dict[str, Any] = {"source": feed.source, "ups": None, "circuit": None}
+    check: dict[str, Any] = {"source": choice.source, "ups": None, "circuit": None}
     if feed.ups_w is not None:
         p = wall["peak_w"]
-        verdict = ("held" if p <= feed.ups_w * (1 - feed.ups_margin)
+        verdict = ("held" if p <= feed.ups_limit_w()  # type: ignore[operator]
                    else "held, inside the margin" if p <= feed.ups_w else "over its rating: trips")
         check["ups"] = {"ups_w": feed.ups_w, "peak_wall_w": p, "load": round(p / feed.ups_w, 3), "verdict": verdict}
     if feed.breaker_a is not None:
         a = wall["max_avg_w"]
-        cont = feed.breaker_a * feed.volts * feed.derating
-        verdict = ("held" if a <= cont
-                   else "over the continuous rating: trips if sustained" if a <= feed.breaker_a * feed.volts
+        cont = feed.circuit_w()
+        verdict = ("held" if a <= cont  # type: ignore[operator]
+                   else "over the continuous rating: trips if sustained" if a <= feed.breaker_w  # type: ignore[operator]
                    else "over the breaker's rating: trips")
         check["circuit"] = {"breaker_a": feed.breaker_a, "continuous_w": _r(cont), "max_avg_wall_w": a,
                             "verdict": verdict}
@@ -337,10 +322,6 @@ def _w(v: float | None) -> str:
 
 def _r(v: float | None) -> float | None:
     return None if v is None else round(v, 1)
-
-
-def _opt(v: Any) -> float | None:
-    return None if v is None else float(v)
 
 
 def _pid_alive(pid: int) -> bool:

@@ -27,6 +27,7 @@ from pydantic import (
 )
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
+from powerbudgetd.core.feed import DEFAULT_DERATING, DEFAULT_PSU_EFFICIENCY, DEFAULT_UPS_MARGIN, Feed
 from powerbudgetd.core.model import CardOverride
 from powerbudgetd.errors import ConfigError
 from powerbudgetd.core.model import Timings
@@ -62,14 +63,15 @@ class FeedConfig(_Section):
     Circuit: breaker_a x volts x derating (NEC: continuous loads at 80 %).
     UPS: ups_w (its real watt rating, not VA) x (1 - ups_margin): a UPS trips on peaks
     within seconds, faster than a 1 s average shows (brief, "Protective devices").
+    The arithmetic is :class:`powerbudgetd.core.feed.Feed`'s (:meth:`feed`).
     """
 
     breaker_a: float = Field(gt=0, le=400)
     volts: float = Field(gt=0, le=480)
-    derating: float = Field(0.8, gt=0, le=1)
+    derating: float = Field(DEFAULT_DERATING, gt=0, le=1)
     ups_w: float | None = Field(None, gt=0, le=100_000)
-    ups_margin: float = Field(0.2, ge=0, lt=1)
-    psu_efficiency: float = Field(0.9, gt=0.5, le=1)
+    ups_margin: float = Field(DEFAULT_UPS_MARGIN, ge=0, lt=1)
+    psu_efficiency: float = Field(DEFAULT_PSU_EFFICIENCY, gt=0.5, le=1)
     host_w: float = Field(ge=0, le=100_000)  # CPU, RAM, drives, fans: measure it at the plug
 
     @model_validator(mode="after")
@@ -81,20 +83,23 @@ class FeedConfig(_Section):
             )
         return self
 
+    def feed(self) -> Feed:
+        """The feed model these figures describe."""
+        return Feed(**self.model_dump())
+
     def circuit_w(self) -> float:
-        return self.breaker_a * self.volts * self.derating
+        return self.feed().circuit_w()  # type: ignore[return-value]  # breaker_a is required here
 
     def ups_limit_w(self) -> float | None:
-        return None if self.ups_w is None else self.ups_w * (1 - self.ups_margin)
+        return self.feed().ups_limit_w()
 
     def wall_limit_w(self) -> float:
         """The tightest plug-side limit (W)."""
-        ups = self.ups_limit_w()
-        return self.circuit_w() if ups is None else min(self.circuit_w(), ups)
+        return self.feed().wall_limit_w()  # type: ignore[return-value]
 
     def board_budget_w(self) -> float:
         """Board watts the feed allows: wall limit x efficiency - host draw."""
-        return self.wall_limit_w() * self.psu_efficiency - self.host_w
+        return self.feed().board_budget_w()  # type: ignore[return-value]
 
 
 class ControlConfig(_Section):

@@ -9,20 +9,33 @@ SIGHUP reloads the config file: ``RELOADING=1``, re-read and validate, then
 acted on by the very next tick, whose writes carry the reason ``reload`` (a lower one:
 decreases first, as always). Sections that shape the bank itself ([control], [cards],
 [sim]) need a restart; a reload says so and keeps them.
+
+The budget: every source (the config file, the wall meter, a remote budget) reports to
+one :class:`~powerbudgetd.core.arbiter.BudgetArbiter`; before each tick the daemon's
+:class:`BudgetKeeper` resolves it and sets the controller's budget. This module is the
+only caller of ``Controller.set_budget`` (a test holds it to that). A reload replaces
+the configured budget in the arbiter directly.
+
+Side channels (metrics, MQTT, recorder) implement
+:class:`~powerbudgetd.channels.protocol.SideChannel` and are added with
+:meth:`Daemon.register`.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import signal
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from pathlib import Path
 
 import structlog
 
+from powerbudgetd.channels.protocol import SideChannel
+from powerbudgetd.core.arbiter import BudgetArbiter, Decision
 from powerbudgetd.service.config import Settings, load_config
-from powerbudgetd.control.controller import Controller, TickReport
+from powerbudgetd.control.controller import Controller
 from powerbudgetd.errors import BudgetInfeasible, ConfigError, ExitStatus, NvmlError, NvmlNoPermission
 from powerbudgetd.service.logs import configure_logging
 from powerbudgetd.core.model import Mode
@@ -32,8 +45,6 @@ from powerbudgetd.hw.persistence import ensure_persistence_mode
 
 log = structlog.get_logger("powerbudgetd")
 
-TickListener = Callable[[TickReport, Controller], None]
-Service = Callable[["Daemon"], Awaitable[None]]
 
 # Settings a reload cannot change in a running daemon: they shape the bank and the loop.
 RESTART_ONLY = (
@@ -42,8 +53,56 @@ RESTART_ONLY = (
 )
 
 
+class BudgetKeeper:
+    """Sets the controller's budget to the arbiter's decision, between ticks only.
+
+    A decision below the bank's floor holds the cards at their minimum limits (logged
+    once, ``budget_below_floor``). One the controller refuses (``BudgetInfeasible``:
+    its own floor check, which also counts cards it cannot control) keeps the last good
+    budget, logged once (``budget_change_refused``) and retried on every tick.
+    :attr:`in_force` is the last decision the controller took.
+    """
+
+    def __init__(self, arbiter: BudgetArbiter) -> None:
+        self.arbiter = arbiter
+        self.in_force: Decision | None = None
+        self._said: tuple[str, int] | None = None  # the last problem logged: (event, mW)
+
+    def apply(self, ctl: Controller, now: float, reason: str | None = None, *, strict: bool = False) -> Decision:
+        """Resolve the arbiter at ``now`` (s) and set ``ctl``'s budget to it when it
+        differs; the next tick's writes carry ``reason`` (default: the source in force).
+        ``strict``: raise BudgetInfeasible instead of keeping the last good budget."""
+        decision = self.arbiter.resolve(now)
+        want_mw = int(decision.budget_w * 1000)
+        if decision.below_floor and self._said != ("budget_below_floor", int(decision.wanted_w * 1000)):
+            log.error("budget_below_floor", wanted_w=round(decision.wanted_w, 1), source=decision.source,
+                      floor_w=decision.floor_w, detail="holding the cards at their minimum limits instead")
+            self._said = ("budget_below_floor", int(decision.wanted_w * 1000))
+        if want_mw != ctl.budget_mw:
+            old_w = ctl.budget_mw / 1000
+            try:
+                ctl.set_budget(decision.budget_w, reason=reason or decision.source)
+            except BudgetInfeasible as exc:
+                if strict:
+                    raise
+                if self._said != ("budget_change_refused", want_mw):
+                    log.error("budget_change_refused", wanted_w=round(decision.budget_w, 1), source=decision.source,
+                              kept_budget_w=old_w, error=str(exc))
+                    self._said = ("budget_change_refused", want_mw)
+                return decision
+            log.info("budget_changed", from_w=old_w, to_w=ctl.budget_mw / 1000, source=decision.source)
+        self.in_force = decision
+        if not decision.below_floor:
+            self._said = None
+        return decision
+
+
 class Daemon:
-    """Runs one controller until SIGTERM/SIGINT; see :meth:`run`."""
+    """Runs one controller until SIGTERM/SIGINT; see :meth:`run`.
+
+    :attr:`arbiter` holds the budget sources; side channels offer theirs there (the
+    configured budget comes from ``settings``, else from the controller the factory
+    builds)."""
 
     def __init__(
         self,
@@ -61,11 +120,10 @@ class Daemon:
         self.clock = clock
         self.config_path = config_path
         self.settings = settings  # the config in force; replaced by a good reload
-        # Side channels (metrics, MQTT, recorder): listeners are called after every tick
-        # and must not block; services are long-running tasks started before boot.
-        self.listeners: list[TickListener] = []
-        self.services: list[Service] = []
-        self.reload_listeners: list[Callable[[bool], None]] = []  # called with each reload's outcome
+        self.arbiter: BudgetArbiter | None = None if settings is None else BudgetArbiter(settings.effective_budget_w())
+        self.keeper: BudgetKeeper | None = None if self.arbiter is None else BudgetKeeper(self.arbiter)
+        # Side channels (metrics, MQTT, recorder): see channels.protocol.
+        self.channels: list[SideChannel] = []
         self.controller: Controller | None = None
         self._stop = asyncio.Event()
         self._wake = asyncio.Event()  # a signal arrived: end the wait between ticks
@@ -88,6 +146,10 @@ class Daemon:
         if self._reload_note:
             text += f"; {self._reload_note}"
         return text
+
+    def register(self, channel: SideChannel) -> None:
+        """Add a side channel: ticks, reloads and its ``run`` task (see channels.protocol)."""
+        self.channels.append(channel)
 
     def request_stop(self) -> None:
         self._stop.set()
@@ -158,6 +220,10 @@ class Daemon:
             log.error("nvml_unavailable", error=str(exc), kind=exc.kind)
             return ExitStatus.NVML
         self.controller = ctl
+        if self.arbiter is None:  # no settings: the factory's budget is the configured one
+            self.arbiter = BudgetArbiter(ctl.budget_mw / 1000)
+        if self.keeper is None:
+            self.keeper = BudgetKeeper(self.arbiter)
         log.info(
             "starting", budget_w=ctl.budget_mw / 1000, gpus=len(ctl.cards), dry_run=ctl.dry_run,
             cards=[{"index": c.index, "uuid": c.uuid, "name": c.info.name, "min_w": c.min_mw / 1000,
@@ -167,7 +233,7 @@ class Daemon:
         self._persistence_off = ensure_persistence_mode(
             self.nvml, [(c.index, c.uuid, c.controllable) for c in ctl.cards], enable
         )
-        tasks = [asyncio.ensure_future(svc(self)) for svc in self.services]
+        tasks = [asyncio.create_task(ch.run(), name=type(ch).__name__) for ch in self.channels]
         try:
             return await self._loop(ctl)
         finally:
@@ -177,6 +243,8 @@ class Daemon:
             self.nvml.shutdown()
 
     async def _loop(self, ctl: Controller) -> int:
+        assert self.keeper is not None
+        keeper = self.keeper
         tick_s = ctl.timings.tick_s
         wd_interval = watchdog_interval_s()
         last_wd = float("-inf")
@@ -189,12 +257,16 @@ class Daemon:
                 self._reload_requested = False
                 self._reload(ctl)  # the tick just below acts on a new budget at once
             t0 = self.clock()
+            keeper.apply(ctl, t0)  # between ticks: what the sources reported since the last one
             report = await asyncio.to_thread(ctl.tick, t0)
-            for listener in self.listeners:
+            snapshot = report.snapshot.with_budget(keeper.in_force)
+            report = dataclasses.replace(report, snapshot=snapshot)
+            keeper.arbiter.set_floor(snapshot.floor_w)
+            for channel in self.channels:
                 try:
-                    listener(report, ctl)
+                    channel.on_tick(report)
                 except Exception:  # noqa: BLE001 - a side channel must never stop control
-                    log.exception("listener_failed", listener=getattr(listener, "__name__", repr(listener)))
+                    log.exception("listener_failed", listener=type(channel).__name__)
             if not ctl.ready and any(w.error_kind == "no_permission" for w in report.writes):
                 log.error(
                     "no_permission",
@@ -239,11 +311,17 @@ class Daemon:
         path = None if self.config_path is None else str(self.config_path)
         old_w = ctl.budget_mw / 1000
         log.info("reloading", config=path)
+        assert self.keeper is not None
+        arbiter = self.keeper.arbiter
+        old_configured_w = arbiter.configured_w
         try:
             new = self._load()
-            new_w = new.effective_budget_w()
-            ctl.set_budget(new_w, reason="reload")
+            # The file's budget replaces the configured one in the arbiter (never
+            # inferred from what the controller holds); a lower source stays in force.
+            arbiter.configure(new.effective_budget_w())
+            self.keeper.apply(ctl, self.clock(), reason="reload", strict=True)
         except (ConfigError, BudgetInfeasible) as exc:
+            arbiter.configure(old_configured_w)
             log.error("reload_failed", config=path, error=str(exc), kept_budget_w=old_w)
             detail = "; ".join(line.strip() for line in str(exc).splitlines())
             self._reload_note = f"reload failed, running config kept: {detail}"
@@ -261,8 +339,11 @@ class Daemon:
             change = f"{old_w:g} -> {ctl.budget_mw / 1000:g} W" if ctl.budget_mw / 1000 != old_w else f"{old_w:g} W unchanged"
             self._reload_note = f"reloaded: budget {change}" + (f" ({', '.join(restart)}: restart to apply)" if restart else "")
             ok = True
-        for listener in self.reload_listeners:
-            listener(ok)
+        for channel in self.channels:
+            try:
+                channel.on_reload(ok, self.settings)
+            except Exception:  # noqa: BLE001 - a side channel must never stop control
+                log.exception("listener_failed", listener=type(channel).__name__)
         self._status = self.status_text(ctl)
         self.notifier.ready(self._status)
 

@@ -1,0 +1,176 @@
+"""The wall meter: a smart plug's or metered PDU's readings turned into a board budget
+that is offered to the budget arbiter (it can only lower the budget).
+
+From each reading and the GPUs' board power (``core.feed``)::
+
+    non-GPU wall draw = wall power - board power / PSU efficiency
+    board budget      = (plug-side limit - non-GPU wall draw) x PSU efficiency
+
+with hysteresis against a noisy meter (:func:`next_meter_budget_w`). Clock-free: ``now``
+(s) is passed in.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+import structlog
+
+from powerbudgetd.channels.mqtt._text import finite_number, shown
+from powerbudgetd.channels.mqtt.metrics import READING_ERRORS, MqttMetrics
+from powerbudgetd.core.arbiter import BudgetArbiter
+from powerbudgetd.core.feed import Feed
+from powerbudgetd.service.config import WallMeterConfig
+
+log = structlog.get_logger("powerbudgetd")
+
+SOURCE = "wall_meter"  # its name at the budget arbiter
+
+__all__ = ["READING_ERRORS", "SOURCE", "ReadingError", "WallMeter", "next_meter_budget_w", "parse_power_w"]
+
+
+class ReadingError(ValueError):
+    """A wall reading that must be ignored; ``reason`` is one of :data:`READING_ERRORS`."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+def parse_power_w(payload: bytes, path: Sequence[str]) -> float:
+    """The watts at ``path`` (dotted keys, list items by number) in a JSON payload.
+
+    Raises ReadingError ``garbled`` (not JSON, path missing, not a finite number) or
+    ``negative``.
+    """
+    try:
+        value: Any = json.loads(payload)
+    except (ValueError, UnicodeDecodeError):
+        raise ReadingError("garbled", f"not JSON: {shown(payload)!r}") from None
+    for i, key in enumerate(path):
+        where = ".".join(path[: i + 1])
+        if isinstance(value, dict) and key in value:
+            value = value[key]
+        elif isinstance(value, list) and key.isdigit() and int(key) < len(value):
+            value = value[int(key)]
+        else:
+            raise ReadingError("garbled", f"no {where} in {shown(payload)!r}")
+    watts = finite_number(value)
+    if watts is None:
+        hint = "; point json_path at one channel, e.g. ENERGY.Power.0" if isinstance(value, list) else ""
+        raise ReadingError("garbled", f"{'.'.join(path) or 'payload'} is not a number: {shown(json.dumps(value))}{hint}")
+    if watts < 0:
+        raise ReadingError("negative", f"negative wall power: {watts:g} W")
+    return watts
+
+
+def next_meter_budget_w(current_w: float | None, allowed_w: float, configured_w: float, hysteresis_w: float) -> float | None:
+    """The meter's budget after a reading (W); None when the meter does not limit.
+
+    Below what is in force: drop to ``allowed - hysteresis`` at once (protection
+    first, and one dead band of margin so noise does not trigger the next drop). Rise
+    only once the meter allows a full band more; give up limiting once it allows the
+    configured budget plus a band. Never above ``configured_w``.
+    """
+    in_force = configured_w if current_w is None else min(current_w, configured_w)
+    if allowed_w < in_force:
+        return max(0.0, allowed_w - hysteresis_w)
+    if current_w is None or allowed_w >= configured_w + hysteresis_w:
+        return None
+    if allowed_w >= current_w + 2 * hysteresis_w:
+        return allowed_w - hysteresis_w
+    return current_w
+
+
+class WallMeter:
+    """A wall meter's readings turned into a board budget; clock-free (``now`` in s).
+
+    ``state``: ``waiting`` (no reading yet), ``ok``, ``stale``, ``garbled``,
+    ``negative``, ``implausible`` or ``offline``; a warning is logged once per change of
+    state. A bad or missing reading keeps the last meter budget: only a fresh, valid
+    reading moves it, and it never exceeds the configured budget. With an ``arbiter``
+    every good reading offers the meter's budget there (source ``wall_meter``), or
+    withdraws it when the meter does not limit.
+
+    Raises ValueError when ``feed`` has no plug-side limit (neither breaker nor UPS).
+    """
+
+    def __init__(self, cfg: WallMeterConfig, feed: Feed, metrics: MqttMetrics, arbiter: BudgetArbiter | None = None) -> None:
+        if feed.wall_limit_w() is None:
+            raise ValueError("a wall meter needs a plug-side limit: [feed] breaker_a or ups_w")
+        self.cfg = cfg
+        self.feed = feed
+        self.metrics = metrics
+        self.arbiter = arbiter
+        self.state = "waiting"
+        self.wall_w: float | None = None
+        self.non_gpu_w: float | None = None
+        self.allowed_w: float | None = None
+        self.budget_w: float | None = None  # None: the meter does not limit
+        self.last_ok_at = float("-inf")
+
+    def reading(
+        self, payload: bytes, now: float, board_w: float | None, configured_w: float | None = None, *,
+        retained: bool = False,
+    ) -> None:
+        """One message from the meter; ``board_w`` is the GPU board power to pair it with;
+        ``configured_w`` the configured budget (default: the arbiter's)."""
+        if configured_w is None:
+            if self.arbiter is None:
+                raise ValueError("give configured_w, or an arbiter to take it from")
+            configured_w = self.arbiter.configured_w
+        try:
+            if retained:  # replayed by the broker on subscribe: its age is unknown
+                raise ReadingError("stale", "a retained reading of unknown age")
+            wall_w = parse_power_w(payload, self.cfg.power_path())
+            if not self.cfg.min_w <= wall_w <= self.cfg.max_w:
+                raise ReadingError(
+                    "implausible", f"wall power {wall_w:g} W outside [{self.cfg.min_w:g}, {self.cfg.max_w:g}] W"
+                )
+            if board_w is None:
+                return  # no tick yet: nothing to pair the reading with
+            non_gpu_w, allowed_w = self.feed.board_budget_from_wall_w(wall_w, board_w)
+            if non_gpu_w < 0:
+                raise ReadingError(
+                    "implausible",
+                    f"wall power {wall_w:g} W is below GPU board power {board_w:.0f} W / PSU efficiency "
+                    f"{self.feed.psu_efficiency:g}: is the meter on this host's plug?",
+                )
+        except ReadingError as exc:
+            self.metrics.ignored.labels(exc.reason).inc()
+            self._set_state(exc.reason, str(exc))
+            return
+        self.wall_w, self.non_gpu_w, self.allowed_w = wall_w, non_gpu_w, allowed_w
+        self.budget_w = next_meter_budget_w(self.budget_w, allowed_w, configured_w, self.cfg.hysteresis_w)
+        self.last_ok_at = now
+        if self.arbiter is not None:
+            if self.budget_w is None:
+                self.arbiter.withdraw(SOURCE)
+            else:
+                self.arbiter.offer(SOURCE, self.budget_w, now)
+        self.metrics.wall_power.set(wall_w)
+        self.metrics.non_gpu_wall.set(non_gpu_w)
+        self.metrics.meter_budget.set(configured_w if self.budget_w is None else min(self.budget_w, configured_w))
+        self._set_state("ok", f"wall {wall_w:g} W, non-GPU {non_gpu_w:.0f} W, allows {allowed_w:.0f} W of board power")
+
+    def offline(self) -> None:
+        """The meter's own last will or availability says it is gone."""
+        self._set_state("offline", "the meter reports itself offline")
+
+    def check_age(self, now: float) -> None:
+        if self.state == "ok" and now - self.last_ok_at > self.cfg.max_age_s:
+            self.metrics.ignored.labels("stale").inc()
+            self._set_state("stale", f"no reading for {self.cfg.max_age_s:g} s")
+
+    def _set_state(self, state: str, detail: str) -> None:
+        self.metrics.meter_ok.set(1 if state == "ok" else 0)
+        if state == self.state:
+            return
+        old, self.state = self.state, state
+        kept = None if self.budget_w is None else round(self.budget_w, 1)
+        if state == "ok":
+            log.info("wall_meter_ok", was=old, detail=detail)
+        else:
+            log.warning("wall_meter_ignored", state=state, was=old, detail=detail, meter_budget_kept_w=kept)

@@ -1,0 +1,106 @@
+"""The bank as one tick left it, in watts: what every side channel consumes.
+
+Built once per tick (``control.controller.bank_snapshot``) and carried by the tick's
+report; metrics, MQTT and the flight recorder read it and nothing else of the
+controller. Frozen: a side channel cannot change what another one sees.
+
+A value NVML could not read is None, never 0: an unreadable card's limits and draw are
+None (its last values would be stale), and so is a sum that would miss one of them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from powerbudgetd.core.arbiter import CONFIGURED, Decision
+
+
+@dataclass(frozen=True)
+class CardSnapshot:
+    """One card. Limits and draw in W; None: unknown (not reported, or unreadable now).
+
+    ``min_limit_w``/``max_limit_w``: the constraints control works within (``max`` may be
+    lowered by ``[cards] max_w``); ``hw_min_limit_w``/``hw_max_limit_w``: as the card
+    reports them. ``limit_bound_w``: the highest limit that may be in force (requested,
+    enforced or in flight). ``contested_w``: the value another tool keeps writing, while
+    the card is contested. ``read_errors``: failed reads so far, by NvmlError kind.
+    """
+
+    index: int
+    uuid: str
+    name: str
+    role: str
+    controllable: bool
+    readable: bool
+    requested_limit_w: float | None
+    enforced_limit_w: float | None
+    limit_bound_w: float
+    min_limit_w: float | None
+    max_limit_w: float | None
+    hw_min_limit_w: float | None
+    hw_max_limit_w: float | None
+    power_avg_w: float | None
+    power_instant_w: float | None
+    error: str | None = None
+    contested_w: float | None = None
+    excursions: int = 0
+    peak_excursion_w: float | None = None
+    read_errors: tuple[tuple[str, int], ...] = ()
+
+    @property
+    def power_peak_w(self) -> float | None:
+        """The instant draw, else the 1 s average (a card without field 186) (W)."""
+        return self.power_instant_w if self.power_instant_w is not None else self.power_avg_w
+
+
+@dataclass(frozen=True)
+class BankSnapshot:
+    """The bank. ``budget_w``: the budget in force (W) and ``budget_source`` the source
+    that set it (see ``core.arbiter``); ``sources``: every budget source's current value
+    (W). ``sum_limit_bound_w``: the sum over cards of the highest limit that may be in
+    force; ``floor_w``: the lowest budget the bank can be held to (controllable cards at
+    their minimum limits, the others at their bounds). ``sum_power_avg_w``: the summed
+    1 s average over the cards that report one; ``power_complete``: every card did."""
+
+    now: float
+    mode: str
+    ready: bool
+    budget_w: float
+    sum_limit_bound_w: float
+    floor_w: float
+    cards: tuple[CardSnapshot, ...]
+    budget_source: str = CONFIGURED
+    configured_budget_w: float | None = None
+    sources: tuple[tuple[str, float], ...] = ()
+
+    @property
+    def headroom_w(self) -> float:
+        return self.budget_w - self.sum_limit_bound_w
+
+    @property
+    def sum_power_avg_w(self) -> float:
+        return sum(c.power_avg_w or 0.0 for c in self.cards)
+
+    @property
+    def power_complete(self) -> bool:
+        return all(c.power_avg_w is not None for c in self.cards)
+
+    @property
+    def sum_power_peak_w(self) -> float | None:
+        """Summed instant draw (each card's :attr:`CardSnapshot.power_peak_w`); None when
+        no card reports any."""
+        seen = [w for c in self.cards if (w := c.power_peak_w) is not None]
+        return sum(seen) if seen else None
+
+    @property
+    def sum_enforced_limit_w(self) -> float:
+        return sum(c.enforced_limit_w or 0.0 for c in self.cards)
+
+    def with_budget(self, decision: Decision | None) -> BankSnapshot:
+        """This snapshot with the arbiter's account of the budget in force."""
+        if decision is None:
+            return self
+        return replace(
+            self, budget_source=decision.source, configured_budget_w=decision.configured_w,
+            sources=decision.sources,
+        )
