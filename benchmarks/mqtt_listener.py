@@ -1,7 +1,8 @@
-"""Benchmark: what the MQTT bridge's tick listener adds to each tick, for 4, 8 and 64 cards.
+"""Benchmark: what the per-tick side work adds to each tick, for 4, 8 and 64 cards.
 
-The listener runs on the event loop between ticks: it snapshots the bank, keeps 2 s of
-board power for the wall meter, applies a changed budget and wakes the publisher. Here
+Counted: building the bank snapshot (``bank_snapshot``, once per tick, shared by every
+side channel), the daemon's budget keeper resolving the arbiter, and the MQTT bridge's
+``on_tick`` (keeps 2 s of board power for the wall meter, wakes the publisher). Here
 it runs after real controller ticks over a simulated bank on virtual time (no broker:
 the listener never talks to one), and only its own CPU time is counted
 (``time.process_time``). A JSON encoding of the state it hands over is timed as well:
@@ -21,10 +22,13 @@ import time
 from prometheus_client import CollectorRegistry
 
 from powerbudgetd.service.config import FeedConfig, MqttConfig, WallMeterConfig
-from powerbudgetd.control.controller import Controller
+from powerbudgetd.control.controller import Controller, bank_snapshot
+from powerbudgetd.core.arbiter import BudgetArbiter
+from powerbudgetd.service.daemon import BudgetKeeper
 from powerbudgetd.service.logs import configure_logging
 from powerbudgetd.core.model import Timings
-from powerbudgetd.channels.mqtt import MqttBridge
+from powerbudgetd.channels.mqtt.session import MqttBridge
+from powerbudgetd.channels.mqtt import discovery as ha
 from powerbudgetd.hw.nvml import Nvml
 from powerbudgetd_sim.fake_pynvml import FakePynvml
 from powerbudgetd_sim.physics import CardSpec, SimBank
@@ -48,20 +52,23 @@ def run(n: int, ticks: int) -> dict[str, float]:
     now = [0.0]
     cfg = MqttConfig(host="localhost", node_id="bench", wall_meter=WallMeterConfig(preset="tasmota", topic="plug"))
     feed = FeedConfig(breaker_a=400, volts=480, host_w=300)
-    bridge = MqttBridge(cfg, 250.0 * n, feed, registry=CollectorRegistry(), clock=lambda: now[0])
+    keeper = BudgetKeeper(BudgetArbiter(250.0 * n))
+    bridge = MqttBridge(cfg, keeper.arbiter, feed.feed(), registry=CollectorRegistry(), clock=lambda: now[0])
     listener_s, encode_s = [], []
     for i in range(ticks):
         now[0] = i * 0.1
         sim.advance_to(now[0])
         report = ctl.tick(now[0])
         t0 = time.process_time()
-        bridge.on_tick(report, ctl)
+        bank_snapshot(ctl, now[0])  # what the tick itself now spends on the snapshot
+        keeper.apply(ctl, now[0])
+        bridge.on_tick(report)
         t1 = time.process_time()
         snap = bridge._latest  # noqa: SLF001 - what the publisher reads
         assert snap is not None
         json.dumps(bridge.bank_state(snap))
         for card in snap.cards:
-            json.dumps(card)
+            json.dumps(ha.card_state(card))
         encode_s.append(time.process_time() - t1)
         listener_s.append(t1 - t0)
     q = lambda xs, p: statistics.quantiles(xs, n=100)[p - 1] * 1e6  # noqa: E731

@@ -359,3 +359,23 @@ def test_metrics_config_defaults_and_errors(monkeypatch: pytest.MonkeyPatch) -> 
         Settings(budget_w=1000, metrics={"listen_address": "localhost:19400"})
     with pytest.raises(ValueError, match="metrics.port"):
         Settings(budget_w=1000, metrics={"port": 0})
+
+
+def test_each_budget_source_and_the_one_in_force(tmp_path: Path) -> None:
+    from dataclasses import replace
+
+    from powerbudgetd.core.arbiter import BudgetArbiter
+
+    rig = make_rig(tmp_path)
+    rig.run_until(0.5)
+    assert rig.value("powerbudgetd_budget_source_watts", source="config") == 1000.0  # no arbiter: the budget
+    assert rig.value("powerbudgetd_budget_source_in_force", source="config") == 1.0
+    arb = BudgetArbiter(1000)
+    arb.offer("wall_meter", 900, rig.t)
+    arb.offer("remote", 950, rig.t)
+    report = rig.reports[-1]
+    rig.metrics.on_tick(replace(report, snapshot=report.snapshot.with_budget(arb.resolve(rig.t))))
+    for source, watts, in_force in (("config", 1000.0, 0.0), ("wall_meter", 900.0, 1.0), ("remote", 950.0, 0.0)):
+        assert rig.value("powerbudgetd_budget_source_watts", source=source) == watts
+        assert rig.value("powerbudgetd_budget_source_in_force", source=source) == in_force
+    assert rig.value("powerbudgetd_budget_watts") == 1000.0  # the controller's, until the daemon applies it

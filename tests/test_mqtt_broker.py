@@ -35,7 +35,7 @@ from powerbudgetd.service.config import load_config
 from powerbudgetd.control.controller import Controller, TickReport
 from powerbudgetd.service.daemon import Daemon
 from powerbudgetd.service.logs import configure_logging
-from powerbudgetd.channels.mqtt import MqttBridge
+from powerbudgetd.channels.mqtt.session import MqttBridge
 from powerbudgetd.service.notify import Notifier
 
 
@@ -291,22 +291,33 @@ async def running(config: Path) -> AsyncIterator[Running]:
     assert settings.mqtt is not None
     nvml = make_nvml("sim", settings.sim.scenario)
     registry = CollectorRegistry()
-    bridge = MqttBridge(settings.mqtt, settings.effective_budget_w(), settings.feed, registry=registry)
 
     def factory(n):  # type: ignore[no-untyped-def]
         return Controller(n, settings.effective_budget_w(), settings.control.timings())
 
     daemon = Daemon(nvml, factory, notifier=Notifier(""), config_path=config, settings=settings)
+    assert daemon.arbiter is not None
+    bridge = MqttBridge(settings.mqtt, daemon.arbiter, settings.feed and settings.feed.feed(), registry=registry)
     r = Running(daemon, bridge, registry)
 
-    def record(report: TickReport, ctl: Controller) -> None:
-        r.ticks.append((time.monotonic(), report))
-        if r.set_budget_w is not None:  # between ticks, as a reload would
-            ctl.set_budget(r.set_budget_w)
-            r.set_budget_w, r.budget_set_at = None, len(r.ticks)
+    class Record:
+        """A side channel that keeps every tick and, between ticks, sets the configured
+        budget as a reload would."""
 
-    daemon.listeners.append(record)
-    bridge.attach(daemon)
+        def on_tick(self, report: TickReport) -> None:
+            r.ticks.append((time.monotonic(), report))
+            if r.set_budget_w is not None:
+                daemon.arbiter.configure(r.set_budget_w)  # type: ignore[union-attr]
+                r.set_budget_w, r.budget_set_at = None, len(r.ticks)
+
+        def on_reload(self, ok: bool, settings: Any) -> None:
+            pass
+
+        async def run(self) -> None:
+            pass
+
+    daemon.register(Record())
+    daemon.register(bridge)
     task = asyncio.create_task(daemon.run())
     try:
         await r.until(lambda: task.done() or (daemon.controller is not None and daemon.controller.ready))
@@ -523,4 +534,5 @@ async def test_a_reload_keeps_a_lower_meter_budget_in_force(broker: Mosquitto, t
         config.write_text(config.read_text().replace("budget_w = 1000", "budget_w = 700"))
         r.daemon.request_reload()  # a file below the meter's budget wins
         await r.until(lambda: r.ctl.budget_mw == 700_000)
-        assert r.bridge.configured_w == 700 and r.bridge.budget_source == "config"
+        assert r.bridge.configured_w == 700
+        await r.until(lambda: r.bridge.budget_source == "config")  # the next tick's snapshot says so

@@ -1,34 +1,38 @@
 """The MQTT side channel without a broker: parsing, the wall-meter arithmetic and
-hysteresis, the budget arbitration through a real controller, discovery, config."""
+hysteresis, the budget arbiter and the daemon's keeper over a real controller,
+discovery, config."""
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 import math
 import re
+import time
 from pathlib import Path
 
 import pytest
 from prometheus_client import CollectorRegistry
 from structlog.testing import capture_logs
 
-from powerbudgetd.service.backend import make_nvml
-from powerbudgetd.service.config import FeedConfig, MqttConfig, Settings, WallMeterConfig, load_config
-from powerbudgetd.control.controller import Controller
-from powerbudgetd.errors import ConfigError
-from powerbudgetd.service.logs import configure_logging
-from powerbudgetd.core.model import Timings
 from powerbudgetd.channels.mqtt import (
-    MqttBridge,
     MqttMetrics,
     ReadingError,
     WallMeter,
-    allowed_board_budget_w,
     next_meter_budget_w,
     parse_budget_command,
     parse_power_w,
 )
+from powerbudgetd.channels.mqtt.session import MqttBridge
+from powerbudgetd.control.controller import Controller, TickReport
+from powerbudgetd.core.arbiter import BudgetArbiter
+from powerbudgetd.errors import ConfigError
+from powerbudgetd.service.backend import make_nvml
+from powerbudgetd.service.config import FeedConfig, MqttConfig, Settings, WallMeterConfig, load_config
+from powerbudgetd.service.daemon import BudgetKeeper
+from powerbudgetd.service.logs import configure_logging
+from powerbudgetd.core.model import Timings
 
 
 @pytest.fixture(autouse=True)
@@ -95,13 +99,18 @@ def test_budget_commands() -> None:
 def test_allowed_board_budget_follows_the_brief() -> None:
     # 4 cards at 250 W of board power, 1300 W at the plug, PSU 90 %, 1440 W circuit limit:
     # 1000 / 0.9 = 1111 W of the plug power is the GPUs', 189 W is the host's.
-    non_gpu, allowed = allowed_board_budget_w(1300, 1000, 1440, 0.9)
+    feed = FEED.feed()
+    assert feed.wall_limit_w() == 1440
+    non_gpu, allowed = feed.board_budget_from_wall_w(1300, 1000)
     assert non_gpu == pytest.approx(1300 - 1000 / 0.9)
     assert allowed == pytest.approx((1440 - non_gpu) * 0.9)
     assert allowed == pytest.approx(1126.0, abs=0.1)
     # Host draw does not change with the GPUs' caps: the answer does not depend on board_w
     # as long as the wall moves with it.
-    assert allowed_board_budget_w(1300 - 500 / 0.9, 500, 1440, 0.9)[1] == pytest.approx(allowed)
+    assert feed.board_budget_from_wall_w(1300 - 500 / 0.9, 500)[1] == pytest.approx(allowed)
+    # The same model gives the wall power the recorder and the simulator use.
+    assert feed.wall_w(1000) == pytest.approx((1000 + 200) / 0.9)
+    assert feed.non_gpu_wall_w(feed.wall_w(1000), 1000) == pytest.approx(200 / 0.9)
 
 
 def test_hysteresis_drops_at_once_and_rises_only_a_band_later() -> None:
@@ -127,7 +136,7 @@ def test_hysteresis_drops_at_once_and_rises_only_a_band_later() -> None:
 
 def test_wall_meter_warns_once_per_state_change_and_keeps_its_budget() -> None:
     reg = CollectorRegistry()
-    meter = WallMeter(TASMOTA, FEED, MqttMetrics(reg))
+    meter = WallMeter(TASMOTA, FEED.feed(), MqttMetrics(reg))
     ignored = lambda reason: reg.get_sample_value("powerbudgetd_wall_readings_ignored_total", {"reason": reason})
     with capture_logs() as logs:
         meter.reading(tasmota(700), 0.0, 120.0, 1000.0, retained=True)
@@ -158,7 +167,7 @@ def test_wall_meter_warns_once_per_state_change_and_keeps_its_budget() -> None:
     assert reg.get_sample_value("powerbudgetd_wall_power_watts") == 705
 
 
-# -- the bridge and a real controller (sim bank, no broker) -----------------------------
+# -- the bridge, the arbiter and the daemon's keeper over a real controller ------------
 IDLE_BANK = 'name = "idle-4"\nbank = "workstation-4"\nbudget_w = 1000\n'  # 4 x 150-300 W cards, idle
 
 
@@ -173,71 +182,134 @@ def ctl(tmp_path: Path) -> Controller:
     return c
 
 
-def tick(ctl: Controller, bridge: MqttBridge, now: float):  # type: ignore[no-untyped-def]
-    report = ctl.tick(now)
-    bridge.on_tick(report, ctl)
-    return report
+class Loop:
+    """What the daemon's loop does around a tick, without the asyncio: apply the
+    arbiter's budget, tick, stamp the snapshot, report the floor, feed the bridge."""
+
+    def __init__(self, ctl: Controller, bridge: MqttBridge) -> None:
+        self.ctl, self.bridge = ctl, bridge
+        self.keeper = BudgetKeeper(bridge.arbiter)
+
+    def tick(self, now: float) -> TickReport:
+        self.keeper.apply(self.ctl, now)
+        report = self.ctl.tick(now)
+        snap = report.snapshot.with_budget(self.keeper.in_force)
+        report = dataclasses.replace(report, snapshot=snap)
+        self.keeper.arbiter.set_floor(snap.floor_w)
+        self.bridge.on_tick(report)
+        return report
+
+    def boot(self) -> float:
+        """Tick until every boot limit is confirmed (the simulated bank runs on the wall
+        clock); returns the time of the last tick."""
+        t0 = time.monotonic()
+        while not self.ctl.ready:
+            assert time.monotonic() - t0 < 10, "boot did not finish"
+            self.tick(time.monotonic())
+            time.sleep(0.02)
+        return time.monotonic()
 
 
-def test_meter_budget_goes_through_set_budget_and_never_below_the_floor(ctl: Controller) -> None:
+def bridge_for(cfg: MqttConfig, configured_w: float = 1000, feed: FeedConfig | None = None,
+               registry: CollectorRegistry | None = None) -> MqttBridge:
+    return MqttBridge(cfg, BudgetArbiter(configured_w), None if feed is None else feed.feed(),
+                      registry=registry or CollectorRegistry())
+
+
+def test_meter_budget_goes_through_the_arbiter_and_never_below_the_floor(ctl: Controller) -> None:
     cfg = MqttConfig(host="127.0.0.1", node_id="box", wall_meter=TASMOTA)
-    bridge = MqttBridge(cfg, 1000, FEED, registry=CollectorRegistry())
-    tick(ctl, bridge, 0.0)
+    bridge = bridge_for(cfg, feed=FEED)
+    loop = Loop(ctl, bridge)
+    t = loop.boot()
     assert ctl.budget_mw == 1_000_000
-    bridge.meter.budget_w = 780.0  # type: ignore[union-attr]
-    report = tick(ctl, bridge, 0.1)
-    assert ctl.budget_mw == 780_000 and report.budget_w == 1000  # applied between ticks
-    report = tick(ctl, bridge, 0.2)
-    assert report.budget_w == 780
-    assert all(w.to_w < w.from_w for w in report.writes)  # the next tick's writes are decreases
+    bridge.arbiter.offer("wall_meter", 780.0, t)
+    report = loop.tick(t + 0.1)  # applied between ticks, so this very tick acts on it
+    assert ctl.budget_mw == 780_000 and report.budget_w == 780
+    assert report.writes and all(w.to_w < w.from_w for w in report.writes)  # decreases first
+    assert all(w.reason == "wall_meter" for w in report.writes)
+    assert report.snapshot.budget_source == "wall_meter"
+    assert dict(report.snapshot.sources) == {"config": 1000, "wall_meter": 780}
     with capture_logs() as logs:
-        bridge.meter.budget_w = 100.0  # type: ignore[union-attr]  # below 4 x 150 W
-        tick(ctl, bridge, 0.3)
-        tick(ctl, bridge, 0.4)
+        bridge.arbiter.offer("wall_meter", 100.0, t + 0.15)  # below 4 x 150 W
+        loop.tick(t + 0.2)
+        loop.tick(t + 0.3)
     assert ctl.budget_mw == 600_000  # the cards at their minimum limits: the best there is
     assert [e["event"] for e in logs if e["log_level"] == "error"] == ["budget_below_floor"]  # once
+
+
+def test_wall_meter_reports_to_the_arbiter(ctl: Controller) -> None:
+    cfg = MqttConfig(host="127.0.0.1", node_id="box", wall_meter=TASMOTA)
+    now = [0.0]
+    bridge = MqttBridge(cfg, BudgetArbiter(1000), FEED.feed(), registry=CollectorRegistry(), clock=lambda: now[0])
+    loop = Loop(ctl, bridge)
+    loop.tick(0.0)
+    board_w = bridge.board_power_w()
+    assert board_w is not None
+    bridge.meter.reading(tasmota(700), 0.05, board_w)  # type: ignore[union-attr]
+    allowed = FEED.feed().board_budget_from_wall_w(700, board_w)[1]
+    offer = bridge.arbiter.offered("wall_meter")
+    assert offer is not None and offer.budget_w == pytest.approx(allowed - 20)
+    now[0] = 0.1
+    loop.tick(0.1)
+    assert ctl.budget_mw == int((allowed - 20) * 1000)
+    bridge.meter.reading(tasmota(100 + board_w / 0.9), 0.15, board_w)  # type: ignore[union-attr]
+    assert bridge.arbiter.offered("wall_meter") is None  # allows far more: not limiting
+    loop.tick(0.2)
+    assert ctl.budget_mw == 1_000_000
 
 
 def test_remote_budget_bounds(ctl: Controller) -> None:
     cfg = MqttConfig(host="127.0.0.1", node_id="box", remote_budget={"enabled": True})
     reg = CollectorRegistry()
-    bridge = MqttBridge(cfg, 1000, registry=reg)
+    bridge = bridge_for(cfg, registry=reg)
+    loop = Loop(ctl, bridge)
     assert "not ready" in bridge.remote_command(b"800")["error"]
-    tick(ctl, bridge, 0.0)
+    loop.tick(0.0)
     ok = bridge.remote_command(b"800")
-    assert ok["ok"] and ok["budget_w"] == 800 and ok["effective_budget_w"] == 800
-    tick(ctl, bridge, 0.1)
+    assert ok["ok"] and ok["budget_w"] == 800 and ok["effective_budget_w"] == 800 and ok["budget_source"] == "remote"
+    loop.tick(0.1)
     assert ctl.budget_mw == 800_000
     for payload, says in [(b"599", "below the sum of the cards' minimum power limits (600 W)"),
                           (b"1000.5", "above the configured budget (1000 W)"), (b"much", "not a number")]:
         r = bridge.remote_command(payload)
         assert not r["ok"] and says in r["error"] and r["min_w"] == 600 and r["max_w"] == 1000
-        tick(ctl, bridge, 0.2)
+        loop.tick(0.2)
         assert ctl.budget_mw == 800_000  # a rejected command changes nothing
     assert bridge.remote_command(b'{"budget_w": 600}')["ok"]
-    tick(ctl, bridge, 0.3)
+    loop.tick(0.3)
     assert ctl.budget_mw == 600_000
     assert bridge.remote_command(b"1000")["ok"]  # restore the file's budget
-    tick(ctl, bridge, 0.4)
+    loop.tick(0.4)
     assert ctl.budget_mw == 1_000_000 and bridge.remote_w is None
     assert reg.get_sample_value("powerbudgetd_remote_budget_commands_total", {"result": "rejected"}) == 4
     assert reg.get_sample_value("powerbudgetd_remote_budget_commands_total", {"result": "accepted"}) == 3
 
 
-def test_a_budget_set_elsewhere_becomes_the_configured_one(ctl: Controller) -> None:
+def test_a_reload_sets_the_configured_budget_in_the_arbiter(ctl: Controller) -> None:
+    """Remote 800, the file edited to 800 and reloaded, then remote 1000: rejected. (The
+    configured budget used to be inferred from what the controller held, which did not
+    change on that reload, so 1000 W slipped back in above the file's 800 W.)"""
     cfg = MqttConfig(host="127.0.0.1", node_id="box", remote_budget={"enabled": True})
-    bridge = MqttBridge(cfg, 1000, registry=CollectorRegistry())
-    tick(ctl, bridge, 0.0)
-    ctl.set_budget(900)  # a reload
-    tick(ctl, bridge, 0.1)
-    assert bridge.configured_w == 900 and ctl.budget_mw == 900_000
-    assert "above the configured budget (900 W)" in bridge.remote_command(b"950")["error"]
+    bridge = bridge_for(cfg)
+    loop = Loop(ctl, bridge)
+    loop.tick(0.0)
+    assert bridge.remote_command(b"800")["ok"]
+    loop.tick(0.1)
+    bridge.arbiter.configure(800)  # what Daemon._reload does with the file's budget
+    loop.keeper.apply(ctl, 0.15, reason="reload", strict=True)
+    loop.tick(0.2)
+    assert bridge.configured_w == 800 and ctl.budget_mw == 800_000
+    r = bridge.remote_command(b"1000")
+    assert not r["ok"] and "above the configured budget (800 W)" in r["error"]
+    loop.tick(0.3)
+    assert ctl.budget_mw == 800_000
+    assert "above the configured budget (800 W)" in bridge.remote_command(b"950")["error"]
 
 
 def test_discovery_groups_every_sensor_under_one_device(ctl: Controller) -> None:
     cfg = MqttConfig(host="127.0.0.1", node_id="box", wall_meter=TASMOTA)
-    bridge = MqttBridge(cfg, 1000, FEED, registry=CollectorRegistry())
-    tick(ctl, bridge, 0.0)
+    bridge = bridge_for(cfg, feed=FEED)
+    Loop(ctl, bridge).tick(0.0)
     entries = bridge.discovery(bridge._latest)  # type: ignore[arg-type]
     assert len(entries) == 4 + 2 * 4  # budget, sum of caps, sum of draw, wall + cap and draw per card
     assert len({p["unique_id"] for _, p in entries}) == len(entries)
@@ -254,13 +326,15 @@ def test_discovery_groups_every_sensor_under_one_device(ctl: Controller) -> None
 def test_listener_never_blocks_on_a_slow_consumer(ctl: Controller) -> None:
     cfg = MqttConfig(host="127.0.0.1", node_id="box")
     now = [0.0]
-    bridge = MqttBridge(cfg, 1000, registry=CollectorRegistry(), clock=lambda: now[0])
+    bridge = MqttBridge(cfg, BudgetArbiter(1000), registry=CollectorRegistry(), clock=lambda: now[0])
+    loop = Loop(ctl, bridge)
     for i in range(500):  # nobody consumes: the slot holds the latest, memory stays flat
         now[0] = i * 0.1
-        tick(ctl, bridge, now[0])
+        loop.tick(now[0])
     assert len(bridge._board) <= 21 and bridge._latest is not None
     assert bridge.board_power_w() == pytest.approx(4 * 30, rel=0.1)  # four idle cards
-    assert bridge._latest.bank["budget_w"] == 1000
+    state = bridge.bank_state(bridge._latest)
+    assert state["budget_w"] == 1000 and state["budget_source"] == "config" and state["configured_budget_w"] == 1000
 
 
 # -- config -----------------------------------------------------------------------------
