@@ -1,5 +1,7 @@
-"""Side channels (Prometheus, MQTT): each consumes the per-tick bank snapshot and may offer
-a budget to the arbiter.
+"""Side channels (Prometheus, MQTT; the flight recorder follows the same protocol): each
+implements :class:`~powerbudgetd.channels.protocol.SideChannel`, is registered with the
+daemon, consumes the per-tick bank snapshot carried by the tick's report, and may offer a
+budget to the budget arbiter (``core.arbiter``), never to the controller.
 
 Rule: imports ``core``, ``control``, ``hw``, ``powerlog``, ``errors`` and ``service.config``;
 never the daemon, and is never imported by ``core`` or ``control``.
