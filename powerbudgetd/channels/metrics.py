@@ -273,12 +273,13 @@ class _StateCollector(Collector):
                 in_force.add_metric([name], 1.0 if name == s.budget_source else 0.0)
             for c in s.cards:
                 labels = self.m._labels.get(c.uuid) or card_labels(c)
-                for key, value in (
+                values: tuple[tuple[str, float | None], ...] = (
                     ("limit", c.requested_limit_w), ("enforced", c.enforced_limit_w), ("min", c.min_limit_w),
                     ("max", c.max_limit_w), ("draw", c.power_avg_w), ("instant", c.power_instant_w),
-                ):
-                    if value is not None:  # unknown is absent, never 0 W
-                        card[key].add_metric(list(labels), value)
+                )
+                for key, reading in values:
+                    if reading is not None:  # unknown is absent, never 0 W
+                        card[key].add_metric(list(labels), reading)
                 for r in Role:
                     role.add_metric([*labels, str(r)], 1.0 if str(r) == c.role else 0.0)
                 if c.contested_w is not None:

@@ -131,7 +131,7 @@ class BudgetArbiter:
                 source, wanted = name, value
         floor = self._floor_w
         below = floor is not None and wanted < floor
-        effective = min(self._configured_w, floor if below else wanted)  # type: ignore[type-var]
+        effective = min(self._configured_w, floor if floor is not None and below else wanted)
         return Decision(effective, source, self._configured_w, wanted, floor, below, current)
 
 

@@ -225,14 +225,14 @@ def _wall_and_sizing(window: list[Sample], choice: FeedChoice) -> dict[str, Any]
     check: dict[str, Any] = {"source": choice.source, "ups": None, "circuit": None}
     if feed.ups_w is not None:
         p = wall["peak_w"]
-        verdict = ("held" if p <= feed.ups_limit_w()  # type: ignore[operator]
+        verdict = ("held" if p <= feed.ups_limit_w()
                    else "held, inside the margin" if p <= feed.ups_w else "over its rating: trips")
         check["ups"] = {"ups_w": feed.ups_w, "peak_wall_w": p, "load": round(p / feed.ups_w, 3), "verdict": verdict}
     if feed.breaker_a is not None:
         a = wall["max_avg_w"]
         cont = feed.circuit_w()
-        verdict = ("held" if a <= cont  # type: ignore[operator]
-                   else "over the continuous rating: trips if sustained" if a <= feed.breaker_w  # type: ignore[operator]
+        verdict = ("held" if a <= cont
+                   else "over the continuous rating: trips if sustained" if a <= feed.breaker_w
                    else "over the breaker's rating: trips")
         check["circuit"] = {"breaker_a": feed.breaker_a, "continuous_w": _r(cont), "max_avg_wall_w": a,
                             "verdict": verdict}
