@@ -22,14 +22,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import card
+from powerbudgetd_sim.fake_pynvml import FakePynvml, Fault
+from powerbudgetd_sim.physics import SimBank
 
 import powerbudgetd
 from powerbudgetd import cli
 from powerbudgetd.errors import NvmlNotInitialized
 from powerbudgetd.hw import nvml as nvml_layer
-from powerbudgetd_sim.fake_pynvml import FakePynvml, Fault
-from powerbudgetd_sim.physics import SimBank
-from conftest import card
 
 ROOT = Path(__file__).resolve().parent.parent
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
@@ -39,7 +39,7 @@ SOURCE_ROOTS = {"powerbudgetd": "powerbudgetd", "sim": "powerbudgetd_sim"}
 
 
 def _run(cmd: list[str | Path], *, timeout_s: float = 120, **kw: Any) -> subprocess.CompletedProcess[str]:
-    proc = subprocess.run([str(c) for c in cmd], capture_output=True, text=True, timeout=timeout_s, **kw)
+    proc = subprocess.run([str(c) for c in cmd], check=False, capture_output=True, text=True, timeout=timeout_s, **kw)
     assert proc.returncode == 0, (
         f"{' '.join(map(str, cmd))} exited {proc.returncode}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
     )
