@@ -6,10 +6,11 @@ import argparse
 import asyncio
 import dataclasses
 import json
+import platform
 import signal
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from powerbudgetd import __version__
 from powerbudgetd.errors import ConfigError, ExitStatus, NvmlError
@@ -28,12 +29,42 @@ if TYPE_CHECKING:
     from powerbudgetd.service.daemon import Daemon
 
 
+def version_report(driver_timeout_s: float = 5.0) -> str:
+    """Three lines: powerbudgetd's version, nvidia-ml-py's, and the NVIDIA driver's (or
+    why NVML gave none: no GPU, no driver, no answer within ``driver_timeout_s`` s)."""
+    from powerbudgetd.hw.nvml import bindings_version, query_driver_version
+
+    try:
+        driver = f"NVIDIA driver {query_driver_version(timeout_s=driver_timeout_s)}"
+    except NvmlError as exc:
+        driver = f"NVIDIA driver: no NVML ({exc})"
+    return "\n".join((
+        f"powerbudgetd {__version__} (Python {platform.python_version()})",
+        f"nvidia-ml-py {bindings_version() or 'not installed'}",
+        driver,
+    ))
+
+
+class _VersionAction(argparse.Action):
+    """``--version``: asks NVML only when given (argparse's own action formats eagerly)."""
+
+    def __init__(self, option_strings: list[str], dest: str = argparse.SUPPRESS, **kwargs: Any) -> None:
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kwargs)
+
+    def __call__(self, parser: argparse.ArgumentParser, *_: Any) -> None:
+        print(version_report())
+        parser.exit(0)
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="powerbudgetd",
         description="Keep the sum of this host's GPU power limits under one budget.",
     )
-    p.add_argument("--version", action="version", version=f"powerbudgetd {__version__}")
+    p.add_argument(
+        "--version", action=_VersionAction,
+        help="print this version, nvidia-ml-py's and the NVIDIA driver's, and exit",
+    )
     sub = p.add_subparsers(dest="command", required=True)
 
     s = sub.add_parser("simulate", help="run the controller against a simulated bank (virtual time)")

@@ -88,6 +88,51 @@ def load_pynvml() -> ModuleType:
     return module
 
 
+def bindings_version() -> str | None:
+    """The installed ``nvidia-ml-py`` version, from package metadata (``pynvml`` is not
+    imported); None when it is not installed."""
+    try:
+        return importlib.metadata.version("nvidia-ml-py")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def query_driver_version(module: Any | None = None, timeout_s: float = 5.0) -> str:
+    """The NVIDIA driver version NVML reports (``nvmlSystemGetDriverVersion``), e.g.
+    ``"550.54.15"``; for ``powerbudgetd --version``, on hosts with or without a GPU.
+
+    NVML is started and shut down in a daemon thread: a host without the driver fails
+    at once, and a driver stuck in ``nvmlInit`` (a wedged GPU can hold it for minutes)
+    costs at most ``timeout_s`` s. ``module`` as for :class:`Nvml`.
+    Raises NvmlNotInitialized: no bindings, no NVML library or driver, or no answer
+    within ``timeout_s``.
+    """
+    outcome: list[str | Exception] = []
+
+    def ask() -> None:
+        try:
+            nvml = Nvml(module)
+            nvml.init()
+            try:
+                outcome.append(nvml.driver_version())
+            finally:
+                nvml.shutdown()
+        except Exception as exc:  # noqa: BLE001 - a broken library (OSError, ctypes) is reported, not raised
+            outcome.append(exc)
+
+    worker = threading.Thread(target=ask, name="nvml-driver-version", daemon=True)
+    worker.start()
+    worker.join(timeout_s)
+    if worker.is_alive() or not outcome:
+        raise NvmlNotInitialized(f"NVML did not answer within {timeout_s:g} s")
+    result = outcome[0]
+    if isinstance(result, NvmlNotInitialized):
+        raise result
+    if isinstance(result, Exception):
+        raise NvmlNotInitialized(f"{type(result).__name__}: {result}") from result
+    return result
+
+
 @dataclass(frozen=True)
 class GpuInfo:
     """A physical GPU as enumerated at start; keyed by ``uuid``.
