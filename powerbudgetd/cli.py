@@ -9,7 +9,7 @@ import json
 import signal
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from powerbudgetd import __version__
 from powerbudgetd.errors import BudgetInfeasible, ConfigError, ExitStatus, NvmlError
@@ -33,6 +33,7 @@ if TYPE_CHECKING:
 
     from powerbudgetd.control.controller import Controller
     from powerbudgetd.hw.nvml import Nvml
+    from powerbudgetd_sim.scenario import Scenario
 
     from prometheus_client import CollectorRegistry
 
@@ -278,7 +279,7 @@ def _simulate(args: argparse.Namespace) -> int:
     return ExitStatus.OK
 
 
-def _check_floors(sc) -> None:  # type: ignore[no-untyped-def]
+def _check_floors(sc: Scenario) -> None:
     """Refuse a budget below the cards' minimum limits before simulating anything.
     Raises BudgetInfeasible naming each card's floor."""
     floors = [c.min_w for c in sc.cards]
@@ -305,13 +306,13 @@ def _suite(args: argparse.Namespace) -> int:
 
     names = [n for n, _ in list_scenarios()]
     progress = Progress(enabled=not args.json)
-    finished: dict[str, dict] = {}  # type: ignore[type-arg]
+    finished: dict[str, dict[str, Any]] = {}
     shown = 0
     if not args.json:
         print(format_suite_head(list(TARGETS)), flush=True)
     progress.update(f"suite: 0 of {len(names)} scenarios done")
 
-    def on_scenario(name: str, scored: dict) -> None:  # type: ignore[type-arg]
+    def on_scenario(name: str, scored: dict[str, Any]) -> None:
         # Text: each scenario's block as soon as it and every one before it are done.
         nonlocal shown
         finished[name] = scored

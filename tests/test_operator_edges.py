@@ -19,7 +19,6 @@ import yaml
 
 from powerbudgetd.cli import _parser, main
 from powerbudgetd.powerlog.reader import clock_steps, load_samples, scan_log
-from powerbudgetd.powerlog.recorder import utc_iso
 from powerbudgetd.powerlog.report import Host, format_summary, summarize
 from powerbudgetd.service.config import ConfigError, RecorderConfig, classify_env, load_config
 from powerbudgetd.service.output import EXIT_BROKEN_PIPE, Progress
