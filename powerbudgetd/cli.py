@@ -1,4 +1,4 @@
-"""Command line: ``powerbudgetd simulate | probe | log report | run | check-config``."""
+"""Command line: ``powerbudgetd simulate | probe | log report | status | run | check-config``."""
 
 from __future__ import annotations
 
@@ -13,18 +13,31 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from powerbudgetd import __version__
-from powerbudgetd.errors import ConfigError, ExitStatus, NvmlError
+from powerbudgetd.errors import BudgetInfeasible, ConfigError, ExitStatus, NvmlError
+from powerbudgetd.service.cliargs import (
+    DefaultsHelpFormatter,
+    duration,
+    positive_float,
+    refuse_conflicts,
+    require,
+    writable_plot,
+)
 from powerbudgetd.service.logs import configure_logging
+from powerbudgetd.service.output import Progress, pipe_safe
 
 POLICY_NAMES = ("static", "slurm", "reactive", "powerbudgetd", "oracle")  # simulate.POLICIES
+BACKENDS = ("nvml", "sim")  # service.backend.BACKENDS (imported lazily: it loads the simulator)
+DEFAULT_METRICS_PORT = 19400  # channels.metrics.DEFAULT_PORT
 
 if TYPE_CHECKING:
     from wsgiref.simple_server import WSGIServer
 
-    from prometheus_client import CollectorRegistry
-
     from powerbudgetd.control.controller import Controller
     from powerbudgetd.hw.nvml import Nvml
+    from powerbudgetd_sim.scenario import Scenario
+
+    from prometheus_client import CollectorRegistry
+
     from powerbudgetd.service.config import Settings
     from powerbudgetd.service.daemon import Daemon
 
@@ -57,64 +70,155 @@ class _VersionAction(argparse.Action):
 
 
 def _parser() -> argparse.ArgumentParser:
+    fmt = DefaultsHelpFormatter
     p = argparse.ArgumentParser(
         prog="powerbudgetd",
         description="Keep the sum of this host's GPU power limits under one budget.",
+        formatter_class=fmt,
     )
     p.add_argument(
         "--version", action=_VersionAction,
         help="print this version, nvidia-ml-py's and the NVIDIA driver's, and exit",
     )
-    sub = p.add_subparsers(dest="command", required=True)
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    s = sub.add_parser("simulate", help="run the controller against a simulated bank (virtual time)")
-    s.add_argument("--scenario", default="workstation-4", help="a packaged scenario name or a TOML file")
-    s.add_argument("--duration", type=float, help="simulated seconds (default: the scenario's)")
+    s = sub.add_parser(
+        "simulate", help="run the controller against a simulated bank (virtual time)", formatter_class=fmt,
+        description="Run the real controller against a simulated bank on virtual time (an hour in seconds) "
+        "and report violation ticks, sums of limits and draw, cap changes and each card's role. No GPU needed.",
+    )
+    s.add_argument("--scenario", metavar="NAME_OR_FILE",
+                   help="a packaged scenario name (see --list) or a TOML file (default: workstation-4)")
+    s.add_argument("--duration", type=positive_float("seconds"), metavar="S",
+                   help="simulated seconds, > 0 (default: the scenario's)")
     s.add_argument("--seed", type=int, help="random seed (default: the scenario's)")
-    s.add_argument("--json", action="store_true", help="print one JSON object")
-    s.add_argument("--plot", metavar="FILE.png", help="draw each card's draw and cap over time")
-    s.add_argument("--list", action="store_true", help="list the packaged scenarios")
-    s.add_argument("--replay", metavar="DIR_OR_FILE", help="replay a recorded power log as demand (instead of --scenario)")
-    s.add_argument("--replay-draw", choices=("avg", "peak"), default="avg", help="replay each 1 s average or peak")
-    s.add_argument("--budget", type=float, metavar="W", help="the bank's budget (default: the scenario's or log's)")
+    s.add_argument("--json", action="store_true", help="print one JSON object instead of the text report")
+    s.add_argument("--plot", metavar="FILE.png", type=writable_plot,
+                   help="draw each card's draw and cap over time (.png, .svg or .pdf; needs matplotlib; default: no plot)")
+    s.add_argument("--list", action="store_true", help="list the packaged scenarios and exit")
+    s.add_argument("--replay", metavar="DIR_OR_FILE",
+                   help="replay a recorded power log as demand (instead of --scenario; default: none)")
+    s.add_argument("--replay-draw", choices=("avg", "peak"),
+                   help="with --replay: replay each 1 s average or each peak (default: avg)")
+    s.add_argument("--budget", type=positive_float("watts"), metavar="W",
+                   help="the bank's budget in W (default: the scenario's or the log's)")
     s.add_argument(
         "--policy", choices=(*POLICY_NAMES, "all"),
-        help="the policy to run (default powerbudgetd), or all of them side by side",
+        help="the policy to run, or all of them side by side (default: powerbudgetd)",
     )
-    s.add_argument("--suite", action="store_true", help="every packaged scenario under every policy: the scoreboard")
+    s.add_argument("--suite", action="store_true",
+                   help="every packaged scenario under every policy: the scoreboard (takes a minute)")
 
-    pr = sub.add_parser("probe", help="read every card's limits and draw (read-only)")
-    pr.add_argument("--json", action="store_true")
-    pr.add_argument("--backend", choices=("nvml", "sim"), default="nvml")
-    pr.add_argument("--scenario", default="workstation-4", help="the simulated bank for --backend sim")
+    pr = sub.add_parser(
+        "probe", help="read every card's limits and draw (read-only)", formatter_class=fmt,
+        description="Read every card's limit constraints, limits, draw and persistence mode; writes nothing. "
+        "Run it first on new hardware. Without a GPU, --backend sim probes the simulated bank.",
+    )
+    pr.add_argument("--json", action="store_true", help="print one JSON object instead of the text report")
+    pr.add_argument("--backend", choices=BACKENDS, default="nvml",
+                    help="nvml: this host's GPUs through the NVIDIA driver; sim: a simulated bank, no GPU needed")
+    pr.add_argument("--scenario", metavar="NAME_OR_FILE",
+                    help="with --backend sim: the simulated bank (default: workstation-4)")
 
-    lg = sub.add_parser("log", help="the flight recorder's power log").add_subparsers(dest="log_command", required=True)
-    lr = lg.add_parser("report", help="where the log stops (the power event) and what was drawn before it")
-    lr.add_argument("--last", default="10m", help="the window before the stop: 90s, 10m, 2h (default 10m)")
-    lr.add_argument("--dir", type=Path, help="a recorder directory or one file (default: --config's [recorder] dir)")
-    lr.add_argument("--config", type=Path, help="take [feed] (for sizing) and [recorder] dir from this config")
-    lr.add_argument("--json", action="store_true", help="print one JSON object")
+    lg = sub.add_parser(
+        "log", help="the flight recorder's power log", formatter_class=fmt,
+        description="Read the flight recorder's power log.",
+    ).add_subparsers(dest="log_command", required=True, metavar="SUBCOMMAND")
+    lr = lg.add_parser(
+        "report", help="where the log stops (the power event) and what was drawn before it", formatter_class=fmt,
+        description="After a power event: where the power log stops, what each card and the bank drew before "
+        "it, and the UPS and circuit those peaks need.",
+    )
+    lr.add_argument("--last", default="10m", type=duration, metavar="DURATION",
+                    help="the window before the stop: 90s, 10m, 2h (default: 10m)")
+    lr.add_argument("--dir", type=Path,
+                    help="a recorder directory or one file (default: --config's [recorder] dir, else "
+                    "$STATE_DIRECTORY or /var/lib/powerbudgetd)")
+    lr.add_argument("--config", type=Path, help="take [feed] (for sizing) and [recorder] dir from this config "
+                    "(default: none: the [feed] recorded in the log)")
+    lr.add_argument("--json", action="store_true", help="print one JSON object instead of the text report")
 
-    r = sub.add_parser("run", help="the daemon")
+    st = sub.add_parser(
+        "status", help="the running daemon's bank at a glance (from its metrics endpoint)", formatter_class=fmt,
+        description="Read the running daemon's Prometheus endpoint and show the budget and its source, the "
+        "sum of caps, the mode, and per card its cap, draw, role and warnings.",
+    )
+    st.add_argument("--url", help="the daemon's metrics URL (default: from --config's [metrics], else "
+                    f"http://127.0.0.1:{DEFAULT_METRICS_PORT}/metrics)")
+    st.add_argument("--config", type=Path,
+                    help="take [metrics] listen_address and port from this config (default: $POWERBUDGETD_CONFIG "
+                    "or /etc/powerbudgetd/powerbudgetd.toml, when readable)")
+    st.add_argument("--json", action="store_true", help="print one JSON object")
+    st.add_argument("--watch", action="store_true", help="refresh in place on a terminal, with bars for cap and draw")
+    st.add_argument("--interval", type=positive_float("seconds", upper=3600), metavar="S",
+                    help="with --watch: seconds between refreshes (default: 2)")
+    st.add_argument("--timeout", type=positive_float("seconds", upper=60), default=3.0, metavar="S",
+                    help="how long to wait for the endpoint")
+
+    r = sub.add_parser(
+        "run", help="the daemon", formatter_class=fmt,
+        description="The daemon: boot every card to its fair share, then lend and reclaim under the budget.",
+    )
     r.add_argument(
         "--config",
         type=Path,
         default=None,
         help="config file (default: $POWERBUDGETD_CONFIG or /etc/powerbudgetd/powerbudgetd.toml)",
     )
-    r.add_argument("--dry-run", action="store_true", help="read and decide, log what would be written, write nothing")
-    r.add_argument("--backend", choices=("nvml", "sim"), default="nvml")
+    r.add_argument("--dry-run", action="store_true",
+                   help="read and decide, log each power_limit_would_set, write no power limit or persistence "
+                   "mode (the recorder and metrics still run)")
+    r.add_argument("--backend", choices=BACKENDS, default="nvml",
+                   help="nvml: this host's GPUs; sim: the config's [sim] bank, no GPU needed (recorded apart "
+                   "from real runs)")
 
-    c = sub.add_parser("check-config", help="validate a config file and show how the budget is derived")
+    c = sub.add_parser(
+        "check-config", help="validate a config file and show how the budget is derived", formatter_class=fmt,
+        description="Validate a config file (and POWERBUDGETD_* variables) and print the budget derivation.",
+    )
     c.add_argument(
         "file", nargs="?", type=Path, default=None,
         help="config file (default: $POWERBUDGETD_CONFIG or /etc/powerbudgetd/powerbudgetd.toml)",
     )
+    _SUBPARSERS.update(simulate=s, probe=pr, report=lr, status=st, run=r, check_config=c)
     return p
 
 
+_SUBPARSERS: dict[str, argparse.ArgumentParser] = {}
+
+# Options that cannot go together, and options that need another: checked before any work.
+_SIMULATE_CONFLICTS = (
+    ("--list", ("--scenario", "--replay", "--policy", "--suite", "--plot", "--budget", "--duration", "--json"),
+     "--list only lists the scenarios"),
+    ("--replay", ("--scenario",), "the replayed log is the scenario"),
+    ("--suite", ("--scenario", "--replay", "--policy", "--plot", "--budget"),
+     "the suite runs every packaged scenario under every policy at its own budget"),
+)
+_SIMULATE_NEEDS = (("--replay-draw", "--replay", lambda a: a.replay is not None),)
+
+
+def _validate(args: argparse.Namespace) -> None:
+    """The checks argparse cannot express alone; exits 2 naming the options."""
+    if args.command == "simulate":
+        refuse_conflicts(_SUBPARSERS["simulate"], args, _SIMULATE_CONFLICTS)
+        require(_SUBPARSERS["simulate"], args, _SIMULATE_NEEDS)
+    elif args.command == "probe":
+        require(_SUBPARSERS["probe"], args, (("--scenario", "--backend sim", lambda a: a.backend == "sim"),))
+    elif args.command == "status":
+        require(_SUBPARSERS["status"], args, (("--interval", "--watch", lambda a: a.watch),))
+        refuse_conflicts(_SUBPARSERS["status"], args, (("--watch", ("--json",), "--watch redraws a terminal"),))
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    return pipe_safe(lambda: _main(argv))
+
+
+def _main(argv: list[str] | None) -> int:
+    try:  # argparse exits on --help and on usage errors: hand its status back as ours
+        args = _parser().parse_args(argv)
+        _validate(args)
+    except SystemExit as exc:
+        return exc.code if isinstance(exc.code, int) else ExitStatus.CONFIG
     if args.command == "simulate":
         return _simulate(args)
     if args.command == "probe":
@@ -123,6 +227,10 @@ def main(argv: list[str] | None = None) -> int:
         return _check_config(args)
     if args.command == "log":
         return _log_report(args)
+    if args.command == "status":
+        from powerbudgetd.service.status import command as status_command
+
+        return status_command(args)
     return _run(args)
 
 
@@ -155,16 +263,18 @@ def _simulate(args: argparse.Namespace) -> int:
         if args.replay:
             from powerbudgetd_sim.replay import load_replay
 
-            sc = load_replay(args.replay, draw=args.replay_draw)
+            sc = load_replay(args.replay, draw=args.replay_draw or "avg")
         else:
-            sc = load_scenario(args.scenario)
+            sc = load_scenario(args.scenario or "workstation-4")
         if args.budget is not None:
-            if args.budget <= 0:
-                raise ScenarioError(f"--budget must be a positive number of watts, got {args.budget:g}")
             sc = dataclasses.replace(sc, budget_w=args.budget)
+        _check_floors(sc)
     except ScenarioError as exc:
         print(f"powerbudgetd: {exc}", file=sys.stderr)
         return ExitStatus.CONFIG
+    except BudgetInfeasible as exc:
+        print(f"powerbudgetd: {exc}", file=sys.stderr)
+        return ExitStatus.INFEASIBLE
     if args.policy == "all":
         from powerbudgetd_sim.scoreboard import check_targets, format_table
 
@@ -200,55 +310,103 @@ def _simulate(args: argparse.Namespace) -> int:
     return ExitStatus.OK
 
 
+def _check_floors(sc: Scenario) -> None:
+    """Refuse a budget below the cards' minimum limits before simulating anything.
+    Raises BudgetInfeasible naming each card's floor."""
+    floors = [c.min_w for c in sc.cards]
+    if sum(floors) > sc.budget_w:
+        detail = ", ".join(f"GPU {i} {w:g} W" for i, w in enumerate(floors))
+        raise BudgetInfeasible(
+            f"budget {sc.budget_w:g} W is below the sum of the cards' minimum power limits, "
+            f"{sum(floors):g} W ({detail}): no policy can hold it; give --budget {sum(floors):g} or more"
+        )
+
+
 _MARK = {True: "met    ", False: "NOT MET", None: "n/a    "}
 
 
 def _suite(args: argparse.Namespace) -> int:
-    from powerbudgetd_sim.scoreboard import format_suite, run_suite
+    from powerbudgetd_sim.scenario import list_scenarios
+    from powerbudgetd_sim.scoreboard import (
+        TARGETS,
+        format_suite_footer,
+        format_suite_head,
+        format_suite_scenario,
+        run_suite,
+    )
 
-    suite = run_suite(duration_s=args.duration, seed=args.seed)
-    print(json.dumps(suite, indent=2) if args.json else format_suite(suite))
+    names = [n for n, _ in list_scenarios()]
+    progress = Progress(enabled=not args.json)
+    finished: dict[str, dict[str, Any]] = {}
+    shown = 0
+    if not args.json:
+        print(format_suite_head(list(TARGETS)), flush=True)
+    progress.update(f"suite: 0 of {len(names)} scenarios done")
+
+    def on_scenario(name: str, scored: dict[str, Any]) -> None:
+        # Text: each scenario's block as soon as it and every one before it are done.
+        nonlocal shown
+        finished[name] = scored
+        while not args.json and shown < len(names) and names[shown] in finished:
+            progress.done()
+            print(format_suite_scenario(names[shown], finished[names[shown]]), flush=True)
+            shown += 1
+        if len(finished) < len(names):
+            progress.update(f"suite: {len(finished)} of {len(names)} scenarios done (last: {name})")
+
+    suite = run_suite(names, duration_s=args.duration, seed=args.seed, on_scenario=on_scenario)
+    progress.done()
+    print(json.dumps(suite, indent=2) if args.json else format_suite_footer(suite))
     return ExitStatus.OK
 
 
 def _probe(args: argparse.Namespace) -> int:
-    from powerbudgetd.service.backend import make_nvml
     from powerbudgetd.hw.probe import format_probe, probe
+    from powerbudgetd.hw.nvml import init_advice
 
     configure_logging(level="warning", stream=sys.stderr)
+    from powerbudgetd.service.backend import make_nvml
     from powerbudgetd_sim.scenario import ScenarioError
 
     try:
-        nvml = make_nvml(args.backend, scenario=args.scenario)
+        nvml = make_nvml(args.backend, scenario=args.scenario or "workstation-4")
         nvml.init()
         result = probe(nvml)
     except ScenarioError as exc:
         print(f"powerbudgetd: {exc}", file=sys.stderr)
         return ExitStatus.CONFIG
     except NvmlError as exc:
-        print(f"powerbudgetd: NVML unavailable: {exc}", file=sys.stderr)
+        print(f"powerbudgetd: NVML unavailable: {exc}\n"
+              f"  {init_advice(exc.code)}\n"
+              f"  no GPU here? `powerbudgetd probe --backend sim` probes a simulated bank", file=sys.stderr)
         return ExitStatus.NVML
-    print(json.dumps(result, indent=2) if args.json else format_probe(result))
-    nvml.shutdown()
+    try:
+        print(json.dumps(result, indent=2) if args.json else format_probe(result))
+    finally:
+        nvml.shutdown()
     return ExitStatus.OK
 
 
 def _log_report(args: argparse.Namespace) -> int:
     from powerbudgetd.service.config import RecorderConfig, load_config
-    from powerbudgetd.powerlog.report import format_summary, parse_duration, summarize
+    from powerbudgetd.powerlog.report import format_summary, summarize
     from powerbudgetd.powerlog.reader import LogError, scan_log
 
     try:
-        last_s = parse_duration(args.last)
         settings = load_config(args.config) if args.config else None
-    except (ValueError, ConfigError) as exc:
+    except ConfigError as exc:
         print(f"powerbudgetd: {exc}", file=sys.stderr)
         return ExitStatus.CONFIG
-    directory = args.dir or (settings.recorder.dir if settings else RecorderConfig().dir)
+    recorder = settings.recorder if settings else RecorderConfig()
+    directory = args.dir or recorder.dir
     try:
-        result = summarize(scan_log(directory), last_s, settings.feed if settings else None, str(args.config))
+        result = summarize(scan_log(directory), args.last, settings.feed if settings else None, str(args.config))
     except (LogError, ValueError) as exc:
-        print(f"powerbudgetd: {exc}", file=sys.stderr)
+        hint = ""
+        if args.dir is None and isinstance(exc, LogError):
+            hint = ("\n  give --dir DIR (a copied recorder directory), or --config FILE to use its [recorder] dir;"
+                    " simulated runs record under " + str(recorder.dir_for("sim")))
+        print(f"powerbudgetd: {exc}{hint}", file=sys.stderr)
         return ExitStatus.ERROR
     print(json.dumps(result, indent=2) if args.json else format_summary(result))
     return ExitStatus.OK
@@ -273,6 +431,10 @@ def _run(args: argparse.Namespace) -> int:
         print(f"powerbudgetd: {exc}", file=sys.stderr)
         return ExitStatus.CONFIG
     configure_logging(level=settings.log_level)
+    import structlog
+
+    for warning in settings.warnings:
+        structlog.get_logger("powerbudgetd").warning("config_warning", detail=warning)
     try:
         nvml = make_nvml(
             args.backend, settings.sim.scenario, settings.sim.seed, settings.sim.lag_s, settings.sim.state_file
@@ -281,7 +443,8 @@ def _run(args: argparse.Namespace) -> int:
         print(f"powerbudgetd: [sim] scenario: {exc}", file=sys.stderr)
         return ExitStatus.CONFIG
     except NvmlError as exc:
-        print(f"powerbudgetd: NVML unavailable: {exc}", file=sys.stderr)
+        print(f"powerbudgetd: NVML unavailable: {exc}\n  no GPU here? --backend sim runs on a simulated bank",
+              file=sys.stderr)
         return ExitStatus.NVML
 
     def factory(n: Nvml) -> Controller:
@@ -296,7 +459,7 @@ def _run(args: argparse.Namespace) -> int:
     if settings.recorder.enabled:
         from powerbudgetd.powerlog.recorder import from_config
 
-        daemon.register(from_config(settings.recorder, feed))
+        daemon.register(from_config(settings.recorder, feed, backend=args.backend))
     registry = CollectorRegistry()  # what /metrics serves, MQTT's metrics included
     if settings.mqtt is not None:  # aiomqtt is imported only when MQTT is configured
         from powerbudgetd.channels.mqtt.session import MqttBridge

@@ -22,7 +22,7 @@ import bisect
 from dataclasses import dataclass
 from pathlib import Path
 
-from powerbudgetd.powerlog.reader import LogError, load_samples, scan_log
+from powerbudgetd.powerlog.reader import LogError, clock_steps, load_samples, scan_log, timeline_s
 from powerbudgetd_sim.physics import CardSpec
 from powerbudgetd_sim.profiles import Profile
 from powerbudgetd_sim.scenario import Scenario, ScenarioError
@@ -30,6 +30,7 @@ from powerbudgetd_sim.scenario import Scenario, ScenarioError
 DRAWS = ("avg", "peak")
 PINNED_FRACTION = 0.95  # a 1 s average at or above this x the limit: the cap was binding
 GAP_INTERVALS = 2.5  # records further apart than this x the interval leave a gap (idle)
+MAX_GAP_S = 3600.0  # a gap between runs longer than this (or negative: the clock stepped) replays as this
 
 
 @dataclass(frozen=True)
@@ -69,7 +70,10 @@ def load_replay(
     interval = log.runs[-1].interval_s
     headers = {c["uuid"]: c for r in log.runs for c in (r.header or {}).get("cards", [])}
 
-    t0 = samples[0].utc_s - interval  # the first record's average covers the interval before it
+    # Time from the monotonic clock within a run, the wall clock only between runs (and
+    # only when plausible): a stepped wall clock neither stretches nor folds the replay.
+    offsets, adjusted = timeline_s(samples, interval, MAX_GAP_S)
+    steps = clock_steps(samples)
     uuids: dict[str, int] = {}
     for s in samples:
         for c in s.cards:
@@ -79,8 +83,8 @@ def load_replay(
     watts: dict[str, list[float | None]] = {u: [] for u in order}
     prev_t: float | None = None
     pinned = seen = 0
-    for s in samples:
-        t = max(s.utc_s - t0, prev_t or 0.0)
+    for s, offset in zip(samples, offsets):
+        t = max(offset + interval, prev_t or 0.0)  # the first record's average covers the interval before it
         if prev_t is not None and t - prev_t > GAP_INTERVALS * interval:
             times.append(t - interval)  # idle through the gap, up to the interval this record covers
             for u in order:
@@ -113,6 +117,9 @@ def load_replay(
         description=(
             f"replay of {len(samples)} records ({draw} draw), recorded at budget "
             f"{samples[-1].budget_w:g} W; {share:.0f} % of card-seconds at their cap (demand above it unknown)"
+            + (f"; the wall clock stepped {len(steps)} time(s): timed by the monotonic clock" if steps else "")
+            + (f"; {adjusted} gap(s) between runs implausible or over {MAX_GAP_S:g} s, replayed as {MAX_GAP_S:g} s"
+               if adjusted else "")
         ),
     )
 

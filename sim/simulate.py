@@ -42,6 +42,7 @@ class Series:
     limit_w: list[list[float]] = field(default_factory=list)
     work: list[float] = field(default_factory=list)
     wall_w: list[float] = field(default_factory=list)
+    role: list[list[str]] = field(default_factory=list)  # per card: fair_share, donor, recipient, ...
 
 
 @dataclass
@@ -171,6 +172,7 @@ def run_scenario(
             series.limit_w.append([c.enforced_mw(t) / 1000 for c in bank.cards])
             series.work.append(sum(meters.work))
             series.wall_w.append(meters.wall_w)
+            series.role.append([pol.role(c.index) for c in bank.cards])
         k += 1
     meters.close()
 
@@ -284,37 +286,75 @@ def format_report(r: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+ROLE_COLOURS = {"donor": "tab:green", "recipient": "tab:purple", "fair_share": "0.85", "fixed": "tab:brown",
+                "lost": "tab:red"}
+
+
 def plot(result: SimResult, budget_w: float, path: str, title: str) -> None:
-    """Each card's draw and cap over time, and the sums against the budget (PNG)."""
+    """Each card's draw, cap, floor and role over time, and the sums against the budget (PNG)."""
+    fig = plot_figure(result, budget_w, title)
+    import matplotlib.pyplot as plt
+
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def plot_figure(result: SimResult, budget_w: float, title: str) -> Any:
+    """The figure :func:`plot` saves: one panel per card (instant and 1 s average draw,
+    enforced limit, the card's floor, its role as a band along the bottom), the bank
+    panel (sum of limits and draw against the budget), boot marked on every panel, and
+    one legend for the figure."""
     try:
         import matplotlib
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
+        from matplotlib.patches import Patch
     except ImportError as exc:  # pragma: no cover - depends on the install
         raise SystemExit("--plot needs matplotlib: pip install 'powerbudgetd[plot]'") from exc
     s = result.series
     n = len(s.avg_w[0]) if s.avg_w else 0
-    fig, axes = plt.subplots(n + 1, 1, figsize=(12, 2.2 * (n + 1)), sharex=True)
+    boot_s = result.report.get("boot_s")
+    floors = [c["min_w"] for c in result.report["cards"]]
+    fig, axes = plt.subplots(n + 1, 1, figsize=(12, 2.2 * (n + 1) + 0.8), sharex=True, squeeze=False)
+    axes = axes[:, 0]
+    handles: dict[str, Any] = {}
     for i in range(n):
         ax = axes[i]
-        ax.plot(s.t, [row[i] for row in s.instant_w], lw=0.4, color="tab:orange", alpha=0.6, label="instant draw")
-        ax.plot(s.t, [row[i] for row in s.avg_w], lw=0.9, color="tab:blue", label="1 s average draw")
-        ax.plot(s.t, [row[i] for row in s.limit_w], lw=1.4, color="black", drawstyle="steps-post", label="enforced limit")
+        handles["instant draw"], = ax.plot(s.t, [row[i] for row in s.instant_w], lw=0.4, color="tab:orange", alpha=0.6)
+        handles["1 s average draw"], = ax.plot(s.t, [row[i] for row in s.avg_w], lw=0.9, color="tab:blue")
+        handles["enforced limit"], = ax.plot(s.t, [row[i] for row in s.limit_w], lw=1.4, color="black",
+                                             drawstyle="steps-post")
+        handles["floor (minimum limit)"] = ax.axhline(floors[i], color="0.4", ls=":", lw=1.0)
+        # The role as a band under the curves: where the watts were lent and borrowed.
+        if s.role:
+            start = 0
+            for k in range(1, len(s.t) + 1):
+                if k == len(s.t) or s.role[k][i] != s.role[start][i]:
+                    role = s.role[start][i]
+                    end_t = s.t[k] if k < len(s.t) else s.t[-1]
+                    ax.axvspan(s.t[start], end_t, ymin=0, ymax=0.06, color=ROLE_COLOURS.get(role, "0.6"), lw=0)
+                    start = k
         ax.set_ylabel(f"GPU {i} (W)")
-        if i == 0:
-            ax.legend(loc="upper right", fontsize=7, ncol=3)
     ax = axes[n]
-    ax.plot(s.t, [sum(r) for r in s.limit_w], color="black", drawstyle="steps-post", label="sum of limits")
-    ax.plot(s.t, [sum(r) for r in s.avg_w], color="tab:blue", lw=0.9, label="sum of 1 s average draw")
-    ax.axhline(budget_w, color="tab:red", ls="--", label=f"budget {budget_w:g} W")
+    handles["sum of limits"], = ax.plot(s.t, [sum(r) for r in s.limit_w], color="black", drawstyle="steps-post")
+    handles["sum of 1 s average draw"], = ax.plot(s.t, [sum(r) for r in s.avg_w], color="tab:blue", lw=0.9)
+    handles[f"budget {budget_w:g} W"] = ax.axhline(budget_w, color="tab:red", ls="--")
+    for a in axes:
+        if boot_s is not None:
+            handles["boot: caps in force (before it, the cards' limits as found)"] = a.axvline(
+                boot_s, color="tab:gray", ls="-.", lw=1.0)
+            a.axvspan(s.t[0] if s.t else 0, boot_s, color="0.93", lw=0)
     ax.set_ylabel("bank (W)")
     ax.set_xlabel("time (s)")
-    ax.legend(loc="lower right", fontsize=7, ncol=3)
-    fig.suptitle(title)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    seen_roles = sorted({r for row in s.role for r in row}) if s.role else []
+    for role in seen_roles:
+        handles[f"role: {role}"] = Patch(color=ROLE_COLOURS.get(role, "0.6"))
+    fig.legend(list(handles.values()), list(handles), loc="upper center", ncol=4, fontsize=7,
+               bbox_to_anchor=(0.5, 1.0 - 0.35 / fig.get_figheight()))
+    fig.suptitle(title, y=0.995)
+    fig.tight_layout(rect=(0, 0, 1, 1 - 1.0 / fig.get_figheight()))
+    return fig
 
 
 def plot_compare(results: dict[str, SimResult], budget_w: float, path: str, title: str) -> None:
@@ -340,15 +380,16 @@ def plot_compare(results: dict[str, SimResult], budget_w: float, path: str, titl
         axes[-1].plot(s.t, ys, lw=1.0, label=f"{name} ({res.report['work']:g} TGP-s)")
         if has_wall:
             axes[2].plot(s.t, s.wall_w, lw=0.5, alpha=0.8, label=name)
-    for ax in axes[:2]:
-        ax.axhline(budget_w, color="tab:red", ls="--", lw=0.8)
+    for k, ax in enumerate(axes[:2]):
+        # Not a policy colour (the cycle starts at tab:blue): black, dashed, and labelled.
+        ax.axhline(budget_w, color="black", ls="--", lw=1.0, label=f"budget {budget_w:g} W" if k == 0 else None)
     axes[0].set_ylabel("sum of enforced\nlimits (W)")
     axes[1].set_ylabel("sum of 1 s average\ndraw (W)")
     if has_wall:
         axes[2].set_ylabel("wall power (W)")
     axes[-1].set_ylabel("work so far\n/ oracle's" if ref else "work (TGP-s)")
     axes[-1].set_xlabel("time (s)")
-    axes[0].legend(loc="lower right", fontsize=7, ncol=len(results))
+    axes[0].legend(loc="lower right", fontsize=7, ncol=len(results) + 1)
     axes[-1].legend(loc="upper left", fontsize=7)
     fig.suptitle(title)
     fig.tight_layout()

@@ -97,7 +97,7 @@ def test_feed_alone_and_per_card_lines(tmp_path: Path, capsys: pytest.CaptureFix
         ("budget_w = 1000\n[control]\ntick_s = 10\n",
          "  control.tick_s: Input should be less than or equal to 5 (got 10)"),
         ("budget_w = 1000\n[control]\ntick = 0.2\n",
-         "  control.tick: Extra inputs are not permitted (got 0.2)"),
+         "  control.tick: unknown key in [control]: did you mean 'tick_s'? (got 0.2)"),
         ('budget_w = "lots"\n',
          "  budget_w: Input should be a valid number, unable to parse string as a number (got 'lots')"),
         ("[control]\ntick_s = 0.2\n",

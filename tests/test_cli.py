@@ -85,6 +85,10 @@ def test_run_dry_run_writes_nothing(tmp_path):
     assert [e["to_w"] for e in would if e["reason"] == "boot"] == [250.0] * 4
     lend = {(e["index"], e["to_w"]) for e in would if e["reason"] == "lend"}
     assert lend == {(1, 150.0), (2, 150.0), (3, 150.0), (0, 300.0)}  # what lending would do
+    # The stop line tells what the cards have (untouched: 300 W), not what was decided.
+    stopped = next(e for e in events if e["event"] == "stopped")
+    assert stopped["dry_run"] is True and stopped["limits_w"] == [300.0] * 4
+    assert "no limit was written" in stopped["note"]
 
 
 def test_run_missing_config_is_an_error(tmp_path, capsys):

@@ -19,11 +19,12 @@ import json
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from powerbudgetd.powerlog.recorder import SCHEMA_VERSION, log_files, utc_iso
 
 EDGE_BYTES = 64 << 10  # read this much of a file's head and tail when scanning
+CLOCK_STEP_S = 2.0  # wall time and monotonic time between two records disagreeing by more: a step
 
 
 class LogError(ValueError):
@@ -55,6 +56,7 @@ class Sample:
     bank_avg_w: float | None
     bank_peak_w: float | None
     bank_limit_w: float | None
+    run: str | None = None  # the run (daemon process) that wrote it: one boot, one monotonic clock
 
 
 @dataclass
@@ -114,6 +116,21 @@ class Run:
     def interval_s(self) -> float:
         return float(self.header.get("interval_s", 1.0)) if self.header else 1.0
 
+    @property
+    def backend(self) -> str:
+        """``nvml`` (real cards; also logs from before the field) or ``sim``."""
+        return str((self.header or {}).get("backend", "nvml"))
+
+    @property
+    def simulated(self) -> bool:
+        return self.backend == "sim"
+
+    @property
+    def stop_mono_s(self) -> float | None:
+        """CLOCK_MONOTONIC s of the last complete record (the window is measured back from it)."""
+        last = self.last
+        return None if last is None or not isinstance(last.get("mono_s"), (int, float)) else float(last["mono_s"])
+
     def card_names(self) -> dict[str, dict[str, Any]]:
         return {c["uuid"]: c for c in (self.header or {}).get("cards", [])}
 
@@ -162,8 +179,8 @@ def _scan_file(path: Path) -> LogFile:
             size = fh.seek(0, 2)
             fh.seek(0)
             head = fh.read(min(size, EDGE_BYTES))
-            fh.seek(max(0, size - EDGE_BYTES))
-            tail = fh.read()
+            end, zeros = _content_end(fh, size)
+            tail, start_at = _tail(fh, end)
     except OSError as exc:
         return LogFile(path, None, None, SkippedLine(path, 0, f"unreadable: {exc.strerror or exc}", False))
     first = _parse(head.split(b"\n", 1)[0]) if b"\n" in head or size <= EDGE_BYTES else None
@@ -172,50 +189,159 @@ def _scan_file(path: Path) -> LogFile:
     torn = None
     if lines[-1]:  # no newline at the end: a torn last line, unless it parses whole
         if _parse(lines[-1]) is None:
-            n = head.count(b"\n") + 1 if size <= EDGE_BYTES else 0
-            torn = SkippedLine(path, n, "torn last line (cut mid-write)", True)
+            n = tail.count(b"\n") + 1 if start_at == 0 else 0
+            torn = SkippedLine(path, n, _torn_why(zeros), True)
             lines.pop()
+    if zeros and torn is None:
+        n = tail.count(b"\n") + 1 if start_at == 0 else 0
+        torn = SkippedLine(path, n, _zeros_why(zeros), True)
     last = None
-    start = 1 if size > EDGE_BYTES else 0  # the tail's first piece may be a partial line
+    start = 0 if start_at == 0 else 1  # the tail's first piece may be a partial line
     for raw in reversed(lines[start:]):
         if raw and (last := _parse(raw)) is not None:
             break
     return LogFile(path, header, last, torn)
 
 
-def load_samples(files: list[LogFile], since_s: float = float("-inf")) -> tuple[list[Sample], list[SkippedLine]]:
-    """Parse every sample record at or after ``since_s`` (epoch s) in ``files``, in
-    order, and the lines that were skipped (torn or not records)."""
+def _content_end(fh: BinaryIO, size: int) -> tuple[int, int]:
+    """Where a file's content ends before a tail of NUL bytes (a power cut on a
+    filesystem that had extended the file), however long that tail; and its length."""
+    end = size
+    while end > 0:
+        n = min(EDGE_BYTES, end)
+        fh.seek(end - n)
+        chunk = fh.read(n).rstrip(b"\x00")
+        if chunk:
+            content_end = end - n + len(chunk)
+            return content_end, size - content_end
+        end -= n
+    return 0, size
+
+
+def _tail(fh: BinaryIO, end: int) -> tuple[bytes, int]:
+    """The bytes before ``end`` holding at least one whole line (growing past a torn
+    line of any length), and the offset they start at."""
+    n = EDGE_BYTES
+    while True:
+        start = max(0, end - n)
+        fh.seek(start)
+        data = fh.read(end - start)
+        if start == 0 or data.count(b"\n") >= 2:
+            return data, start
+        n *= 4
+
+
+def load_samples(
+    files: list[LogFile], since_s: float = float("-inf"), *, since_mono_s: float | None = None
+) -> tuple[list[Sample], list[SkippedLine]]:
+    """Parse every sample record in ``files``, in order, and the lines that were skipped
+    (torn, zero-filled or not records). ``since_mono_s``: only records of one run at or
+    after this CLOCK_MONOTONIC time (s), the way to window a run whatever its wall clock
+    did; ``since_s``: only records at or after this wall time (epoch s)."""
     samples: list[Sample] = []
     skipped: list[SkippedLine] = []
-    # The recorder writes "utc" as fixed-width ISO text, early in the line: lines before
-    # the window are passed over by comparing that text, without parsing them.
-    since_iso = utc_iso(since_s).encode() if since_s > 0 else b""
+    # The recorder writes "utc" as fixed-width ISO text and "mono_s" early in the line:
+    # lines before the window are passed over without parsing them.
+    since_iso = utc_iso(since_s).encode() if since_s > 0 and since_mono_s is None else b""
     for f in files:
         try:
             data = f.path.read_bytes()
         except OSError as exc:
             skipped.append(SkippedLine(f.path, 0, f"unreadable: {exc.strerror or exc}", False))
             continue
-        lines = data.split(b"\n")
+        content = data.rstrip(b"\x00")
+        zeros = len(data) - len(content)
+        lines = content.split(b"\n")
         last = len(lines) - 1  # b"" after the final newline when the file ends cleanly
         for i, raw in enumerate(lines):
             if i == last and not raw:
+                if zeros:
+                    skipped.append(SkippedLine(f.path, i + 1, _zeros_why(zeros), True))
                 break
             if since_iso and (k := raw.find(b'"utc":"', 0, 120)) >= 0 and raw[k + 7 : k + 31] < since_iso:
                 continue
+            if since_mono_s is not None and (m := _mono_of(raw)) is not None and m < since_mono_s:
+                continue
             try:
+                if not raw.strip(b"\x00"):
+                    raise ValueError("zero-filled line")
                 rec = json.loads(raw)
                 _check(rec)
                 if rec["kind"] != "sample":
                     continue
-                sample = _sample(rec)
-                if sample.utc_s >= since_s:
+                sample = _sample(rec, f.run_id)
+                if since_mono_s is not None:
+                    if sample.mono_s >= since_mono_s:
+                        samples.append(sample)
+                elif sample.utc_s >= since_s:
                     samples.append(sample)
             except (ValueError, KeyError, TypeError) as exc:  # JSONDecodeError is a ValueError
                 torn = i == last
-                skipped.append(SkippedLine(f.path, i + 1, "torn last line (cut mid-write)" if torn else f"not a record: {exc}", torn))
+                skipped.append(SkippedLine(f.path, i + 1, _torn_why(zeros) if torn else f"not a record: {exc}", torn))
     return samples, skipped
+
+
+def _torn_why(zeros: int) -> str:
+    return "torn last line (cut mid-write)" + (f", then {zeros} zero bytes" if zeros else "")
+
+
+def _zeros_why(zeros: int) -> str:
+    return f"zero-filled tail of {zeros} bytes (the cut came before the data reached the disk)"
+
+
+def _mono_of(raw: bytes) -> float | None:
+    k = raw.find(b'"mono_s":', 0, 200)
+    if k < 0:
+        return None
+    end = raw.find(b",", k + 9, k + 40)
+    try:
+        return float(raw[k + 9 : end])
+    except ValueError:
+        return None
+
+
+@dataclass(frozen=True)
+class ClockStep:
+    """The wall clock stepped between two records of one run: by ``step_s`` (negative:
+    backward), seen at the record with wall time ``at_utc_s`` (epoch s, as recorded)."""
+
+    at_utc_s: float
+    step_s: float
+
+
+def clock_steps(samples: list[Sample], tolerance_s: float = CLOCK_STEP_S) -> list[ClockStep]:
+    """Where consecutive records of one run disagree between wall and monotonic time."""
+    steps = []
+    for a, b in zip(samples, samples[1:]):
+        if a.run != b.run:
+            continue
+        drift = (b.utc_s - a.utc_s) - (b.mono_s - a.mono_s)
+        if abs(drift) > tolerance_s:
+            steps.append(ClockStep(b.utc_s, drift))
+    return steps
+
+
+def timeline_s(samples: list[Sample], interval_s: float, max_gap_s: float) -> tuple[list[float], int]:
+    """Seconds since the first record for each sample, trusting the wall clock only
+    between runs: within one run the monotonic clock measures time; between runs the
+    wall-clock gap is used when it is plausible (0 to ``max_gap_s``), else ``max_gap_s``.
+    Returns the times and how many gaps were shortened or stepped over."""
+    times: list[float] = []
+    adjusted = 0
+    for i, s in enumerate(samples):
+        if i == 0:
+            times.append(0.0)
+            continue
+        p = samples[i - 1]
+        if s.run == p.run and s.mono_s >= p.mono_s:
+            dt = s.mono_s - p.mono_s
+        else:
+            dt = s.utc_s - p.utc_s
+            if not interval_s <= dt <= max_gap_s:
+                dt = min(max(dt, interval_s), max_gap_s)
+                adjusted += 1
+        times.append(times[-1] + dt)
+    return times, adjusted
 
 
 def _parse(raw: bytes) -> dict[str, Any] | None:
@@ -237,7 +363,7 @@ def _check(rec: Any) -> None:
         raise ValueError(f"unknown kind {rec.get('kind')!r} or no utc")
 
 
-def _sample(rec: dict[str, Any]) -> Sample:
+def _sample(rec: dict[str, Any], run: str | None = None) -> Sample:
     bank = rec["bank"]
     return Sample(
         epoch(rec["utc"]), float(rec["mono_s"]), str(rec["mode"]), float(rec["budget_w"]),
@@ -246,7 +372,7 @@ def _sample(rec: dict[str, Any]) -> Sample:
             CardSample(int(c["index"]), str(c["uuid"]), c["avg_w"], c["peak_w"], c["limit_w"], str(c["role"]))
             for c in rec["cards"]
         ),
-        bank["avg_w"], bank["peak_w"], bank["limit_w"],
+        bank["avg_w"], bank["peak_w"], bank["limit_w"], run,
     )
 
 

@@ -19,6 +19,7 @@ Record kinds (schema version ``v`` = 1; watts rounded to 0.1 W; ``null`` = unkno
 
     {"v": 1, "kind": "header", "run": "3f2a9c1b7e40", "utc": "2025-06-01T14:00:00.000Z",
      "mono_s": 812.25, "host": "gpu-box", "boot_id": "...", "pid": 4242, "version": "0.1.0",
+     "backend": "nvml",
      "interval_s": 1.0, "budget_w": 1000.0,
      "feed": {"breaker_a": 15, "volts": 120, "derating": 0.8, "ups_w": 1200,
               "ups_margin": 0.2, "psu_efficiency": 0.9, "host_w": 250} | null,
@@ -44,6 +45,10 @@ Record kinds (schema version ``v`` = 1; watts rounded to 0.1 W; ``null`` = unkno
 - ``dropped``: records lost so far in this run (queue full); ``n`` counts the run's
   samples, dropped ones included, so a gap shows.
 - ``mono_s``: CLOCK_MONOTONIC (s since boot, as in the journal); ``utc``: wall clock.
+  Readers order and window a run's records by ``mono_s`` (one boot, one clock that
+  never steps); ``utc`` may step (an RTC in local time, a late NTP sync).
+- ``backend`` (header): ``nvml`` for real cards, ``sim`` for ``run --backend sim``;
+  absent in logs written before it existed (real). Reports keep the two apart.
 
 ``end`` (the daemon exited; its absence means power cut, crash or ``kill -9``)::
 
@@ -373,8 +378,10 @@ class Recorder:
         interval_s: float = 1.0,
         feed: Feed | None = None,
         wall_clock: Callable[[], float] = time.time,
+        backend: str = "nvml",
     ) -> None:
         self.writer = writer
+        self.backend = backend
         self.interval_s = interval_s
         self.feed = feed
         self.wall_clock = wall_clock
@@ -433,7 +440,7 @@ class Recorder:
             "v": SCHEMA_VERSION, "kind": "header", "run": self.run_id,
             "utc": utc_iso(self.wall_clock()), "mono_s": round(now, 3),
             "host": socket.gethostname(), "boot_id": boot_id(), "pid": os.getpid(),
-            "version": __version__, "interval_s": self.interval_s, "budget_w": snap.budget_w,
+            "version": __version__, "backend": self.backend, "interval_s": self.interval_s, "budget_w": snap.budget_w,
             "feed": None if self.feed is None else asdict(self.feed),
             "cards": [
                 {"index": c.index, "uuid": c.uuid, "name": c.name, "min_w": c.hw_min_limit_w, "max_w": c.hw_max_limit_w}
@@ -488,14 +495,17 @@ class Recorder:
             log.info("recorder_closed", **{k: v for k, v in vars(self.stats).items() if v})
 
 
-def from_config(cfg: RecorderConfig, feed: Feed | None) -> Recorder:
-    """A recorder built from the ``[recorder]`` section (register it with the daemon)."""
+def from_config(cfg: RecorderConfig, feed: Feed | None, backend: str = "nvml") -> Recorder:
+    """A recorder built from the ``[recorder]`` section (register it with the daemon).
+    ``backend`` (``nvml`` or ``sim``) goes in the header; a simulated run with the default
+    directory records under its ``sim/`` subdirectory (:meth:`RecorderConfig.dir_for`)."""
+    directory = cfg.dir_for(backend)
     writer = LogWriter(
-        cfg.dir, max_file_bytes=cfg.max_file_bytes, max_total_bytes=cfg.max_total_bytes,
+        directory, max_file_bytes=cfg.max_file_bytes, max_total_bytes=cfg.max_total_bytes,
         fsync_interval_s=cfg.fsync_interval_s,
     )
-    log.info("recorder_enabled", dir=str(cfg.dir), interval_s=cfg.interval_s, max_total_bytes=cfg.max_total_bytes)
-    return Recorder(writer, interval_s=cfg.interval_s, feed=feed)
+    log.info("recorder_enabled", dir=str(directory), backend=backend, interval_s=cfg.interval_s, max_total_bytes=cfg.max_total_bytes)
+    return Recorder(writer, interval_s=cfg.interval_s, feed=feed, backend=backend)
 
 
 def _r(w: float | None) -> float | None:

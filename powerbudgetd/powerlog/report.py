@@ -39,7 +39,16 @@ from typing import Any
 from powerbudgetd.core.feed import Feed
 from powerbudgetd.service.config import FeedConfig
 from powerbudgetd.powerlog.recorder import boot_id, utc_iso
-from powerbudgetd.powerlog.reader import LogIndex, Run, Sample, epoch, load_samples
+from powerbudgetd.powerlog.reader import (
+    CLOCK_STEP_S,
+    ClockStep,
+    LogIndex,
+    Run,
+    Sample,
+    clock_steps,
+    epoch,
+    load_samples,
+)
 
 _FEED_FIELDS = ("breaker_a", "volts", "derating", "ups_w", "ups_margin", "psu_efficiency", "host_w")
 
@@ -113,11 +122,14 @@ def ended(run: Run, newest: bool, now_s: float, host: Host) -> str:
 
 
 def event_run(log: LogIndex, now_s: float, host: Host) -> tuple[Run, str]:
-    """The run to report on, and how it ended: the most recent run that did not end
-    cleanly and is not still recording; else the newest run."""
+    """The run to report on, and how it ended: the most recent run on real cards that
+    did not end cleanly and is not still recording; else the newest real run. Simulated
+    runs (``run --backend sim``) are reported on only when the log holds nothing else."""
     runs = [r for r in log.runs if r.has_samples]
     if not runs:
         raise ValueError(f"{log.source}: no sample records in the log")
+    real = [r for r in runs if not r.simulated]
+    runs = real or runs
     states = [ended(r, r is runs[-1], now_s, host) for r in runs]
     for run, state in zip(reversed(runs), reversed(states)):
         if state not in ("clean", "recording"):
@@ -134,14 +146,27 @@ def summarize(log: LogIndex, last_s: float, configured: FeedConfig | None = None
     host = host or Host.current()
     run, state = event_run(log, now_s, host)
     stop = run.stop_s
+    stop_mono = run.stop_mono_s
     assert stop is not None
-    since = stop - last_s
-    files = [f for f in run.files if f.last is None or epoch(f.last["utc"]) >= since]
-    window, skipped = load_samples(files, since)
+    # The window is measured on the run's monotonic clock: the wall clock may have
+    # stepped (an RTC in local time, a late NTP sync) and would stretch or shrink it.
+    if stop_mono is not None:
+        since_mono = stop_mono - last_s
+        files = [f for f in run.files if f.last is None or float(f.last.get("mono_s", stop_mono)) >= since_mono]
+        window, skipped = load_samples(files, since_mono_s=since_mono)
+        window = [w for w in window if w.run == run.run_id or run.run_id is None]
+    else:
+        files = list(run.files)
+        window, skipped = load_samples(files, stop - last_s)
     if not window:
         raise ValueError(f"{log.source}: no sample records in the {last_s:g} s before {utc_iso(stop)}")
+    steps = clock_steps(window)
+    all_steps = _steps_before(run, window) + steps
     feed = FeedChoice.choose(configured, (run.header or {}).get("feed"), config_name)
     runs = [r for r in log.runs if r.has_samples]
+    # Times of the window as the monotonic clock places them before the stop.
+    w_from, w_to = (stop - (stop_mono - window[0].mono_s), stop - (stop_mono - window[-1].mono_s)) \
+        if stop_mono is not None else (window[0].utc_s, window[-1].utc_s)
     skipped += [t for t in log.torn if t.path not in {s.path for s in skipped}]
     return {
         "source": str(log.source),
@@ -151,23 +176,43 @@ def summarize(log: LogIndex, last_s: float, configured: FeedConfig | None = None
         ],
         "runs": [
             {"run": r.run_id, "start": _iso(r.start_s), "stop": _iso(r.stop_s), "files": len(r.files),
-             "ended": ended(r, r is runs[-1], now_s, host)}
+             "ended": ended(r, r is runs[-1], now_s, host), "backend": r.backend}
             for r in runs
         ],
         "stop": {
             "utc": _iso(stop), "run": run.run_id, "ended": state, "last_mode": window[-1].mode,
-            "host": (run.header or {}).get("host"),
+            "host": (run.header or {}).get("host"), "backend": run.backend,
         },
         "window": {
-            "last_s": last_s, "from": _iso(window[0].utc_s), "to": _iso(window[-1].utc_s),
-            "samples": len(window), "expected": int(round((window[-1].utc_s - window[0].utc_s) / run.interval_s)) + 1,
+            "last_s": last_s, "from": _iso(w_from), "to": _iso(w_to),
+            "samples": len(window), "expected": int(round((window[-1].mono_s - window[0].mono_s) / run.interval_s)) + 1,
             "dropped": window[-1].dropped - window[0].dropped,
-            "run_began_inside": run.start_s is not None and run.start_s > since,
+            "run_began_inside": _began_inside(run, stop_mono, last_s, stop),
         },
+        "clock_steps": [{"at": _iso(c.at_utc_s), "step_s": round(c.step_s, 1), "in_window": c in steps}
+                        for c in all_steps],  # not in the window: somewhere between the run's start and it
         "cards": _cards(window, run.card_names()),
         "bank": _bank(window),
         **_wall_and_sizing(window, feed),
     }
+
+
+def _steps_before(run: Run, window: list[Sample]) -> list[ClockStep]:
+    """A step between the run's start and the window, from the header's wall and
+    monotonic times against the window's first record (without reading what lies between)."""
+    h = run.header or {}
+    if not isinstance(h.get("mono_s"), (int, float)) or not isinstance(h.get("utc"), str):
+        return []
+    first = window[0]
+    drift = (first.utc_s - epoch(h["utc"])) - (first.mono_s - float(h["mono_s"]))
+    return [ClockStep(first.utc_s, drift)] if abs(drift) > CLOCK_STEP_S else []
+
+
+def _began_inside(run: Run, stop_mono: float | None, last_s: float, stop: float) -> bool:
+    h = run.header or {}
+    if stop_mono is not None and isinstance(h.get("mono_s"), (int, float)):
+        return float(h["mono_s"]) > stop_mono - last_s
+    return run.start_s is not None and run.start_s > stop - last_s
 
 
 def _cards(window: list[Sample], names: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
@@ -243,10 +288,24 @@ def format_summary(d: dict[str, Any]) -> str:
     """The report for people: a few lines, the stop first."""
     st, win, bank, wall = d["stop"], d["window"], d["bank"], d["wall"]
     how = ENDINGS[st["ended"]]
+    sims = sum(1 for r in d["runs"] if r.get("backend") == "sim")
+    real = len(d["runs"]) - sims
+    runs = f"{real} run(s) of the daemon on real cards" + (f", {sims} simulated (--backend sim, left out)" if sims else "")
+    if sims and st.get("backend") == "sim":
+        runs = f"{sims} simulated run(s) (--backend sim) and no run on real cards"
     lines = [
-        f"log {d['source']}: {len(d['runs'])} run(s) of the daemon, {d['files']} file(s)",
+        f"log {d['source']}: {runs}, {d['files']} file(s)",
         f"the log stops at {_human(st['utc'])}: {how}",
     ]
+    if st.get("backend") == "sim":
+        lines.append("  SIMULATED: this run drove a simulated bank, not real cards; its draw is not real history")
+    for c in d.get("clock_steps", []):
+        direction = "backward" if c["step_s"] < 0 else "forward"
+        when = f"at {_human(c['at'])} (as recorded)" if c["in_window"] else f"before {_human(c['at'])} (as recorded)"
+        lines.append(
+            f"  the wall clock stepped {direction} by {_dur_any(abs(c['step_s']))} {when}"
+            "; times and the window here follow the monotonic clock, counted back from the stop"
+        )
     later = [r for r in d["runs"] if r["start"] and r["start"] > st["utc"]]
     if later:
         lines.append(f"  (the daemon started again at {_human(later[0]['start'])})")
@@ -279,13 +338,14 @@ def format_summary(d: dict[str, Any]) -> str:
         return "\n".join(lines)
     sz, fd = d["sizing"], d["feed"]
     host = f"host {wall['host_w']:g} W" if wall["host_known"] else "host draw UNKNOWN, counted as 0 W: set [feed] host_w"
+    at_least = "at least" if wall["host_known"] else "more than (GPUs only: host draw unknown, add it)"
     lines += [
         "",
         f"wall power (estimated: {host}, PSU {wall['psu_efficiency']:.0%}; {fd['source']}): "
         f"mean {_w(wall['mean_w'])} W, highest 1 s average {_w(wall['max_avg_w'])} W, peak {_w(wall['peak_w'])} W",
-        f"sizing: a UPS of at least {_w(sz['ups_w'])} W real power (peak {_w(wall['peak_w'])} W with "
-        f"{sz['ups_margin']:.0%} margin) and a circuit of at least {sz['circuit_a']:.1f} A at {sz['volts']:g} V "
-        f"({sz['derating']:.0%} continuous)",
+        f"sizing: a UPS of {at_least} {_w(sz['ups_w'])} W real power (peak {_w(wall['peak_w'])} W with "
+        f"{sz['ups_margin']:.0%} margin) and a circuit of {'at least' if wall['host_known'] else 'more than'} "
+        f"{sz['circuit_a']:.1f} A at {sz['volts']:g} V ({sz['derating']:.0%} continuous)",
     ]
     if fd["ups"]:
         u = fd["ups"]
@@ -314,6 +374,16 @@ def _dur(s: float) -> str:
         if s >= n and s % n == 0:
             return f"{s / n:g} {unit}"
     return f"{s:g} s"
+
+
+def _dur_any(s: float) -> str:
+    if s >= 86400:
+        return f"{s / 86400:.1f} days"
+    if s >= 3600:
+        return f"{s / 3600:.1f} h"
+    if s >= 60:
+        return f"{s / 60:.1f} min"
+    return f"{s:.1f} s"
 
 
 def _w(v: float | None) -> str:

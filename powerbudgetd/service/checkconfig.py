@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from powerbudgetd.service.config import Settings, env_overrides
+from powerbudgetd.service.config import Settings, classify_env
 
 
 def _n(x: float) -> str:
@@ -69,7 +69,11 @@ def describe(settings: Settings, path: Path) -> str:
     lines.append(
         "persistence mode: " + ("turned on at boot where off" if settings.enable_persistence_mode else "checked at boot, warned about where off")
     )
-    env = env_overrides()
-    if env:
-        lines.append(f"environment overrides: {', '.join(env)}")
+    env = classify_env()
+    used = [n for n in env.overrides if not any(n in w for w in settings.warnings)]
+    if used:
+        lines.append(f"environment overrides: {', '.join(used)}")
+    if env.links:
+        lines.append(f"not settings, ignored (service links an orchestrator sets): {', '.join(env.links)}")
+    lines += [f"warning: {w}" for w in settings.warnings]
     return "\n".join(lines)

@@ -7,9 +7,14 @@ silent defaults. Every error names the field, the file and the value.
 
 from __future__ import annotations
 
+import dataclasses
+import difflib
 import os
 import re
 import socket
+import types
+import typing
+from contextvars import ContextVar
 import stat
 import tomllib
 from pathlib import Path
@@ -20,12 +25,13 @@ from pydantic import (
     ConfigDict,
     Field,
     IPvAnyAddress,
+    PrivateAttr,
     SecretStr,
     ValidationError,
     field_validator,
     model_validator,
 )
-from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+from pydantic_settings import BaseSettings, EnvSettingsSource, PydanticBaseSettingsSource, SettingsConfigDict
 
 from powerbudgetd.core.feed import DEFAULT_DERATING, DEFAULT_PSU_EFFICIENCY, DEFAULT_UPS_MARGIN, Feed
 from powerbudgetd.core.model import CardOverride
@@ -34,6 +40,16 @@ from powerbudgetd.core.model import Timings
 
 DEFAULT_CONFIG_PATH = Path("/etc/powerbudgetd/powerbudgetd.toml")
 ENV_PREFIX = "POWERBUDGETD_"
+SIM_RECORDER_SUBDIR = "sim"  # run --backend sim records here, under the default recorder dir
+# Variables that share our prefix without being ours: the service links Docker and
+# Kubernetes inject for a service or container named "powerbudgetd".
+_SERVICE_LINK_RE = re.compile(
+    r"^POWERBUDGETD_(PORT(_\d+_(TCP|UDP|SCTP)(_(ADDR|PORT|PROTO))?)?|SERVICE_HOST|SERVICE_PORT(_[A-Z0-9_]+)?|NAME|ENV_[A-Z0-9_]+)$"
+)
+_NOT_OVERRIDES = ("POWERBUDGETD_CONFIG",)  # the config file's path, not a setting
+# Environment variables (lower case, as pydantic-settings keys them) to leave out of
+# the next Settings(): set by load_config for a section the file does not have.
+_IGNORED_ENV: ContextVar[frozenset[str]] = ContextVar("_IGNORED_ENV", default=frozenset())
 
 
 def default_config_path() -> Path:
@@ -180,6 +196,16 @@ class RecorderConfig(_Section):
                 f"({self.max_file_bytes}): the file being written counts against the total"
             )
         return self
+
+    def dir_for(self, backend: str) -> Path:
+        """Where a run on ``backend`` records: ``dir``, except that a simulated run with
+        the default ``dir`` records under ``dir/sim``, apart from the real history
+        (``log report`` on the default directory never sees it)."""
+        if backend == "sim" and "dir" not in self.model_fields_set:
+            return self.dir / SIM_RECORDER_SUBDIR
+        return self.dir
+
+
 class MetricsConfig(_Section):
     """The Prometheus endpoint, ``http://listen_address:port/metrics``.
 
@@ -332,10 +358,27 @@ class MqttConfig(_Section):
         return self.base_topic or f"powerbudgetd/{self.node_id}"
 
 
+class _EnvSource(EnvSettingsSource):
+    """The environment, less the variables :func:`load_config` chose to ignore."""
+
+    def _load_env_vars(self) -> typing.Mapping[str, str | None]:
+        ignored = _IGNORED_ENV.get()
+        return {k: v for k, v in super()._load_env_vars().items() if k.upper() not in ignored}
+
+
 class Settings(BaseSettings):
-    """The whole configuration. ``budget_w`` is the bank's board-power budget (W)."""
+    """The whole configuration. ``budget_w`` is the bank's board-power budget (W).
+
+    ``warnings``: what :func:`load_config` left out or doubts (unknown variables, an
+    environment secret for a section the file does not have), for the log and check-config.
+    """
 
     model_config = SettingsConfigDict(env_prefix="POWERBUDGETD_", env_nested_delimiter="__", extra="forbid")
+    _warnings: list[str] = PrivateAttr(default_factory=list)
+
+    @property
+    def warnings(self) -> list[str]:
+        return self._warnings
 
     budget_w: float | None = Field(None, gt=0, le=100_000)  # board watts; or derive it from [feed]
     feed: FeedConfig | None = None
@@ -378,10 +421,11 @@ class Settings(BaseSettings):
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
         # The file's contents arrive as init kwargs; the environment overrides them.
-        return (env_settings, init_settings)
+        return (_EnvSource(settings_cls), init_settings)
 
     def overrides(self) -> dict[str, CardOverride]:
         return {key: card.override() for key, card in self.cards.items()}
+
 
 
 def load_config(path: str | Path, *, euid: int | None = None) -> Settings:
@@ -398,16 +442,83 @@ def load_config(path: str | Path, *, euid: int | None = None) -> Settings:
         problem = unsafe_mode(st.st_mode, st.st_uid, dir_st.st_mode, dir_st.st_uid)
         if problem:
             raise ConfigError(f"{path}: {problem}; running as root, powerbudgetd refuses a config file others can change")
+    data = parse_toml(path)
+    env = classify_env()
+    warnings = [f"{name} is not a powerbudgetd setting and is ignored" + (f": did you mean {hint}?" if hint else "")
+                for name, hint in env.unknown]
     try:
-        data: dict[str, Any] = tomllib.loads(path.read_text())
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"{path}: not valid TOML: {exc}") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"{path}: cannot read: {exc}") from None
+        settings = _settings(data, frozenset())
+    except ValidationError as exc:
+        # Sections only the environment speaks of (a secret set for MQTT while the file
+        # has no [mqtt]): when they alone fail, leave them off rather than refuse to boot.
+        env_only = {sec: names for sec, names in env.by_section.items()
+                    if sec in _OPTIONAL_SECTIONS and sec not in data}
+        failing = {str(e["loc"][0]) if e["loc"] else "" for e in exc.errors()}
+        if not env_only or not failing <= set(env_only):
+            raise ConfigError(format_validation_error(path, exc)) from None
+        ignored: set[str] = set()
+        for sec in sorted(failing):
+            names = env_only[sec]
+            missing = [f"{sec}.{e['loc'][1]}" for e in exc.errors()
+                       if e["type"] == "missing" and len(e["loc"]) > 1 and e["loc"][0] == sec]
+            warnings.append(
+                f"{', '.join(names)} set for [{sec}], but {path} has no [{sec}] section"
+                + (f" and {', '.join(missing)} is not given" if missing else "")
+                + f": [{sec}] stays off and the variable is ignored"
+            )
+            ignored.update(n.upper() for n in names)
+        try:
+            settings = _settings(data, frozenset(ignored))
+        except ValidationError as exc2:
+            raise ConfigError(format_validation_error(path, exc2)) from None
+    settings._warnings.extend(warnings)
+    return settings
+
+
+def _settings(data: dict[str, Any], ignored_env: frozenset[str]) -> Settings:
+    token = _IGNORED_ENV.set(ignored_env)
     try:
         return Settings(**data)
-    except ValidationError as exc:
-        raise ConfigError(format_validation_error(path, exc)) from None
+    finally:
+        _IGNORED_ENV.reset(token)
+
+
+def parse_toml(path: Path) -> dict[str, Any]:
+    """The TOML table in ``path``, whatever editor saved it: UTF-8 with or without a
+    byte-order mark, UTF-16 with one, CRLF or LF line ends, tabs. Raises ConfigError
+    naming the real cause (the encoding, the line and column of a TOML error)."""
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    if raw.startswith((b"\xff\xfe", b"\xfe\xff")):
+        try:
+            text = raw.decode("utf-16")
+        except UnicodeDecodeError as exc:
+            raise ConfigError(f"{path}: starts as UTF-16 but is not: {exc.reason} at byte {exc.start}") from None
+    elif b"\x00" in raw[:4096]:
+        raise ConfigError(
+            f"{path}: contains NUL bytes: UTF-16 or UTF-32 without a byte-order mark, or not a text file; "
+            "save it as UTF-8"
+        )
+    else:
+        try:
+            text = raw.decode("utf-8-sig")
+        except UnicodeDecodeError as exc:
+            line = raw[: exc.start].count(b"\n") + 1
+            col = exc.start - (raw.rfind(b"\n", 0, exc.start) + 1) + 1
+            raise ConfigError(
+                f"{path}: not UTF-8: byte 0x{raw[exc.start]:02x} at line {line}, column {col} "
+                "(saved as Latin-1 or Windows-1252?); save the file as UTF-8"
+            ) from None
+    text = text.removeprefix("\ufeff")  # UTF-16 with a BOM keeps it as a character
+    # TOML takes CRLF line ends but not a lone CR (classic Mac) inside the text.
+    if "\r" in text.replace("\r\n", ""):
+        text = text.replace("\r\n", "\n").replace("\r", "\n")
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: not valid TOML: {exc}") from None
 
 
 def unsafe_mode(mode: int, uid: int, dir_mode: int, dir_uid: int) -> str | None:
@@ -441,8 +552,118 @@ def format_validation_error(path: Path, exc: ValidationError) -> str:
         if env:
             shown += f" from ${env}"
         msg = err["msg"].removeprefix("Value error, ")
+        if err["type"] == "extra_forbidden":
+            known = _field_names_at(loc[:-1])
+            close = difflib.get_close_matches(loc[-1], known, n=1, cutoff=0.6) if loc else []
+            where = ".".join(loc[:-1])
+            msg = f"unknown key{' in [' + where + ']' if where else ''}" + (
+                f": did you mean {close[0]!r}?" if close else f" (known: {', '.join(sorted(known))})"
+            )
         lines.append(f"  {field}: {msg}{shown}")
     return "\n".join(lines)
+
+
+def _model_at(loc: list[str]) -> type[BaseModel] | None:
+    """The model whose keys are expected at ``loc`` (a dotted path into Settings)."""
+    model: type[BaseModel] | None = Settings
+    i = 0
+    while i < len(loc) and model is not None:
+        field = model.model_fields.get(loc[i])
+        if field is None:
+            return None
+        model, i = _unwrap(field.annotation), i + 1
+        if model is dict:  # a dict of sections ([cards."N"]): skip the key
+            model, i = _dict_value_model(field.annotation), i + 1
+    return model
+
+
+def _unwrap(annotation: Any) -> Any:
+    args = [a for a in typing.get_args(annotation) if a is not type(None)]
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType) and len(args) == 1:
+        annotation = args[0]
+    if typing.get_origin(annotation) is dict:
+        return dict
+    return annotation if isinstance(annotation, type) and issubclass(annotation, BaseModel) else None
+
+
+def _dict_value_model(annotation: Any) -> type[BaseModel] | None:
+    args = typing.get_args(annotation)
+    return _unwrap(args[1]) if len(args) == 2 else None
+
+
+def _field_names_at(loc: list[str]) -> list[str]:
+    model = _model_at(loc)
+    return list(model.model_fields) if model is not None else []
+
+
+def _required_fields(model: type[BaseModel]) -> list[str]:
+    return [name for name, f in model.model_fields.items() if f.is_required()]
+
+
+# Sections a file may leave out (the feature is then off): the environment alone cannot
+# turn them on by half.
+_OPTIONAL_SECTIONS: dict[str, type[BaseModel]] = {"mqtt": MqttConfig, "feed": FeedConfig}
+
+
+@dataclasses.dataclass
+class EnvReport:
+    """The ``POWERBUDGETD_*`` variables, sorted: ``overrides`` (settings, by name),
+    ``by_section`` (override names per top-level key), ``unknown`` (name, closest
+    setting or None), ``links`` (orchestrator service links: not ours, ignored)."""
+
+    overrides: list[str]
+    by_section: dict[str, list[str]]
+    unknown: list[tuple[str, str | None]]
+    links: list[str]
+
+
+def env_names() -> list[str]:
+    """Every environment variable name a setting answers to, nested ones with ``__``
+    (``[cards]`` keys shown as ``POWERBUDGETD_CARDS__<KEY>__...``)."""
+    out: list[str] = []
+
+    def walk(model: type[BaseModel], prefix: str) -> None:
+        for name, field in model.model_fields.items():
+            env = f"{prefix}{name.upper()}"
+            out.append(env)
+            sub = _unwrap(field.annotation)
+            if sub is dict:
+                value = _dict_value_model(field.annotation)
+                if value is not None:
+                    walk(value, f"{env}__<KEY>__")
+            elif sub is not None:
+                walk(sub, f"{env}__")
+
+    walk(Settings, ENV_PREFIX)
+    return out
+
+
+def classify_env(environ: typing.Mapping[str, str] | None = None) -> EnvReport:
+    """Sort the ``POWERBUDGETD_*`` variables into overrides, unknown names (with a
+    did-you-mean) and service links that only share the prefix."""
+    environ = os.environ if environ is None else environ
+    known = env_names()
+    exact = {k for k in known if "<KEY>" not in k}
+    keyed = [re.compile("^" + re.escape(k).replace(re.escape("<KEY>"), "[^_]+(?:_[^_]+)*") + "$") for k in known if "<KEY>" in k]
+    report = EnvReport([], {}, [], [])
+    for name in sorted(environ):
+        upper = name.upper()
+        if not upper.startswith(ENV_PREFIX) or upper in _NOT_OVERRIDES:
+            continue
+        if upper in exact or any(r.match(upper) for r in keyed) or _is_section_prefix(upper, exact):
+            report.overrides.append(name)
+            report.by_section.setdefault(upper[len(ENV_PREFIX):].split("__")[0].lower(), []).append(name)
+        elif _SERVICE_LINK_RE.match(upper):
+            report.links.append(name)
+        else:
+            close = difflib.get_close_matches(upper, [k for k in known if "<KEY>" not in k], n=1, cutoff=0.75)
+            report.unknown.append((name, close[0] if close else None))
+    return report
+
+
+def _is_section_prefix(name: str, exact: set[str]) -> bool:
+    # POWERBUDGETD_FEED='{"breaker_a": 15, ...}' sets a whole section as JSON.
+    return any(k.startswith(name + "__") for k in exact)
 
 
 def _env_source(loc: list[str]) -> str | None:
@@ -455,5 +676,6 @@ def _env_source(loc: list[str]) -> str | None:
 
 
 def env_overrides() -> list[str]:
-    """Names of the ``POWERBUDGETD_*`` environment variables that override the file."""
-    return sorted(k for k in os.environ if k.startswith(ENV_PREFIX) and k != "POWERBUDGETD_CONFIG")
+    """Names of the ``POWERBUDGETD_*`` environment variables that override the file
+    (not the config path, not unknown names, not service links)."""
+    return classify_env().overrides

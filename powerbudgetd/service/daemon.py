@@ -293,7 +293,14 @@ class Daemon:
                 ctl.request_stop()
                 stop_deadline = t0 + max(5.0, 3 * ctl.timings.confirm_timeout_s)
             if stop_deadline is not None and (ctl.stopped or ctl.mode == Mode.DRY_RUN):
-                log.info("stopped", sum_limits_w=ctl.sum_bound_mw / 1000, limits_w=[c.bound_mw / 1000 for c in ctl.cards])
+                if ctl.mode == Mode.DRY_RUN:  # nothing was written: say what the cards really have
+                    log.info(
+                        "stopped", dry_run=True, limits_w=[_w(c.enforced_mw) for c in ctl.cards],
+                        decided_limits_w=[c.bound_mw / 1000 for c in ctl.cards],
+                        note="dry run: no limit was written, the cards keep the limits they had",
+                    )
+                else:
+                    log.info("stopped", sum_limits_w=ctl.sum_bound_mw / 1000, limits_w=[c.bound_mw / 1000 for c in ctl.cards])
                 return ExitStatus.OK
             if stop_deadline is not None and t0 > stop_deadline:
                 log.error("stop_timeout", sum_limits_w=ctl.sum_bound_mw / 1000)
@@ -359,3 +366,7 @@ class Daemon:
             await self._wake.wait()
         else:
             await asyncio.Event().wait()
+
+
+def _w(mw: int | None) -> float | None:
+    return None if mw is None else mw / 1000

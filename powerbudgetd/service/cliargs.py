@@ -1,0 +1,111 @@
+"""Argument checks for the command line, done by argparse before any work starts.
+
+Each check turns a bad value into argparse's usage error (exit 2, one line naming the
+option and the value), so a mistake costs the operator a second, not a traceback after
+a minute of simulation.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+PLOT_SUFFIXES = (".png", ".svg", ".pdf")
+
+
+def positive_float(what: str, *, upper: float | None = None) -> Callable[[str], float]:
+    """An argparse ``type``: a finite number > 0 (and <= ``upper``); ``what`` names the unit."""
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a number: {text!r} (give {what})") from None
+        if not math.isfinite(value) or value <= 0:
+            raise argparse.ArgumentTypeError(f"must be a positive number of {what}, got {text!r}")
+        if upper is not None and value > upper:
+            raise argparse.ArgumentTypeError(f"must be at most {upper:g} {what}, got {text!r}")
+        return value
+
+    return parse
+
+
+def duration(text: str) -> float:
+    """An argparse ``type``: ``90``, ``90s``, ``10m``, ``2h``, ``1d`` to seconds (> 0)."""
+    from powerbudgetd.powerlog.report import parse_duration
+
+    try:
+        return parse_duration(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def writable_plot(text: str) -> str:
+    """An argparse ``type``: a plot file we will be able to write, checked before the work
+    that fills it (its directory exists and is writable, a known image suffix, and
+    matplotlib is installed)."""
+    path = Path(text)
+    if path.suffix.lower() not in PLOT_SUFFIXES:
+        raise argparse.ArgumentTypeError(f"{text}: give a file ending in {', '.join(PLOT_SUFFIXES)}")
+    parent = path.parent if str(path.parent) else Path(".")
+    if not parent.is_dir():
+        raise argparse.ArgumentTypeError(f"{text}: no such directory: {parent}")
+    if path.is_dir():
+        raise argparse.ArgumentTypeError(f"{text}: is a directory")
+    if not os.access(parent, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
+        raise argparse.ArgumentTypeError(f"{text}: not writable by this user")
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        raise argparse.ArgumentTypeError("plotting needs matplotlib: pip install 'powerbudgetd[plot]'") from None
+    return text
+
+
+def refuse_conflicts(
+    parser: argparse.ArgumentParser, args: argparse.Namespace, rules: Sequence[tuple[str, Sequence[str], str]]
+) -> None:
+    """Exit through ``parser.error`` (status 2) when options that cannot go together were
+    given. ``rules``: (option, the options it excludes, why); an option counts as given
+    when its value is neither None nor False."""
+
+    def given(opt: str) -> bool:
+        value = getattr(args, opt.lstrip("-").replace("-", "_"))
+        return value is not None and value is not False
+
+    for opt, others, why in rules:
+        if not given(opt):
+            continue
+        clash = [o for o in others if given(o)]
+        if clash:
+            parser.error(f"{opt} cannot be combined with {', '.join(clash)}: {why}")
+
+
+def require(
+    parser: argparse.ArgumentParser, args: argparse.Namespace, rules: Sequence[tuple[str, str, Callable[[argparse.Namespace], bool]]]
+) -> None:
+    """Exit through ``parser.error`` when an option was given without what it needs.
+    ``rules``: (option, what it needs in words, a test of the parsed arguments)."""
+    for opt, needs, ok in rules:
+        value = getattr(args, opt.lstrip("-").replace("-", "_"))
+        if value is not None and value is not False and not ok(args):
+            parser.error(f"{opt} needs {needs}")
+
+
+class DefaultsHelpFormatter(argparse.HelpFormatter):
+    """Adds ``(default: X)`` to an option's help where it has a default worth stating
+    and the help does not say it already."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        default = action.default
+        if (
+            "default" not in text
+            and default not in (None, False, argparse.SUPPRESS)
+            and action.option_strings
+            and action.nargs != 0
+        ):
+            text += " (default: %(default)s)"
+        return text
