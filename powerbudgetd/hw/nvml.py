@@ -3,9 +3,10 @@
 Watts in, watts out: NVML speaks milliwatts, and this module is the one place that
 converts. NVML errors become the project exceptions of :mod:`powerbudgetd.errors`.
 
-The layer is built on any module object that answers the ``pynvml`` calls it uses; in
-production that is the real ``pynvml``, in tests and ``simulate`` it is the simulator's
-fake (``powerbudgetd_sim.fake_pynvml``), so the code below is exactly the code tested.
+The layer always calls the real bindings. In production they load the driver's
+``libnvidia-ml.so.1``; in tests and ``simulate`` an :class:`NvmlLibrary` (the
+simulator's ``powerbudgetd_sim.libnvml``) serves the same C functions in its place, so
+the code below and NVIDIA's bindings under it are exactly the code tested.
 """
 
 from __future__ import annotations
@@ -13,10 +14,11 @@ from __future__ import annotations
 import importlib
 import importlib.metadata
 import threading
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from types import ModuleType
-from typing import Any, TypeVar
 from collections.abc import Callable
+from typing import Any, Protocol, TypeVar
 
 from powerbudgetd.errors import (
     NvmlError,
@@ -175,15 +177,35 @@ def to_mw(watts: float) -> int:
     return int(round(watts * 1000.0))
 
 
-class Nvml:
-    """Thin, typed access to the NVML calls powerbudgetd needs.
+class NvmlLibrary(Protocol):
+    """What stands in for ``libnvidia-ml.so`` under the real bindings (the simulator).
 
-    ``module`` is a ``pynvml``-compatible module; by default the real bindings.
-    Raises project exceptions (:mod:`powerbudgetd.errors`), never ``NVMLError``.
+    ``attach(pynvml)``: make the bindings resolve NVML's C symbols through it (called
+    once per layer; idempotent per process). ``bound()``: a context in which the calling
+    thread's NVML calls reach this library (several may live in one process).
     """
 
-    def __init__(self, module: Any | None = None) -> None:
-        self._lib = module if module is not None else load_pynvml()
+    def attach(self, module: ModuleType) -> None: ...
+
+    def bound(self) -> AbstractContextManager[Any]: ...
+
+
+class Nvml:
+    """Thin, typed access to the NVML calls powerbudgetd needs, through ``nvidia-ml-py``.
+
+    ``library``: None for the driver's NVML; an :class:`NvmlLibrary` to serve the C
+    functions instead (the simulator). Raises NvmlNotInitialized when the bindings are
+    missing; every call raises project exceptions (:mod:`powerbudgetd.errors`), never
+    ``NVMLError``.
+    """
+
+    def __init__(self, library: NvmlLibrary | None = None) -> None:
+        self._lib = load_pynvml()
+        self.library = library
+        self._bound: Callable[[], AbstractContextManager[Any]] = nullcontext
+        if library is not None:
+            library.attach(self._lib)
+            self._bound = library.bound
         self._handles: dict[str, Any] = {}
         self._instant_unsupported: set[str] = set()
         # NVML is thread-safe; the simulator is not. One call at a time lets a metrics
@@ -194,7 +216,7 @@ class Nvml:
     # -- plumbing -------------------------------------------------------------------
     def _call(self, name: str, fn: Callable[..., T], *args: Any) -> T:
         try:
-            with self._lock:
+            with self._lock, self._bound():
                 return fn(*args)
         except self._lib.NVMLError as exc:
             code = getattr(exc, "value", None)
@@ -224,7 +246,8 @@ class Nvml:
     def shutdown(self) -> None:
         """``nvmlShutdown``; errors are ignored (we are leaving anyway)."""
         try:
-            self._lib.nvmlShutdown()
+            with self._lock, self._bound():
+                self._lib.nvmlShutdown()
         except Exception:  # noqa: BLE001 - best effort on the way out
             pass
 
