@@ -28,14 +28,14 @@ import math
 import re
 import threading
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
-from powerbudgetd.hw.nvml import load_pynvml
 from powerbudgetd_sim.physics import SimBank, SimCard
+
+from powerbudgetd.hw.nvml import load_pynvml
 
 _nv = load_pynvml()  # for the bindings' own ctypes types and constants only
 
@@ -119,7 +119,8 @@ def api_name(symbol: str) -> str:
     return "nvmlInit" if name == "nvmlInitWithFlags" else name
 
 
-API_NAMES = frozenset(api_name(s) for s in SIGNATURES)
+_API = {symbol: api_name(symbol) for symbol in SIGNATURES}
+API_NAMES = frozenset(_API.values())
 
 
 @dataclass(frozen=True)
@@ -161,6 +162,22 @@ class _Return(Exception):
 _BOUND: contextvars.ContextVar[SimNvmlLibrary | None] = contextvars.ContextVar("powerbudgetd_sim_nvml", default=None)
 _library_ids = itertools.count(1)
 _HANDLE_SHIFT = 20  # handle = library id << 20 | (card index + 1) << 4: never NULL, never shared
+
+
+class _Binding:
+    """Route the calling context's NVML calls to ``library`` (a plain class: it runs
+    around every call)."""
+
+    __slots__ = ("library", "token")
+
+    def __init__(self, library: SimNvmlLibrary) -> None:
+        self.library = library
+
+    def __enter__(self) -> None:
+        self.token = _BOUND.set(self.library)
+
+    def __exit__(self, *exc: object) -> None:
+        _BOUND.reset(self.token)
 
 
 class _Dispatcher:
@@ -241,13 +258,8 @@ class SimNvmlLibrary:
     def attach(self, module: ModuleType) -> None:
         attach(module)
 
-    @contextmanager
-    def bound(self) -> Iterator[None]:
-        token = _BOUND.set(self)
-        try:
-            yield
-        finally:
-            _BOUND.reset(token)
+    def bound(self) -> _Binding:
+        return _Binding(self)
 
     # -- plumbing -------------------------------------------------------------------
     def serve(self, symbol: str, args: tuple[Any, ...]) -> int:
@@ -268,7 +280,7 @@ class SimNvmlLibrary:
         return self._id << _HANDLE_SHIFT | (card.index + 1) << 4
 
     def _enter(self, symbol: str, card: SimCard | None = None) -> float:
-        call = api_name(symbol)
+        call = _API[symbol]
         now = self.bank.time()
         index = card.index if card is not None else None
         for i, f in enumerate(self.faults):
@@ -290,7 +302,10 @@ class SimNvmlLibrary:
 
     def _card(self, symbol: str, device: Any) -> tuple[SimCard, float]:
         """The card behind a device handle (after faults), or INVALID_ARGUMENT."""
-        address = ctypes.cast(device, ctypes.c_void_p).value or 0
+        try:
+            address = ctypes.addressof(device.contents)  # the handle's value (cheaper than cast)
+        except ValueError:  # NULL
+            address = 0
         index = ((address & ((1 << _HANDLE_SHIFT) - 1)) >> 4) - 1
         if address >> _HANDLE_SHIFT != self._id or not 0 <= index < len(self.bank.cards):
             self._enter(symbol)  # init state and global faults still apply

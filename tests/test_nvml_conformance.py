@@ -17,14 +17,14 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from packaging.requirements import Requirement
-
 from conftest import busy, card
-from powerbudgetd.hw import nvml as nvml_layer
-from powerbudgetd.hw.nvml import Nvml, load_pynvml
+from packaging.requirements import Requirement
 from powerbudgetd_sim import libnvml
 from powerbudgetd_sim.libnvml import SIGNATURES, SimNvmlLibrary
 from powerbudgetd_sim.physics import SimBank
+
+from powerbudgetd.hw import nvml as nvml_layer
+from powerbudgetd.hw.nvml import Nvml, load_pynvml
 
 pynvml = load_pynvml()
 UUID = "GPU-test-0"
