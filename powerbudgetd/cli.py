@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
 
     from powerbudgetd.control.controller import Controller
-    from powerbudgetd.hw.nvml import Nvml
+    from powerbudgetd.hw.nvml import GpuInfo, Nvml
     from powerbudgetd.service.config import Settings
     from powerbudgetd.service.daemon import Daemon
 
@@ -87,6 +87,11 @@ def _parser() -> argparse.ArgumentParser:
     pr.add_argument("--json", action="store_true")
     pr.add_argument("--backend", choices=("nvml", "sim"), default="nvml")
     pr.add_argument("--scenario", default="workstation-4", help="the simulated bank for --backend sim")
+    pr.add_argument(
+        "--compare-sim", action="store_true",
+        help="each NVML call's answer beside the simulator's for the nearest preset card (read-only)",
+    )
+    pr.add_argument("--preset", metavar="MODEL", help="with --compare-sim: compare every card with this preset")
 
     lg = sub.add_parser("log", help="the flight recorder's power log").add_subparsers(dest="log_command", required=True)
     lr = lg.add_parser("report", help="where the log stops (the power event) and what was drawn before it")
@@ -213,24 +218,44 @@ def _suite(args: argparse.Namespace) -> int:
 
 def _probe(args: argparse.Namespace) -> int:
     from powerbudgetd.service.backend import make_nvml
-    from powerbudgetd.hw.probe import format_probe, probe
+    from powerbudgetd.hw.probe import format_compare, format_probe, probe
 
     configure_logging(level="warning", stream=sys.stderr)
     from powerbudgetd_sim.scenario import ScenarioError
 
+    if args.preset and not args.compare_sim:
+        print("powerbudgetd: --preset needs --compare-sim", file=sys.stderr)
+        return ExitStatus.CONFIG
     try:
         nvml = make_nvml(args.backend, scenario=args.scenario)
         nvml.init()
-        result = probe(nvml)
+        if args.compare_sim:
+            result = _compare_sim(nvml, args.preset)
+        else:
+            result = probe(nvml)
     except ScenarioError as exc:
         print(f"powerbudgetd: {exc}", file=sys.stderr)
         return ExitStatus.CONFIG
     except NvmlError as exc:
         print(f"powerbudgetd: NVML unavailable: {exc}", file=sys.stderr)
         return ExitStatus.NVML
-    print(json.dumps(result, indent=2) if args.json else format_probe(result))
+    if args.compare_sim:
+        print(json.dumps(result, indent=2) if args.json else format_compare(result))
+    else:
+        print(json.dumps(result, indent=2) if args.json else format_probe(result))
     nvml.shutdown()
     return ExitStatus.OK
+
+
+def _compare_sim(nvml: Nvml, preset: str | None) -> dict[str, Any]:
+    from powerbudgetd.hw.probe import compare_sim
+    from powerbudgetd_sim.compare import nearest_model, preset_bank
+
+    def sim_for(cards: list[GpuInfo]) -> tuple[list[str], Nvml]:
+        presets = [preset or nearest_model(c) for c in cards]
+        return presets, preset_bank(presets)
+
+    return compare_sim(nvml, sim_for)
 
 
 def _log_report(args: argparse.Namespace) -> int:

@@ -31,14 +31,16 @@ UUID = "GPU-test-0"
 
 
 def layer_calls() -> set[str]:
-    """Every ``pynvml`` function the NVML layer names (``self._lib.nvmlX`` / ``lib.nvmlX``)."""
+    """Every ``pynvml`` function the NVML layer calls (``self._lib.nvmlX``, ``lib.nvmlX``,
+    and the read-only calls of ``probe --compare-sim``)."""
     tree = ast.parse(inspect.getsource(nvml_layer))
-    return {
+    named = {
         node.attr
         for node in ast.walk(tree)
-        if isinstance(node, ast.Attribute) and node.attr.startswith("nvml") and isinstance(node.value, (ast.Name, ast.Attribute))
+        if isinstance(node, ast.Attribute) and node.attr.startswith("nvml")
         and (getattr(node.value, "id", None) == "lib" or getattr(node.value, "attr", None) == "_lib")
     }
+    return named | {call for call, _ in nvml_layer.RAW_READS}  # called by name in raw_answers
 
 
 # How to call each pynvml function (handle -> arguments) and what it must answer on

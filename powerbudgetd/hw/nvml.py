@@ -47,6 +47,24 @@ _VALUE_FIELDS = {0: "dVal", 1: "uiVal", 2: "ulVal", 3: "ullVal", 4: "sllVal", 5:
 
 T = TypeVar("T")
 
+# The read-only calls behind ``probe --compare-sim`` (with the unit of their answer), and
+# the power fields read the same way: what the daemon reads, plus MIG mode and the
+# clock-event reasons an operator checks when a cap does not seem to bite.
+RAW_READS = (
+    ("nvmlDeviceGetName", "text"),
+    ("nvmlDeviceGetUUID", "text"),
+    ("nvmlDeviceGetPowerManagementLimitConstraints", "[min, max] mW"),
+    ("nvmlDeviceGetPowerManagementDefaultLimit", "mW"),
+    ("nvmlDeviceGetPowerManagementLimit", "mW"),
+    ("nvmlDeviceGetEnforcedPowerLimit", "mW"),
+    ("nvmlDeviceGetPowerUsage", "mW"),
+    ("nvmlDeviceGetTotalEnergyConsumption", "mJ"),
+    ("nvmlDeviceGetPersistenceMode", "0 off / 1 on"),
+    ("nvmlDeviceGetMigMode", "[current, pending]"),
+    ("nvmlDeviceGetCurrentClocksEventReasons", "bitmask"),
+)
+RAW_FIELDS = ((185, "mW"), (FI_DEV_POWER_INSTANT, "mW"))  # NVML_FI_DEV_POWER_AVERAGE, _INSTANT
+
 
 # What to do about each reason NVML will not start (nvmlReturn_t code -> advice).
 INIT_ADVICE = {
@@ -357,6 +375,48 @@ class Nvml:
             )
         except NvmlNotSupported:
             return None
+
+    # -- raw answers (probe --compare-sim) ---------------------------------------------
+    def raw_answers(self, uuid: str) -> list[dict[str, Any]]:
+        """Each read-only call the daemon relies on, answered as the bindings give it.
+
+        Returns one dict per call: ``call``, ``unit`` and either ``type`` (the Python
+        type of the answer) and ``value`` (NVML's own units: mW, mJ), or ``error`` (the
+        ``NVML_ERROR_*`` name). Field values add ``value_type`` (``nvmlValueType_t``).
+        Writes nothing.
+        """
+        lib = self._lib
+        handle = self._handle(uuid)
+        errors = {v: k for k, v in vars(lib).items() if k.startswith("NVML_ERROR_") and isinstance(v, int)}
+        out: list[dict[str, Any]] = []
+
+        def answer(call: str, unit: str, fn: Callable[[], Any]) -> dict[str, Any]:
+            row: dict[str, Any] = {"call": call, "unit": unit}
+            try:
+                with self._lock, self._bound():
+                    value = fn()
+            except lib.NVMLError as exc:
+                row["error"] = errors.get(exc.value, f"code {exc.value}")
+                return row
+            row.update(type=type(value).__name__, value=value)
+            return row
+
+        for call, unit in RAW_READS:
+            out.append(answer(call, unit, lambda call=call: getattr(lib, call)(handle)))
+        for field_id, unit in RAW_FIELDS:
+            row = answer(f"nvmlDeviceGetFieldValues[{field_id}]", unit,
+                         lambda f=field_id: lib.nvmlDeviceGetFieldValues(handle, [f])[0])
+            fv = row.pop("value", None)
+            if fv is not None:
+                ret = int(fv.nvmlReturn)
+                if ret:
+                    row = {"call": row["call"], "unit": unit, "error": errors.get(ret, f"code {ret}")}
+                else:
+                    member = _VALUE_FIELDS.get(int(fv.valueType), "uiVal")
+                    value = getattr(fv.value, member)
+                    row.update(type=type(value).__name__, value=value, value_type=f"{int(fv.valueType)} ({member})")
+            out.append(row)
+        return out
 
     # -- writes ---------------------------------------------------------------------
     def set_persistence_mode(self, uuid: str, enabled: bool) -> None:
