@@ -248,8 +248,9 @@ def _probe(args: argparse.Namespace) -> int:
 
 
 def _compare_sim(nvml: Nvml, preset: str | None) -> dict[str, Any]:
-    from powerbudgetd.hw.probe import compare_sim
     from powerbudgetd_sim.compare import nearest_model, preset_bank
+
+    from powerbudgetd.hw.probe import compare_sim
 
     def sim_for(cards: list[GpuInfo]) -> tuple[list[str], Nvml]:
         presets = [preset or nearest_model(c) for c in cards]

@@ -3,10 +3,11 @@ preset card (``scenario.MODELS``) nearest to it, in a simulated bank of its own.
 
 from __future__ import annotations
 
-from powerbudgetd.hw.nvml import GpuInfo, Nvml
 from powerbudgetd_sim.libnvml import SimNvmlLibrary
 from powerbudgetd_sim.physics import CardSpec, SimBank
 from powerbudgetd_sim.scenario import MODELS, ScenarioError
+
+from powerbudgetd.hw.nvml import GpuInfo, Nvml
 
 
 def nearest_model(info: GpuInfo) -> str:

@@ -121,12 +121,13 @@ def test_run_missing_config_is_an_error(tmp_path, capsys):
 
 
 def test_compare_sim_writes_nothing_on_either_side():
-    from powerbudgetd.hw.nvml import Nvml
-    from powerbudgetd.hw.probe import compare_sim
     from powerbudgetd_sim.compare import preset_bank
     from powerbudgetd_sim.libnvml import SimNvmlLibrary
     from powerbudgetd_sim.physics import CardSpec, SimBank
     from powerbudgetd_sim.scenario import MODELS
+
+    from powerbudgetd.hw.nvml import Nvml
+    from powerbudgetd.hw.probe import compare_sim
 
     real_bank = SimBank([CardSpec(uuid="GPU-r", persistence_mode=False, **MODELS["h200"])], seed=3)
     real = Nvml(SimNvmlLibrary(real_bank))

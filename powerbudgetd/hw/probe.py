@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from powerbudgetd.errors import NvmlError
 from powerbudgetd.hw.nvml import GpuInfo, Nvml
@@ -72,6 +73,10 @@ def _shape(row: dict[str, Any]) -> tuple[Any, ...]:
     return (row["type"], inner, len(value) if isinstance(value, list) else None, row.get("value_type"))
 
 
+def _answer(row: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in row.items() if k not in ("call", "unit")}
+
+
 def compare_sim(real: Nvml, sim_for: Callable[[list[GpuInfo]], tuple[list[str], Nvml]]) -> dict[str, Any]:
     """Each read-only call's answer on the real cards beside the simulator's answer for
     the nearest preset card. Writes nothing.
@@ -93,8 +98,7 @@ def compare_sim(real: Nvml, sim_for: Callable[[list[GpuInfo]], tuple[list[str], 
             other = sim_rows[row["call"]]
             same = _shape(row) == _shape(other)
             out["differences"] += not same
-            strip = lambda r: {k: v for k, v in r.items() if k not in ("call", "unit")}  # noqa: E731
-            calls.append({"call": row["call"], "unit": row["unit"], "real": strip(row), "sim": strip(other),
+            calls.append({"call": row["call"], "unit": row["unit"], "real": _answer(row), "sim": _answer(other),
                           "same_shape": same})
         out["gpus"].append({"index": info.index, "name": info.name, "preset": preset, "calls": calls})
     return out
