@@ -196,3 +196,13 @@ def test_installed_bindings_are_in_the_tested_range() -> None:
     (spec,) = [Requirement(r) for r in importlib.metadata.requires("powerbudgetd") or [] if r.startswith("nvidia-ml-py")]
     assert spec.specifier.contains(pynvml_version()), f"nvidia-ml-py {pynvml_version()} is outside {spec}"
     assert any(s.operator == "<" for s in spec.specifier), "the tested range needs an upper bound"
+
+
+def test_pynvml_is_nvidias_module_and_nothing_shadows_it() -> None:
+    from pathlib import Path
+
+    dist = importlib.metadata.distribution("nvidia-ml-py")
+    assert Path(pynvml.__file__).resolve() == Path(str(dist.locate_file("pynvml.py"))).resolve()
+    root = Path(__file__).resolve().parents[1]
+    shadows = [p for d in ("powerbudgetd", "sim", "tests") for p in (root / d).rglob("pynvml*")]
+    assert shadows == []
