@@ -221,7 +221,7 @@ class _Dispatcher:
 _attach_lock = threading.Lock()
 
 
-def attach(module: ModuleType) -> None:
+def attach(module: Any) -> None:
     """Make the bindings ``module`` resolve NVML's C symbols through the dispatcher
     (once per process; idempotent). A driver library already loaded stays reachable for
     calls made outside any simulated library."""

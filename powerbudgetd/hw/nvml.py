@@ -11,6 +11,7 @@ the code below and NVIDIA's bindings under it are exactly the code tested.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import importlib.metadata
 import threading
@@ -184,6 +185,10 @@ class PowerReading:
     power_instant_w: float | None
     requested_limit_w: float | None
     enforced_limit_w: float | None
+
+
+def _first_field(lib: Any, handle: Any, field_id: int) -> Any:
+    return lib.nvmlDeviceGetFieldValues(handle, [field_id])[0]
 
 
 def _w(milliwatts: int | float) -> float:
@@ -402,10 +407,10 @@ class Nvml:
             return row
 
         for call, unit in RAW_READS:
-            out.append(answer(call, unit, lambda call=call: getattr(lib, call)(handle)))
+            out.append(answer(call, unit, functools.partial(getattr(lib, call), handle)))
         for field_id, unit in RAW_FIELDS:
             row = answer(f"nvmlDeviceGetFieldValues[{field_id}]", unit,
-                         lambda f=field_id: lib.nvmlDeviceGetFieldValues(handle, [f])[0])
+                         functools.partial(_first_field, lib, handle, field_id))
             fv = row.pop("value", None)
             if fv is not None:
                 ret = int(fv.nvmlReturn)
