@@ -254,6 +254,11 @@ class SimNvmlLibrary:
         self._id = next(_library_ids)
         self._error_strings = {code: ctypes.create_string_buffer(s.encode()) for code, s in _ERROR_STRINGS.items()}
 
+    @property
+    def initialized(self) -> bool:
+        """Whether ``nvmlInit`` calls outnumber ``nvmlShutdown`` calls."""
+        return self._init_count > 0
+
     # -- the NvmlLibrary protocol of powerbudgetd.hw.nvml ------------------------------
     def attach(self, module: ModuleType) -> None:
         attach(module)

@@ -118,13 +118,13 @@ def bindings_version() -> str | None:
         return None
 
 
-def query_driver_version(module: Any | None = None, timeout_s: float = 5.0) -> str:
+def query_driver_version(library: NvmlLibrary | None = None, timeout_s: float = 5.0) -> str:
     """The NVIDIA driver version NVML reports (``nvmlSystemGetDriverVersion``), e.g.
     ``"550.54.15"``; for ``powerbudgetd --version``, on hosts with or without a GPU.
 
     NVML is started and shut down in a daemon thread: a host without the driver fails
     at once, and a driver stuck in ``nvmlInit`` (a wedged GPU can hold it for minutes)
-    costs at most ``timeout_s`` s. ``module`` as for :class:`Nvml`.
+    costs at most ``timeout_s`` s. ``library`` as for :class:`Nvml`.
     Raises NvmlNotInitialized: no bindings, no NVML library or driver, or no answer
     within ``timeout_s``.
     """
@@ -132,7 +132,7 @@ def query_driver_version(module: Any | None = None, timeout_s: float = 5.0) -> s
 
     def ask() -> None:
         try:
-            nvml = Nvml(module)
+            nvml = Nvml(library)
             nvml.init()
             try:
                 outcome.append(nvml.driver_version())
