@@ -3,7 +3,7 @@
 Starts the daemon on a simulated bank (wall clock, the scenario's cards and physics),
 lets it control for ``--duration`` seconds of wall time at ``--tick`` s, reads its CPU
 time and peak RSS from /proc (Linux), then stops it with SIGTERM. The simulated bank's
-physics run inside the daemon's process (every fake NVML call advances them), so the
+physics run inside the daemon's process (every simulated NVML call advances them), so the
 CPU share is an upper bound for the daemon over real NVML.
 
     python benchmarks/daemon_cost.py --duration 600     # the README's numbers

@@ -30,7 +30,7 @@ from powerbudgetd.core.model import Timings
 from powerbudgetd.channels.mqtt.session import MqttBridge
 from powerbudgetd.channels.mqtt import discovery as ha
 from powerbudgetd.hw.nvml import Nvml
-from powerbudgetd_sim.fake_pynvml import FakePynvml
+from powerbudgetd_sim.libnvml import SimNvmlLibrary
 from powerbudgetd_sim.physics import CardSpec, SimBank
 from powerbudgetd_sim.profiles import Phase, Profile
 
@@ -45,7 +45,7 @@ def bank(n: int) -> list[CardSpec]:
 
 def run(n: int, ticks: int) -> dict[str, float]:
     sim = SimBank(bank(n), lag_s=0.1, seed=1)
-    nvml = Nvml(FakePynvml(sim, []))
+    nvml = Nvml(SimNvmlLibrary(sim, []))
     nvml.init()
     ctl = Controller(nvml, 250.0 * n, Timings())
     ctl.start()

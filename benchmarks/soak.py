@@ -19,7 +19,7 @@ from powerbudgetd.control.controller import Controller
 from powerbudgetd.service.logs import configure_logging
 from powerbudgetd.core.model import Timings
 from powerbudgetd.hw.nvml import Nvml
-from powerbudgetd_sim.fake_pynvml import FakePynvml, Fault
+from powerbudgetd_sim.libnvml import Fault, SimNvmlLibrary
 from powerbudgetd_sim.physics import BankEvent, SimBank
 from powerbudgetd_sim.scenario import load_scenario
 
@@ -60,7 +60,7 @@ def soak(hours: float, seed: int, report=print) -> int:
     rng = random.Random(seed)
     faults, events = random_faults(rng, hours, len(sc.cards))
     bank = SimBank(list(sc.cards), lag_s=sc.lag_s, seed=seed, events=events)
-    nvml = Nvml(FakePynvml(bank, faults))
+    nvml = Nvml(SimNvmlLibrary(bank, faults))
     nvml.init()
     ctl = Controller(nvml, sc.budget_w, Timings())
     ctl.start()

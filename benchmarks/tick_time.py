@@ -3,7 +3,7 @@
 Each bank has a mix that keeps the policy busy: a quarter of the cards flat out, a
 quarter bursty (2 s on / 3 s off), a quarter waking and sleeping every 20 s, the rest
 idle; the budget is 250 W a card (300 W cards, 150 W floors). The controller runs on
-virtual time through the production NVML layer over the fake ``pynvml``; the time spent
+virtual time through the production NVML layer over the real bindings on the simulated NVML library; the time spent
 inside the NVML layer (reads and writes, which on real hardware are driver calls) is
 measured per tick and subtracted, leaving the controller's own work: bounds, decisions,
 plan and bookkeeping. Times are CPU time of this process (``time.process_time``), so a
@@ -24,7 +24,7 @@ from powerbudgetd.control.controller import Controller
 from powerbudgetd.service.logs import configure_logging
 from powerbudgetd.core.model import Timings
 from powerbudgetd.hw.nvml import Nvml
-from powerbudgetd_sim.fake_pynvml import FakePynvml
+from powerbudgetd_sim.libnvml import SimNvmlLibrary
 from powerbudgetd_sim.physics import CardSpec, SimBank
 from powerbudgetd_sim.profiles import Phase, Profile
 
@@ -64,7 +64,7 @@ def bank_specs(n: int) -> list[CardSpec]:
 
 def measure(n: int, ticks: int) -> dict[str, float]:
     bank = SimBank(bank_specs(n), lag_s=0.1, seed=1)
-    nvml = TimedNvml(FakePynvml(bank))
+    nvml = TimedNvml(SimNvmlLibrary(bank))
     nvml.init()
     timings = Timings()
     ctl = Controller(nvml, 250.0 * n, timings)

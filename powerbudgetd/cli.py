@@ -32,11 +32,11 @@ DEFAULT_METRICS_PORT = 19400  # channels.metrics.DEFAULT_PORT
 if TYPE_CHECKING:
     from wsgiref.simple_server import WSGIServer
 
-    from powerbudgetd.control.controller import Controller
-    from powerbudgetd.hw.nvml import Nvml
-    from powerbudgetd_sim.scenario import Scenario
-
     from prometheus_client import CollectorRegistry
+
+    from powerbudgetd.control.controller import Controller
+    from powerbudgetd.hw.nvml import GpuInfo, Nvml
+    from powerbudgetd_sim.scenario import Scenario
 
     from powerbudgetd.service.config import Settings
     from powerbudgetd.service.daemon import Daemon
@@ -119,6 +119,12 @@ def _parser() -> argparse.ArgumentParser:
                     help="nvml: this host's GPUs through the NVIDIA driver; sim: a simulated bank, no GPU needed")
     pr.add_argument("--scenario", metavar="NAME_OR_FILE",
                     help="with --backend sim: the simulated bank (default: workstation-4)")
+    pr.add_argument(
+        "--compare-sim", action="store_true",
+        help="each NVML call's answer beside the simulator's for the nearest preset card (read-only)",
+    )
+    pr.add_argument("--preset", metavar="MODEL",
+                    help="with --compare-sim: compare every card with this preset (default: the nearest preset per card)")
 
     lg = sub.add_parser(
         "log", help="the flight recorder's power log", formatter_class=fmt,
@@ -361,17 +367,23 @@ def _suite(args: argparse.Namespace) -> int:
 
 
 def _probe(args: argparse.Namespace) -> int:
-    from powerbudgetd.hw.probe import format_probe, probe
     from powerbudgetd.hw.nvml import init_advice
+    from powerbudgetd.hw.probe import format_compare, format_probe, probe
 
     configure_logging(level="warning", stream=sys.stderr)
     from powerbudgetd.service.backend import make_nvml
     from powerbudgetd_sim.scenario import ScenarioError
 
+    if args.preset and not args.compare_sim:
+        print("powerbudgetd: --preset needs --compare-sim", file=sys.stderr)
+        return ExitStatus.CONFIG
     try:
         nvml = make_nvml(args.backend, scenario=args.scenario or "workstation-4")
         nvml.init()
-        result = probe(nvml)
+        if args.compare_sim:
+            result = _compare_sim(nvml, args.preset)
+        else:
+            result = probe(nvml)
     except ScenarioError as exc:
         print(f"powerbudgetd: {exc}", file=sys.stderr)
         return ExitStatus.CONFIG
@@ -381,10 +393,25 @@ def _probe(args: argparse.Namespace) -> int:
               f"  no GPU here? `powerbudgetd probe --backend sim` probes a simulated bank", file=sys.stderr)
         return ExitStatus.NVML
     try:
-        print(json.dumps(result, indent=2) if args.json else format_probe(result))
+        if args.compare_sim:
+            print(json.dumps(result, indent=2) if args.json else format_compare(result))
+        else:
+            print(json.dumps(result, indent=2) if args.json else format_probe(result))
     finally:
         nvml.shutdown()
     return ExitStatus.OK
+
+
+def _compare_sim(nvml: Nvml, preset: str | None) -> dict[str, Any]:
+    from powerbudgetd_sim.compare import nearest_model, preset_bank
+
+    from powerbudgetd.hw.probe import compare_sim
+
+    def sim_for(cards: list[GpuInfo]) -> tuple[list[str], Nvml]:
+        presets = [preset or nearest_model(c) for c in cards]
+        return presets, preset_bank(presets)
+
+    return compare_sim(nvml, sim_for)
 
 
 def _log_report(args: argparse.Namespace) -> int:

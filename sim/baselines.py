@@ -3,7 +3,7 @@
 Every policy has the shape the scoreboard drives: ``start()``, then ``tick(now)`` every
 tick (returns how many limits it wrote), ``ready`` (the boot limits are in force) and
 ``role(index)``. The first three talk to the simulated bank through the production NVML
-layer (:class:`powerbudgetd.hw.nvml.Nvml` over the fake ``pynvml``), so they see the same
+layer (:class:`powerbudgetd.hw.nvml.Nvml` over the real bindings on the simulated NVML library), so they see the same
 readings, read-back and limit lag as powerbudgetd:
 
 - :class:`StaticPolicy`: every card at budget / N forever — ``nvidia-smi -pl`` in a boot

@@ -171,7 +171,7 @@ class SimBank:
     """A bank of simulated cards on one clock.
 
     ``clock`` returns the current time in s (virtual in ``simulate``, monotonic in
-    ``run --backend sim``). Every fake NVML call first advances the physics to now.
+    ``run --backend sim``). Every simulated NVML call first advances the physics to now.
     ``state_file``: where the cards' limits are kept across processes, as a real GPU
     keeps its limits when the daemon dies (for kill -9 tests); None keeps them in memory.
     """

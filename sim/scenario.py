@@ -30,7 +30,7 @@ With a preset ``bank``, ``[[cards]]`` entries override that bank's cards by posi
 
 Faults and misbehaviours, so a case can be scripted without writing Python::
 
-    [[faults]]                       # an NVML call fails (see fake_pynvml.Fault)
+    [[faults]]                       # an NVML call fails (see libnvml.Fault)
     call = "nvmlDeviceSetPowerManagementLimit"   # or "*" for every call
     error = "NO_PERMISSION"          # NVML error name, or "SLOW" with delay_s
     card = 1                         # omit: every card, and nvmlInit
@@ -60,8 +60,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from powerbudgetd_sim.fake_pynvml import Fault
 from powerbudgetd_sim.feed import feed_from_dict
+from powerbudgetd_sim.libnvml import Fault
 from powerbudgetd_sim.physics import BankEvent, CardSpec
 from powerbudgetd_sim.profiles import Phase, Profile
 

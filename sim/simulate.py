@@ -1,7 +1,8 @@
 """Run a policy against a simulated bank on virtual time, and report.
 
 powerbudgetd's controller talks to the simulator through the production NVML layer
-(:class:`powerbudgetd.hw.nvml.Nvml` over the fake ``pynvml``); so do the baselines
+(:class:`powerbudgetd.hw.nvml.Nvml` and the real bindings over the simulated NVML
+library); so do the baselines
 ``static``, ``slurm`` and ``reactive`` (``powerbudgetd_sim.baselines``); the ``oracle``
 writes straight into a bank without limit lag. Every tick the simulator's own truth is
 checked: the sum over cards of the highest limit that may be in force (requested,
@@ -22,8 +23,8 @@ from powerbudgetd.core.fairshare import fair_shares
 from powerbudgetd.core.model import Timings
 from powerbudgetd.hw.nvml import Nvml
 from powerbudgetd_sim.baselines import OraclePolicy, ReactivePolicy, SlurmPolicy, StaticPolicy
-from powerbudgetd_sim.fake_pynvml import FakePynvml
 from powerbudgetd_sim.feed import feed_from_dict
+from powerbudgetd_sim.libnvml import SimNvmlLibrary
 from powerbudgetd_sim.meters import BankMeters
 from powerbudgetd_sim.physics import SimBank
 from powerbudgetd_sim.scenario import Scenario
@@ -134,7 +135,7 @@ def run_scenario(
     bank = SimBank(
         list(sc.cards), lag_s=0.0 if policy == "oracle" else sc.lag_s, seed=seed, events=list(sc.events)
     )
-    nvml = Nvml(FakePynvml(bank, list(sc.faults)))
+    nvml = Nvml(SimNvmlLibrary(bank, list(sc.faults)))
     nvml.init()
     pol = make_policy(policy, sc, bank, nvml, timings)
     pol.start()

@@ -11,7 +11,7 @@ from powerbudgetd.control.controller import Controller, TickReport
 from powerbudgetd.service.logs import configure_logging
 from powerbudgetd.core.model import Timings
 from powerbudgetd.hw.nvml import Nvml
-from powerbudgetd_sim.fake_pynvml import FakePynvml, Fault
+from powerbudgetd_sim.libnvml import Fault, SimNvmlLibrary
 from powerbudgetd_sim.physics import CardSpec, SimBank
 from powerbudgetd_sim.profiles import Phase, Profile
 
@@ -61,10 +61,10 @@ FAST = Timings(donor_hold_s=1.0, recipient_hold_s=0.5, release_hold_s=2.0)
 
 @dataclass
 class Rig:
-    """A bank, the fake NVML, the real NVML layer and a controller, on virtual time."""
+    """A bank, the simulated NVML library, the real bindings and NVML layer and a controller, on virtual time."""
 
     bank: SimBank
-    fake: FakePynvml
+    lib: SimNvmlLibrary
     nvml: Nvml
     ctl: Controller
     t: float = 0.0
@@ -93,12 +93,12 @@ class Rig:
 
 def make_rig(specs, budget_w, timings=FAST, lag_s=0.1, seed=1, faults=(), **ctl_kw) -> Rig:
     bank = SimBank(list(specs), lag_s=lag_s, seed=seed)
-    fake = FakePynvml(bank, list(faults))
-    nvml = Nvml(fake)
+    lib = SimNvmlLibrary(bank, list(faults))
+    nvml = Nvml(lib)
     nvml.init()
     ctl = Controller(nvml, budget_w, timings, **ctl_kw)
     ctl.start()
-    return Rig(bank, fake, nvml, ctl, reports=[])
+    return Rig(bank, lib, nvml, ctl, reports=[])
 
 
 __all__ = ["card", "busy", "idle", "make_rig", "Rig", "FAST", "Fault", "Phase"]

@@ -22,7 +22,7 @@ from powerbudgetd.hw.nvml import Nvml
 from powerbudgetd.service.config import load_config
 from powerbudgetd.service.daemon import Daemon
 from powerbudgetd.service.notify import Notifier
-from powerbudgetd_sim.fake_pynvml import FakePynvml
+from powerbudgetd_sim.libnvml import SimNvmlLibrary
 from powerbudgetd_sim.physics import SimBank
 from powerbudgetd_sim.scenario import load_scenario
 
@@ -163,7 +163,7 @@ def test_no_interleaving_leaves_the_budget_above_the_files(tmp_path: Path, first
     path = _config(tmp_path / "powerbudgetd.toml", first_w)
     cfg = load_config(path)
     bank = SimBank(list(load_scenario("workstation-4").cards), lag_s=0.1, seed=1)
-    nvml = Nvml(FakePynvml(bank))
+    nvml = Nvml(SimNvmlLibrary(bank))
     nvml.init()
     ctl = Controller(nvml, cfg.effective_budget_w())
     ctl.start()

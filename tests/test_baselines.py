@@ -8,7 +8,7 @@ from powerbudgetd.core.fairshare import fair_shares
 from powerbudgetd.hw.nvml import Nvml
 from powerbudgetd_sim.simulate import run_policies, run_scenario
 from powerbudgetd_sim.baselines import CardDemand, SlurmPolicy, allocate, hull_bound
-from powerbudgetd_sim.fake_pynvml import FakePynvml
+from powerbudgetd_sim.libnvml import SimNvmlLibrary
 from powerbudgetd_sim.physics import SimBank
 from powerbudgetd_sim.scenario import load_scenario
 from powerbudgetd_sim.work import work_rate
@@ -77,7 +77,7 @@ def test_slurm_moves_caps_only_at_its_balance_interval():
 
 def _slurm(job_start=lambda i, now: None):
     bank = SimBank(list(load_scenario("one-busy").cards), seed=1)
-    nvml = Nvml(FakePynvml(bank))
+    nvml = Nvml(SimNvmlLibrary(bank))
     nvml.init()
     pol = SlurmPolicy(nvml, 1000.0, job_start)
     pol.start()

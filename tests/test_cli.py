@@ -60,6 +60,34 @@ def test_probe_json_on_the_simulated_bank(capsys):
     assert g["persistence_mode"] is True and g["power_avg_w"] > 0
 
 
+def test_probe_compare_sim_marks_not_supported_against_a_value(capsys):
+    # No GPU here: the "real" side is a simulated mixed bank whose last Ada card lacks
+    # the power fields; the nearest presets (by name) have them.
+    assert main(["probe", "--backend", "sim", "--scenario", "mixed-bank", "--compare-sim", "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert [g["preset"] for g in result["gpus"]] == ["rtx-pro-6000-maxq"] * 2 + ["rtx-6000-ada"] * 2
+    differ = [(g["index"], c["call"]) for g in result["gpus"] for c in g["calls"] if not c["same_shape"]]
+    assert differ == [(3, "nvmlDeviceGetFieldValues[185]"), (3, "nvmlDeviceGetFieldValues[186]")]
+    assert result["differences"] == 2
+    field = result["gpus"][3]["calls"][-1]
+    assert field["real"] == {"error": "NVML_ERROR_NOT_SUPPORTED"}
+    assert field["sim"]["type"] == "int" and field["sim"]["value_type"] == "1 (uiVal)"
+    calls = {c["call"] for c in result["gpus"][0]["calls"]}
+    assert {"nvmlDeviceGetEnforcedPowerLimit", "nvmlDeviceGetPowerUsage", "nvmlDeviceGetTotalEnergyConsumption",
+            "nvmlDeviceGetPowerManagementLimitConstraints", "nvmlDeviceGetPersistenceMode"} <= calls
+
+
+def test_probe_compare_sim_against_another_preset(capsys):
+    assert main(["probe", "--backend", "sim", "--scenario", "h200-1", "--compare-sim", "--preset", "rtx-6000-ada"]) == 0
+    out = capsys.readouterr().out
+    assert "NVIDIA H200  vs simulated preset rtx-6000-ada" in out
+    assert "[200000, 700000] (list)" in out and "[100000, 300000] (list)" in out  # mW, both sides
+    assert "every call has the same shape" in out
+    assert main(["probe", "--backend", "sim", "--compare-sim", "--preset", "nope"]) == 2
+    assert "no preset card 'nope'" in capsys.readouterr().err
+    assert main(["probe", "--backend", "sim", "--preset", "h200"]) == 2
+
+
 def test_run_dry_run_writes_nothing(tmp_path):
     scenario = tmp_path / "one-busy.toml"
     scenario.write_text(
@@ -94,3 +122,32 @@ def test_run_dry_run_writes_nothing(tmp_path):
 def test_run_missing_config_is_an_error(tmp_path, capsys):
     assert main(["run", "--config", str(tmp_path / "none.toml"), "--backend", "sim"]) == 2
     assert "no such config file" in capsys.readouterr().err
+
+
+def test_compare_sim_writes_nothing_on_either_side():
+    from powerbudgetd_sim.compare import preset_bank
+    from powerbudgetd_sim.libnvml import SimNvmlLibrary
+    from powerbudgetd_sim.physics import CardSpec, SimBank
+    from powerbudgetd_sim.scenario import MODELS
+
+    from powerbudgetd.hw.nvml import Nvml
+    from powerbudgetd.hw.probe import compare_sim
+
+    real_bank = SimBank([CardSpec(uuid="GPU-r", persistence_mode=False, **MODELS["h200"])], seed=3)
+    real = Nvml(SimNvmlLibrary(real_bank))
+    real.init()
+    sims: list[Nvml] = []
+
+    def sim_for(cards):
+        sims.append(preset_bank(["h200"] * len(cards)))
+        return ["h200"] * len(cards), sims[0]
+
+    result = compare_sim(real, sim_for)
+    assert result["gpus"][0]["preset"] == "h200"
+    persistence = next(c for c in result["gpus"][0]["calls"] if c["call"] == "nvmlDeviceGetPersistenceMode")
+    assert (persistence["real"]["value"], persistence["sim"]["value"]) == (0, 1)
+    assert persistence["same_shape"]
+    sim_bank = sims[0].library.bank  # type: ignore[union-attr]
+    for card in (*real_bank.cards, *sim_bank.cards):
+        assert card.writes == 0 and card.requested_mw == card.default_mw
+    assert real_bank.cards[0].persistence_mode is False

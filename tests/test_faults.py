@@ -1,6 +1,6 @@
 """Every NVML failure kind keeps the budget, and the daemon says what is wrong.
 
-Cases 1-11 of the fault list, each scripted with the fake NVML's faults and bank events
+Cases 1-11 of the fault list, each scripted with the simulated NVML library's faults and bank events
 (what a scenario file can say too), run on virtual time; the start-up cases run the
 real daemon as a subprocess.
 """

@@ -19,7 +19,7 @@ from powerbudgetd.control.controller import Controller, TickReport
 from powerbudgetd.channels.metrics import ERROR_KINDS, Metrics
 from powerbudgetd.core.model import Mode, Role, Timings
 from powerbudgetd.hw.nvml import Nvml
-from powerbudgetd_sim.fake_pynvml import FakePynvml, Fault
+from powerbudgetd_sim.libnvml import Fault, SimNvmlLibrary
 from powerbudgetd_sim.physics import BankEvent, SimBank
 from powerbudgetd_sim.scenario import load_scenario
 
@@ -42,7 +42,7 @@ phases = [{ at_s = 0, kind = "constant", power_w = 300 }]
 @dataclass
 class Rig:
     bank: SimBank
-    fake: FakePynvml
+    lib: SimNvmlLibrary
     nvml: Nvml
     ctl: Controller
     metrics: Metrics
@@ -70,12 +70,12 @@ def make_rig(tmp_path: Path, faults: list[Fault] | None = None, dry_run: bool = 
     path.write_text(ONE_BUSY)
     sc = load_scenario(str(path))
     bank = SimBank(list(sc.cards), lag_s=sc.lag_s, seed=sc.seed)
-    fake = FakePynvml(bank, faults)
-    nvml = Nvml(fake)
+    lib = SimNvmlLibrary(bank, faults)
+    nvml = Nvml(lib)
     nvml.init()
     ctl = Controller(nvml, sc.budget_w, Timings(), dry_run=dry_run)
     ctl.start()
-    rig = Rig(bank, fake, nvml, ctl, None)  # type: ignore[arg-type]
+    rig = Rig(bank, lib, nvml, ctl, None)  # type: ignore[arg-type]
     rig.metrics = Metrics(
         CollectorRegistry(), clock=lambda: rig.t + TICK_COST_S, wall_clock=lambda: WALL0 + rig.t
     )
@@ -201,9 +201,9 @@ def test_nvml_calls_are_serialized_across_threads(tmp_path: Path) -> None:
     rig = make_rig(tmp_path)
     active = peak = 0
     guard = threading.Lock()
-    real = rig.fake.nvmlDeviceGetPowerUsage
+    real = rig.lib.nvmlDeviceGetPowerUsage
 
-    def slow_usage(handle):  # type: ignore[no-untyped-def]
+    def slow_usage(device, power_mw):  # type: ignore[no-untyped-def]  # the C signature
         nonlocal active, peak
         with guard:
             active += 1
@@ -211,9 +211,9 @@ def test_nvml_calls_are_serialized_across_threads(tmp_path: Path) -> None:
         time.sleep(0.002)
         with guard:
             active -= 1
-        return real(handle)
+        return real(device, power_mw)
 
-    rig.fake.nvmlDeviceGetPowerUsage = slow_usage
+    rig.lib.nvmlDeviceGetPowerUsage = slow_usage
     uuid = rig.ctl.cards[0].uuid
     threads = [threading.Thread(target=lambda: [rig.nvml.read(uuid) for _ in range(15)]) for _ in range(3)]
     for th in threads:

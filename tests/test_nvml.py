@@ -1,4 +1,4 @@
-"""The NVML layer, run against the fake pynvml: units, enumeration, error mapping."""
+"""The NVML layer and the real bindings, run against the simulated NVML library: units, enumeration, error mapping."""
 
 from __future__ import annotations
 
@@ -10,13 +10,13 @@ import pytest
 from conftest import Fault, busy, card, make_rig
 from powerbudgetd import errors
 from powerbudgetd.hw.nvml import Nvml, load_pynvml
-from powerbudgetd_sim.fake_pynvml import FakePynvml
+from powerbudgetd_sim.libnvml import SimNvmlLibrary
 from powerbudgetd_sim.physics import SimBank
 
 
 def layer(*specs, faults=()):
     bank = SimBank(list(specs), lag_s=0.1, seed=1)
-    nvml = Nvml(FakePynvml(bank, list(faults)))
+    nvml = Nvml(SimNvmlLibrary(bank, list(faults)))
     nvml.init()
     return bank, nvml
 
@@ -84,13 +84,13 @@ def test_out_of_range_limit_is_invalid_argument():
 @pytest.mark.parametrize("error", ["DRIVER_NOT_LOADED", "LIB_RM_VERSION_MISMATCH", "LIBRARY_NOT_FOUND"])
 def test_init_failures_are_not_initialized(error):
     bank = SimBank([card(0)])
-    nvml = Nvml(FakePynvml(bank, [Fault("nvmlInit", error)]))
+    nvml = Nvml(SimNvmlLibrary(bank, [Fault("nvmlInit", error)]))
     with pytest.raises(errors.NvmlNotInitialized):
         nvml.init()
 
 
 def test_calls_before_init_are_not_initialized():
-    nvml = Nvml(FakePynvml(SimBank([card(0)])))
+    nvml = Nvml(SimNvmlLibrary(SimBank([card(0)])))
     with pytest.raises(errors.NvmlNotInitialized):
         nvml.devices()
 

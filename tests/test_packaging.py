@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 from conftest import card
-from powerbudgetd_sim.fake_pynvml import FakePynvml, Fault
+from powerbudgetd_sim.libnvml import Fault, SimNvmlLibrary
 from powerbudgetd_sim.physics import SimBank
 
 import powerbudgetd
@@ -135,43 +135,39 @@ def test_license_form_builds_on_the_minimum() -> None:
 
 
 def test_driver_version_from_nvml() -> None:
-    lib = FakePynvml(SimBank([card(0)], seed=1), driver="550.54.15")
+    lib = SimNvmlLibrary(SimBank([card(0)], seed=1), driver="550.54.15")
     assert nvml_layer.query_driver_version(lib) == "550.54.15"
-    assert not lib._initialized  # NVML was shut down again
+    assert not lib.initialized  # NVML was shut down again
 
 
 def test_driver_version_without_a_driver() -> None:
-    lib = FakePynvml(SimBank([card(0)], seed=1), faults=[Fault("nvmlInit", "DRIVER_NOT_LOADED")])
-    with pytest.raises(NvmlNotInitialized, match="DRIVER_NOT_LOADED"):
+    lib = SimNvmlLibrary(SimBank([card(0)], seed=1), faults=[Fault("nvmlInit", "DRIVER_NOT_LOADED")])
+    with pytest.raises(NvmlNotInitialized, match="Driver Not Loaded") as info:
         nvml_layer.query_driver_version(lib)
+    assert info.value.code == 9  # NVML_ERROR_DRIVER_NOT_LOADED
 
 
 def test_driver_version_with_a_broken_library() -> None:
-    class Broken:
-        class NVMLError(Exception):
-            pass
-
-        def nvmlInit(self) -> None:
+    class Broken(SimNvmlLibrary):
+        def attach(self, module: Any) -> None:  # as a library built for another driver
             raise OSError("libnvidia-ml.so.1: undefined symbol: nvmlInit_v2")
 
     with pytest.raises(NvmlNotInitialized, match="OSError: libnvidia-ml"):
-        nvml_layer.query_driver_version(Broken())
+        nvml_layer.query_driver_version(Broken(SimBank([card(0)], seed=1)))
 
 
 def test_driver_version_does_not_hang_on_a_stuck_driver() -> None:
     release = threading.Event()
 
-    class Stuck:
-        class NVMLError(Exception):
-            pass
-
-        def nvmlInit(self) -> None:
-            release.wait(30)  # a wedged GPU holds nvmlInit
+    class Stuck(SimNvmlLibrary):
+        def nvmlInitWithFlags(self, flags: int) -> int:
+            release.wait(30)  # a wedged GPU holds nvmlInit, inside the C call
+            return super().nvmlInitWithFlags(flags)
 
     t0 = time.monotonic()
     try:
         with pytest.raises(NvmlNotInitialized, match="did not answer within 0.3 s"):
-            nvml_layer.query_driver_version(Stuck(), timeout_s=0.3)
+            nvml_layer.query_driver_version(Stuck(SimBank([card(0)], seed=1)), timeout_s=0.3)
         assert time.monotonic() - t0 < 2.0
     finally:
         release.set()
@@ -181,7 +177,7 @@ def test_driver_version_does_not_hang_on_a_stuck_driver() -> None:
 def test_version_option_names_all_three(
     driver: str | None, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    def fake_query(module: Any = None, timeout_s: float = 5.0) -> str:
+    def fake_query(library: Any = None, timeout_s: float = 5.0) -> str:
         if driver is None:
             raise NvmlNotInitialized("nvmlInit: NVML Shared Library Not Found", code=12)
         return driver

@@ -1,4 +1,4 @@
-"""Persistence mode at boot, through the production NVML layer over the fake pynvml."""
+"""Persistence mode at boot, through the production NVML layer and the real bindings over the simulated NVML library."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from structlog.testing import capture_logs
 
 from powerbudgetd.hw.nvml import Nvml
 from powerbudgetd.hw.persistence import ensure_persistence_mode
-from powerbudgetd_sim.fake_pynvml import Fault, FakePynvml
+from powerbudgetd_sim.libnvml import Fault, SimNvmlLibrary
 from powerbudgetd_sim.physics import SimBank
 from powerbudgetd_sim.scenario import load_scenario
 
@@ -23,7 +23,7 @@ def _default_structlog() -> None:
 def bank(off: set[int], faults: list[Fault] | None = None) -> tuple[Nvml, SimBank]:
     specs = [replace(c, persistence_mode=i not in off) for i, c in enumerate(load_scenario("workstation-4").cards)]
     sim = SimBank(specs)
-    nvml = Nvml(FakePynvml(sim, faults))
+    nvml = Nvml(SimNvmlLibrary(sim, faults))
     nvml.init()
     return nvml, sim
 
@@ -63,4 +63,4 @@ def test_a_refused_write_is_logged_not_raised() -> None:
     with capture_logs() as logs:
         assert ensure_persistence_mode(nvml, cards(nvml), enable=True) == [1]
     (e,) = logs
-    assert e["event"] == "persistence_mode_off" and "NO_PERMISSION" in e["error"]
+    assert e["event"] == "persistence_mode_off" and "Insufficient Permissions" in e["error"]  # the driver's wording

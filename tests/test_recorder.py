@@ -19,7 +19,7 @@ from powerbudgetd.core.model import Timings
 from powerbudgetd.hw.nvml import Nvml
 from powerbudgetd.powerlog.recorder import LogWriter, Recorder, log_files
 from powerbudgetd.powerlog.reader import load_samples, scan_log
-from powerbudgetd_sim.fake_pynvml import FakePynvml
+from powerbudgetd_sim.libnvml import SimNvmlLibrary
 from powerbudgetd_sim.physics import SimBank
 from powerbudgetd_sim.scenario import load_scenario
 
@@ -34,7 +34,7 @@ class SimRig:
         sc = load_scenario(scenario)
         self.tick_s = sc.tick_s
         self.bank = SimBank(list(sc.cards), lag_s=sc.lag_s, seed=sc.seed)
-        nvml = Nvml(FakePynvml(self.bank))
+        nvml = Nvml(SimNvmlLibrary(self.bank))
         nvml.init()
         self.ctl = Controller(nvml, sc.budget_w, Timings(tick_s=sc.tick_s))
         self.ctl.start()

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 from powerbudgetd.control.controller import Controller
 from powerbudgetd.hw.nvml import Nvml
-from powerbudgetd_sim.fake_pynvml import FakePynvml
+from powerbudgetd_sim.libnvml import SimNvmlLibrary
 from powerbudgetd_sim.physics import SimBank
 from powerbudgetd_sim.scenario import load_scenario
 
 
 def booted(budget_w: float) -> tuple[Controller, SimBank, float]:
     sim = SimBank(list(load_scenario("workstation-4").cards))
-    nvml = Nvml(FakePynvml(sim))
+    nvml = Nvml(SimNvmlLibrary(sim))
     nvml.init()
     ctl = Controller(nvml, budget_w)
     ctl.start()

@@ -15,7 +15,7 @@ from powerbudgetd.hw.nvml import Nvml
 from powerbudgetd.powerlog.recorder import LogWriter, Recorder
 from powerbudgetd.powerlog.reader import load_samples, scan_log
 from powerbudgetd_sim.simulate import run_scenario
-from powerbudgetd_sim.fake_pynvml import FakePynvml
+from powerbudgetd_sim.libnvml import SimNvmlLibrary
 from powerbudgetd_sim.physics import SimBank
 from powerbudgetd_sim.replay import ReplayProfile, load_replay
 from powerbudgetd_sim.scenario import ScenarioError, load_scenario
@@ -29,7 +29,7 @@ def record(directory: Path, scenario: str, duration_s: float, timings: Timings =
     """Run ``scenario`` under the controller on virtual time with the recorder on."""
     sc = load_scenario(scenario)
     bank = SimBank(list(sc.cards), lag_s=sc.lag_s, seed=sc.seed)
-    nvml = Nvml(FakePynvml(bank))
+    nvml = Nvml(SimNvmlLibrary(bank))
     nvml.init()
     ctl = Controller(nvml, sc.budget_w, timings)
     ctl.start()

@@ -3,20 +3,23 @@
 Watts in, watts out: NVML speaks milliwatts, and this module is the one place that
 converts. NVML errors become the project exceptions of :mod:`powerbudgetd.errors`.
 
-The layer is built on any module object that answers the ``pynvml`` calls it uses; in
-production that is the real ``pynvml``, in tests and ``simulate`` it is the simulator's
-fake (``powerbudgetd_sim.fake_pynvml``), so the code below is exactly the code tested.
+The layer always calls the real bindings. In production they load the driver's
+``libnvidia-ml.so.1``; in tests and ``simulate`` an :class:`NvmlLibrary` (the
+simulator's ``powerbudgetd_sim.libnvml``) serves the same C functions in its place, so
+the code below and NVIDIA's bindings under it are exactly the code tested.
 """
 
 from __future__ import annotations
 
+import functools
 import importlib
 import importlib.metadata
 import threading
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from types import ModuleType
-from typing import Any, TypeVar
 from collections.abc import Callable
+from typing import Any, Protocol, TypeVar
 
 from powerbudgetd.errors import (
     NvmlError,
@@ -44,6 +47,24 @@ FI_DEV_POWER_INSTANT = 186  # NVML_FI_DEV_POWER_INSTANT: instant board power, mW
 _VALUE_FIELDS = {0: "dVal", 1: "uiVal", 2: "ulVal", 3: "ullVal", 4: "sllVal", 5: "siVal", 6: "usVal"}
 
 T = TypeVar("T")
+
+# The read-only calls behind ``probe --compare-sim`` (with the unit of their answer), and
+# the power fields read the same way: what the daemon reads, plus MIG mode and the
+# clock-event reasons an operator checks when a cap does not seem to bite.
+RAW_READS = (
+    ("nvmlDeviceGetName", "text"),
+    ("nvmlDeviceGetUUID", "text"),
+    ("nvmlDeviceGetPowerManagementLimitConstraints", "[min, max] mW"),
+    ("nvmlDeviceGetPowerManagementDefaultLimit", "mW"),
+    ("nvmlDeviceGetPowerManagementLimit", "mW"),
+    ("nvmlDeviceGetEnforcedPowerLimit", "mW"),
+    ("nvmlDeviceGetPowerUsage", "mW"),
+    ("nvmlDeviceGetTotalEnergyConsumption", "mJ"),
+    ("nvmlDeviceGetPersistenceMode", "0 off / 1 on"),
+    ("nvmlDeviceGetMigMode", "[current, pending]"),
+    ("nvmlDeviceGetCurrentClocksEventReasons", "bitmask"),
+)
+RAW_FIELDS = ((185, "mW"), (FI_DEV_POWER_INSTANT, "mW"))  # NVML_FI_DEV_POWER_AVERAGE, _INSTANT
 
 
 # What to do about each reason NVML will not start (nvmlReturn_t code -> advice).
@@ -97,13 +118,13 @@ def bindings_version() -> str | None:
         return None
 
 
-def query_driver_version(module: Any | None = None, timeout_s: float = 5.0) -> str:
+def query_driver_version(library: NvmlLibrary | None = None, timeout_s: float = 5.0) -> str:
     """The NVIDIA driver version NVML reports (``nvmlSystemGetDriverVersion``), e.g.
     ``"550.54.15"``; for ``powerbudgetd --version``, on hosts with or without a GPU.
 
     NVML is started and shut down in a daemon thread: a host without the driver fails
     at once, and a driver stuck in ``nvmlInit`` (a wedged GPU can hold it for minutes)
-    costs at most ``timeout_s`` s. ``module`` as for :class:`Nvml`.
+    costs at most ``timeout_s`` s. ``library`` as for :class:`Nvml`.
     Raises NvmlNotInitialized: no bindings, no NVML library or driver, or no answer
     within ``timeout_s``.
     """
@@ -111,7 +132,7 @@ def query_driver_version(module: Any | None = None, timeout_s: float = 5.0) -> s
 
     def ask() -> None:
         try:
-            nvml = Nvml(module)
+            nvml = Nvml(library)
             nvml.init()
             try:
                 outcome.append(nvml.driver_version())
@@ -166,6 +187,10 @@ class PowerReading:
     enforced_limit_w: float | None
 
 
+def _first_field(lib: Any, handle: Any, field_id: int) -> Any:
+    return lib.nvmlDeviceGetFieldValues(handle, [field_id])[0]
+
+
 def _w(milliwatts: int | float) -> float:
     return milliwatts / 1000.0
 
@@ -175,15 +200,35 @@ def to_mw(watts: float) -> int:
     return int(round(watts * 1000.0))
 
 
-class Nvml:
-    """Thin, typed access to the NVML calls powerbudgetd needs.
+class NvmlLibrary(Protocol):
+    """What stands in for ``libnvidia-ml.so`` under the real bindings (the simulator).
 
-    ``module`` is a ``pynvml``-compatible module; by default the real bindings.
-    Raises project exceptions (:mod:`powerbudgetd.errors`), never ``NVMLError``.
+    ``attach(pynvml)``: make the bindings resolve NVML's C symbols through it (called
+    once per layer; idempotent per process). ``bound()``: a context in which the calling
+    thread's NVML calls reach this library (several may live in one process).
     """
 
-    def __init__(self, module: Any | None = None) -> None:
-        self._lib = module if module is not None else load_pynvml()
+    def attach(self, module: ModuleType) -> None: ...
+
+    def bound(self) -> AbstractContextManager[Any]: ...
+
+
+class Nvml:
+    """Thin, typed access to the NVML calls powerbudgetd needs, through ``nvidia-ml-py``.
+
+    ``library``: None for the driver's NVML; an :class:`NvmlLibrary` to serve the C
+    functions instead (the simulator). Raises NvmlNotInitialized when the bindings are
+    missing; every call raises project exceptions (:mod:`powerbudgetd.errors`), never
+    ``NVMLError``.
+    """
+
+    def __init__(self, library: NvmlLibrary | None = None) -> None:
+        self._lib = load_pynvml()
+        self.library = library
+        self._bound: Callable[[], AbstractContextManager[Any]] = nullcontext
+        if library is not None:
+            library.attach(self._lib)
+            self._bound = library.bound
         self._handles: dict[str, Any] = {}
         self._instant_unsupported: set[str] = set()
         # NVML is thread-safe; the simulator is not. One call at a time lets a metrics
@@ -194,7 +239,7 @@ class Nvml:
     # -- plumbing -------------------------------------------------------------------
     def _call(self, name: str, fn: Callable[..., T], *args: Any) -> T:
         try:
-            with self._lock:
+            with self._lock, self._bound():
                 return fn(*args)
         except self._lib.NVMLError as exc:
             code = getattr(exc, "value", None)
@@ -224,7 +269,8 @@ class Nvml:
     def shutdown(self) -> None:
         """``nvmlShutdown``; errors are ignored (we are leaving anyway)."""
         try:
-            self._lib.nvmlShutdown()
+            with self._lock, self._bound():
+                self._lib.nvmlShutdown()
         except Exception:  # noqa: BLE001 - best effort on the way out
             pass
 
@@ -334,6 +380,48 @@ class Nvml:
             )
         except NvmlNotSupported:
             return None
+
+    # -- raw answers (probe --compare-sim) ---------------------------------------------
+    def raw_answers(self, uuid: str) -> list[dict[str, Any]]:
+        """Each read-only call the daemon relies on, answered as the bindings give it.
+
+        Returns one dict per call: ``call``, ``unit`` and either ``type`` (the Python
+        type of the answer) and ``value`` (NVML's own units: mW, mJ), or ``error`` (the
+        ``NVML_ERROR_*`` name). Field values add ``value_type`` (``nvmlValueType_t``).
+        Writes nothing.
+        """
+        lib = self._lib
+        handle = self._handle(uuid)
+        errors = {v: k for k, v in vars(lib).items() if k.startswith("NVML_ERROR_") and isinstance(v, int)}
+        out: list[dict[str, Any]] = []
+
+        def answer(call: str, unit: str, fn: Callable[[], Any]) -> dict[str, Any]:
+            row: dict[str, Any] = {"call": call, "unit": unit}
+            try:
+                with self._lock, self._bound():
+                    value = fn()
+            except lib.NVMLError as exc:
+                row["error"] = errors.get(exc.value, f"code {exc.value}")
+                return row
+            row.update(type=type(value).__name__, value=value)
+            return row
+
+        for call, unit in RAW_READS:
+            out.append(answer(call, unit, functools.partial(getattr(lib, call), handle)))
+        for field_id, unit in RAW_FIELDS:
+            row = answer(f"nvmlDeviceGetFieldValues[{field_id}]", unit,
+                         functools.partial(_first_field, lib, handle, field_id))
+            fv = row.pop("value", None)
+            if fv is not None:
+                ret = int(fv.nvmlReturn)
+                if ret:
+                    row = {"call": row["call"], "unit": unit, "error": errors.get(ret, f"code {ret}")}
+                else:
+                    member = _VALUE_FIELDS.get(int(fv.valueType), "uiVal")
+                    value = getattr(fv.value, member)
+                    row.update(type=type(value).__name__, value=value, value_type=f"{int(fv.valueType)} ({member})")
+            out.append(row)
+        return out
 
     # -- writes ---------------------------------------------------------------------
     def set_persistence_mode(self, uuid: str, enabled: bool) -> None:

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from powerbudgetd.errors import NvmlError
-from powerbudgetd.hw.nvml import Nvml
+from powerbudgetd.hw.nvml import GpuInfo, Nvml
 
 
 def probe(nvml: Nvml) -> dict[str, Any]:
@@ -61,4 +62,63 @@ def format_probe(result: dict[str, Any]) -> str:
             f"  board power        {w(g['power_avg_w'])} W (1 s average), {w(g['power_instant_w'])} W (instant)",
             f"  persistence mode   {pm}",
         ]
+    return "\n".join(lines)
+
+
+def _shape(row: dict[str, Any]) -> tuple[Any, ...]:
+    if "error" in row:
+        return ("error", row["error"])
+    value = row["value"]
+    inner = tuple(type(v).__name__ for v in value) if isinstance(value, list) else ()
+    return (row["type"], inner, len(value) if isinstance(value, list) else None, row.get("value_type"))
+
+
+def _answer(row: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in row.items() if k not in ("call", "unit")}
+
+
+def compare_sim(real: Nvml, sim_for: Callable[[list[GpuInfo]], tuple[list[str], Nvml]]) -> dict[str, Any]:
+    """Each read-only call's answer on the real cards beside the simulator's answer for
+    the nearest preset card. Writes nothing.
+
+    ``sim_for(cards)`` returns (preset name per card, an initialised NVML layer over
+    those presets in the same order). Returns ``{"gpus": [{"index", "name", "preset",
+    "calls": [{"call", "unit", "real", "sim", "same_shape"}]}], "differences": int}``;
+    ``real``/``sim`` are :meth:`Nvml.raw_answers` rows; ``same_shape`` is False where the
+    type, value type or NOT_SUPPORTED-vs-value differ (values themselves may differ).
+    """
+    cards = real.devices()
+    answers = [real.raw_answers(c.uuid) for c in cards]  # all of the real side first
+    presets, sim = sim_for(cards)
+    out: dict[str, Any] = {"gpus": [], "differences": 0}
+    for info, preset, rows, sim_info in zip(cards, presets, answers, sim.devices()):
+        sim_rows = {r["call"]: r for r in sim.raw_answers(sim_info.uuid)}
+        calls = []
+        for row in rows:
+            other = sim_rows[row["call"]]
+            same = _shape(row) == _shape(other)
+            out["differences"] += not same
+            calls.append({"call": row["call"], "unit": row["unit"], "real": _answer(row), "sim": _answer(other),
+                          "same_shape": same})
+        out["gpus"].append({"index": info.index, "name": info.name, "preset": preset, "calls": calls})
+    return out
+
+
+def format_compare(result: dict[str, Any]) -> str:
+    def cell(r: dict[str, Any]) -> str:
+        if "error" in r:
+            return r["error"].removeprefix("NVML_ERROR_")
+        vt = f" vt={r['value_type']}" if "value_type" in r else ""
+        return f"{r['value']!r} ({r['type']}{vt})"
+
+    lines = []
+    for g in result["gpus"]:
+        lines.append(f"GPU {g['index']}  {g['name']}  vs simulated preset {g['preset']}")
+        lines.append(f"  {'call':<48} {'unit':<18} {'real':<34} simulator")
+        for c in g["calls"]:
+            mark = " " if c["same_shape"] else "!"
+            lines.append(f"{mark} {c['call']:<48} {c['unit']:<18} {cell(c['real']):<34} {cell(c['sim'])}")
+    n = result["differences"]
+    lines.append(f"{n} call(s) differ in shape (type, value type or NOT_SUPPORTED vs value): marked !" if n
+                 else "every call has the same shape on the real cards and in the simulator")
     return "\n".join(lines)

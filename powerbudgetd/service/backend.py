@@ -25,8 +25,9 @@ def make_nvml(
         return Nvml()
     if backend != "sim":
         raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
-    # The simulator is loaded only when asked for: a real host never imports it.
-    from powerbudgetd_sim.fake_pynvml import FakePynvml
+    # The simulator only where asked for: it serves NVML's C functions to the real
+    # bindings in place of libnvidia-ml.so.
+    from powerbudgetd_sim.libnvml import SimNvmlLibrary
     from powerbudgetd_sim.physics import SimBank
     from powerbudgetd_sim.scenario import load_scenario
 
@@ -39,4 +40,4 @@ def make_nvml(
         events=list(sc.events),
         state_file=state_file,
     )
-    return Nvml(FakePynvml(bank, list(sc.faults)))
+    return Nvml(SimNvmlLibrary(bank, list(sc.faults)))
