@@ -366,6 +366,74 @@ class _EnvSource(EnvSettingsSource):
         return {k: v for k, v in super()._load_env_vars().items() if k.upper() not in ignored}
 
 
+_NUT_WORD = re.compile(r"^[A-Za-z0-9_.@:+-]+$")  # NUT's protocol is line- and space-delimited
+
+
+class UpsConfig(_Section):
+    """A UPS watched through Network UPS Tools: ``upsd`` at ``host``:``port`` serving
+    UPS ``name``. Off unless configured. ``password`` may come from the environment:
+    ``POWERBUDGETD_UPS__PASSWORD``. upsd checks credentials only for commands that change
+    something, never for reading, so they are optional.
+
+    On battery for ``on_battery_delay_s``: the budget drops to ``on_battery_budget_w``
+    or ``on_battery_fraction`` of the configured budget (default: half); back on line
+    for ``online_hold_s``: restored. Low battery, forced shutdown, overload: every card
+    to its floor. With ``[feed]``, the UPS's measured real power above the plug-side
+    limit lowers the budget by the excess (``hysteresis_w`` dead band). Silence (upsd
+    unreachable, stale data, the UPS gone) keeps the budget in force;
+    ``stale_as_on_battery`` also lowers it to the on-battery budget.
+    """
+
+    host: str = Field("127.0.0.1", min_length=1, max_length=253)
+    port: int = Field(3493, ge=1, le=65535)
+    name: str = Field(min_length=1, max_length=64)
+    username: str | None = Field(None, min_length=1, max_length=64)
+    password: SecretStr | None = None
+    poll_s: float = Field(2.0, ge=0.2, le=60)
+    timeout_s: float = Field(5.0, ge=0.2, le=60)  # one request to upsd
+    reconnect_max_s: float = Field(30.0, ge=0.2, le=3600)  # backoff between failed polls, doubling from poll_s
+    on_battery_delay_s: float = Field(0.0, ge=0, le=3600)
+    on_battery_budget_w: float | None = Field(None, gt=0, le=100_000)
+    on_battery_fraction: float | None = Field(None, gt=0, le=1)
+    online_hold_s: float = Field(60.0, ge=0, le=86400)
+    stale_as_on_battery: bool = False
+    measured_load: bool = True  # needs [feed]
+    hysteresis_w: float = Field(20.0, ge=0, le=1000)
+
+    @field_validator("host", "name", "username")
+    @classmethod
+    def _words(cls, value: str | None) -> str | None:
+        if value is not None and not _NUT_WORD.match(value):
+            raise ValueError(f"{value!r}: letters, digits and _ . @ : + - only (no spaces)")
+        return value
+
+    @field_validator("password")
+    @classmethod
+    def _password(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is not None and not _NUT_WORD.match(value.get_secret_value()):
+            raise ValueError("the password must be one word of printable characters (upsd reads it space-delimited)")
+        return value
+
+    @model_validator(mode="after")
+    def _check(self) -> UpsConfig:
+        if self.on_battery_budget_w is not None and self.on_battery_fraction is not None:
+            raise ValueError("give on_battery_budget_w or on_battery_fraction, not both")
+        if (self.username is None) != (self.password is None):
+            raise ValueError("give both username and password, or neither")
+        return self
+
+    def battery_fraction(self) -> float | None:
+        """The on-battery fraction in force: the one given, else 0.5 unless a budget in W is."""
+        if self.on_battery_budget_w is not None:
+            return None
+        return 0.5 if self.on_battery_fraction is None else self.on_battery_fraction
+
+    def connection(self) -> tuple:
+        """What a reload cannot change in a running client (a restart applies it)."""
+        pw = None if self.password is None else self.password.get_secret_value()
+        return (self.host, self.port, self.name, self.username, pw, self.timeout_s)
+
+
 class Settings(BaseSettings):
     """The whole configuration. ``budget_w`` is the bank's board-power budget (W).
 
@@ -395,6 +463,7 @@ class Settings(BaseSettings):
     recorder: RecorderConfig = Field(default_factory=RecorderConfig)
     metrics: MetricsConfig = Field(default_factory=MetricsConfig)
     mqtt: MqttConfig | None = None  # off unless configured
+    ups: UpsConfig | None = None  # off unless configured
 
     @model_validator(mode="after")
     def _check(self) -> Settings:

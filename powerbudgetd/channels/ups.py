@@ -1,0 +1,382 @@
+"""The UPS side channel: polls a Network UPS Tools server and offers the budget the UPS
+allows. The only module that imports ``aionut``.
+
+Two halves on the daemon's event-loop thread:
+
+- :meth:`UpsChannel.run` polls ``upsd`` every ``poll_s`` (``LIST VAR <ups>`` through
+  aionut's persistent client), parses and bounds every value (``core.ups.parse_vars``),
+  feeds :class:`~powerbudgetd.core.ups.UpsGuard` and offers the result at once, so a
+  UPS going on battery lowers the budget within one poll plus one tick. A failed poll
+  is a *silence* with a cause (``unreachable``, ``stale``, ``unknown_ups``,
+  ``auth_failed``, ``error``): one warning per change, a metric, the budget in force
+  kept; polls back off (doubling from ``poll_s`` to ``reconnect_max_s``) until upsd
+  answers again. Nothing here can raise out of the task.
+- :meth:`UpsChannel.on_tick` records the GPUs' board power (to pair with the UPS's
+  measured load) and the bank's floor, runs the guard's timers and refreshes the offer.
+
+The budget goes to a :class:`BudgetSink` under the source name ``ups``: an offer can
+only lower the budget; the sink (the daemon's budget arbiter) decides what is in force.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from collections import deque
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol
+
+import aionut
+import structlog
+from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge
+
+from powerbudgetd.core.ups import BOUNDS, KNOWN_FLAGS, REASONS, UpsConstraint, UpsGuard, UpsParams, UpsReading, parse_vars
+from powerbudgetd.service.config import FeedConfig, UpsConfig
+
+log = structlog.get_logger("powerbudgetd")
+
+SOURCE = "ups"
+# Pair the UPS's reading with the lowest board power of the last 2 s: the UPS averages
+# and we poll late, and the lowest board power can only overstate the rest of the host.
+BOARD_WINDOW_S = 2.0
+CAUSES = ("unreachable", "stale", "unknown_ups", "auth_failed", "error")
+STATES = ("waiting", "ok", *CAUSES)
+SHOWN_FLAGS = ("OL", "OB", "LB", "FSD", "OVER", "CHRG", "DISCHRG", "BYPASS", "OFF", "RB", "HB", "ALARM", "TRIM", "BOOST")
+MAX_SHOWN = 120  # characters of a server's error quoted in logs
+
+
+class BudgetSink(Protocol):
+    """Where a budget source reports (the daemon's budget arbiter): at most
+    ``budget_w`` (W) from ``source`` from ``now`` (s) on, or no constraint."""
+
+    def offer(self, source: str, budget_w: float, now: float) -> None: ...
+
+    def withdraw(self, source: str) -> None: ...
+
+
+class UpsMetrics:
+    """The UPS's Prometheus metrics, on ``registry``. A value the UPS does not report
+    (or reported out of bounds) is NaN, never 0."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.state = Gauge(
+            "powerbudgetd_ups_data_state", "1 for the state of the UPS data: ok, waiting, or why it is silent",
+            ["state"], registry=registry,
+        )
+        self.status = Gauge(
+            "powerbudgetd_ups_status", "1 while the UPS reports the ups.status flag (OL, OB, LB, FSD, OVER, ...)",
+            ["flag"], registry=registry,
+        )
+        self.load = Gauge("powerbudgetd_ups_load_ratio", "UPS load (ups.load / 100)", registry=registry)
+        self.realpower = Gauge(
+            "powerbudgetd_ups_realpower_watts",
+            "UPS output real power: ups.realpower, else ups.load x ups.realpower.nominal", registry=registry,
+        )
+        self.nominal = Gauge("powerbudgetd_ups_realpower_nominal_watts", "ups.realpower.nominal", registry=registry)
+        self.charge = Gauge("powerbudgetd_ups_battery_charge_ratio", "battery.charge / 100", registry=registry)
+        self.runtime = Gauge("powerbudgetd_ups_battery_runtime_seconds", "battery.runtime", registry=registry)
+        self.age = Gauge(
+            "powerbudgetd_ups_data_age_seconds", "Seconds since the last fresh UPS reading", registry=registry
+        )
+        self.budget = Gauge(
+            "powerbudgetd_ups_budget_watts",
+            "Board budget the UPS allows (the configured budget when it does not limit)", registry=registry,
+        )
+        self.limiting = Gauge(
+            "powerbudgetd_ups_budget_reason", "1 for the reason the UPS lowers the budget, if it does",
+            ["reason"], registry=registry,
+        )
+        self.polls_failed = Counter(
+            "powerbudgetd_ups_polls_failed", "Polls of upsd that gave no usable data, by cause", ["cause"],
+            registry=registry,
+        )
+        self.rejected = Counter(
+            "powerbudgetd_ups_values_rejected", "NUT values ignored as non-numeric or out of bounds, by variable",
+            ["variable"], registry=registry,
+        )
+        for state in STATES:
+            self.state.labels(state).set(1 if state == "waiting" else 0)
+        for flag in SHOWN_FLAGS:
+            self.status.labels(flag)
+        for reason in REASONS:
+            self.limiting.labels(reason).set(0)
+        for cause in CAUSES:
+            self.polls_failed.labels(cause)
+        for name in ("ups.status", *(b[0] for b in BOUNDS)):
+            self.rejected.labels(name)
+
+    def reading(self, r: UpsReading) -> None:
+        for flag in SHOWN_FLAGS:
+            self.status.labels(flag).set(1 if r.flags is not None and flag in r.flags else 0)
+        for gauge, value in (
+            (self.load, None if r.load_pct is None else r.load_pct / 100),
+            (self.realpower, r.wall_w()),
+            (self.nominal, r.realpower_nominal_w),
+            (self.charge, None if r.battery_charge_pct is None else r.battery_charge_pct / 100),
+            (self.runtime, r.battery_runtime_s),
+        ):
+            _set_or_nan(gauge, value)
+
+
+def _set_or_nan(gauge: Gauge, value: float | None) -> None:
+    if value is None:
+        gauge.set(float("nan"))  # a gauge without labels cannot vanish: NaN says "not reported"
+    else:
+        gauge.set(value)
+
+
+def classify(exc: BaseException) -> str:
+    """A failed poll's cause: one of :data:`CAUSES`."""
+    text = str(exc)
+    if isinstance(exc, aionut.NUTLoginError) or "ACCESS-DENIED" in text:
+        return "auth_failed"
+    if isinstance(exc, aionut.NUTCommandError):
+        if "UNKNOWN-UPS" in text:
+            return "unknown_ups"
+        if "DATA-STALE" in text or "DRIVER-NOT-CONNECTED" in text:
+            return "stale"
+        return "error"
+    if isinstance(exc, aionut.NUTProtocolError | aionut.NUTValueError):
+        return "error"
+    if isinstance(exc, aionut.NUTError | OSError | TimeoutError):
+        return "unreachable"
+    return "error"
+
+
+def guard_params(cfg: UpsConfig, feed: FeedConfig | None) -> UpsParams:
+    """The state machine's parameters from ``[ups]`` and ``[feed]`` (the plug-side limit
+    and PSU efficiency the measured load is held to; without ``[feed]`` it is not used)."""
+    measured = cfg.measured_load and feed is not None
+    return UpsParams(
+        on_battery_w=cfg.on_battery_budget_w,
+        on_battery_fraction=cfg.battery_fraction(),
+        on_battery_delay_s=cfg.on_battery_delay_s,
+        online_hold_s=cfg.online_hold_s,
+        stale_as_on_battery=cfg.stale_as_on_battery,
+        wall_limit_w=feed.wall_limit_w() if measured and feed is not None else None,
+        psu_efficiency=feed.psu_efficiency if feed is not None else 0.9,
+        hysteresis_w=cfg.hysteresis_w,
+    )
+
+
+class UpsChannel:
+    """A UPS behind NUT as a budget source; see the module docstring.
+
+    ``configured_budget_w``: the config's budget (W), the ceiling. ``sink``: where the
+    offer goes. ``client_factory``: builds the aionut client (tests may point it
+    elsewhere). Metrics go on ``registry`` (default: the process-wide one).
+    """
+
+    def __init__(
+        self,
+        cfg: UpsConfig,
+        configured_budget_w: float,
+        sink: BudgetSink,
+        feed: FeedConfig | None = None,
+        *,
+        registry: CollectorRegistry = REGISTRY,
+        clock: Callable[[], float] = time.monotonic,
+        client_factory: Callable[[UpsConfig], Any] | None = None,
+    ) -> None:
+        self.cfg = cfg
+        self.feed = feed
+        self.configured_w = configured_budget_w
+        self.sink = sink
+        self.clock = clock
+        self.metrics = UpsMetrics(registry)
+        self.guard = UpsGuard(guard_params(cfg, feed))
+        self.client_factory = client_factory or _client
+        self.state = "waiting"
+        self.floor_w: float | None = None
+        self.constraint = UpsConstraint(None, None)
+        self.polls = 0
+        self._board: deque[tuple[float, float]] = deque(maxlen=256)  # (s, W)
+        self._flags: frozenset[str] | None = None
+        self._unknown: frozenset[str] = frozenset()
+        self._rejected: tuple[str, ...] = ()
+        self._offered: float | None = None
+        self.metrics.budget.set(configured_budget_w)
+
+    # -- the tick side (event-loop thread, between ticks; must not block) --------------
+    def bank(self, now: float, board_w: float | None, floor_w: float | None) -> None:
+        """One tick's bank: summed GPU board power (W; None: unknown) and the floor (W)."""
+        if board_w is not None:
+            self._board.append((now, board_w))
+        while self._board and now - self._board[0][0] > BOARD_WINDOW_S:
+            self._board.popleft()
+        self.floor_w = floor_w
+        if self.guard.silent:
+            self.guard.silence(now)  # the stale-as-on-battery delay runs on the tick clock
+        age = self.guard.data_age_s(now)
+        _set_or_nan(self.metrics.age, age)
+        self._offer(now)
+
+    def board_power_w(self) -> float | None:
+        """The lowest summed GPU board power of the last :data:`BOARD_WINDOW_S` (W)."""
+        return min((w for _, w in self._board), default=None)
+
+    def reload(self, cfg: UpsConfig | None, feed: FeedConfig | None, configured_budget_w: float) -> list[str]:
+        """A new config: the budget rules apply at once; connection settings (host,
+        port, name, credentials, timeout) and removing ``[ups]`` need a restart.
+        Returns what needs one (empty: all applied)."""
+        self.configured_w = configured_budget_w
+        restart: list[str] = []
+        if cfg is None:
+            restart.append("ups (section removed)")
+        else:
+            if cfg.connection() != self.cfg.connection():
+                restart.append("ups connection (host, port, name, username, password, timeout_s)")
+                cfg = cfg.model_copy(update={k: getattr(self.cfg, k) for k in
+                                             ("host", "port", "name", "username", "password", "timeout_s")})
+            self.cfg, self.feed = cfg, feed
+            self.guard.params = guard_params(cfg, feed)
+        if restart:
+            log.warning("ups_restart_needed", settings=restart, detail="kept the running UPS connection")
+        else:
+            log.info("ups_reloaded", poll_s=self.cfg.poll_s, online_hold_s=self.cfg.online_hold_s)
+        self._offer(self.clock())
+        return restart
+
+    # -- polling ------------------------------------------------------------------------
+    async def run(self) -> None:
+        """Poll until cancelled; every failure is a silence and a retry, never a raise."""
+        client = self.client_factory(self.cfg)
+        failures = 0
+        try:
+            while True:
+                started = self.clock()
+                try:
+                    variables = await client.list_vars(self.cfg.name)
+                except asyncio.CancelledError:
+                    raise
+                except Exception as exc:  # noqa: BLE001 - classified; the task must live on
+                    cause = classify(exc)
+                    if cause == "error" and not isinstance(exc, aionut.NUTError):
+                        log.exception("ups_poll_failed")
+                    self.failed(cause, f"{type(exc).__name__}: {exc}"[:MAX_SHOWN])
+                    failures += 1
+                    delay = min(self.cfg.reconnect_max_s, self.cfg.poll_s * 2 ** min(failures - 1, 16))
+                    await asyncio.sleep(delay * random.uniform(0.8, 1.0))
+                    continue
+                failures = 0
+                self.variables(variables)
+                await asyncio.sleep(max(0.0, started + self.cfg.poll_s - self.clock()))
+        finally:
+            client.shutdown()
+
+    def variables(self, variables: Mapping[str, str]) -> None:
+        """One poll's answer (NUT name -> text); ``ups.status`` missing means stale."""
+        now = self.clock()
+        self.polls += 1
+        reading = parse_vars(variables)
+        self._note_values(reading)
+        self.metrics.reading(reading)
+        self.guard.observe(reading, now, board_w=self.board_power_w(), configured_w=self.configured_w)
+        if reading.flags is None:
+            self.metrics.polls_failed.labels("stale").inc()
+            self._set_state("stale", "ups.status missing or unreadable: the driver has no fresh data")
+        else:
+            self._set_state("ok", f"ups.status {' '.join(sorted(reading.flags)) or '(none)'}")
+        self._offer(now)
+
+    def failed(self, cause: str, detail: str) -> None:
+        """A poll that gave nothing usable: a silence with ``cause`` (one of :data:`CAUSES`)."""
+        now = self.clock()
+        self.metrics.polls_failed.labels(cause).inc()
+        self.guard.silence(now)
+        self._set_state(cause, detail)
+        self._offer(now)
+
+    # -- the offer ----------------------------------------------------------------------
+    def _offer(self, now: float) -> None:
+        c = self.guard.evaluate(now, self.configured_w, self.floor_w)
+        if c != self.constraint:
+            old = self.constraint
+            self.constraint = c
+            for reason in REASONS:
+                self.metrics.limiting.labels(reason).set(1 if reason == c.reason else 0)
+            event = log.info if c.budget_w is None else log.warning
+            event("ups_budget", budget_w=None if c.budget_w is None else round(c.budget_w, 1), reason=c.reason,
+                  was_w=None if old.budget_w is None else round(old.budget_w, 1), was_reason=old.reason,
+                  configured_w=self.configured_w, detail=self._detail())
+        self.metrics.budget.set(self.configured_w if c.budget_w is None else c.budget_w)
+        if c.budget_w != self._offered:
+            if c.budget_w is None:
+                self.sink.withdraw(SOURCE)
+            else:
+                self.sink.offer(SOURCE, c.budget_w, now)
+            self._offered = c.budget_w
+
+    def _detail(self) -> dict[str, Any]:
+        r = self.guard.last
+        if r is None:
+            return {"state": self.state}
+        return {
+            "state": self.state, "status": None if r.flags is None else " ".join(sorted(r.flags)),
+            "load_pct": r.load_pct, "realpower_w": r.wall_w(), "runtime_s": r.battery_runtime_s,
+            "charge_pct": r.battery_charge_pct,
+        }
+
+    # -- logging, once per change ---------------------------------------------------------
+    def _note_values(self, r: UpsReading) -> None:
+        if r.flags is not None and r.flags != self._flags:
+            was = None if self._flags is None else " ".join(sorted(self._flags))
+            now_flags = " ".join(sorted(r.flags)) or "(none)"
+            alarming = bool(r.flags & {"OB", "LB", "FSD", "OVER"})
+            (log.warning if alarming else log.info)(
+                "ups_status_changed", status=now_flags, was=was, load_pct=r.load_pct, realpower_w=r.wall_w(),
+                runtime_s=r.battery_runtime_s, charge_pct=r.battery_charge_pct,
+            )
+            self._flags = r.flags
+        if r.unknown_flags != self._unknown:
+            if r.unknown_flags:
+                log.warning("ups_unknown_flags", flags=sorted(r.unknown_flags)[:8],
+                            detail="not NUT status flags: shown, never acted on")
+            self._unknown = r.unknown_flags
+        for name in r.rejected:  # only ups.status and the BOUNDS variables are ever rejected
+            self.metrics.rejected.labels(name).inc()
+        if r.rejected != self._rejected:
+            if r.rejected:
+                log.warning("ups_values_rejected", variables=list(r.rejected),
+                            detail="non-numeric or out of bounds: ignored, the budget is not raised by them")
+            self._rejected = r.rejected
+
+    def _set_state(self, state: str, detail: str) -> None:
+        for s in STATES:
+            self.metrics.state.labels(s).set(1 if s == state else 0)
+        if state == self.state:
+            return
+        old, self.state = self.state, state
+        where = f"{self.cfg.name}@{self.cfg.host}:{self.cfg.port}"
+        if state == "ok":
+            log.info("ups_ok", ups=where, was=old, detail=detail)
+        else:
+            kept = self.constraint.budget_w
+            log.warning(
+                "ups_unavailable", ups=where, state=state, was=old, detail=detail,
+                ups_budget_kept_w=None if kept is None else round(kept, 1),
+                action=_ADVICE.get(state, ""),
+            )
+
+
+_ADVICE = {
+    "unreachable": "is upsd running and listening there (LISTEN in upsd.conf)? the budget in force is kept",
+    "stale": "upsd has no fresh data from the driver: check the driver (upsdrvctl) and the cable",
+    "unknown_ups": "upsd does not serve that UPS name: see `upsc -l HOST` and [ups] name",
+    "auth_failed": "upsd refused the username or password: see upsd.users and [ups] username/password",
+    "error": "an unexpected answer from upsd; the budget in force is kept",
+}
+
+
+def _client(cfg: UpsConfig) -> aionut.AIONUTClient:
+    return aionut.AIONUTClient(
+        cfg.host, cfg.port,
+        username=cfg.username,
+        password=None if cfg.password is None else cfg.password.get_secret_value(),
+        timeout=cfg.timeout_s,
+        persistent=True,
+    )
+
+
+__all__ = ["BudgetSink", "CAUSES", "KNOWN_FLAGS", "SOURCE", "UpsChannel", "UpsMetrics", "classify", "guard_params"]

@@ -1,0 +1,320 @@
+"""The UPS as a budget source: NUT variables in, a budget constraint out.
+
+Pure and clock-free: :class:`UpsGuard` is fed parsed NUT variables (:func:`parse_vars`)
+or a silence (NUT unreachable, stale data, the UPS gone) with the time ``now`` (s, any
+monotonic clock) and answers, through :meth:`UpsGuard.evaluate`, the board budget (W)
+the UPS allows, or None when it does not constrain. It can only lower the budget:
+
+- ``OB`` (on battery) for ``on_battery_delay_s``: ``on_battery_w`` (reason
+  ``ups_on_battery``); restored once ``OL`` has been read, fresh, for ``online_hold_s``;
+- ``LB``, ``FSD`` or ``OVER``: the bank's floor, every card at its minimum limit, at
+  once (``ups_low_battery``, ``ups_forced_shutdown``, ``ups_overload``), until the flag
+  has been clear for ``online_hold_s``;
+- measured load: the UPS's real power (``ups.realpower``, else ``ups.load`` % x
+  ``ups.realpower.nominal``) is wall truth, like a wall meter's reading. Above the
+  plug-side limit it lowers the budget by the excess, in board watts, with a dead band
+  (``ups_measured_load``);
+- silence: the constraint in force is kept (timers toward a restore do not run without
+  fresh data); with ``stale_as_on_battery`` it falls to ``on_battery_w`` as well
+  (``ups_stale``).
+
+Flags follow NUT's ``ups.status`` (docs: "Status data"). Unknown flags are kept for
+display and never change the budget; a value out of its bounds is dropped, never
+clamped into something that could raise the budget.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+# ups.status flags NUT defines. Anything else is unknown: shown, never acted on.
+KNOWN_FLAGS = frozenset({
+    "OL", "OB", "LB", "HB", "RB", "CHRG", "DISCHRG", "BYPASS", "CAL", "OFF", "OVER", "TRIM", "BOOST", "FSD",
+    "ALARM", "TEST", "ECO",
+})
+# Flags that take every card to its floor, most severe first (that one names the reason).
+FLOOR_FLAGS = (("FSD", "ups_forced_shutdown"), ("LB", "ups_low_battery"), ("OVER", "ups_overload"))
+REASONS = (
+    "ups_forced_shutdown", "ups_low_battery", "ups_overload", "ups_on_battery", "ups_stale", "ups_measured_load",
+)
+MAX_STATUS_CHARS = 256  # a longer ups.status is not a UPS talking
+MAX_FLAGS = 16
+
+# (NUT variable, field, lowest, highest) accepted; outside: dropped as implausible.
+BOUNDS: tuple[tuple[str, str, float, float], ...] = (
+    ("ups.load", "load_pct", 0.0, 1000.0),
+    ("ups.realpower", "realpower_w", 0.0, 1_000_000.0),
+    ("ups.realpower.nominal", "realpower_nominal_w", 1.0, 1_000_000.0),
+    ("battery.charge", "battery_charge_pct", 0.0, 100.0),
+    ("battery.runtime", "battery_runtime_s", 0.0, 10_000_000.0),
+    ("input.voltage", "input_voltage_v", 0.0, 1000.0),
+)
+
+
+@dataclass(frozen=True)
+class UpsReading:
+    """One poll's variables, parsed and bounded. ``flags``: the known ``ups.status``
+    flags; None when ``ups.status`` is missing (the UPS's state is unknown).
+    ``unknown_flags``: the rest. ``rejected``: NUT variables dropped as non-numeric or
+    out of bounds. Loads in %, powers in W, runtime in s, voltage in V."""
+
+    flags: frozenset[str] | None
+    unknown_flags: frozenset[str] = frozenset()
+    load_pct: float | None = None
+    realpower_w: float | None = None
+    realpower_nominal_w: float | None = None
+    battery_charge_pct: float | None = None
+    battery_runtime_s: float | None = None
+    input_voltage_v: float | None = None
+    rejected: tuple[str, ...] = ()
+
+    @property
+    def on_battery(self) -> bool:
+        return self.flags is not None and "OB" in self.flags
+
+    @property
+    def online(self) -> bool:
+        """On line power, and saying so: ``OL`` without ``OB``."""
+        return self.flags is not None and "OL" in self.flags and "OB" not in self.flags
+
+    def wall_w(self) -> float | None:
+        """The UPS's output real power (W): ``ups.realpower``, else ``ups.load`` % of
+        ``ups.realpower.nominal``; None when neither is known."""
+        if self.realpower_w is not None:
+            return self.realpower_w
+        if self.load_pct is not None and self.realpower_nominal_w is not None:
+            return self.load_pct / 100.0 * self.realpower_nominal_w
+        return None
+
+
+def parse_status(text: str) -> tuple[frozenset[str], frozenset[str]] | None:
+    """``ups.status`` -> (known flags, unknown flags); None when it is not a status
+    (empty, too long, too many words, not printable)."""
+    if not text or len(text) > MAX_STATUS_CHARS or not text.isprintable():
+        return None
+    words = text.upper().split()
+    if not words or len(words) > MAX_FLAGS:
+        return None
+    known = frozenset(w for w in words if w in KNOWN_FLAGS)
+    return known, frozenset(words) - known
+
+
+def _number(text: str, lo: float, hi: float) -> float | None:
+    if len(text) > 32:
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        return None
+    return value if math.isfinite(value) and lo <= value <= hi else None
+
+
+def parse_vars(variables: Mapping[str, str]) -> UpsReading:
+    """The variables of NUT's ``LIST VAR`` (name -> text) as a :class:`UpsReading`.
+    Never raises on what a server sends: a bad value becomes None and is named in
+    ``rejected``; a bad or missing ``ups.status`` gives ``flags`` None."""
+    status = variables.get("ups.status")
+    parsed = parse_status(status) if isinstance(status, str) else None
+    rejected: list[str] = [] if status is None or parsed is not None else ["ups.status"]
+    values: dict[str, float | None] = {}
+    for name, key, lo, hi in BOUNDS:
+        text = variables.get(name)
+        if text is None:
+            values[key] = None
+            continue
+        value = _number(text, lo, hi) if isinstance(text, str) else None
+        if value is None:
+            rejected.append(name)
+        values[key] = value
+    return UpsReading(
+        flags=None if parsed is None else parsed[0],
+        unknown_flags=frozenset() if parsed is None else parsed[1],
+        rejected=tuple(rejected),
+        **values,
+    )
+
+
+@dataclass(frozen=True)
+class UpsParams:
+    """How the UPS shapes the budget. ``on_battery_w`` (W) or ``on_battery_fraction``
+    (of the configured budget) on battery; delays and holds in s. ``wall_limit_w``: the
+    plug-side limit the measured load is held to (W; None: measured load ignored);
+    ``psu_efficiency`` converts wall watts to board watts; ``hysteresis_w`` (board W) is
+    the dead band of the measured-load budget.
+
+    Raises ValueError naming the field for a value out of range."""
+
+    on_battery_w: float | None = None
+    on_battery_fraction: float | None = 0.5
+    on_battery_delay_s: float = 0.0
+    online_hold_s: float = 60.0
+    stale_as_on_battery: bool = False
+    wall_limit_w: float | None = None
+    psu_efficiency: float = 0.9
+    hysteresis_w: float = 20.0
+
+    def __post_init__(self) -> None:
+        checks = [
+            ("on_battery_w", self.on_battery_w is None or 0 <= self.on_battery_w < math.inf),
+            ("on_battery_fraction", self.on_battery_fraction is None or 0 <= self.on_battery_fraction <= 1),
+            ("on_battery_delay_s", 0 <= self.on_battery_delay_s < math.inf),
+            ("online_hold_s", 0 <= self.online_hold_s < math.inf),
+            ("wall_limit_w", self.wall_limit_w is None or 0 < self.wall_limit_w < math.inf),
+            ("psu_efficiency", 0.5 < self.psu_efficiency <= 1),
+            ("hysteresis_w", 0 <= self.hysteresis_w < math.inf),
+        ]
+        for name, ok in checks:
+            if not ok:
+                raise ValueError(f"ups.{name} out of range: {getattr(self, name)!r}")
+        if self.on_battery_w is None and self.on_battery_fraction is None:
+            raise ValueError("ups: give on_battery_budget_w or on_battery_fraction")
+
+    def battery_budget_w(self, configured_w: float) -> float:
+        """The budget on battery (W): the fixed one, else the fraction of ``configured_w``."""
+        if self.on_battery_w is not None:
+            return min(self.on_battery_w, configured_w)
+        return configured_w * (self.on_battery_fraction or 0.0)
+
+
+@dataclass(frozen=True)
+class UpsConstraint:
+    """What the UPS offers: ``budget_w`` (W, never above the configured budget; None:
+    no constraint) and the reason (one of :data:`REASONS`; None with no constraint)."""
+
+    budget_w: float | None
+    reason: str | None
+
+
+@dataclass
+class _Timers:
+    on_battery_since: float | None = None  # first fresh OB of this outage
+    online_since: float | None = None  # first fresh OL after an outage (the hold runs from it)
+    floor_flag: str | None = None  # the floor reason in force (latched until the hold passes)
+    floor_clear_since: float | None = None
+    silent_since: float | None = None
+
+
+@dataclass
+class UpsGuard:
+    """The state machine; see the module docstring. Feed it with :meth:`observe` (a
+    fresh reading) and :meth:`silence` (no usable data), ask it with :meth:`evaluate`.
+    Times are ``now`` in s on one monotonic clock."""
+
+    params: UpsParams
+    last: UpsReading | None = None
+    last_fresh_at: float | None = None
+    battery_in_force: bool = False  # the on-battery budget applies (after the delay, until the hold)
+    meter_w: float | None = None  # the measured-load budget (board W) after hysteresis; None: not limiting
+    allowed_w: float | None = None  # what the last measured load allowed, before hysteresis
+    _t: _Timers = field(default_factory=_Timers)
+
+    # -- inputs -----------------------------------------------------------------------
+    def observe(self, reading: UpsReading, now: float, *, board_w: float | None, configured_w: float) -> None:
+        """A fresh poll. ``board_w``: the GPUs' summed board power to pair the measured
+        load with (W; None: unknown, the measured load is not used); ``configured_w``:
+        the configured budget (W). A reading without ``ups.status`` is a silence."""
+        if reading.flags is None:
+            self.last = reading
+            self.silence(now)
+            return
+        t = self._t
+        t.silent_since = None
+        self.last, self.last_fresh_at = reading, now
+        flags = reading.flags
+        # Low battery, forced shutdown, overload: the floor at once, held until clear for the hold.
+        floor = next((reason for flag, reason in FLOOR_FLAGS if flag in flags), None)
+        if floor is not None:
+            if t.floor_flag is None or REASONS.index(floor) < REASONS.index(t.floor_flag):
+                t.floor_flag = floor
+            t.floor_clear_since = None
+        elif t.floor_flag is not None:
+            t.floor_clear_since = now if t.floor_clear_since is None else t.floor_clear_since
+            if now - t.floor_clear_since >= self.params.online_hold_s:
+                t.floor_flag, t.floor_clear_since = None, None
+        # On battery, after the delay; back on line for the hold.
+        if reading.on_battery:
+            t.online_since = None
+            if t.on_battery_since is None:
+                t.on_battery_since = now
+            if now - t.on_battery_since >= self.params.on_battery_delay_s:
+                self.battery_in_force = True
+        elif reading.online:
+            t.on_battery_since = None
+            if self.battery_in_force:
+                t.online_since = now if t.online_since is None else t.online_since
+                if now - t.online_since >= self.params.online_hold_s:
+                    self.battery_in_force, t.online_since = False, None
+        # neither OL nor OB (OFF, BYPASS, unknown words only): keep what is in force.
+        self._measure(reading, board_w, configured_w)
+
+    def silence(self, now: float) -> None:
+        """No usable data at ``now`` (unreachable, stale, the UPS gone, refused): keep
+        what is in force; the hold toward a restore starts over with fresh data."""
+        t = self._t
+        if t.silent_since is None:
+            t.silent_since = now
+        t.online_since = None
+        t.floor_clear_since = None
+        if self.params.stale_as_on_battery and now - t.silent_since >= self.params.on_battery_delay_s:
+            self.battery_in_force = True
+
+    @property
+    def silent(self) -> bool:
+        return self._t.silent_since is not None
+
+    def data_age_s(self, now: float) -> float | None:
+        """Seconds since the last fresh reading; None before the first."""
+        return None if self.last_fresh_at is None else max(0.0, now - self.last_fresh_at)
+
+    def _measure(self, reading: UpsReading, board_w: float | None, configured_w: float) -> None:
+        limit = self.params.wall_limit_w
+        wall_w = reading.wall_w()
+        if limit is None or wall_w is None or board_w is None:
+            return  # no figure to act on: the last measured-load budget stays
+        # The plug-side excess, in board watts: what the GPUs must give up so the UPS
+        # carries no more than its limit (the rest of the host is taken as it is).
+        allowed = board_w + (limit - wall_w) * self.params.psu_efficiency
+        self.allowed_w = allowed
+        self.meter_w = next_measured_budget_w(self.meter_w, allowed, configured_w, self.params.hysteresis_w)
+
+    # -- output -----------------------------------------------------------------------
+    def evaluate(self, now: float, configured_w: float, floor_w: float | None) -> UpsConstraint:
+        """The budget the UPS allows at ``now`` (W) and why; never above
+        ``configured_w``. ``floor_w``: the lowest budget the bank can be held to (W; None:
+        unknown, then 0 W stands for it: the arbiter holds the cards at their minimums)."""
+        t = self._t
+        if t.floor_flag is not None:
+            return UpsConstraint(min(configured_w, floor_w if floor_w is not None else 0.0), t.floor_flag)
+        candidates: list[tuple[float, str]] = []
+        if self.battery_in_force:
+            candidates.append((self.params.battery_budget_w(configured_w), "ups_on_battery"))
+        if self.meter_w is not None:
+            candidates.append((self.meter_w, "ups_measured_load"))
+        if not candidates:
+            return UpsConstraint(None, None)
+        budget_w, reason = min(candidates, key=lambda c: c[0])
+        if budget_w >= configured_w:
+            return UpsConstraint(None, None)
+        if self.silent:
+            reason = "ups_stale"  # a value kept (or set) through a silence
+        return UpsConstraint(max(0.0, budget_w), reason)
+
+
+def next_measured_budget_w(current_w: float | None, allowed_w: float, configured_w: float, hysteresis_w: float) -> float | None:
+    """The measured-load budget after a reading (board W); None when it does not limit.
+
+    Below what is in force: drop to ``allowed - hysteresis`` at once (protection first,
+    with a band of margin so noise does not trigger the next drop). Rise only once the
+    load allows a full band more; stop limiting once it allows the configured budget
+    plus a band. Never above ``configured_w``, never below 0.
+    """
+    in_force = configured_w if current_w is None else min(current_w, configured_w)
+    if allowed_w < in_force:
+        return max(0.0, allowed_w - hysteresis_w)
+    if current_w is None or allowed_w >= configured_w + hysteresis_w:
+        return None
+    if allowed_w >= current_w + 2 * hysteresis_w:
+        return min(configured_w, allowed_w - hysteresis_w)
+    return current_w
