@@ -24,7 +24,7 @@ import asyncio
 import random
 import time
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Protocol
 
 import aionut
@@ -178,6 +178,7 @@ class UpsChannel:
         registry: CollectorRegistry = REGISTRY,
         clock: Callable[[], float] = time.monotonic,
         client_factory: Callable[[UpsConfig], Any] | None = None,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ) -> None:
         self.cfg = cfg
         self.feed = feed
@@ -187,6 +188,7 @@ class UpsChannel:
         self.metrics = UpsMetrics(registry)
         self.guard = UpsGuard(guard_params(cfg, feed))
         self.client_factory = client_factory or _client
+        self._sleep = sleep
         self.state = "waiting"
         self.floor_w: float | None = None
         self.constraint = UpsConstraint(None, None)
@@ -257,11 +259,11 @@ class UpsChannel:
                     self.failed(cause, f"{type(exc).__name__}: {exc}"[:MAX_SHOWN])
                     failures += 1
                     delay = min(self.cfg.reconnect_max_s, self.cfg.poll_s * 2 ** min(failures - 1, 16))
-                    await asyncio.sleep(delay * random.uniform(0.8, 1.0))
+                    await self._sleep(delay * random.uniform(0.8, 1.0))
                     continue
                 failures = 0
                 self.variables(variables)
-                await asyncio.sleep(max(0.0, started + self.cfg.poll_s - self.clock()))
+                await self._sleep(max(0.0, started + self.cfg.poll_s - self.clock()))
         finally:
             client.shutdown()
 

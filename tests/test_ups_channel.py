@@ -1,0 +1,155 @@
+"""The UPS channel without a server: bounded fuzzing of what a NUT server may send, and
+the poll loop surviving anything a client returns or raises."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+
+import aionut
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from prometheus_client import CollectorRegistry
+
+from powerbudgetd.channels.ups import UpsChannel, classify
+from powerbudgetd.core.ups import BOUNDS, parse_status
+from powerbudgetd.service.config import FeedConfig, UpsConfig
+
+CONF_W = 1000.0
+FEED = FeedConfig(breaker_a=15, volts=120, ups_w=1000, psu_efficiency=0.9, host_w=200)
+
+
+class Sink:
+    def __init__(self) -> None:
+        self.value: float | None = None
+        self.seen: list[float | None] = []
+
+    def offer(self, source: str, budget_w: float, now: float) -> None:
+        assert source == "ups"
+        self.value = budget_w
+        self.seen.append(budget_w)
+
+    def withdraw(self, source: str) -> None:
+        self.value = None
+        self.seen.append(None)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+NAMES = ["ups.status", *(b[0] for b in BOUNDS), "ups.mfr", "driver.name", ""]
+values = st.one_of(
+    st.text(max_size=64),
+    st.sampled_from(["OB", "LB", "OL", "OL OB", "OB DISCHRG", "", "nan", "inf", "-1", "1e400", "0x10", "  12 ",
+                     "OL\nOB", "ZAP BOOM", "ALARM", "12,5", "100000000000000000000000"]),
+    st.floats(allow_nan=True, allow_infinity=True).map(repr),
+    st.integers(min_value=-(10**40), max_value=10**40).map(str),
+)
+polls = st.lists(st.dictionaries(st.sampled_from(NAMES), values, max_size=9), max_size=25)
+
+
+def says_nothing(variables: dict[str, str]) -> bool:
+    """No known ups.status flag: missing, garbled or only unknown words."""
+    parsed = parse_status(variables.get("ups.status", ""))
+    return parsed is None or not parsed[0]
+
+
+@settings(max_examples=300, deadline=None)
+@given(polls=polls, dts=st.lists(st.floats(0, 30), min_size=25, max_size=25),
+       board=st.lists(st.one_of(st.none(), st.floats(0, 10_000)), min_size=25, max_size=25),
+       stale_as_on_battery=st.booleans())
+def test_fuzz_nothing_from_nut_raises_the_budget(polls, dts, board, stale_as_on_battery) -> None:  # type: ignore[no-untyped-def]
+    """From on battery (700 W offered), a poll without a known status flag never raises
+    the offer (only a measured load may move within the on-battery budget); any poll
+    keeps it within [0, configured]; nothing raises."""
+    cfg = UpsConfig(name="ups", on_battery_budget_w=700, online_hold_s=5, stale_as_on_battery=stale_as_on_battery)
+    clock, sink = Clock(), Sink()
+    ch = UpsChannel(cfg, CONF_W, sink, FEED, registry=CollectorRegistry(), clock=clock)
+    ch.bank(0.0, 400.0, 600.0)
+    ch.variables({"ups.status": "OB"})
+    assert sink.value == 700.0
+    for variables, dt, board_w in zip(polls, dts, board, strict=False):
+        before = sink.value
+        clock.t += dt
+        ch.bank(clock.t, board_w, 600.0)
+        ch.variables(variables)
+        after = sink.value
+        assert after is None or 0 <= after <= CONF_W
+        if says_nothing(variables) and before is not None:
+            assert after is not None
+            assert after <= before + 1e-9 or (ch.constraint.reason == "ups_measured_load" and after <= 700.0)
+    for value in sink.seen:
+        assert value is None or 0 <= value <= CONF_W
+
+
+class FuzzClient:
+    """Answers each poll from a list: a dict, or an exception to raise."""
+
+    def __init__(self, answers: list[object]) -> None:
+        self.answers = itertools.cycle(answers or [{}])
+        self.closed = False
+        self.calls = 0
+
+    async def list_vars(self, ups: str) -> dict[str, str]:
+        self.calls += 1
+        await asyncio.sleep(0)
+        answer = next(self.answers)
+        if isinstance(answer, BaseException):
+            raise answer
+        return answer  # type: ignore[return-value]
+
+    def shutdown(self) -> None:
+        self.closed = True
+
+
+errors = st.sampled_from([
+    aionut.NUTOSError("refused"), aionut.NUTTimeoutError("slow"), aionut.NUTLoginError("ERR ACCESS-DENIED"),
+    aionut.NUTCommandError("ERR UNKNOWN-UPS"), aionut.NUTCommandError("ERR DATA-STALE"),
+    aionut.NUTProtocolError("Unexpected response"), aionut.NUTValueError("bad"), ValueError("x"),
+    RuntimeError("a bug in a client"), UnicodeDecodeError("ascii", b"\xff", 0, 1, "no"),
+])
+
+
+@settings(max_examples=40, deadline=None)
+@given(answers=st.lists(st.one_of(st.dictionaries(st.sampled_from(NAMES), values, max_size=6), errors), max_size=12))
+async def test_the_poll_loop_survives_anything(answers) -> None:  # type: ignore[no-untyped-def]
+    """Every answer and every exception a client may give: the task lives on, polls
+    again, and never offers above the configured budget."""
+    cfg = UpsConfig(name="ups", on_battery_budget_w=700)
+    client = FuzzClient(answers)
+    sink = Sink()
+
+    async def no_wait(_s: float) -> None:
+        await asyncio.sleep(0)
+
+    ch = UpsChannel(cfg, CONF_W, sink, registry=CollectorRegistry(), client_factory=lambda _cfg: client,
+                    sleep=no_wait)
+    ch.bank(0.0, 400.0, 600.0)
+    task = asyncio.create_task(ch.run())
+    for _ in range(1000):
+        if client.calls > 2 * len(answers) + 1:
+            break
+        await asyncio.sleep(0)
+    assert not task.done(), task.exception() if task.done() else None
+    assert client.calls > 2 * len(answers) + 1
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+    assert client.closed
+    for value in sink.seen:
+        assert value is None or 0 <= value <= CONF_W
+
+
+def test_classify() -> None:
+    assert classify(aionut.NUTOSError("x")) == "unreachable"
+    assert classify(aionut.NUTTimeoutError("x")) == "unreachable"
+    assert classify(aionut.NUTConnectionClosedError("x")) == "unreachable"
+    assert classify(aionut.NUTLoginError("ERR ACCESS-DENIED")) == "auth_failed"
+    assert classify(aionut.NUTCommandError("Error running: LIST VAR x: ERR UNKNOWN-UPS")) == "unknown_ups"
+    assert classify(aionut.NUTCommandError("ERR DATA-STALE")) == "stale"
+    assert classify(aionut.NUTCommandError("ERR DRIVER-NOT-CONNECTED")) == "stale"
+    assert classify(RuntimeError("x")) == "error"
