@@ -279,7 +279,7 @@ def test_every_metric_the_issue_names_is_exposed(tmp_path: Path) -> None:
 def test_rules_pass_promtool_check_and_unit_tests() -> None:
     checked = promtool("check", "rules", "prometheus-rules.yml", cwd=CONFIG)
     assert checked.returncode == 0, checked.stdout + checked.stderr
-    assert "SUCCESS: 7 rules found" in checked.stdout
+    assert "SUCCESS: 11 rules found" in checked.stdout
     tested = promtool("test", "rules", "prometheus-rules.test.yml", cwd=CONFIG)
     assert tested.returncode == 0, tested.stdout + tested.stderr
 
@@ -292,6 +292,7 @@ def test_every_alert_has_for_severity_description_and_a_test() -> None:
     assert names == [
         "PowerBudgetdDown", "PowerBudgetSumAboveBudget", "PowerBudgetBankNearBudget",
         "PowerBudgetLimitDrift", "PowerBudgetLimitContested", "PowerBudgetFailsafe", "PowerBudgetNvmlErrors",
+        "PowerBudgetUpsOnBattery", "PowerBudgetUpsLowBattery", "PowerBudgetUpsOverload", "PowerBudgetUpsDataStale",
     ]
     for r in rules:
         assert r["for"] and r["labels"]["severity"] in ("critical", "warning", "info") and r["annotations"]["description"]
@@ -321,8 +322,25 @@ def test_contested_limit_is_exposed_only_while_contested(tmp_path: Path) -> None
 CONDITIONAL = {"powerbudgetd_gpu_contested_power_limit_watts"}
 
 
+def ups_metric_names() -> set[str]:
+    """The UPS channel's metrics (present where [ups] is configured)."""
+    from prometheus_client import CollectorRegistry, generate_latest  # noqa: PLC0415
+
+    from powerbudgetd.channels.ups import UpsChannel  # noqa: PLC0415
+    from powerbudgetd.service.config import UpsConfig  # noqa: PLC0415
+
+    class Sink:
+        def offer(self, source: str, budget_w: float, now: float) -> None: ...
+        def withdraw(self, source: str) -> None: ...
+
+    registry = CollectorRegistry()
+    UpsChannel(UpsConfig(name="ups"), 1000.0, Sink(), registry=registry)
+    text = generate_latest(registry).decode()
+    return {line.split("{")[0].split(" ")[0] for line in text.splitlines() if line and not line.startswith("#")}
+
+
 def test_rules_and_dashboard_use_only_exposed_metrics(tmp_path: Path) -> None:
-    names = exposed_names(tmp_path) | CONDITIONAL
+    names = exposed_names(tmp_path) | CONDITIONAL | ups_metric_names()
     for f in ("prometheus-rules.yml", "prometheus-rules.test.yml", "grafana-dashboard.json"):
         used = metric_names_in((CONFIG / f).read_text())
         assert used and used <= names, (f, used - names)
