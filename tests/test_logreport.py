@@ -213,3 +213,36 @@ def test_this_hosts_view() -> None:
     assert h.hostname == socket.gethostname() and h.boot_id == boot_id()
     assert h.pid_alive(os.getpid()) in (True, False)  # pytest's own command line may not say powerbudgetd
     assert h.pid_alive(0) is False
+
+
+def test_the_report_says_whether_the_ups_was_on_battery(tmp_path: Path) -> None:
+    """With [ups], each record carries the UPS: the report tells on battery or not, since
+    when, at what load and with how much runtime left when the log stopped."""
+    recs = [header("r1", T0)]
+    for n in range(1, 121):
+        smp = sample(n, T0 + n, (200.0, 200.0), (210.0, 210.0), bank_peak=420.0)
+        on_battery = n > 60
+        smp["ups"] = {
+            "state": "ok", "status": "DISCHRG OB" if on_battery else "CHRG OL",
+            "load_pct": 45.0 if on_battery else 40.0, "realpower_w": 405.0,
+            "runtime_s": 900.0 - 10 * (n - 60) if on_battery else 900.0, "charge_pct": 100.0 - (n > 60) * (n - 60) / 6,
+            "budget_w": 500.0 if on_battery else None, "reason": "ups_on_battery" if on_battery else None,
+        }
+        recs.append(smp)
+    (tmp_path / "power-00000001-20250615T000000Z.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    d = summarize(scan_log(tmp_path), 600.0, host=ELSEWHERE)
+    u = d["ups"]
+    assert u["on_battery"] and u["on_battery_since"] == utc_iso(T0 + 61) and u["on_battery_s"] == 59
+    assert u["load_pct"] == 45 and u["runtime_s"] == 300 and u["charge_pct"] == 90
+    assert u["budget_w"] == 500 and u["reason"] == "ups_on_battery"
+    assert u["transitions"] == [{"utc": utc_iso(T0 + 61), "from": "CHRG OL", "to": "DISCHRG OB"}]
+    from powerbudgetd.powerlog.report import format_summary  # noqa: PLC0415
+
+    text = format_summary(d)
+    assert "the UPS was ON BATTERY at the stop" in text and "runtime left 5 min" in text and "load 45 %" in text
+
+
+def test_no_ups_in_the_log_no_ups_in_the_report(tmp_path: Path) -> None:
+    write_run(tmp_path, "r1", T0, 100)
+    d = summarize(scan_log(tmp_path), 600.0, host=ELSEWHERE)
+    assert d["ups"] is None

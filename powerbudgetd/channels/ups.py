@@ -240,6 +240,21 @@ class UpsChannel:
         self._offer(self.clock())
         return restart
 
+    def record(self) -> dict[str, Any]:
+        """The UPS for the flight recorder's records (see ``powerlog.recorder``)."""
+        r = self.guard.last
+        c = self.constraint
+        return {
+            "state": self.state,
+            "status": None if r is None or r.flags is None else " ".join(sorted(r.flags)) or None,
+            "load_pct": None if r is None else r.load_pct,
+            "realpower_w": None if r is None or r.wall_w() is None else round(r.wall_w() or 0.0, 1),
+            "runtime_s": None if r is None else r.battery_runtime_s,
+            "charge_pct": None if r is None else r.battery_charge_pct,
+            "budget_w": None if c.budget_w is None else round(c.budget_w, 1),
+            "reason": c.reason,
+        }
+
     # -- polling ------------------------------------------------------------------------
     async def run(self) -> None:
         """Poll until cancelled; every failure is a silence and a retry, never a raise."""

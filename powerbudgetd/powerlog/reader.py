@@ -57,6 +57,7 @@ class Sample:
     bank_peak_w: float | None
     bank_limit_w: float | None
     run: str | None = None  # the run (daemon process) that wrote it: one boot, one monotonic clock
+    ups: dict[str, Any] | None = None  # the UPS as last polled (recorder's ``ups`` field)
 
 
 @dataclass
@@ -373,6 +374,7 @@ def _sample(rec: dict[str, Any], run: str | None = None) -> Sample:
             for c in rec["cards"]
         ),
         bank["avg_w"], bank["peak_w"], bank["limit_w"], run,
+        rec["ups"] if isinstance(rec.get("ups"), dict) else None,
     )
 
 

@@ -32,7 +32,9 @@ Record kinds (schema version ``v`` = 1; watts rounded to 0.1 W; ``null`` = unkno
      "cards": [{"index": 0, "uuid": "GPU-...", "avg_w": 245.1, "peak_w": 301.2,
                 "limit_w": 250.0, "role": "fair_share"}],
      "bank": {"avg_w": 812.3, "peak_w": 990.5, "limit_w": 1000.0, "wall_w": 1180.3,
-              "wall_peak_w": 1378.3}}
+              "wall_peak_w": 1378.3},
+     "ups": {"state": "ok", "status": "DISCHRG OB", "load_pct": 41.0, "realpower_w": 369.0,
+             "runtime_s": 540.0, "charge_pct": 88.0, "budget_w": 500.0, "reason": "ups_on_battery"}}
 
 - ``avg_w``: NVML's trailing 1 s mean at the record; ``peak_w``: the highest instant
   reading (field 186, else the 1 s mean) seen on any tick since the previous record;
@@ -49,6 +51,10 @@ Record kinds (schema version ``v`` = 1; watts rounded to 0.1 W; ``null`` = unkno
   never steps); ``utc`` may step (an RTC in local time, a late NTP sync).
 - ``backend`` (header): ``nvml`` for real cards, ``sim`` for ``run --backend sim``;
   absent in logs written before it existed (real). Reports keep the two apart.
+- ``ups`` (only with ``[ups]``): the UPS as last polled: ``state`` (``ok``, or why its
+  data is silent), ``status`` (its flags, sorted; a change between two records is a
+  status transition), load (%), real power (W), runtime left (s), charge (%), and the
+  budget it offers (W, ``null``: none) with its reason.
 
 ``end`` (the daemon exited; its absence means power cut, crash or ``kill -9``)::
 
@@ -394,6 +400,8 @@ class Recorder:
         self._last_mode: str | None = None
         self._last_now: float | None = None
         self._warned_at = float("-inf")
+        # Extra per-record state from a side channel (the UPS): name -> () -> JSON-able.
+        self.extras: dict[str, Callable[[], Any]] = {}
 
     @property
     def stats(self) -> RecorderStats:
@@ -458,7 +466,14 @@ class Recorder:
         ]
         sum_avg = snap.sum_power_avg_w
         peak = self._bank_peak
+        extras = {}
+        for name, source in self.extras.items():
+            try:
+                extras[name] = source()
+            except Exception:  # noqa: BLE001 - a side channel's bug costs its field, not the record
+                log.exception("recorder_extra_failed", field=name)
         return {
+            **extras,
             "v": SCHEMA_VERSION, "kind": "sample", "n": self._samples,
             "utc": utc_iso(self.wall_clock()), "mono_s": round(now, 3),
             "mode": snap.mode, "budget_w": snap.budget_w, "dropped": self.stats.records_dropped,

@@ -194,6 +194,7 @@ def summarize(log: LogIndex, last_s: float, configured: FeedConfig | None = None
         "cards": _cards(window, run.card_names()),
         "bank": _bank(window),
         **_wall_and_sizing(window, feed),
+        "ups": _ups(window),
     }
 
 
@@ -213,6 +214,71 @@ def _began_inside(run: Run, stop_mono: float | None, last_s: float, stop: float)
     if stop_mono is not None and isinstance(h.get("mono_s"), (int, float)):
         return float(h["mono_s"]) > stop_mono - last_s
     return run.start_s is not None and run.start_s > stop - last_s
+
+
+def _ups(window: list[Sample]) -> dict[str, Any] | None:
+    """The UPS when the log stops (with ``[ups]`` recorded): on battery or not, since
+    when, and its load, real power, runtime and charge at the last record; the status
+    transitions inside the window. None when no record carries the UPS."""
+    seen = [s for s in window if s.ups is not None]
+    if not seen:
+        return None
+    last = seen[-1].ups or {}
+
+    def words(u: dict[str, Any] | None) -> list[str]:
+        status = (u or {}).get("status")
+        return status.split() if isinstance(status, str) else []
+
+    on_battery = "OB" in words(last)
+    since = None
+    if on_battery:
+        since = seen[-1].utc_s
+        for smp in reversed(seen):
+            if "OB" not in words(smp.ups):
+                break
+            since = smp.utc_s
+    transitions = []
+    prev: str | None = None
+    for smp in seen:
+        status = (smp.ups or {}).get("status")
+        if status != prev and prev is not None:
+            transitions.append({"utc": _iso(smp.utc_s), "from": prev, "to": status})
+        prev = status
+    return {
+        "state": last.get("state"), "status": last.get("status"), "on_battery": on_battery,
+        "on_battery_since": _iso(since), "on_battery_s": None if since is None else round(seen[-1].utc_s - since, 1),
+        "low_battery": bool({"LB", "FSD"} & set(words(last))),
+        "load_pct": _opt(last.get("load_pct")), "realpower_w": _opt(last.get("realpower_w")),
+        "runtime_s": _opt(last.get("runtime_s")), "charge_pct": _opt(last.get("charge_pct")),
+        "budget_w": _opt(last.get("budget_w")), "reason": last.get("reason"),
+        "transitions": transitions[-10:],
+    }
+
+
+def _ups_lines(u: dict[str, Any] | None) -> list[str]:
+    if u is None:
+        return []
+    figures = ", ".join(part for part in (
+        None if u["load_pct"] is None else f"load {u['load_pct']:g} %",
+        None if u["realpower_w"] is None else f"{u['realpower_w']:g} W",
+        None if u["runtime_s"] is None else f"runtime left {_dur(u['runtime_s'])}",
+        None if u["charge_pct"] is None else f"charge {u['charge_pct']:g} %",
+    ) if part) or "no load or runtime reported"
+    if u["on_battery"]:
+        head = (f"the UPS was ON BATTERY at the stop, since {_human(u['on_battery_since'])} "
+                f"({_dur(u['on_battery_s'] or 0.0)})" + (", LOW BATTERY" if u["low_battery"] else ""))
+    elif u["status"]:
+        head = f"the UPS was on line at the stop ({u['status']})"
+    else:
+        head = "the UPS's status was unknown at the stop"
+    lines = ["", f"{head}: {figures}"]
+    if u["state"] not in (None, "ok"):
+        lines.append(f"  its data was silent at the stop ({u['state']}): the figures are the last ones received")
+    if u["budget_w"] is not None:
+        lines.append(f"  the UPS held the budget at {_w(u['budget_w'])} W ({u['reason']})")
+    for t in u["transitions"]:
+        lines.append(f"  {_human(t['utc'])}: {t['from']} -> {t['to']}")
+    return lines
 
 
 def _cards(window: list[Sample], names: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
@@ -334,6 +400,7 @@ def format_summary(d: dict[str, Any]) -> str:
         f"            budget {_w(bank['budget_w'])} W, highest 1 s average {_w(bank['max_avg_w'])} W, "
         f"mode {bank['last_mode']}"
     )
+    lines += _ups_lines(d.get("ups"))
     if wall is None:
         return "\n".join(lines)
     sz, fd = d["sizing"], d["feed"]
