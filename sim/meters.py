@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from powerbudgetd_sim.feed import Breaker, Feed, Ups
+from powerbudgetd_sim.mains import Battery, Mains
 from powerbudgetd_sim.physics import REFRESH_S, SimBank
 from powerbudgetd_sim.work import work_rate
 
@@ -30,6 +31,7 @@ class BankMeters:
     budget_w: float
     share_mw: list[int]
     feed: Feed | None = None
+    mains: Mains | None = None
     counting: bool = False
     work: list[float] = field(default_factory=list)  # TGP-seconds per card
     over_budget_s: float = 0.0
@@ -45,6 +47,7 @@ class BankMeters:
         self._wake_at: list[float | None] = [None] * n
         self.breaker = Breaker(self.feed.breaker_a) if self.feed and self.feed.breaker_a else None
         self.ups = Ups(self.feed.ups_w) if self.feed and self.feed.ups_w else None
+        self.battery = Battery(self.mains) if self.mains is not None and self.feed is not None else None
         self._last_t = 0.0
 
     def attach(self) -> BankMeters:
@@ -80,6 +83,8 @@ class BankMeters:
                 self.breaker.step(t, self.wall_w / self.feed.volts, REFRESH_S)
             if self.ups:
                 self.ups.step(t, self.wall_w, REFRESH_S)
+            if self.battery:
+                self.battery.step(t, self.wall_w, REFRESH_S)
 
     def close(self) -> None:
         """End the run: reclaims still open count with the time they have been open."""

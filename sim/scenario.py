@@ -23,7 +23,9 @@ A scenario file (see ``scenarios/*.toml`` for commented examples)::
 
 An optional ``[feed]`` table states the box's electrical feed (host draw, PSU efficiency,
 breaker, volts, UPS; see ``feed.py``); the scoreboard uses it to tell whether a breaker or
-UPS would have tripped.
+UPS would have tripped. With ``battery_wh`` and ``mains_lost`` (see ``mains.py``) the UPS
+goes on battery and comes back at the given times; powerbudgetd hears it as a UPS
+behind NUT would tell it, and the scoreboard shows the runtime each policy leaves.
 
 With a preset ``bank``, ``[[cards]]`` entries override that bank's cards by position
 (only the keys they give); cards not listed stay idle.
@@ -62,6 +64,7 @@ from typing import Any
 
 from powerbudgetd_sim.feed import feed_from_dict
 from powerbudgetd_sim.libnvml import Fault
+from powerbudgetd_sim.mains import MAINS_KEYS, Mains
 from powerbudgetd_sim.physics import BankEvent, CardSpec
 from powerbudgetd_sim.profiles import Phase, Profile
 
@@ -112,7 +115,8 @@ class Scenario:
     description: str = ""
     faults: tuple[Fault, ...] = ()
     events: tuple[BankEvent, ...] = ()
-    feed: dict[str, Any] = field(default_factory=dict)
+    feed: dict[str, Any] = field(default_factory=dict)  # without the mains keys
+    mains: Mains | None = None  # a UPS battery and mains outages, from [feed]
 
 
 def scenario_dir() -> Path:
@@ -175,6 +179,11 @@ def parse_scenario(data: dict[str, Any], default_name: str = "scenario") -> Scen
     feed = data.get("feed", {})
     if not isinstance(feed, dict):
         raise ScenarioError(f"feed must be a table, got {feed!r}")
+    try:
+        mains = Mains.from_feed(feed)
+    except ValueError as exc:
+        raise ScenarioError(str(exc)) from None
+    feed = {k: v for k, v in feed.items() if k not in MAINS_KEYS}
     if feed:
         try:
             feed_from_dict(feed)  # validate; consumers build their own Feed from the dict
@@ -192,6 +201,7 @@ def parse_scenario(data: dict[str, Any], default_name: str = "scenario") -> Scen
         faults=faults,
         events=events,
         feed=dict(feed),
+        mains=mains,
     )
 
 

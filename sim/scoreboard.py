@@ -160,10 +160,13 @@ def run_suite(
 
 
 def format_table(reports: dict[str, dict[str, Any]]) -> str:
-    """One line per policy: work, limits, draw above budget, trips, reclaim."""
+    """One line per policy: work, limits, draw above budget, trips, reclaim; with a
+    mains loss, the runtime the policy leaves on the UPS battery."""
+    battery = any(r.get("battery") is not None for r in reports.values())
     lines = [
         f"  {'policy':<13}{'work TGP-s':>11}{'vs oracle':>10}{'viol.ticks':>11}{'over budget':>12}"
         f"{'max wall':>10}{'trips':>16}{'reclaim p50/p99/max s':>23}{'writes':>8}"
+        + (f"{'battery left':>15}" if battery else "")
     ]
     for p, r in reports.items():
         rec = r["reclaim_latency_s"]
@@ -176,8 +179,20 @@ def format_table(reports: dict[str, dict[str, Any]]) -> str:
         lines.append(
             f"  {p:<13}{r['work']:>11.1f}{wvo:>10}{r['violation_ticks']:>11}{r['over_budget_s']:>10.1f} s"
             f"{wall:>10}{trips:>16}{reclaim:>23}{r['cap_changes']:>8}"
+            + (f"{battery_left(r.get('battery')):>15}" if battery else "")
         )
     return "\n".join(lines)
+
+
+def battery_left(b: dict[str, Any] | None) -> str:
+    """The runtime a policy leaves on the UPS battery, for the table."""
+    if b is None:
+        return "-"
+    if b["empty_at_s"] is not None:
+        return f"EMPTY {b['empty_at_s']:g} s"
+    if b["runtime_left_s"] is None:
+        return "-"
+    return f"{b['runtime_left_s'] / 60:.1f} min"
 
 
 def format_suite_head(targets: list[str]) -> str:

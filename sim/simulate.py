@@ -142,7 +142,8 @@ def run_scenario(
     budget_mw = int(sc.budget_w * 1000)
     shares = fair_shares(budget_mw, [c.min_mw for c in bank.cards], [c.max_mw for c in bank.cards])
     meters = BankMeters(
-        bank, sc.budget_w, shares or [c.min_mw for c in bank.cards], feed_from_dict(sc.feed) if sc.feed else None
+        bank, sc.budget_w, shares or [c.min_mw for c in bank.cards], feed_from_dict(sc.feed) if sc.feed else None,
+        sc.mains,
     ).attach()
 
     series = Series()
@@ -221,6 +222,7 @@ def run_scenario(
         "trips": meters.trips(),
         "trip_at_s": meters.trip_times(),
         "max_wall_power_w": round(meters.max_wall_w, 1) if sc.feed else None,
+        "battery": None if meters.battery is None else meters.battery.summary(),
     }
     return SimResult(report, series)
 
@@ -278,6 +280,14 @@ def format_report(r: dict[str, Any]) -> str:
                 else "none stated"
             ),
         ]
+        bat = r.get("battery")
+        if bat is not None:
+            lines.append("  battery              " + (
+                f"EMPTY at {bat['empty_at_s']:g} s" if bat["empty_at_s"] is not None
+                else f"{bat['energy_left_wh']:g} Wh left after {bat['on_battery_s']:g} s on battery: "
+                + (f"{bat['runtime_left_s']:g} s of runtime at {bat['mean_wall_w']:g} W"
+                   if bat["runtime_left_s"] is not None else "never on battery")
+            ))
     lines.append("  card  limits      mean draw  final limit  role")
     for c in r["cards"]:
         lines.append(
