@@ -483,15 +483,24 @@ def _run(args: argparse.Namespace) -> int:
     daemon = Daemon(nvml, factory, config_path=config_path, settings=settings)
     assert daemon.arbiter is not None  # built from settings
     feed = None if settings.feed is None else settings.feed.feed()
+    recorder = None
     if settings.recorder.enabled:
         from powerbudgetd.powerlog.recorder import from_config
 
-        daemon.register(from_config(settings.recorder, feed, backend=args.backend))
+        recorder = from_config(settings.recorder, feed, backend=args.backend)
+        daemon.register(recorder)
     registry = CollectorRegistry()  # what /metrics serves, MQTT's metrics included
     if settings.mqtt is not None:  # aiomqtt is imported only when MQTT is configured
         from powerbudgetd.channels.mqtt.session import MqttBridge
 
         daemon.register(MqttBridge(settings.mqtt, daemon.arbiter, feed, registry=registry))
+    if settings.ups is not None:  # aionut is imported only when a UPS is configured
+        from powerbudgetd.channels.ups import UpsChannel
+
+        ups = UpsChannel(settings.ups, daemon.arbiter, feed, registry=registry)
+        daemon.register(ups)
+        if recorder is not None:
+            recorder.extras["ups"] = ups.record
     server = _serve_metrics(settings, daemon, registry)
     try:
         return asyncio.run(daemon.run())

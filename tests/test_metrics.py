@@ -329,12 +329,10 @@ def ups_metric_names() -> set[str]:
     from powerbudgetd.channels.ups import UpsChannel  # noqa: PLC0415
     from powerbudgetd.service.config import UpsConfig  # noqa: PLC0415
 
-    class Sink:
-        def offer(self, source: str, budget_w: float, now: float) -> None: ...
-        def withdraw(self, source: str) -> None: ...
+    from powerbudgetd.core.arbiter import BudgetArbiter  # noqa: PLC0415
 
     registry = CollectorRegistry()
-    UpsChannel(UpsConfig(name="ups"), 1000.0, Sink(), registry=registry)
+    UpsChannel(UpsConfig(name="ups"), BudgetArbiter(1000.0), registry=registry)
     text = generate_latest(registry).decode()
     return {line.split("{")[0].split(" ")[0] for line in text.splitlines() if line and not line.startswith("#")}
 

@@ -13,13 +13,18 @@ from prometheus_client import CollectorRegistry
 
 from powerbudgetd.channels.ups import UpsChannel, classify
 from powerbudgetd.core.ups import BOUNDS, parse_status
-from powerbudgetd.service.config import FeedConfig, UpsConfig
+from powerbudgetd.core.feed import Feed
+from powerbudgetd.service.config import UpsConfig
 
 CONF_W = 1000.0
-FEED = FeedConfig(breaker_a=15, volts=120, ups_w=1000, psu_efficiency=0.9, host_w=200)
+FEED = Feed(breaker_a=15, volts=120, ups_w=1000, psu_efficiency=0.9, host_w=200)
 
 
 class Sink:
+    """Records what the channel offers (the arbiter's interface)."""
+
+    configured_w = CONF_W
+
     def __init__(self) -> None:
         self.value: float | None = None
         self.seen: list[float | None] = []
@@ -69,7 +74,7 @@ def test_fuzz_nothing_from_nut_raises_the_budget(polls, dts, board, stale_as_on_
     keeps it within [0, configured]; nothing raises."""
     cfg = UpsConfig(name="ups", on_battery_budget_w=700, online_hold_s=5, stale_as_on_battery=stale_as_on_battery)
     clock, sink = Clock(), Sink()
-    ch = UpsChannel(cfg, CONF_W, sink, FEED, registry=CollectorRegistry(), clock=clock)
+    ch = UpsChannel(cfg, sink, FEED, registry=CollectorRegistry(), clock=clock)
     ch.bank(0.0, 400.0, 600.0)
     ch.variables({"ups.status": "OB"})
     assert sink.value == 700.0
@@ -127,7 +132,7 @@ async def test_the_poll_loop_survives_anything(answers) -> None:  # type: ignore
     async def no_wait(_s: float) -> None:
         await asyncio.sleep(0)
 
-    ch = UpsChannel(cfg, CONF_W, sink, registry=CollectorRegistry(), client_factory=lambda _cfg: client,
+    ch = UpsChannel(cfg, sink, registry=CollectorRegistry(), client_factory=lambda _cfg: client,
                     sleep=no_wait)
     ch.bank(0.0, 400.0, 600.0)
     task = asyncio.create_task(ch.run())

@@ -14,27 +14,24 @@ from structlog.testing import capture_logs
 
 from nut import Nut
 from powerbudgetd.channels.ups import UpsChannel
-from powerbudgetd.service.config import FeedConfig, UpsConfig
+from powerbudgetd.core.arbiter import BudgetArbiter
+from powerbudgetd.core.feed import Feed
+from powerbudgetd.service.config import UpsConfig
 
 CONF_W = 1000.0
 FLOOR_W = 600.0
 POLL_S = 0.3
 
 
-class Sink:
-    """Stands in for the budget arbiter: keeps each source's offer, with when it came."""
+class Sink(BudgetArbiter):
+    """The daemon's budget arbiter, with each source's current offer at hand."""
 
     def __init__(self) -> None:
-        self.offers: dict[str, float] = {}
-        self.history: list[tuple[float, str, float | None]] = []
+        super().__init__(CONF_W)
 
-    def offer(self, source: str, budget_w: float, now: float) -> None:
-        self.offers[source] = budget_w
-        self.history.append((time.monotonic(), source, budget_w))
-
-    def withdraw(self, source: str) -> None:
-        self.offers.pop(source, None)
-        self.history.append((time.monotonic(), source, None))
+    @property
+    def offers(self) -> dict[str, float]:
+        return {name: offer.budget_w for name in ("ups",) if (offer := self.offered(name)) is not None}
 
 
 @pytest.fixture
@@ -72,9 +69,9 @@ class Running:
 async def run_channel(nut: Nut) -> AsyncIterator:  # type: ignore[type-arg]
     tasks: list[asyncio.Task[None]] = []
 
-    def start(cfg: UpsConfig, feed: FeedConfig | None = None) -> Running:
+    def start(cfg: UpsConfig, feed: Feed | None = None) -> Running:
         sink = Sink()
-        ch = UpsChannel(cfg, CONF_W, sink, feed, registry=CollectorRegistry())
+        ch = UpsChannel(cfg, sink, feed, registry=CollectorRegistry())
         tasks.append(asyncio.create_task(ch.run()))
         return Running(ch, sink)
 
@@ -114,7 +111,7 @@ async def test_floor_flags(nut: Nut, run_channel, flags: str, reason: str) -> No
 
 
 async def test_measured_load_above_the_feed_limit(nut: Nut, run_channel) -> None:  # type: ignore[no-untyped-def]
-    feed = FeedConfig(breaker_a=15, volts=120, ups_w=1000, ups_margin=0.2, psu_efficiency=0.9, host_w=200)
+    feed = Feed(breaker_a=15, volts=120, ups_w=1000, ups_margin=0.2, psu_efficiency=0.9, host_w=200)
     r = run_channel(ups_cfg(nut), feed)  # plug-side limit: min(1440, 800) = 800 W
     await r.until(lambda: r.channel.state == "ok")
     nut.set("OL", **{"ups.realpower": "900"})  # 100 W above the limit with 500 W of board power
@@ -205,7 +202,7 @@ async def test_a_server_refusing_the_credentials(tmp_path: Path) -> None:
     cfg = UpsConfig(host="127.0.0.1", port=port, name="ups", username="u", password=SecretStr("p"), poll_s=0.2,
                     reconnect_max_s=0.4)
     sink = Sink()
-    ch = UpsChannel(cfg, CONF_W, sink, registry=CollectorRegistry())
+    ch = UpsChannel(cfg, sink, registry=CollectorRegistry())
     with capture_logs() as logs:
         task = asyncio.create_task(ch.run())
         try:

@@ -13,9 +13,13 @@ Two halves on the daemon's event-loop thread:
   answers again. Nothing here can raise out of the task.
 - :meth:`UpsChannel.on_tick` records the GPUs' board power (to pair with the UPS's
   measured load) and the bank's floor, runs the guard's timers and refreshes the offer.
+- :meth:`UpsChannel.on_reload` applies new budget rules at once (the daemon keeps the
+  running connection settings: those need a restart, and the reload says so).
 
-The budget goes to a :class:`BudgetSink` under the source name ``ups``: an offer can
-only lower the budget; the sink (the daemon's budget arbiter) decides what is in force.
+The budget is offered to the daemon's budget arbiter under the source name ``ups``: an
+offer can only lower the budget; the arbiter decides what is in force, and the daemon
+alone sets it on the controller. LB/FSD/OVER offer the bank's floor (the sum of the
+cards' minimum limits, from the tick's snapshot).
 """
 
 from __future__ import annotations
@@ -25,14 +29,19 @@ import random
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import aionut
 import structlog
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge
 
+from powerbudgetd.core.feed import Feed
 from powerbudgetd.core.ups import BOUNDS, KNOWN_FLAGS, REASONS, UpsConstraint, UpsGuard, UpsParams, UpsReading, parse_vars
-from powerbudgetd.service.config import FeedConfig, UpsConfig
+from powerbudgetd.service.config import UpsConfig
+
+if TYPE_CHECKING:
+    from powerbudgetd.control.controller import TickReport
+    from powerbudgetd.service.config import Settings
 
 log = structlog.get_logger("powerbudgetd")
 
@@ -47,8 +56,11 @@ MAX_SHOWN = 120  # characters of a server's error quoted in logs
 
 
 class BudgetSink(Protocol):
-    """Where a budget source reports (the daemon's budget arbiter): at most
-    ``budget_w`` (W) from ``source`` from ``now`` (s) on, or no constraint."""
+    """The part of ``core.arbiter.BudgetArbiter`` a budget source uses: the configured
+    budget (W), an offer of at most ``budget_w`` (W) from ``now`` (s) on, a withdrawal."""
+
+    @property
+    def configured_w(self) -> float: ...
 
     def offer(self, source: str, budget_w: float, now: float) -> None: ...
 
@@ -144,7 +156,7 @@ def classify(exc: BaseException) -> str:
     return "error"
 
 
-def guard_params(cfg: UpsConfig, feed: FeedConfig | None) -> UpsParams:
+def guard_params(cfg: UpsConfig, feed: Feed | None) -> UpsParams:
     """The state machine's parameters from ``[ups]`` and ``[feed]`` (the plug-side limit
     and PSU efficiency the measured load is held to; without ``[feed]`` it is not used)."""
     measured = cfg.measured_load and feed is not None
@@ -161,19 +173,20 @@ def guard_params(cfg: UpsConfig, feed: FeedConfig | None) -> UpsParams:
 
 
 class UpsChannel:
-    """A UPS behind NUT as a budget source; see the module docstring.
+    """A UPS behind NUT as a budget source; see the module docstring. Register it with
+    ``Daemon.register``.
 
-    ``configured_budget_w``: the config's budget (W), the ceiling. ``sink``: where the
-    offer goes. ``client_factory``: builds the aionut client (tests may point it
-    elsewhere). Metrics go on ``registry`` (default: the process-wide one).
+    ``arbiter``: the daemon's budget arbiter (the configured budget is read there, the
+    UPS's offered there). ``feed``: the plug-side limit and PSU efficiency for the
+    measured load. ``client_factory``: builds the aionut client; ``sleep``: the wait
+    between polls (tests). Metrics go on ``registry`` (default: the process-wide one).
     """
 
     def __init__(
         self,
         cfg: UpsConfig,
-        configured_budget_w: float,
-        sink: BudgetSink,
-        feed: FeedConfig | None = None,
+        arbiter: BudgetSink,
+        feed: Feed | None = None,
         *,
         registry: CollectorRegistry = REGISTRY,
         clock: Callable[[], float] = time.monotonic,
@@ -182,8 +195,7 @@ class UpsChannel:
     ) -> None:
         self.cfg = cfg
         self.feed = feed
-        self.configured_w = configured_budget_w
-        self.sink = sink
+        self.sink = arbiter
         self.clock = clock
         self.metrics = UpsMetrics(registry)
         self.guard = UpsGuard(guard_params(cfg, feed))
@@ -198,7 +210,24 @@ class UpsChannel:
         self._unknown: frozenset[str] = frozenset()
         self._rejected: tuple[str, ...] = ()
         self._offered: float | None = None
-        self.metrics.budget.set(configured_budget_w)
+        self.metrics.budget.set(self.configured_w)
+
+    @property
+    def configured_w(self) -> float:
+        """The configured budget (W), as the arbiter holds it."""
+        return self.sink.configured_w
+
+    # -- the side-channel protocol ---------------------------------------------------------
+    def on_tick(self, report: TickReport) -> None:
+        snap = report.snapshot
+        self.bank(self.clock(), snap.sum_power_avg_w, snap.floor_w)
+
+    def on_reload(self, ok: bool, settings: Settings | None) -> None:
+        """A reload: the budget rules in ``settings.ups`` apply at once (the daemon has
+        kept the running connection settings where they changed, and said so)."""
+        if not ok or settings is None or settings.ups is None:
+            return
+        self.reload(settings.ups, None if settings.feed is None else settings.feed.feed())
 
     # -- the tick side (event-loop thread, between ticks; must not block) --------------
     def bank(self, now: float, board_w: float | None, floor_w: float | None) -> None:
@@ -218,27 +247,17 @@ class UpsChannel:
         """The lowest summed GPU board power of the last :data:`BOARD_WINDOW_S` (W)."""
         return min((w for _, w in self._board), default=None)
 
-    def reload(self, cfg: UpsConfig | None, feed: FeedConfig | None, configured_budget_w: float) -> list[str]:
-        """A new config: the budget rules apply at once; connection settings (host,
-        port, name, credentials, timeout) and removing ``[ups]`` need a restart.
-        Returns what needs one (empty: all applied)."""
-        self.configured_w = configured_budget_w
-        restart: list[str] = []
-        if cfg is None:
-            restart.append("ups (section removed)")
-        else:
-            if cfg.connection() != self.cfg.connection():
-                restart.append("ups connection (host, port, name, username, password, timeout_s)")
-                cfg = cfg.model_copy(update={k: getattr(self.cfg, k) for k in
-                                             ("host", "port", "name", "username", "password", "timeout_s")})
-            self.cfg, self.feed = cfg, feed
-            self.guard.params = guard_params(cfg, feed)
-        if restart:
-            log.warning("ups_restart_needed", settings=restart, detail="kept the running UPS connection")
-        else:
-            log.info("ups_reloaded", poll_s=self.cfg.poll_s, online_hold_s=self.cfg.online_hold_s)
+    def reload(self, cfg: UpsConfig, feed: Feed | None) -> None:
+        """New budget rules (and poll interval) in force from now; the connection stays."""
+        self.cfg = cfg.model_copy(update={"host": self.cfg.host, "port": self.cfg.port, "name": self.cfg.name,
+                                          "username": self.cfg.username, "password": self.cfg.password,
+                                          "timeout_s": self.cfg.timeout_s})
+        self.feed = feed
+        self.guard.params = guard_params(self.cfg, feed)
+        log.info("ups_reloaded", poll_s=self.cfg.poll_s, online_hold_s=self.cfg.online_hold_s,
+                 on_battery_budget_w=self.cfg.on_battery_budget_w, on_battery_fraction=self.cfg.battery_fraction(),
+                 stale_as_on_battery=self.cfg.stale_as_on_battery)
         self._offer(self.clock())
-        return restart
 
     def record(self) -> dict[str, Any]:
         """The UPS for the flight recorder's records (see ``powerlog.recorder``)."""

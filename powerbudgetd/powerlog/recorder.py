@@ -473,7 +473,6 @@ class Recorder:
             except Exception:  # noqa: BLE001 - a side channel's bug costs its field, not the record
                 log.exception("recorder_extra_failed", field=name)
         return {
-            **extras,
             "v": SCHEMA_VERSION, "kind": "sample", "n": self._samples,
             "utc": utc_iso(self.wall_clock()), "mono_s": round(now, 3),
             "mode": snap.mode, "budget_w": snap.budget_w, "dropped": self.stats.records_dropped,
@@ -482,6 +481,7 @@ class Recorder:
                 "avg_w": _r(sum_avg), "peak_w": _r(peak), "limit_w": _r(snap.sum_enforced_limit_w),
                 "wall_w": _r(self._wall(sum_avg)), "wall_peak_w": _r(self._wall(peak)),
             },
+            **extras,
         }
 
     def _wall(self, board_w: float | None) -> float | None:

@@ -25,6 +25,8 @@ shorter spikes can be higher still.
 
 from __future__ import annotations
 
+import math
+
 import os
 import re
 import socket
@@ -248,11 +250,16 @@ def _ups(window: list[Sample]) -> dict[str, Any] | None:
         "state": last.get("state"), "status": last.get("status"), "on_battery": on_battery,
         "on_battery_since": _iso(since), "on_battery_s": None if since is None else round(seen[-1].utc_s - since, 1),
         "low_battery": bool({"LB", "FSD"} & set(words(last))),
-        "load_pct": _opt(last.get("load_pct")), "realpower_w": _opt(last.get("realpower_w")),
-        "runtime_s": _opt(last.get("runtime_s")), "charge_pct": _opt(last.get("charge_pct")),
-        "budget_w": _opt(last.get("budget_w")), "reason": last.get("reason"),
+        "load_pct": _num(last.get("load_pct")), "realpower_w": _num(last.get("realpower_w")),
+        "runtime_s": _num(last.get("runtime_s")), "charge_pct": _num(last.get("charge_pct")),
+        "budget_w": _num(last.get("budget_w")), "reason": last.get("reason"),
         "transitions": transitions[-10:],
     }
+
+
+def _num(v: Any) -> float | None:
+    """A recorded number, or None for anything else (a hand-edited or foreign log)."""
+    return float(v) if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) else None
 
 
 def _ups_lines(u: dict[str, Any] | None) -> list[str]:

@@ -434,6 +434,25 @@ class UpsConfig(_Section):
         return (self.host, self.port, self.name, self.username, pw, self.timeout_s)
 
 
+UPS_CONNECTION = ("host", "port", "name", "username", "password", "timeout_s")
+
+
+def ups_on_reload(old: UpsConfig | None, new: UpsConfig | None) -> tuple[UpsConfig | None, str | None]:
+    """The ``[ups]`` a reload puts in force, and what of it needs a restart (None: all
+    applied). The budget rules change in a running daemon; the connection (host, port,
+    name, credentials, timeout) and adding or removing the section need a restart, so
+    the running ones are kept."""
+    if old is None and new is None:
+        return None, None
+    if old is None:
+        return None, "ups (section added)"
+    if new is None:
+        return old, "ups (section removed)"
+    if new.connection() != old.connection():
+        return new.model_copy(update={k: getattr(old, k) for k in UPS_CONNECTION}), "ups connection"
+    return new, None
+
+
 class Settings(BaseSettings):
     """The whole configuration. ``budget_w`` is the bank's board-power budget (W).
 

@@ -34,7 +34,7 @@ import structlog
 
 from powerbudgetd.channels.protocol import SideChannel
 from powerbudgetd.core.arbiter import BudgetArbiter, Decision
-from powerbudgetd.service.config import Settings, load_config
+from powerbudgetd.service.config import Settings, load_config, ups_on_reload
 from powerbudgetd.control.controller import Controller
 from powerbudgetd.errors import BudgetInfeasible, ConfigError, ExitStatus, NvmlError, NvmlNoPermission
 from powerbudgetd.service.logs import configure_logging
@@ -338,6 +338,9 @@ class Daemon:
             restart = [k for k in RESTART_ONLY if old is not None and getattr(new, k) != getattr(old, k)]
             if old is not None:
                 new = new.model_copy(update={k: getattr(old, k) for k in restart})
+                ups, ups_restart = ups_on_reload(old.ups, new.ups)  # its budget rules apply at once
+                new = new.model_copy(update={"ups": ups})
+                restart += [ups_restart] if ups_restart else []
             if old is None or new.log_level != old.log_level:
                 configure_logging(level=new.log_level)
             self.settings = new
