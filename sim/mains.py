@@ -19,6 +19,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from powerbudgetd.core.ups import UpsGuard, UpsParams, UpsReading
+
 MAINS_KEYS = {"battery_wh", "mains_lost"}
 
 
@@ -103,3 +105,25 @@ class Battery:
             "on_battery_s": round(self.on_battery_s, 1),
             "empty_at_s": self.empty_at_s,
         }
+
+
+class SimUps:
+    """The budget powerbudgetd's UPS channel would offer over a scenario's mains: the
+    same state machine (``powerbudgetd.core.ups``), fed what upsd would serve (``OB
+    DISCHRG`` while the mains are lost, ``OL CHRG`` otherwise) every ``poll_s``, with the
+    ``[ups]`` defaults (on battery: half the configured budget, restored after 60 s on
+    line). Only the status flags: the measured load is the wall meter's business here."""
+
+    def __init__(self, mains: Mains, params: UpsParams | None = None, poll_s: float = 2.0) -> None:
+        self.mains = mains
+        self.guard = UpsGuard(params or UpsParams())
+        self.poll_s = poll_s
+        self._next_poll = 0.0
+
+    def budget_w(self, now: float, configured_w: float, floor_w: float | None) -> float | None:
+        """The UPS's budget at ``now`` (W; None: it does not constrain)."""
+        if now + 1e-9 >= self._next_poll:
+            flags = frozenset({"OB", "DISCHRG"}) if self.mains.lost(now) else frozenset({"OL", "CHRG"})
+            self.guard.observe(UpsReading(flags=flags), now, board_w=None, configured_w=configured_w)
+            self._next_poll = now + self.poll_s
+        return self.guard.evaluate(now, configured_w, floor_w).budget_w

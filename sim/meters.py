@@ -48,6 +48,9 @@ class BankMeters:
         self.breaker = Breaker(self.feed.breaker_a) if self.feed and self.feed.breaker_a else None
         self.ups = Ups(self.feed.ups_w) if self.feed and self.feed.ups_w else None
         self.battery = Battery(self.mains) if self.mains is not None and self.feed is not None else None
+        # Work up to the first mains loss: where every policy still has the same budget.
+        self.first_loss_s = self.mains.outages[0][0] if self.mains is not None and self.mains.outages else None
+        self.work_before_loss = 0.0
         self._last_t = 0.0
 
     def attach(self) -> BankMeters:
@@ -60,9 +63,10 @@ class BankMeters:
         for i, card in enumerate(self.bank.cards):
             spec = card.spec
             limit_mw = card.enforced_mw(t)
-            self.work[i] += REFRESH_S * work_rate(
-                spec.profile.workload_at(t), card.demand_w, limit_mw / 1000, spec.idle_w, spec.board_tgp_w
-            )
+            rate = work_rate(spec.profile.workload_at(t), card.demand_w, limit_mw / 1000, spec.idle_w, spec.board_tgp_w)
+            self.work[i] += REFRESH_S * rate
+            if self.first_loss_s is not None and t < self.first_loss_s:
+                self.work_before_loss += REFRESH_S * rate
             sum_avg += card.avg_w
             sum_instant += card.instant_w
             awake = card.demand_w > card.min_mw / 1000
@@ -85,6 +89,11 @@ class BankMeters:
                 self.ups.step(t, self.wall_w, REFRESH_S)
             if self.battery:
                 self.battery.step(t, self.wall_w, REFRESH_S)
+
+    def rebudget(self, share_mw: list[int]) -> None:
+        """The fair shares of the budget in force changed (a UPS on battery): a reclaim
+        ends once the card is back at the share of the budget in force."""
+        self.share_mw = share_mw
 
     def close(self) -> None:
         """End the run: reclaims still open count with the time they have been open."""

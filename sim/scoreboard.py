@@ -8,7 +8,13 @@ Targets (issue "Policy scoreboard"; never lowered here — a miss is shown as a 
 - ``powerbudgetd`` does more work than ``static`` and ``slurm`` where a card has an idle
   neighbour (a card at or over its fair share while another sits at or under its floor
   for at least 10 % of the run, from the scenario's demand);
-- reclaim p99 <= 0.5 s (the scenarios' limit lag is 100 ms).
+- reclaim p99 <= 0.5 s (the scenarios' limit lag is 100 ms);
+- where the mains are lost, ``powerbudgetd`` leaves more runtime on the UPS battery than
+  ``static`` (it hears the UPS go on battery and lowers the budget; static does not).
+
+With a mains loss, the work comparison counts the work done before it (from then on
+powerbudgetd sheds power on purpose, and the oracle with it), and reclaims end at the
+fair share of the budget in force.
 """
 
 from __future__ import annotations
@@ -33,6 +39,7 @@ TARGETS = (
     f"powerbudgetd work_vs_oracle >= {MIN_WORK_VS_ORACLE}",
     "powerbudgetd work above static and slurm where a card has an idle neighbour",
     f"powerbudgetd reclaim p99 <= {MAX_RECLAIM_P99_S} s",
+    "powerbudgetd leaves more battery runtime than static where the mains are lost",
 )
 
 
@@ -87,13 +94,16 @@ def check_targets(sc: Scenario, reports: dict[str, dict[str, Any]], duration_s: 
     wvo = pbd["work_vs_oracle"]
     out.append(Check(TARGETS[2], wvo is not None and wvo >= MIN_WORK_VS_ORACLE, f"{wvo}"))
 
-    idle_s = idle_neighbour_s(sc, duration)
-    if idle_s >= IDLE_NEIGHBOUR_FRACTION * duration and "slurm" in reports:
+    lost_at = pbd.get("mains_lost_at_s")
+    span = duration if lost_at is None else min(duration, lost_at)
+    key, where = ("work", "") if lost_at is None else ("work_before_mains_loss", f" before the mains loss at {lost_at:g} s")
+    idle_s = idle_neighbour_s(sc, span)
+    if idle_s >= IDLE_NEIGHBOUR_FRACTION * span and "slurm" in reports:
         slurm = reports["slurm"]
-        met = pbd["work"] > static["work"] and pbd["work"] > slurm["work"]
+        met = pbd[key] > static[key] and pbd[key] > slurm[key]
         out.append(Check(
             TARGETS[3], met,
-            f"idle neighbour {idle_s:g} s; work {pbd['work']:g} vs static {static['work']:g}, slurm {slurm['work']:g}",
+            f"idle neighbour {idle_s:g} s; work{where} {pbd[key]:g} vs static {static[key]:g}, slurm {slurm[key]:g}",
         ))
     else:
         out.append(Check(TARGETS[3], None, f"idle neighbour only {idle_s:g} s"))
@@ -106,6 +116,15 @@ def check_targets(sc: Scenario, reports: dict[str, dict[str, Any]], duration_s: 
         ))
     else:
         out.append(Check(TARGETS[4], None, "no reclaim"))
+
+    pb, sb = pbd.get("battery"), static.get("battery")
+    if pb is None or sb is None or pb["on_battery_s"] == 0:
+        out.append(Check(TARGETS[5], None, "no mains loss"))
+    else:
+        left = [battery_left(b) for b in (pb, sb)]
+        met = pb["empty_at_s"] is None and (
+            sb["empty_at_s"] is not None or (pb["runtime_left_s"] or 0) > (sb["runtime_left_s"] or 0))
+        out.append(Check(TARGETS[5], met, f"battery left: powerbudgetd {left[0]}, static {left[1]}"))
     return out
 
 

@@ -19,12 +19,15 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from powerbudgetd.control.controller import Controller
+from powerbudgetd.core.arbiter import BudgetArbiter
 from powerbudgetd.core.fairshare import fair_shares
 from powerbudgetd.core.model import Timings
 from powerbudgetd.hw.nvml import Nvml
+from powerbudgetd.service.daemon import BudgetKeeper
 from powerbudgetd_sim.baselines import OraclePolicy, ReactivePolicy, SlurmPolicy, StaticPolicy
 from powerbudgetd_sim.feed import feed_from_dict
 from powerbudgetd_sim.libnvml import SimNvmlLibrary
+from powerbudgetd_sim.mains import SimUps
 from powerbudgetd_sim.meters import BankMeters
 from powerbudgetd_sim.physics import SimBank
 from powerbudgetd_sim.scenario import Scenario
@@ -66,12 +69,17 @@ class Policy(Protocol):
 
 
 class ControllerPolicy:
-    """powerbudgetd's :class:`Controller` in the shape the runner drives."""
+    """powerbudgetd's :class:`Controller` in the shape the runner drives. With ``ups``
+    (a mains loss in the scenario), the UPS's budget goes through the daemon's own
+    budget arbiter and keeper before each tick, as in ``powerbudgetd run``."""
 
     name = "powerbudgetd"
 
-    def __init__(self, ctl: Controller) -> None:
+    def __init__(self, ctl: Controller, ups: SimUps | None = None) -> None:
         self.ctl = ctl
+        self.ups = ups
+        self.arbiter = BudgetArbiter(ctl.budget_mw / 1000)
+        self.keeper = BudgetKeeper(self.arbiter)
 
     @property
     def ready(self) -> bool:
@@ -81,11 +89,46 @@ class ControllerPolicy:
         self.ctl.start()
 
     def tick(self, now: float) -> int:
+        if self.ups is not None:
+            offer = self.ups.budget_w(now, self.arbiter.configured_w, self.arbiter.floor_w)
+            if offer is None:
+                self.arbiter.withdraw("ups")
+            else:
+                self.arbiter.offer("ups", offer, now)
+            self.keeper.apply(self.ctl, now)
         rep = self.ctl.tick(now)
+        self.arbiter.set_floor(rep.snapshot.floor_w)
         return sum(1 for w in rep.writes if w.error is None and not w.dry_run)
 
     def role(self, index: int) -> str:
         return str(self.ctl.cards[index].role)
+
+
+class UpsOracle:
+    """The oracle under the same UPS budget as powerbudgetd (on battery it has the same
+    watts to split): the upper bound of work within the budget in force."""
+
+    name = "oracle"
+
+    def __init__(self, oracle: OraclePolicy, ups: SimUps, configured_w: float, floor_w: float) -> None:
+        self.oracle, self.ups = oracle, ups
+        self.configured_w, self.floor_w = configured_w, floor_w
+
+    @property
+    def ready(self) -> bool:
+        return self.oracle.ready
+
+    def start(self) -> None:
+        self.oracle.start()
+
+    def tick(self, now: float) -> int:
+        offer = self.ups.budget_w(now, self.configured_w, self.floor_w)
+        budget_w = self.configured_w if offer is None else max(self.floor_w, min(offer, self.configured_w))
+        self.oracle.budget_mw = int(budget_w * 1000)
+        return self.oracle.tick(now)
+
+    def role(self, index: int) -> str:
+        return self.oracle.role(index)
 
 
 def _job_start(sc: Scenario) -> Callable[[int, float], float | None]:
@@ -99,7 +142,7 @@ def _job_start(sc: Scenario) -> Callable[[int, float], float | None]:
 def make_policy(name: str, sc: Scenario, bank: SimBank, nvml: Nvml, timings: Timings) -> Policy:
     """The policy ``name`` (one of ``POLICIES``) over ``bank``. Raises ValueError."""
     if name == "powerbudgetd":
-        return ControllerPolicy(Controller(nvml, sc.budget_w, timings))
+        return ControllerPolicy(Controller(nvml, sc.budget_w, timings), SimUps(sc.mains) if sc.mains else None)
     if name == "static":
         return StaticPolicy(nvml, sc.budget_w)
     if name == "slurm":
@@ -107,7 +150,10 @@ def make_policy(name: str, sc: Scenario, bank: SimBank, nvml: Nvml, timings: Tim
     if name == "reactive":
         return ReactivePolicy(nvml, sc.budget_w)
     if name == "oracle":
-        return OraclePolicy(bank, sc.budget_w)
+        oracle = OraclePolicy(bank, sc.budget_w)
+        if sc.mains is None:
+            return oracle
+        return UpsOracle(oracle, SimUps(sc.mains), sc.budget_w, sum(c.min_mw for c in bank.cards) / 1000)
     raise ValueError(f"policy {name!r} is not one of {', '.join(POLICIES)}")
 
 
@@ -147,6 +193,7 @@ def run_scenario(
     ).attach()
 
     series = Series()
+    budget_in_force_mw = budget_mw
     violation_ticks = ticks = 0
     boot_s: float | None = None
     max_sum_enforced = max_sum_bound = max_sum_avg = max_sum_instant = 0.0
@@ -156,6 +203,10 @@ def run_scenario(
     while (t := round(k * timings.tick_s, 9)) <= duration:
         bank.advance_to(t)
         cap_changes += pol.tick(t)
+        if isinstance(pol, ControllerPolicy) and pol.ups is not None and pol.ctl.budget_mw != budget_in_force_mw:
+            budget_in_force_mw = pol.ctl.budget_mw
+            in_force = fair_shares(budget_in_force_mw, [c.min_mw for c in bank.cards], [c.max_mw for c in bank.cards])
+            meters.rebudget(in_force or [c.min_mw for c in bank.cards])
         ticks += 1
         bound = bank.sum_limit_bound_mw()
         if pol.ready:
@@ -223,6 +274,8 @@ def run_scenario(
         "trip_at_s": meters.trip_times(),
         "max_wall_power_w": round(meters.max_wall_w, 1) if sc.feed else None,
         "battery": None if meters.battery is None else meters.battery.summary(),
+        "work_before_mains_loss": None if meters.first_loss_s is None else round(meters.work_before_loss, 3),
+        "mains_lost_at_s": meters.first_loss_s,
     }
     return SimResult(report, series)
 

@@ -50,3 +50,26 @@ def test_the_packaged_power_event_loses_the_mains() -> None:
     sc = load_scenario("power-event")
     assert sc.mains is not None and sc.mains.outages and sc.mains.battery_wh > 0
     assert "battery_wh" not in sc.feed and "mains_lost" not in sc.feed
+
+
+def test_powerbudgetd_hears_the_mains_loss_and_leaves_more_runtime() -> None:
+    """power-event: the mains go at 40 s. powerbudgetd's UPS source (the same state
+    machine, through the same arbiter and keeper as the daemon) halves the budget;
+    static does not listen. Same scenario and seed: powerbudgetd leaves more runtime."""
+    from powerbudgetd_sim.simulate import run_scenario  # noqa: PLC0415
+
+    sc = load_scenario("power-event")
+    pbd = run_scenario(sc, policy="powerbudgetd", compare=False, keep_series=True)
+    static = run_scenario(sc, policy="static", compare=False).report
+    r = pbd.report
+    assert r["violation_ticks"] == 0
+    assert r["battery"]["runtime_left_s"] > 1.3 * static["battery"]["runtime_left_s"]
+    assert r["battery"]["empty_at_s"] is None
+    # on battery (from 40 s, the first poll after it, plus a few ticks to confirm), the
+    # caps sum to half the budget (500 W), held at the bank's floor (4 x 150 W) where
+    # that is below it
+    t = pbd.series.t
+    after = [sum(lim) for ti, lim in zip(t, pbd.series.limit_w, strict=True) if 45.0 <= ti <= 100.0]
+    assert after and max(after) <= max(500.0, 600.0) + 1e-6
+    before = [sum(lim) for ti, lim in zip(t, pbd.series.limit_w, strict=True) if 30.0 <= ti < 40.0]
+    assert max(before) > 900.0

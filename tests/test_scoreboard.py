@@ -74,7 +74,7 @@ def _reports(over=None):
 
 def test_targets_met_and_missed():
     sc = load_scenario("one-busy")
-    assert [c.met for c in check_targets(sc, _reports(), 60)] == [True] * 5
+    assert [c.met for c in check_targets(sc, _reports(), 60)] == [True] * 5 + [None]  # no mains loss
     missed = check_targets(sc, _reports({
         ("static", "violation_ticks"): 3,
         ("powerbudgetd", "trips"): {"breaker": False, "ups": True},
@@ -83,14 +83,31 @@ def test_targets_met_and_missed():
         ("powerbudgetd", "reclaim_latency_s"): {"p50": 0.2, "p99": 0.8, "max": 0.9, "events": 3, "unresolved": 0},
     }), 60)
     assert [c.target for c in missed] == list(TARGETS)
-    assert [c.met for c in missed] == [False] * 5
+    assert [c.met for c in missed] == [False] * 5 + [None]
     assert "static 3" in missed[0].detail
     # reactive may violate; a scenario without an idle neighbour or a reclaim has n/a
     ok = check_targets(load_scenario("h200-1"), _reports({
         ("reactive", "violation_ticks"): 99,
         ("powerbudgetd", "reclaim_latency_s"): {"p50": None, "p99": None, "max": None, "events": 0, "unresolved": 0},
     }))
-    assert [c.met for c in ok] == [True, True, True, None, None]
+    assert [c.met for c in ok] == [True, True, True, None, None, None]
+
+
+def test_battery_target_where_the_mains_are_lost():
+    def battery(runtime_s, empty_at_s=None):
+        return {"energy_left_wh": 1.0, "mean_wall_w": 900.0, "runtime_left_s": runtime_s, "on_battery_s": 60.0,
+                "empty_at_s": empty_at_s}
+
+    sc = load_scenario("power-event")
+    lost = {("powerbudgetd", "mains_lost_at_s"): 40.0, ("powerbudgetd", "work_before_mains_loss"): 50.0,
+            ("static", "work_before_mains_loss"): 45.0, ("slurm", "work_before_mains_loss"): 45.0}
+    good = check_targets(sc, _reports({**lost, ("powerbudgetd", "battery"): battery(540.0),
+                                       ("static", "battery"): battery(380.0)}))
+    assert good[5].met is True and "9.0 min" in good[5].detail
+    assert good[3].met is True and "before the mains loss at 40 s" in good[3].detail
+    bad = check_targets(sc, _reports({**lost, ("powerbudgetd", "battery"): battery(None, 70.0),
+                                      ("static", "battery"): battery(380.0)}))
+    assert bad[5].met is False and "EMPTY" in bad[5].detail
 
 
 def test_suite_has_the_issue_scenarios():
