@@ -183,3 +183,60 @@ async def test_a_reload_changes_the_rules_and_says_a_new_connection_needs_a_rest
         assert "restart to apply" in r.daemon._reload_note
         await asyncio.sleep(3 * POLL_S)
         assert r.ups.state == "ok" and r.ctl.budget_mw == 650_000  # still polling the running upsd
+
+
+def test_powerbudgetd_run_with_ups_serves_metrics_and_records_the_ups(nut: Nut, tmp_path: Path) -> None:
+    """The CLI wiring: `powerbudgetd run` registers the UPS channel, its metrics are on
+    /metrics (with the budget source `ups` in force on battery), and every record of
+    the flight recorder carries the UPS."""
+    import json  # noqa: PLC0415
+    import os  # noqa: PLC0415
+    import signal  # noqa: PLC0415
+    import subprocess  # noqa: PLC0415
+    import sys  # noqa: PLC0415
+    import urllib.request  # noqa: PLC0415
+
+    from nut import free_port  # noqa: PLC0415
+
+    port = free_port()
+    config = write_config(tmp_path, nut)
+    logdir = tmp_path / "log"
+    text = config.read_text().replace("[metrics]\nenabled = false", f"[metrics]\nenabled = true\nport = {port}")
+    text = text.replace("[recorder]\nenabled = false", f'[recorder]\nenabled = true\ndir = "{logdir}"\ninterval_s = 0.5')
+    config.write_text(text)
+    env = {k: v for k, v in os.environ.items() if k not in ("NOTIFY_SOCKET", "WATCHDOG_USEC")}
+    proc = subprocess.Popen([sys.executable, "-m", "powerbudgetd", "run", "--backend", "sim", "--config", str(config)],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env)
+
+    def scrape() -> str:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as resp:
+                return str(resp.read().decode())
+        except OSError:
+            return ""
+
+    def wait(pred: Callable[[str], bool], what: str) -> str:
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline:
+            if pred(body := scrape()):
+                return body
+            assert proc.poll() is None, proc.communicate()[0].decode()[-3000:]
+            time.sleep(0.1)
+        raise AssertionError(f"{what}: {scrape()[-2000:]}")
+
+    try:
+        wait(lambda b: 'powerbudgetd_ups_status{flag="OL"} 1.0' in b, "UPS on line in /metrics")
+        nut.set("OB DISCHRG", **{"battery.runtime": "420", "ups.load": "55"})
+        body = wait(lambda b: 'powerbudgetd_budget_source_in_force{source="ups"} 1.0' in b, "source ups")
+        assert "powerbudgetd_ups_battery_runtime_seconds 420.0" in body
+        assert "powerbudgetd_budget_watts 700.0" in body
+        time.sleep(1.2)  # a record or two on battery
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        out = proc.communicate(timeout=15)[0].decode()
+    assert proc.returncode == 0, out[-3000:]
+    records = [json.loads(line) for f in sorted(logdir.glob("power-*.jsonl")) for line in f.read_text().splitlines()]
+    samples = [r for r in records if r["kind"] == "sample"]
+    assert samples and all("ups" in r for r in samples)
+    last = samples[-1]["ups"]
+    assert last["status"] == "DISCHRG OB" and last["runtime_s"] == 420 and last["reason"] == "ups_on_battery"
