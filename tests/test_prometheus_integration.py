@@ -208,7 +208,7 @@ def test_prometheus_reads_caps_roles_rules_and_dashboard_queries(
     # The rules load and evaluate; the invariant alert is not even pending.
     def rules_evaluated() -> list[dict[str, Any]] | None:
         rules = [r for g in prom.api("rules")["groups"] for r in g["rules"]]
-        return rules if len(rules) == 7 and all(r["health"] == "ok" and r["lastEvaluation"][:4] != "0001" for r in rules) else None
+        return rules if len(rules) == 11 and all(r["health"] == "ok" and r["lastEvaluation"][:4] != "0001" for r in rules) else None
 
     rules = until(rules_evaluated, 15, "every alert rule evaluated")
     assert {r["name"]: r["state"] for r in rules}["PowerBudgetSumAboveBudget"] == "inactive"
