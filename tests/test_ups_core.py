@@ -142,6 +142,16 @@ def test_missing_status_is_a_silence() -> None:
     assert g.silent and budget(g, 0.0) == (650.0, "ups_stale")
 
 
+def test_unknown_words_only_move_nothing() -> None:
+    """A status of words NUT does not define: the UPS's state is unknown, so no hold
+    toward a restore runs (a low battery stays at the floor)."""
+    g = guard(online_hold_s=1.0)
+    feed(g, 0.0, "OB LB")
+    for t in range(1, 10):
+        feed(g, float(t), "WHATEVER 0", **{"ups.realpower": "0"})
+    assert g.silent and budget(g, 9.0) == (FLOOR_W, "ups_low_battery")
+
+
 def test_measured_load_is_wall_truth_like_a_meter() -> None:
     # plug-side limit 800 W, PSU efficiency 0.9, the GPUs draw 500 W of board power.
     # At 700 W on the UPS, the rest of the host draws 700 - 500 / 0.9 = 144 W: the feed

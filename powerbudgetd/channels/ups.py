@@ -309,11 +309,11 @@ class UpsChannel:
         self._note_values(reading)
         self.metrics.reading(reading)
         self.guard.observe(reading, now, board_w=self.board_power_w(), configured_w=self.configured_w)
-        if reading.flags is None:
+        if not reading.flags:
             self.metrics.polls_failed.labels("stale").inc()
-            self._set_state("stale", "ups.status missing or unreadable: the driver has no fresh data")
+            self._set_state("stale", "ups.status missing, unreadable or without a known flag: the UPS's state is unknown")
         else:
-            self._set_state("ok", f"ups.status {' '.join(sorted(reading.flags)) or '(none)'}")
+            self._set_state("ok", f"ups.status {' '.join(sorted(reading.flags))}")
         self._offer(now)
 
     def failed(self, cause: str, detail: str) -> None:

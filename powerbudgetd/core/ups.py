@@ -214,8 +214,9 @@ class UpsGuard:
     def observe(self, reading: UpsReading, now: float, *, board_w: float | None, configured_w: float) -> None:
         """A fresh poll. ``board_w``: the GPUs' summed board power to pair the measured
         load with (W; None: unknown, the measured load is not used); ``configured_w``:
-        the configured budget (W). A reading without ``ups.status`` is a silence."""
-        if reading.flags is None:
+        the configured budget (W). A reading without a known ``ups.status`` flag
+        (missing, garbled, unknown words only) is a silence: it moves nothing."""
+        if not reading.flags:
             self.last = reading
             self.silence(now)
             return

@@ -232,13 +232,13 @@ def _ups(window: list[Sample]) -> dict[str, Any] | None:
         return status.split() if isinstance(status, str) else []
 
     on_battery = "OB" in words(last)
-    since = None
+    since: Sample | None = None
     if on_battery:
-        since = seen[-1].utc_s
+        since = seen[-1]
         for smp in reversed(seen):
             if "OB" not in words(smp.ups):
                 break
-            since = smp.utc_s
+            since = smp
     transitions = []
     prev: str | None = None
     for smp in seen:
@@ -248,7 +248,9 @@ def _ups(window: list[Sample]) -> dict[str, Any] | None:
         prev = status
     return {
         "state": last.get("state"), "status": last.get("status"), "on_battery": on_battery,
-        "on_battery_since": _iso(since), "on_battery_s": None if since is None else round(seen[-1].utc_s - since, 1),
+        # how long: on the monotonic clock, which a wall-clock step does not move
+        "on_battery_since": None if since is None else _iso(since.utc_s),
+        "on_battery_s": None if since is None else round(seen[-1].mono_s - since.mono_s, 1),
         "low_battery": bool({"LB", "FSD"} & set(words(last))),
         "load_pct": _num(last.get("load_pct")), "realpower_w": _num(last.get("realpower_w")),
         "runtime_s": _num(last.get("runtime_s")), "charge_pct": _num(last.get("charge_pct")),

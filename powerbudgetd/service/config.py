@@ -690,7 +690,7 @@ def _required_fields(model: type[BaseModel]) -> list[str]:
 
 # Sections a file may leave out (the feature is then off): the environment alone cannot
 # turn them on by half.
-_OPTIONAL_SECTIONS: dict[str, type[BaseModel]] = {"mqtt": MqttConfig, "feed": FeedConfig}
+_OPTIONAL_SECTIONS: dict[str, type[BaseModel]] = {"mqtt": MqttConfig, "feed": FeedConfig, "ups": UpsConfig}
 
 
 @dataclasses.dataclass
