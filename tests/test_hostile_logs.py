@@ -59,7 +59,7 @@ def test_a_sparse_1_gb_file(tmp_path: Path) -> None:
     with open(path, "wb") as fh:
         fh.write(good_records(T0, 300))
         fh.truncate(1 << 30)  # 1 GB, the rest a hole of zero bytes: one endless "line"
-    for rc, out, err, rss in both_commands(path):
+    for rc, _out, err, rss in both_commands(path):
         assert rss < MAX_RSS_MB, (rss, err)
         assert rc == 0, err
     d = json.loads(cli("log", "report", "--dir", str(tmp_path), "--json")[1])
@@ -74,7 +74,7 @@ def test_a_300_mb_line_between_good_records(tmp_path: Path) -> None:
         fh.seek(300 << 20, os.SEEK_CUR)  # 300 MB of zero bytes, then the line ends
         fh.write(b"\n")
         fh.write(b"".join(line(sample(n, T0 + n, (150.0, 200.0), (160.0, 210.0), 370.0)) for n in range(201, 400)))
-    for rc, out, err, rss in both_commands(path):
+    for rc, _out, err, rss in both_commands(path):
         assert rc == 0, err
         assert rss < MAX_RSS_MB, (rss, err)
     d = json.loads(cli("log", "report", "--dir", str(path), "--json", "--last", "1h")[1])
@@ -97,7 +97,7 @@ def test_json_nested_100_000_deep(tmp_path: Path, where: str) -> None:
         lines = [*good, rec]
     path = log_path(tmp_path)
     path.write_bytes(b"".join(lines))
-    for rc, out, err, rss in both_commands(path):
+    for rc, _out, err, _rss in both_commands(path):
         assert rc == 0, err
     d = json.loads(cli("log", "report", "--dir", str(path), "--json")[1])
     assert d["window"]["samples"] >= 99
@@ -116,7 +116,7 @@ def test_timestamps_running_to_year_9999(tmp_path: Path) -> None:
         utc_iso(T0 + 101).encode(), b"1970-01-01T00:00:00.000Z"
     )
     path.write_bytes(recs)
-    for rc, out, err, rss in both_commands(path):
+    for rc, _out, err, _rss in both_commands(path):
         assert rc == 0, err
     d = json.loads(cli("log", "report", "--dir", str(path), "--json")[1])
     assert d["stop"]["utc"] == utc_iso(T0 + 100)  # the last possible record
@@ -154,7 +154,7 @@ def test_wrong_types_in_a_record_are_skipped_lines(tmp_path: Path, bad: dict) ->
     path = log_path(tmp_path)
     rec = {**sample(101, T0 + 101, (1.0, 1.0), (1.0, 1.0), 2.0), **bad}
     path.write_bytes(good_records(T0, 100) + json.dumps(rec).encode() + b"\n")
-    for rc, out, err, rss in both_commands(path):
+    for rc, _out, err, _rss in both_commands(path):
         assert rc == 0, err
 
 
