@@ -299,6 +299,9 @@ class RemoteBudgetConfig(_Section):
     enabled: bool = False
     command_topic: str | None = None
     response_topic: str | None = None
+    # A raise (toward the configured budget) is taken at most this often; a lower
+    # budget is always taken at once (protection first).
+    raise_interval_s: float = Field(10.0, ge=0, le=3600)
 
     @field_validator("command_topic", "response_topic")
     @classmethod
@@ -372,6 +375,9 @@ class MqttConfig(_Section):
     keepalive_s: int = Field(30, ge=5, le=3600)
     reconnect_min_s: float = Field(1.0, gt=0, le=60)
     reconnect_max_s: float = Field(30.0, gt=0, le=3600)
+    # Retained state, discovery and last will: "auto" uses them unless the broker says
+    # it has none (MQTT 5 CONNACK "Retain not supported"), then goes on without.
+    retain: Literal["auto"] | bool = "auto"
     wall_meter: WallMeterConfig | None = None
     remote_budget: RemoteBudgetConfig = Field(default_factory=RemoteBudgetConfig)
 
