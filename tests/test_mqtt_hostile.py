@@ -9,7 +9,6 @@ import itertools
 import json
 import math
 import random
-import time
 from pathlib import Path
 
 import aiomqtt
