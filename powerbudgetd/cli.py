@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import dataclasses
 import json
+import os
 import platform
 import signal
 import sys
@@ -13,7 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from powerbudgetd import __version__
-from powerbudgetd.errors import BudgetInfeasible, ConfigError, ExitStatus, NvmlError
+from powerbudgetd.errors import AlreadyRunning, BudgetInfeasible, ConfigError, ExitStatus, NvmlError
 from powerbudgetd.service.cliargs import (
     DefaultsHelpFormatter,
     duration,
@@ -440,13 +441,8 @@ def _log_report(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from prometheus_client import CollectorRegistry
-
-    from powerbudgetd.service.backend import make_nvml
     from powerbudgetd.service.config import default_config_path, load_config
-    from powerbudgetd.control.controller import Controller
-    from powerbudgetd.service.daemon import Daemon
-    from powerbudgetd_sim.scenario import ScenarioError
+    from powerbudgetd.service.instance import InstanceLock, lock_path
 
     # A SIGHUP before the daemon's handler is installed must not kill it (the default).
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
@@ -462,6 +458,44 @@ def _run(args: argparse.Namespace) -> int:
 
     for warning in settings.warnings:
         structlog.get_logger("powerbudgetd").warning("config_warning", detail=warning)
+    # The instance lock comes before NVML is even loaded: no write (not even the
+    # start-up permission probe) may happen while another daemon owns these cards.
+    path = lock_path(args.backend, args.dry_run, settings.sim.state_file)
+    lock = None
+    if path is not None:
+        try:
+            lock = InstanceLock(path).acquire()
+        except AlreadyRunning as exc:
+            print(f"powerbudgetd: {exc}", file=sys.stderr)
+            return ExitStatus.ALREADY_RUNNING
+        except PermissionError as exc:
+            if os.geteuid() == 0:
+                print(f"powerbudgetd: cannot take the instance lock {path}: {exc.strerror or exc}", file=sys.stderr)
+                return ExitStatus.ERROR
+            # Not root: this process most likely cannot write limits either (the start-up
+            # permission probe decides); say what is unguarded and go on.
+            structlog.get_logger("powerbudgetd").warning(
+                "instance_lock_unavailable", path=str(path), error=exc.strerror or str(exc),
+                detail="not root: running without the single-instance lock",
+            )
+        except OSError as exc:
+            print(f"powerbudgetd: cannot take the instance lock {path}: {exc.strerror or exc}", file=sys.stderr)
+            return ExitStatus.ERROR
+    try:
+        return _run_locked(args, settings, config_path)
+    finally:
+        if lock is not None:
+            lock.release()
+
+
+def _run_locked(args: argparse.Namespace, settings: Settings, config_path: Path) -> int:
+    from prometheus_client import CollectorRegistry
+
+    from powerbudgetd.control.controller import Controller
+    from powerbudgetd.service.backend import make_nvml
+    from powerbudgetd.service.daemon import Daemon
+    from powerbudgetd_sim.scenario import ScenarioError
+
     try:
         nvml = make_nvml(
             args.backend, settings.sim.scenario, settings.sim.seed, settings.sim.lag_s, settings.sim.state_file

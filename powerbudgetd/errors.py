@@ -55,6 +55,18 @@ class BudgetInfeasible(PowerBudgetError):
     """The budget cannot be met: the cards' minimum limits sum above it."""
 
 
+class AlreadyRunning(PowerBudgetError):
+    """Another powerbudgetd holds the instance lock for the same cards.
+
+    ``path``: the lock file; ``holder_pid``: the PID written in it (None when unreadable).
+    """
+
+    def __init__(self, message: str, path: str = "", holder_pid: int | None = None) -> None:
+        super().__init__(message)
+        self.path = path
+        self.holder_pid = holder_pid
+
+
 class ConfigError(PowerBudgetError):
     """A configuration file or value is invalid; the message names field, file and value."""
 
@@ -72,3 +84,4 @@ class ExitStatus(IntEnum):
     NVML = 4  # NVML unavailable or failing at start
     NO_PERMISSION = 5  # limits cannot be written (needs root or CAP_SYS_ADMIN)
     BOOT_TIMEOUT = 6  # the boot limits were not confirmed within boot_timeout_s
+    ALREADY_RUNNING = 7  # another powerbudgetd holds the instance lock for these cards

@@ -31,6 +31,7 @@ DRAWS = ("avg", "peak")
 PINNED_FRACTION = 0.95  # a 1 s average at or above this x the limit: the cap was binding
 GAP_INTERVALS = 2.5  # records further apart than this x the interval leave a gap (idle)
 MAX_GAP_S = 3600.0  # a gap between runs longer than this (or negative: the clock stepped) replays as this
+MAX_REPLAY_S = 31 * 86_400.0  # a longer span is a log to cut, not one to replay whole
 
 
 @dataclass(frozen=True)
@@ -57,22 +58,37 @@ def load_replay(
     seed: int = 1,
 ) -> Scenario:
     """A scenario replaying the log at ``path``. ``budget_w`` defaults to the last
-    recorded budget. Raises ScenarioError naming the path when there is nothing to replay."""
+    recorded budget. Raises ScenarioError naming the path when there is nothing to replay,
+    the log is not usable (bounds: :mod:`powerbudgetd.powerlog.reader`), or it spans
+    more than :data:`MAX_REPLAY_S`."""
     if draw not in DRAWS:
         raise ScenarioError(f"draw must be one of {', '.join(DRAWS)}, got {draw!r}")
     try:
-        log = scan_log(path)
-    except LogError as exc:
+        return _load_replay(path, draw, budget_w, tick_s, lag_s, seed)
+    except (LogError, ScenarioError) as exc:
         raise ScenarioError(str(exc)) from None
+    except (ValueError, TypeError, KeyError, OverflowError, AttributeError) as exc:  # a hostile header
+        raise ScenarioError(f"{path}: not a usable power log: {str(exc)[:200]}") from None
+
+
+def _load_replay(path: str | Path, draw: str, budget_w: float | None, tick_s: float, lag_s: float, seed: int) -> Scenario:
+    log = scan_log(path)
     samples, _ = load_samples(log.files)
     if not samples:
         raise ScenarioError(f"{path}: no sample records to replay")
     interval = log.runs[-1].interval_s
+    if not 0 < interval <= 3600:
+        raise ScenarioError(f"{path}: the header's interval_s {interval!r} is not in (0, 3600] s")
     headers = {c["uuid"]: c for r in log.runs for c in (r.header or {}).get("cards", [])}
 
     # Time from the monotonic clock within a run, the wall clock only between runs (and
     # only when plausible): a stepped wall clock neither stretches nor folds the replay.
     offsets, adjusted = timeline_s(samples, interval, MAX_GAP_S)
+    if offsets[-1] > MAX_REPLAY_S:
+        raise ScenarioError(
+            f"{path}: the records span {offsets[-1] / 86_400:.0f} days; replay at most "
+            f"{MAX_REPLAY_S / 86_400:.0f} days: give one file, or a directory of fewer"
+        )
     steps = clock_steps(samples)
     uuids: dict[str, int] = {}
     for s in samples:

@@ -139,7 +139,9 @@ def test_the_check_finds_a_call(tmp_path: Path) -> None:
 
 # -- every interleaving, through the real reload path, bridge and controller --------------
 FEED = "[feed]\nbreaker_a = 15\nvolts = 120\nhost_w = 200\n"  # 1440 W at the plug: 1096 W of board power
-MQTT = ('[mqtt]\nhost = "127.0.0.1"\nnode_id = "box"\n[mqtt.remote_budget]\nenabled = true\n'
+# raise_interval_s = 0: every in-range command is taken (the rate limit on raises has
+# its own test in test_mqtt_hostile.py)
+MQTT = ('[mqtt]\nhost = "127.0.0.1"\nnode_id = "box"\n[mqtt.remote_budget]\nenabled = true\nraise_interval_s = 0\n'
         '[mqtt.wall_meter]\npreset = "tasmota"\ntopic = "plug"\nhysteresis_w = 20\n')
 FILE_BUDGETS = [500, 700, 800, 900, 1000, 1200]  # 500 W is below the floor (4 x 150 W): refused
 

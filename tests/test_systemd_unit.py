@@ -56,3 +56,16 @@ def test_ordering_notify_and_hardening() -> None:
         assert d[key] == ["yes"], key
     assert d["ProtectSystem"] == ["strict"]
     assert d["ExecStart"][0].split()[1:] == ["run", "--config", "/etc/powerbudgetd/powerbudgetd.toml"]
+
+
+def test_restart_is_prevented_for_statuses_a_restart_cannot_fix() -> None:
+    from powerbudgetd.errors import ExitStatus
+
+    d = directives(UNIT.read_text())
+    prevented = {int(v) for v in d["RestartPreventExitStatus"][0].split()}
+    assert prevented == {
+        ExitStatus.CONFIG, ExitStatus.INFEASIBLE, ExitStatus.NO_PERMISSION, ExitStatus.ALREADY_RUNNING,
+    }
+    # NVML trouble and a boot timeout may clear on their own (a driver still loading)
+    assert ExitStatus.NVML not in prevented and ExitStatus.BOOT_TIMEOUT not in prevented
+    assert d["RuntimeDirectory"] == ["powerbudgetd"]  # where the instance lock lives

@@ -11,11 +11,19 @@ Reading is in two steps so that a report on the last minutes of a full log (up t
 ``max_total_bytes``) stays quick: :func:`scan_log` reads only each file's first line and
 its tail (runs, their start and stop, torn tails); :func:`load_samples` parses the
 records of the files a question needs.
+
+A log is read as untrusted input, with bounds: a line longer than
+:data:`MAX_LINE_BYTES` is skipped without being held in memory, JSON nested too deep or
+with wrong types is a skipped line (never a traceback), a timestamp outside
+[:data:`EARLIEST_UTC_S`, :data:`LATEST_UTC_S`] (2000 to 2200) is an impossible one and its
+record skipped, and more than ``max_records`` samples is a LogError.
 """
 
 from __future__ import annotations
 
 import json
+import math
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -24,6 +32,13 @@ from typing import Any, BinaryIO
 from powerbudgetd.powerlog.recorder import SCHEMA_VERSION, log_files, utc_iso
 
 EDGE_BYTES = 64 << 10  # read this much of a file's head and tail when scanning
+MAX_LINE_BYTES = 1 << 20  # a record is ~150 B + ~140 B per card: 1 MiB is thousands of cards
+MAX_RECORDS = 500_000  # samples one read may hold (~6 days at one a second; ~0.5 GB)
+EARLIEST_UTC_S = 946_684_800.0  # 2000-01-01T00:00:00Z: no recorder wrote before
+# A wall clock can be stepped years ahead (the timeline runs on the monotonic clock):
+# only a date no clock of this era shows is impossible.
+LATEST_UTC_S = 7_258_118_400.0  # 2200-01-01T00:00:00Z
+_PARSE_ERRORS = (ValueError, KeyError, TypeError, OverflowError, RecursionError)
 CLOCK_STEP_S = 2.0  # wall time and monotonic time between two records disagreeing by more: a step
 
 
@@ -227,18 +242,23 @@ def _tail(fh: BinaryIO, end: int) -> tuple[bytes, int]:
         start = max(0, end - n)
         fh.seek(start)
         data = fh.read(end - start)
-        if start == 0 or data.count(b"\n") >= 2:
-            return data, start
+        if start == 0 or data.count(b"\n") >= 2 or n > 2 * MAX_LINE_BYTES:
+            return data, start  # a last line longer than MAX_LINE_BYTES is not a record anyway
         n *= 4
 
 
 def load_samples(
-    files: list[LogFile], since_s: float = float("-inf"), *, since_mono_s: float | None = None
+    files: list[LogFile], since_s: float = float("-inf"), *, since_mono_s: float | None = None,
+    max_records: int = MAX_RECORDS, max_line_bytes: int = MAX_LINE_BYTES,
 ) -> tuple[list[Sample], list[SkippedLine]]:
     """Parse every sample record in ``files``, in order, and the lines that were skipped
-    (torn, zero-filled or not records). ``since_mono_s``: only records of one run at or
-    after this CLOCK_MONOTONIC time (s), the way to window a run whatever its wall clock
-    did; ``since_s``: only records at or after this wall time (epoch s)."""
+    (torn, zero-filled, too long or not records). ``since_mono_s``: only records of one
+    run at or after this CLOCK_MONOTONIC time (s), the way to window a run whatever its
+    wall clock did; ``since_s``: only records at or after this wall time (epoch s).
+
+    Files are streamed line by line (a line over ``max_line_bytes`` is skipped unread);
+    raises LogError when more than ``max_records`` samples would be held.
+    """
     samples: list[Sample] = []
     skipped: list[SkippedLine] = []
     # The recorder writes "utc" as fixed-width ISO text and "mono_s" early in the line:
@@ -246,40 +266,73 @@ def load_samples(
     since_iso = utc_iso(since_s).encode() if since_s > 0 and since_mono_s is None else b""
     for f in files:
         try:
-            data = f.path.read_bytes()
+            fh = open(f.path, "rb")  # noqa: SIM115 - closed below
         except OSError as exc:
             skipped.append(SkippedLine(f.path, 0, f"unreadable: {exc.strerror or exc}", False))
             continue
-        content = data.rstrip(b"\x00")
-        zeros = len(data) - len(content)
-        lines = content.split(b"\n")
-        last = len(lines) - 1  # b"" after the final newline when the file ends cleanly
-        for i, raw in enumerate(lines):
-            if i == last and not raw:
-                if zeros:
-                    skipped.append(SkippedLine(f.path, i + 1, _zeros_why(zeros), True))
-                break
-            if since_iso and (k := raw.find(b'"utc":"', 0, 120)) >= 0 and raw[k + 7 : k + 31] < since_iso:
-                continue
-            if since_mono_s is not None and (m := _mono_of(raw)) is not None and m < since_mono_s:
-                continue
+        with fh:
             try:
-                if not raw.strip(b"\x00"):
-                    raise ValueError("zero-filled line")
-                rec = json.loads(raw)
-                _check(rec)
-                if rec["kind"] != "sample":
-                    continue
-                sample = _sample(rec, f.run_id)
-                if since_mono_s is not None:
-                    if sample.mono_s >= since_mono_s:
+                size = fh.seek(0, 2)
+                end, zeros = _content_end(fh, size)
+                fh.seek(0)
+                n = 0
+                for n, raw in _lines(fh, end, max_line_bytes):
+                    if raw is None:
+                        skipped.append(SkippedLine(f.path, n, f"longer than {max_line_bytes} bytes", False))
+                        continue
+                    torn = not raw.endswith(b"\n")  # only the last line can lack its newline
+                    if since_iso and (k := raw.find(b'"utc":"', 0, 120)) >= 0 and raw[k + 7 : k + 31] < since_iso:
+                        continue
+                    if since_mono_s is not None and (m := _mono_of(raw)) is not None and m < since_mono_s:
+                        continue
+                    try:
+                        if not raw.strip(b"\x00\n"):
+                            raise ValueError("zero-filled line")
+                        rec = json.loads(raw)
+                        _check(rec)
+                        if rec["kind"] != "sample":
+                            continue
+                        sample = _sample(rec, f.run_id)
+                    except _PARSE_ERRORS as exc:  # JSONDecodeError is a ValueError
+                        why = _torn_why(zeros) if torn else f"not a record: {_why(exc)}"
+                        skipped.append(SkippedLine(f.path, n, why, torn))
+                        continue
+                    if sample.mono_s >= since_mono_s if since_mono_s is not None else sample.utc_s >= since_s:
+                        if len(samples) >= max_records:
+                            raise LogError(
+                                f"{f.path}: more than {max_records} sample records to read; "
+                                "ask for a shorter window, or give one file instead of the directory"
+                            )
                         samples.append(sample)
-                elif sample.utc_s >= since_s:
-                    samples.append(sample)
-            except (ValueError, KeyError, TypeError) as exc:  # JSONDecodeError is a ValueError
-                torn = i == last
-                skipped.append(SkippedLine(f.path, i + 1, _torn_why(zeros) if torn else f"not a record: {exc}", torn))
+                if zeros and (not skipped or skipped[-1].path != f.path or not skipped[-1].torn):
+                    skipped.append(SkippedLine(f.path, n + 1, _zeros_why(zeros), True))
+            except OSError as exc:
+                skipped.append(SkippedLine(f.path, 0, f"unreadable: {exc.strerror or exc}", False))
     return samples, skipped
+
+
+def _lines(fh: BinaryIO, end: int, max_line_bytes: int) -> Iterator[tuple[int, bytes | None]]:
+    """(1-based number, line with its newline) for each line of ``fh`` before byte
+    ``end``; None for a line longer than ``max_line_bytes``, read past in chunks."""
+    n, pos = 0, 0
+    while pos < end and (raw := fh.readline(min(max_line_bytes + 1, end - pos))):
+        n += 1
+        pos += len(raw)
+        if len(raw) > max_line_bytes and not raw.endswith(b"\n"):
+            while pos < end and (chunk := fh.readline(min(1 << 20, end - pos))):
+                pos += len(chunk)
+                if chunk.endswith(b"\n"):
+                    break
+            yield n, None
+        else:
+            yield n, raw
+
+
+def _why(exc: BaseException) -> str:
+    if isinstance(exc, RecursionError):
+        return "JSON nested too deep"
+    text = str(exc)
+    return text if len(text) <= 200 else text[:197] + "..."
 
 
 def _torn_why(zeros: int) -> str:
@@ -346,11 +399,14 @@ def timeline_s(samples: list[Sample], interval_s: float, max_gap_s: float) -> tu
 
 
 def _parse(raw: bytes) -> dict[str, Any] | None:
+    if len(raw) > MAX_LINE_BYTES:
+        return None
     try:
         rec = json.loads(raw)
         _check(rec)
-        epoch(rec["utc"])
-    except (ValueError, TypeError):
+        if rec["kind"] == "sample":
+            _sample(rec)  # a record the reader would skip is not the last one either
+    except _PARSE_ERRORS:
         return None
     return rec
 
@@ -361,23 +417,47 @@ def _check(rec: Any) -> None:
     if rec.get("v") != SCHEMA_VERSION:
         raise ValueError(f"schema version {rec.get('v')!r}, this reader knows {SCHEMA_VERSION}")
     if rec.get("kind") not in ("header", "sample", "end") or not isinstance(rec.get("utc"), str):
-        raise ValueError(f"unknown kind {rec.get('kind')!r} or no utc")
+        raise ValueError(f"unknown kind {str(rec.get('kind'))[:40]!r} or no utc")
+    epoch(rec["utc"])  # an impossible timestamp makes the record unusable
 
 
 def _sample(rec: dict[str, Any], run: str | None = None) -> Sample:
     bank = rec["bank"]
+    cards = rec["cards"]
+    if not isinstance(cards, list) or len(cards) > 1024:
+        raise ValueError("cards is not a list of at most 1024 cards")
     return Sample(
-        epoch(rec["utc"]), float(rec["mono_s"]), str(rec["mode"]), float(rec["budget_w"]),
-        int(rec.get("dropped", 0)),
+        epoch(rec["utc"]), _number(rec["mono_s"]), str(rec["mode"])[:40], _number(rec["budget_w"]),
+        int(_number(rec.get("dropped", 0))),
         tuple(
-            CardSample(int(c["index"]), str(c["uuid"]), c["avg_w"], c["peak_w"], c["limit_w"], str(c["role"]))
-            for c in rec["cards"]
+            CardSample(
+                int(_number(c["index"])), str(c["uuid"])[:100], _watts(c["avg_w"]), _watts(c["peak_w"]),
+                _watts(c["limit_w"]), str(c["role"])[:40],
+            )
+            for c in cards
         ),
-        bank["avg_w"], bank["peak_w"], bank["limit_w"], run,
+        _watts(bank["avg_w"]), _watts(bank["peak_w"]), _watts(bank["limit_w"]), run,
         rec["ups"] if isinstance(rec.get("ups"), dict) else None,
     )
 
 
+def _number(value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise ValueError(f"not a finite number: {str(value)[:40]!r}")
+    return float(value)
+
+
+def _watts(value: Any) -> float | None:
+    return None if value is None else _number(value)
+
+
 def epoch(iso: str) -> float:
-    """``2025-06-01T14:00:00.000Z`` to epoch seconds. Raises ValueError."""
-    return datetime.fromisoformat(iso).timestamp()
+    """``2025-06-01T14:00:00.000Z`` to epoch seconds.
+
+    Raises ValueError for text that is not an ISO time, or an impossible one: before
+    2000 or from 2200 on.
+    """
+    t = datetime.fromisoformat(iso).timestamp()
+    if not EARLIEST_UTC_S <= t < LATEST_UTC_S:
+        raise ValueError(f"impossible timestamp {iso[:40]!r} (before 2000 or from 2200 on)")
+    return t

@@ -70,6 +70,7 @@ import os
 import queue
 import re
 import socket
+import stat
 import threading
 import time
 import uuid as uuid_mod
@@ -116,8 +117,30 @@ def log_files(directory: Path) -> list[Path]:
 
 def _open_append(path: Path) -> BinaryIO:
     # Unbuffered: each record is one write(2) into the page cache, so a crash of this
-    # process loses nothing written; fsync covers the power cut.
-    return open(path, "ab", buffering=0)  # noqa: SIM115 - closed by LogWriter
+    # process loses nothing written; fsync covers the power cut. Always a new file
+    # (O_EXCL), never through a symlink (O_NOFOLLOW): the daemon runs as root, and a
+    # link planted under the next file's name must not make it append to /etc/shadow.
+    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    return os.fdopen(os.open(path, flags, 0o640), "ab", buffering=0)
+
+
+def check_directory(directory: Path, euid: int | None = None) -> None:
+    """Refuse a log directory another user could write into (plant links, swap files).
+
+    It must be a directory owned by this process's user (or root) and writable by no
+    group or others. Raises OSError (EPERM) saying what is wrong and how to fix it.
+    """
+    st = os.stat(directory)
+    me = os.geteuid() if euid is None else euid
+    if not stat.S_ISDIR(st.st_mode):
+        raise OSError(errno.ENOTDIR, f"{directory} is not a directory")
+    if st.st_uid not in (me, 0):
+        raise OSError(errno.EPERM, f"{directory} is owned by uid {st.st_uid}, not by this user (uid {me}) or root")
+    if st.st_mode & 0o022:
+        raise OSError(
+            errno.EPERM,
+            f"{directory} is writable by group or others (mode {stat.S_IMODE(st.st_mode):04o}); fix: chmod 750 {directory}",
+        )
 
 
 def _fsync_dir(directory: Path) -> None:
@@ -281,6 +304,7 @@ class LogWriter:
 
     def _open_new(self) -> None:
         self.directory.mkdir(parents=True, exist_ok=True, mode=0o750)
+        check_directory(self.directory)
         files = log_files(self.directory)
         seq = int(FILE_RE.match(files[-1].name).group(1)) + 1 if files else 1  # type: ignore[union-attr]
         stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")

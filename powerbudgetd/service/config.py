@@ -299,6 +299,9 @@ class RemoteBudgetConfig(_Section):
     enabled: bool = False
     command_topic: str | None = None
     response_topic: str | None = None
+    # A raise (toward the configured budget) is taken at most this often; a lower
+    # budget is always taken at once (protection first).
+    raise_interval_s: float = Field(10.0, ge=0, le=3600)
 
     @field_validator("command_topic", "response_topic")
     @classmethod
@@ -306,10 +309,50 @@ class RemoteBudgetConfig(_Section):
         return _check_topic(value)
 
 
+MQTT_PASSWORD_CREDENTIAL = "mqtt-password"
+MAX_SECRET_BYTES = 4096
+
+
+def credential_path(name: str) -> Path | None:
+    """``$CREDENTIALS_DIRECTORY/name`` when systemd passed that credential, else None."""
+    directory = os.environ.get("CREDENTIALS_DIRECTORY")
+    if not directory:
+        return None
+    path = Path(directory) / name
+    return path if path.is_file() else None
+
+
+def read_secret(path: Path) -> str:
+    """A secret file's contents, without the trailing newline.
+
+    Raises ValueError naming the file (never its contents): unreadable, empty, too long,
+    or, when this process is root, readable by group or others.
+    """
+    try:
+        st = path.stat()
+        if os.geteuid() == 0 and st.st_mode & 0o077:
+            raise ValueError(
+                f"{path} holds a secret but is open to group or others (mode {stat.S_IMODE(st.st_mode):04o}); "
+                f"fix: chmod 600 {path}"
+            )
+        with open(path, "rb") as fh:
+            data = fh.read(MAX_SECRET_BYTES + 1)
+    except OSError as exc:
+        raise ValueError(f"cannot read the secret in {path}: {exc.strerror or exc}") from None
+    text = data.decode("utf-8", "replace").rstrip("\r\n")
+    if not text or len(data) > MAX_SECRET_BYTES:
+        raise ValueError(f"{path}: expected one line holding the secret, got {'nothing' if not text else 'too much'}")
+    return text
+
+
 class MqttConfig(_Section):
     """The MQTT side channel: state, Home Assistant discovery, wall meter, remote budget.
 
-    ``password`` may come from the environment: ``POWERBUDGETD_MQTT__PASSWORD``. With
+    The password, first found wins: ``password`` (better kept out of a shared file),
+    ``POWERBUDGETD_MQTT__PASSWORD`` in the environment, ``password_file``, or the systemd
+    credential ``mqtt-password`` (``LoadCredential=mqtt-password:...``, read from
+    ``$CREDENTIALS_DIRECTORY``). A file holding a password must be readable by its owner
+    only (see :func:`load_config`). With
     ``tls`` on, ``ca_file`` (default: the system's CAs), ``cert_file``/``key_file`` for a
     client certificate; ``tls_insecure`` skips the broker's host name check.
     """
@@ -323,6 +366,7 @@ class MqttConfig(_Section):
     tls_insecure: bool = False
     username: str | None = None
     password: SecretStr | None = None
+    password_file: Path | None = None  # a file holding only the password (mode 0600)
     node_id: str = Field(default_factory=default_node_id, pattern=r"^[A-Za-z0-9_-]+$")
     base_topic: str | None = None  # default powerbudgetd/<node_id>
     publish_interval_s: float = Field(10.0, ge=0.5, le=3600)
@@ -331,6 +375,9 @@ class MqttConfig(_Section):
     keepalive_s: int = Field(30, ge=5, le=3600)
     reconnect_min_s: float = Field(1.0, gt=0, le=60)
     reconnect_max_s: float = Field(30.0, gt=0, le=3600)
+    # Retained state, discovery and last will: "auto" uses them unless the broker says
+    # it has none (MQTT 5 CONNACK "Retain not supported"), then goes on without.
+    retain: Literal["auto"] | bool = "auto"
     wall_meter: WallMeterConfig | None = None
     remote_budget: RemoteBudgetConfig = Field(default_factory=RemoteBudgetConfig)
 
@@ -351,6 +398,12 @@ class MqttConfig(_Section):
             path = getattr(self, name)
             if path is not None and not path.is_file():
                 raise ValueError(f"{name}: no such file: {path}")
+        if self.password is not None and self.password_file is not None:
+            raise ValueError("give password or password_file, not both")
+        if self.password is None:
+            source = self.password_file or credential_path(MQTT_PASSWORD_CREDENTIAL)
+            if source is not None:
+                self.password = SecretStr(read_secret(source))
         return self
 
     def topic(self) -> str:
@@ -531,6 +584,15 @@ def load_config(path: str | Path, *, euid: int | None = None) -> Settings:
         if problem:
             raise ConfigError(f"{path}: {problem}; running as root, powerbudgetd refuses a config file others can change")
     data = parse_toml(path)
+    secrets = secret_keys(data)
+    if secrets and (os.geteuid() if euid is None else euid) == 0:
+        mode = path.stat().st_mode
+        if mode & 0o077:
+            raise ConfigError(
+                f"{path}: holds {', '.join(secrets)} but is open to group or others "
+                f"(mode {stat.S_IMODE(mode):04o}); fix: chmod 600 {path}, or move the secret out of the file "
+                "(password_file, or systemd LoadCredential=mqtt-password:...)"
+            )
     env = classify_env()
     warnings = [f"{name} is not a powerbudgetd setting and is ignored" + (f": did you mean {hint}?" if hint else "")
                 for name, hint in env.unknown]
@@ -635,7 +697,7 @@ def format_validation_error(path: Path, exc: ValidationError) -> str:
         loc = [str(p) for p in err["loc"]]
         field = ".".join(loc) or "(top level)"
         value = err.get("input")
-        shown = "" if isinstance(value, dict) else f" (got {value!r})"
+        shown = f" (got {_shown_value(value)})" if _may_show(loc, err["type"], value) else ""
         env = _env_source(loc)
         if env:
             shown += f" from ${env}"
@@ -752,6 +814,42 @@ def classify_env(environ: typing.Mapping[str, str] | None = None) -> EnvReport:
 def _is_section_prefix(name: str, exact: set[str]) -> bool:
     # POWERBUDGETD_FEED='{"breaker_a": 15, ...}' sets a whole section as JSON.
     return any(k.startswith(name + "__") for k in exact)
+
+_SECRET_KEY = re.compile(r"pass|secret|token|credential|pwd|auth", re.IGNORECASE)
+MAX_SHOWN_VALUE = 80
+
+
+def secret_keys(data: Any, prefix: str = "") -> list[str]:
+    """Dotted names of keys in parsed TOML that look like they hold a secret (any
+    ``password``, ``token``... even mistyped), with a non-empty value."""
+    found: list[str] = []
+    if isinstance(data, dict):
+        for key, value in data.items():
+            name = f"{prefix}{key}"
+            if _SECRET_KEY.search(str(key)) and not str(key).endswith("_file") and value not in (None, "", {}):
+                found.append(name)
+            else:
+                found += secret_keys(value, name + ".")
+    elif isinstance(data, list):
+        for i, item in enumerate(data):
+            found += secret_keys(item, f"{prefix}{i}.")
+    return found
+
+
+def _may_show(loc: list[str], kind: str, value: Any) -> bool:
+    """Whether an error may quote the value given: never for a field that may hold a
+    secret, never for text under a key that is not a field at all (a mistyped name may
+    be a secret's), and never for a table (it may hold one)."""
+    if isinstance(value, dict | list) or (kind == "extra_forbidden" and isinstance(value, str)):
+        return False
+    if isinstance(value, str) and _SECRET_KEY.search(value):  # e.g. mqtt = "password=..."
+        return False
+    return not any(_SECRET_KEY.search(part) and not part.endswith("_file") for part in loc)
+
+
+def _shown_value(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= MAX_SHOWN_VALUE else text[: MAX_SHOWN_VALUE - 3] + "..."
 
 
 def _env_source(loc: list[str]) -> str | None:

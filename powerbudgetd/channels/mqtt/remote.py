@@ -28,7 +28,7 @@ def parse_budget_command(payload: bytes) -> float:
     """
     try:
         value: Any = json.loads(payload)
-    except (ValueError, UnicodeDecodeError):
+    except (ValueError, UnicodeDecodeError, RecursionError):
         raise ValueError(f"not a number of watts: {shown(payload)!r}") from None
     if isinstance(value, dict):
         if "budget_w" not in value:
@@ -43,9 +43,11 @@ def parse_budget_command(payload: bytes) -> float:
 class RemoteBudget:
     """Validates remote budget commands and offers the accepted ones to ``arbiter``."""
 
-    def __init__(self, arbiter: BudgetArbiter, metrics: MqttMetrics) -> None:
+    def __init__(self, arbiter: BudgetArbiter, metrics: MqttMetrics, raise_interval_s: float = 0.0) -> None:
         self.arbiter = arbiter
         self.metrics = metrics
+        self.raise_interval_s = raise_interval_s  # a raise at most this often; a cut at once
+        self._last_raise_at = float("-inf")
 
     @property
     def budget_w(self) -> float | None:
@@ -58,7 +60,9 @@ class RemoteBudget:
 
         ``floor_w``: the lowest budget the bank can be held to (W; None: the cards are
         not enumerated yet, and every command is refused). Accepted: a value in
-        [floor, configured budget]; rejected: anything else, with the reason.
+        [floor, configured budget]; rejected: anything else, with the reason. A raise
+        (above the budget wanted now) is taken at most every ``raise_interval_s``; a
+        change is logged once, not per message.
         """
         configured_w = self.arbiter.configured_w
         response: dict[str, Any] = {"ok": False, "requested": shown(payload), "min_w": floor_w, "max_w": configured_w}
@@ -77,12 +81,22 @@ class RemoteBudget:
             self.metrics.remote.labels("rejected").inc()
             log.warning("remote_budget_rejected", requested=shown(payload), reason=str(exc))
             return {**response, "error": str(exc)}
+        wanted_w = self.arbiter.resolve(now).wanted_w
+        if watts > wanted_w:
+            if now - self._last_raise_at < self.raise_interval_s:
+                self.metrics.remote.labels("rate_limited").inc()
+                wait_s = self.raise_interval_s - (now - self._last_raise_at)
+                return {**response, "error": f"a raise is taken at most every {self.raise_interval_s:g} s: "
+                        f"try again in {wait_s:.1f} s"}
+            self._last_raise_at = now
         self.metrics.remote.labels("accepted").inc()
+        before = self.budget_w
         if watts >= configured_w:
             self.arbiter.withdraw(SOURCE)
         else:
             self.arbiter.offer(SOURCE, watts, now)
-        log.info("remote_budget_accepted", budget_w=watts)
+        if self.budget_w != before:  # logged once per change, not per message
+            log.info("remote_budget_accepted", budget_w=watts, was_w=before)
         decision = self.arbiter.resolve(now)
         return {**response, "ok": True, "budget_w": watts, "effective_budget_w": decision.wanted_w,
                 "budget_source": decision.source}

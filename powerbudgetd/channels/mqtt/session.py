@@ -11,13 +11,22 @@ Two halves meet on the daemon's event-loop thread:
 
 Budgets: the wall meter and the remote budget report to the daemon's budget arbiter;
 the daemon alone sets the controller's budget from it, between ticks.
+
+Hostile input: every message is size-capped before it is parsed and handled in
+isolation (any exception is counted and logged once per kind; the session goes on);
+retained commands are ignored (a command is live, not history); the client id is unique
+per host and process, and another instance announcing the same node id is warned about
+by name; the reconnect backoff keeps growing while connections keep dropping.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
+import os
 import random
+import socket
 import ssl
 import time
 from collections import deque
@@ -26,9 +35,12 @@ from typing import TYPE_CHECKING, Any
 
 import aiomqtt
 import structlog
+from aiomqtt.exceptions import MqttConnectError
+from paho.mqtt.subscribeoptions import SubscribeOptions
 from prometheus_client import REGISTRY, CollectorRegistry
 
 from powerbudgetd.channels.mqtt import discovery as ha
+from powerbudgetd.channels.mqtt._text import shown
 from powerbudgetd.channels.mqtt.metrics import MqttMetrics
 from powerbudgetd.channels.mqtt.remote import RemoteBudget
 from powerbudgetd.channels.mqtt.wallmeter import WallMeter
@@ -48,6 +60,12 @@ log = structlog.get_logger("powerbudgetd")
 # overstates the non-GPU draw, never understates it: the error lowers the budget.
 BOARD_WINDOW_S = 2.0
 MIN_PUBLISH_GAP_S = 0.25  # coalesce bursts of limit changes (boot, reclaim)
+MAX_COMMAND_BYTES = 1024  # a budget command is a number or a small JSON object
+MAX_METER_BYTES = 16 << 10  # a Tasmota SENSOR message is ~300 B; Shelly status ~1 KiB
+MAX_OTHER_BYTES = 1024  # availability, Home Assistant status, instance announcements
+STABLE_SESSION_S = 30.0  # a connection that lasted less does not reset the backoff
+TEARDOWN_S = 2.0  # a session's tasks get this long to end once cancelled
+RETAIN_NOT_SUPPORTED = 154  # MQTT 5 CONNACK reason code 0x9A
 
 
 class MqttBridge:
@@ -77,7 +95,7 @@ class MqttBridge:
         self.clock = clock
         self.metrics = MqttMetrics(registry)
         self.meter = WallMeter(cfg.wall_meter, feed, self.metrics, arbiter) if cfg.wall_meter and feed else None
-        self.remote = RemoteBudget(arbiter, self.metrics)
+        self.remote = RemoteBudget(arbiter, self.metrics, cfg.remote_budget.raise_interval_s)
         self.base = cfg.topic()
         self.availability_topic = f"{self.base}/availability"
         self.state_topic = f"{self.base}/state"
@@ -91,6 +109,18 @@ class MqttBridge:
         self._board: deque[tuple[float, float]] = deque(maxlen=256)  # (s, W); ~20 at 10 ticks/s
         self._discovered: tuple | None = None  # the card set discovery was last sent for
         self.metrics.meter_budget.set(arbiter.configured_w)
+        # One host, one identity: the node id names the bank; the client id this process.
+        self.host = socket.gethostname()
+        self.pid = os.getpid()
+        digest = hashlib.sha256(f"{self.host}:{self.pid}:{time.time_ns()}".encode()).hexdigest()[:10]
+        self.client_id = f"powerbudgetd-{cfg.node_id}-{digest}"
+        self.instance_topic = f"{self.base}/instance"
+        self.retain = cfg.retain is not False  # "auto" starts with retain, drops it if refused
+        self._conflicts_said: set[tuple[str, int]] = set()
+        self._dropped_said: set[tuple[str, str]] = set()
+        self._last_message: dict[str, float] = {}
+        self._retained_said: bytes | None = None
+        self._sleep = asyncio.sleep  # tests watch the backoff through this
 
     @property
     def configured_w(self) -> float:
@@ -163,11 +193,24 @@ class MqttBridge:
         """Stay connected until cancelled; every failure ends in a retry, never a raise."""
         attempt = 0
         while True:
+            up_at: float | None = None
             try:
                 async with self._client() as client:
-                    attempt = 0
+                    up_at = time.monotonic()
                     self._set_connected(True)
                     await self._session(client)
+            except MqttConnectError as exc:
+                if exc.rc == RETAIN_NOT_SUPPORTED and self.retain and self.cfg.retain == "auto":
+                    self.retain = False
+                    log.warning("mqtt_retain_unavailable", broker=f"{self.cfg.host}:{self.cfg.port}",
+                                detail="the broker does not keep retained messages (retain_available false): "
+                                "publishing state, discovery and the last will without retain")
+                    continue
+                if exc.rc == RETAIN_NOT_SUPPORTED:
+                    self._set_connected(False, "the broker refuses retained messages (Retain not supported; "
+                                        "mosquitto: retain_available false): set [mqtt] retain = false or \"auto\"")
+                else:
+                    self._set_connected(False, str(exc))
             except aiomqtt.MqttError as exc:
                 self._set_connected(False, str(exc))
             except (OSError, ssl.SSLError, ValueError) as exc:  # e.g. an unreadable CA file
@@ -175,9 +218,11 @@ class MqttBridge:
             except Exception as exc:  # noqa: BLE001 - a bug here must not end MQTT for good
                 log.exception("mqtt_failed")
                 self._set_connected(False, f"{type(exc).__name__}: {exc}")
+            if up_at is not None and time.monotonic() - up_at >= STABLE_SESSION_S:
+                attempt = 0  # only a connection that held resets the backoff, not one kicked at once
             delay = min(self.cfg.reconnect_max_s, self.cfg.reconnect_min_s * 2**attempt)
             attempt = min(attempt + 1, 30)
-            await asyncio.sleep(delay * random.uniform(0.5, 1.0))  # jitter: no reconnect storms
+            await self._sleep(delay * random.uniform(0.5, 1.0))  # jitter: no reconnect storms
 
     def _client(self) -> aiomqtt.Client:
         cfg = self.cfg
@@ -192,8 +237,9 @@ class MqttBridge:
             cfg.host, cfg.port,
             username=cfg.username,
             password=None if cfg.password is None else cfg.password.get_secret_value(),
-            identifier=f"powerbudgetd-{cfg.node_id}",
-            will=aiomqtt.Will(self.availability_topic, "offline", qos=1, retain=True),
+            identifier=self.client_id,
+            protocol=aiomqtt.ProtocolVersion.V5,  # CONNACK reason codes say why a broker refuses
+            will=aiomqtt.Will(self.availability_topic, "offline", qos=1, retain=self.retain),
             keepalive=cfg.keepalive_s,
             timeout=10,
             tls_params=tls,
@@ -216,16 +262,22 @@ class MqttBridge:
 
     async def _session(self, client: aiomqtt.Client) -> None:
         try:
-            await client.publish(self.availability_topic, "online", qos=1, retain=True)
-            topics = [self.ha_status_topic] if self.cfg.discovery else []
+            await client.publish(self.availability_topic, "online", qos=1, retain=self.retain)
+            topics = [self.instance_topic]
+            if self.cfg.discovery:
+                topics.append(self.ha_status_topic)
             if self.meter is not None:
                 topics.append(self.meter.cfg.state_topic())
                 if avail := self.meter.cfg.availability():
                     topics.append(avail[0])
             if self.cfg.remote_budget.enabled:
                 topics.append(self.command_topic)
-            if topics:
-                await client.subscribe([(t, 1) for t in topics])
+            # Commands keep their retain flag as published (MQTT 5), so a retained command
+            # is recognised even when it arrives live, not only when replayed on subscribe.
+            as_published = SubscribeOptions(qos=1, retainAsPublished=True)
+            await client.subscribe([(t, as_published if t == self.command_topic else SubscribeOptions(qos=1))
+                                    for t in topics])
+            await client.publish(self.instance_topic, json.dumps(self.instance()), qos=1, retain=self.retain)
             self._discovered = None
             tasks = [asyncio.create_task(self._publish_loop(client)), asyncio.create_task(self._receive_loop(client))]
             try:
@@ -233,18 +285,44 @@ class MqttBridge:
                 for task in done:
                     task.result()
             finally:
-                for task in tasks:
-                    task.cancel()
-                await asyncio.gather(*tasks, return_exceptions=True)
+                await _cancel_within(tasks, TEARDOWN_S)
         except asyncio.CancelledError:  # the daemon is stopping: last state, then offline
             try:
                 async with asyncio.timeout(1.0):
                     if self._latest is not None:
                         await self._publish_state(client, self._latest)
-                    await client.publish(self.availability_topic, "offline", qos=1, retain=True)
+                    await client.publish(self.availability_topic, "offline", qos=1, retain=self.retain)
+                    if self.retain:  # leave no announcement behind to be mistaken for a live twin
+                        await client.publish(self.instance_topic, b"", qos=1, retain=True)
             except (aiomqtt.MqttError, TimeoutError):
                 pass
             raise
+
+    def instance(self) -> dict[str, Any]:
+        """This process's announcement on ``<base>/instance``: who holds the node id."""
+        return {"node_id": self.cfg.node_id, "host": self.host, "pid": self.pid, "client_id": self.client_id}
+
+    def on_instance(self, payload: bytes) -> None:
+        """Another announcement on our node id: warn by name, once per other instance.
+        One of ours from before a restart on this host (its PID gone) is not a twin."""
+        if not payload:
+            return
+        other = json.loads(payload)
+        if not isinstance(other, dict) or other.get("client_id") == self.client_id:
+            return
+        host, pid = str(other.get("host"))[:100], other.get("pid")
+        pid = pid if isinstance(pid, int) and not isinstance(pid, bool) else -1
+        if host == self.host and pid > 0 and not _pid_alive(pid):
+            return
+        if (host, pid) in self._conflicts_said:
+            return
+        self._conflicts_said.add((host, pid))
+        self.metrics.instance_conflicts.inc()
+        log.warning(
+            "mqtt_node_id_conflict", node_id=self.cfg.node_id, other_host=host, other_pid=pid,
+            detail=f"another powerbudgetd announces node id {self.cfg.node_id!r} on {self.base}: their state, "
+            "commands and Home Assistant device mix with ours. Give each host its own [mqtt] node_id",
+        )
 
     async def _publish_loop(self, client: aiomqtt.Client) -> None:
         while True:
@@ -261,30 +339,101 @@ class MqttBridge:
                 pass
 
     async def _publish_state(self, client: aiomqtt.Client, snap: BankSnapshot) -> None:
-        await client.publish(self.state_topic, json.dumps(self.bank_state(snap)), retain=True)
+        await client.publish(self.state_topic, json.dumps(self.bank_state(snap)), retain=self.retain)
         for card in snap.cards:
-            await client.publish(self.card_topic(card.index), json.dumps(ha.card_state(card)), retain=True)
+            await client.publish(self.card_topic(card.index), json.dumps(ha.card_state(card)), retain=self.retain)
 
     async def _publish_discovery(self, client: aiomqtt.Client, snap: BankSnapshot) -> None:
         for topic, payload in self.discovery(snap):
-            await client.publish(topic, json.dumps(payload), qos=1, retain=True)
+            await client.publish(topic, json.dumps(payload), qos=1, retain=self.retain)
         self._discovered = ha.cards_key(snap)
 
+    def _kind(self, topic: str) -> tuple[str, int] | None:
+        """(topic kind, size cap in bytes) of a subscribed topic; None if not ours."""
+        if self.meter is not None and topic == self.meter.cfg.state_topic():
+            return "meter", MAX_METER_BYTES
+        avail = self.meter.cfg.availability() if self.meter else None
+        if avail is not None and topic == avail[0]:
+            return "meter_availability", MAX_OTHER_BYTES
+        if topic == self.command_topic and self.cfg.remote_budget.enabled:
+            return "command", MAX_COMMAND_BYTES
+        if topic == self.ha_status_topic and self.cfg.discovery:
+            return "ha_status", MAX_OTHER_BYTES
+        if topic == self.instance_topic:
+            return "instance", MAX_OTHER_BYTES
+        return None
+
     async def _receive_loop(self, client: aiomqtt.Client) -> None:
-        meter_topic = self.meter.cfg.state_topic() if self.meter else None
-        meter_avail = self.meter.cfg.availability() if self.meter else None
         async for msg in client.messages:
             topic = str(msg.topic)
-            payload = msg.payload if isinstance(msg.payload, bytes) else str(msg.payload).encode()
-            if topic == self.ha_status_topic and self.cfg.discovery:
-                if payload == b"online" and self._latest is not None:  # HA restarted: tell it again
-                    await self._publish_discovery(client, self._latest)
-                    await self._publish_state(client, self._latest)
-            elif self.meter is not None and topic == meter_topic:
-                self.meter.reading(payload, self.clock(), self.board_power_w(), retained=msg.retain)
-                self._changed.set()
-            elif meter_avail is not None and topic == meter_avail[0]:
-                if payload.decode("utf-8", "replace").strip() in meter_avail[1]:
-                    self.meter.offline()  # type: ignore[union-attr]
-            elif topic == self.command_topic and self.cfg.remote_budget.enabled:
-                await client.publish(self.response_topic, json.dumps(self.remote_command(payload)), qos=1)
+            kind = self._kind(topic)
+            if kind is None:
+                continue
+            self._seen(topic)
+            payload = msg.payload if isinstance(msg.payload, bytes | bytearray) else str(msg.payload).encode()
+            if len(payload) > kind[1]:  # capped before any parsing
+                self._drop(kind[0], "oversize", f"{len(payload)} bytes, over {kind[1]}")
+                continue
+            try:
+                await self._handle(client, kind[0], bytes(payload), bool(msg.retain))
+            except (asyncio.CancelledError, aiomqtt.MqttError):
+                raise  # the session's own end, not the message's fault
+            except Exception as exc:  # noqa: BLE001 - one message must never end the session
+                self._drop(kind[0], type(exc).__name__, str(exc)[:200])
+
+    def _seen(self, topic: str) -> None:
+        if topic not in self._last_message:
+            self.metrics.message_age.labels(topic).set_function(lambda: time.monotonic() - self._last_message[topic])
+        self._last_message[topic] = time.monotonic()
+
+    def _drop(self, kind: str, reason: str, detail: str) -> None:
+        self.metrics.dropped.labels(kind, reason).inc()
+        if (kind, reason) not in self._dropped_said:  # logged once per kind; counted always
+            self._dropped_said.add((kind, reason))
+            log.warning("mqtt_message_dropped", kind=kind, reason=reason, detail=detail,
+                        note="further drops of this kind are only counted")
+
+    async def _handle(self, client: aiomqtt.Client, kind: str, payload: bytes, retained: bool) -> None:
+        if kind == "instance":
+            self.on_instance(payload)
+        elif kind == "ha_status":
+            if payload == b"online" and self._latest is not None:  # HA restarted: tell it again
+                await self._publish_discovery(client, self._latest)
+                await self._publish_state(client, self._latest)
+        elif kind == "meter" and self.meter is not None:
+            self.meter.reading(payload, self.clock(), self.board_power_w(), retained=retained)
+            self._changed.set()
+        elif kind == "meter_availability" and self.meter is not None:
+            avail = self.meter.cfg.availability()
+            if avail is not None and payload.decode("utf-8", "replace").strip() in avail[1]:
+                self.meter.offline()
+        elif kind == "command":
+            if retained:  # history, not a command: a stale "restore" must not undo a curtailment
+                self.metrics.remote.labels("retained_ignored").inc()
+                if payload and payload != self._retained_said:
+                    self._retained_said = payload
+                    log.warning("remote_budget_retained_ignored", topic=self.command_topic, requested=shown(payload),
+                                detail="retained commands are ignored; publish commands without retain (and clear "
+                                "this one: an empty retained message)")
+                return
+            await client.publish(self.response_topic, json.dumps(self.remote_command(payload)), qos=1)
+
+
+async def _cancel_within(tasks: list[asyncio.Task[Any]], deadline_s: float) -> None:
+    """Cancel ``tasks`` and wait at most ``deadline_s`` for them: a task that ignores
+    its cancellation is left behind (and said), never waited on forever."""
+    for task in tasks:
+        task.cancel()
+    _, pending = await asyncio.wait(tasks, timeout=deadline_s)
+    for task in pending:
+        log.error("mqtt_task_stuck", task=task.get_coro().__qualname__, deadline_s=deadline_s)  # type: ignore[union-attr]
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True  # exists, another user's
+    return True

@@ -47,7 +47,7 @@ def parse_power_w(payload: bytes, path: Sequence[str]) -> float:
     """
     try:
         value: Any = json.loads(payload)
-    except (ValueError, UnicodeDecodeError):
+    except (ValueError, UnicodeDecodeError, RecursionError):
         raise ReadingError("garbled", f"not JSON: {shown(payload)!r}") from None
     for i, key in enumerate(path):
         where = ".".join(path[: i + 1])
@@ -110,6 +110,9 @@ class WallMeter:
         self.allowed_w: float | None = None
         self.budget_w: float | None = None  # None: the meter does not limit
         self.last_ok_at = float("-inf")
+        self.started_at: float | None = None  # first age check: the daemon's first tick
+        self.silence_warned = False
+        metrics.meter_waiting.set(1)
 
     def reading(
         self, payload: bytes, now: float, board_w: float | None, configured_w: float | None = None, *,
@@ -150,8 +153,8 @@ class WallMeter:
                 self.arbiter.withdraw(SOURCE)
             else:
                 self.arbiter.offer(SOURCE, self.budget_w, now)
-        self.metrics.wall_power.set(wall_w)
-        self.metrics.non_gpu_wall.set(non_gpu_w)
+        self.metrics.wall_power(wall_w, non_gpu_w)
+        self.metrics.meter_waiting.set(0)
         self.metrics.meter_budget.set(configured_w if self.budget_w is None else min(self.budget_w, configured_w))
         self._set_state("ok", f"wall {wall_w:g} W, non-GPU {non_gpu_w:.0f} W, allows {allowed_w:.0f} W of board power")
 
@@ -160,6 +163,15 @@ class WallMeter:
         self._set_state("offline", "the meter reports itself offline")
 
     def check_age(self, now: float) -> None:
+        if self.started_at is None:
+            self.started_at = now
+        if self.state == "waiting" and not self.silence_warned and now - self.started_at > self.cfg.max_age_s:
+            self.silence_warned = True  # silence is a state: say it once, by topic
+            log.warning(
+                "wall_meter_silent", topic=self.cfg.state_topic(), waited_s=round(now - self.started_at, 1),
+                detail=f"no valid reading within max_age_s ({self.cfg.max_age_s:g} s) of start: is the meter "
+                "publishing under this topic? The budget is not lowered by the meter until it is heard",
+            )
         if self.state == "ok" and now - self.last_ok_at > self.cfg.max_age_s:
             self.metrics.ignored.labels("stale").inc()
             self._set_state("stale", f"no reading for {self.cfg.max_age_s:g} s")

@@ -1,0 +1,111 @@
+"""One daemon per set of cards: the instance lock on the real file system, and a second
+``powerbudgetd run`` against the same (simulated, shared) cards refused with its own
+exit status, naming the holder's PID (issue case: two daemons fighting over limits)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from powerbudgetd.errors import AlreadyRunning, ExitStatus
+from powerbudgetd.service.instance import InstanceLock, lock_path
+
+BANK = 'name = "idle-4"\nbank = "workstation-4"\nbudget_w = 1000\n'
+
+
+def test_lock_path_by_backend(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RUNTIME_DIRECTORY", str(tmp_path / "run"))
+    assert lock_path("nvml", False, None) == tmp_path / "run" / "powerbudgetd.lock"
+    monkeypatch.delenv("RUNTIME_DIRECTORY")
+    assert lock_path("nvml", False, None) == Path("/run/powerbudgetd/powerbudgetd.lock")
+    # a dry run writes nothing: it neither blocks nor waits for the production daemon
+    assert lock_path("nvml", True, None) is None
+    # a simulated bank is shared only through its state file: the lock sits beside it
+    assert lock_path("sim", False, str(tmp_path / "s.json")) == tmp_path / "s.json.lock"
+    assert lock_path("sim", False, None) is None
+    assert lock_path("sim", True, str(tmp_path / "s.json")) is None
+
+
+def test_second_lock_names_the_holder_and_release_lets_go(tmp_path: Path) -> None:
+    path = tmp_path / "run" / "powerbudgetd.lock"
+    first = InstanceLock(path).acquire()
+    assert path.read_text() == f"{os.getpid()}\n"
+    with pytest.raises(AlreadyRunning) as err:
+        InstanceLock(path).acquire()  # a second open file description: flock conflicts
+    assert err.value.holder_pid == os.getpid() and f"PID {os.getpid()}" in str(err.value)
+    first.release()
+    with InstanceLock(path):
+        pass
+
+
+def test_lock_file_that_is_a_symlink_is_refused(tmp_path: Path) -> None:
+    victim = tmp_path / "victim"
+    victim.write_text("keep me\n")
+    link = tmp_path / "powerbudgetd.lock"
+    link.symlink_to(victim)
+    with pytest.raises(OSError):
+        InstanceLock(link).acquire()
+    assert victim.read_text() == "keep me\n"
+
+
+def _config(tmp_path: Path) -> Path:
+    scenario = tmp_path / "idle-4.toml"
+    scenario.write_text(BANK)
+    cfg = tmp_path / "pb.toml"
+    cfg.write_text(
+        f"budget_w = 1000\n[metrics]\nenabled = false\n[recorder]\nenabled = false\n"
+        f"[sim]\nscenario = '{scenario}'\nstate_file = '{tmp_path / 'cards.json'}'\n"
+    )
+    cfg.chmod(0o600)
+    return cfg
+
+
+def _run(cfg: Path, *extra: str) -> subprocess.Popen[str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("NOTIFY_SOCKET", "WATCHDOG_USEC")}
+    return subprocess.Popen(
+        [sys.executable, "-m", "powerbudgetd", "run", "--backend", "sim", "--config", str(cfg), *extra],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+    )
+
+
+def test_second_daemon_on_the_same_cards_exits_naming_the_first(tmp_path: Path) -> None:
+    cfg = _config(tmp_path)
+    first = _run(cfg)
+    try:
+        deadline = time.monotonic() + 30
+        while not (tmp_path / "cards.json").exists():  # the first has written a limit
+            assert first.poll() is None, first.communicate()
+            assert time.monotonic() < deadline, "the first daemon never wrote"
+            time.sleep(0.1)
+        state_before = (tmp_path / "cards.json").stat().st_mtime_ns
+        second = _run(cfg)
+        out, err = second.communicate(timeout=30)
+        assert second.returncode == ExitStatus.ALREADY_RUNNING
+        assert f"PID {first.pid}" in err and "cards.json.lock" in err
+        assert not any(json.loads(line)["event"] == "power_limit_set" for line in out.splitlines() if line.startswith("{"))
+        # a dry run beside it is not blocked (and writes nothing)
+        dry = _run(cfg, "--dry-run")
+        time.sleep(3)
+        assert dry.poll() is None, dry.communicate()
+        dry.send_signal(signal.SIGTERM)
+        assert dry.wait(timeout=15) == 0
+        assert first.poll() is None
+        assert (tmp_path / "cards.json").stat().st_mtime_ns >= state_before
+    finally:
+        first.send_signal(signal.SIGTERM)
+        first.communicate(timeout=20)
+    assert first.returncode == 0
+    # the lock died with its holder: the next daemon starts
+    again = _run(cfg)
+    time.sleep(2)
+    assert again.poll() is None, again.communicate()
+    again.send_signal(signal.SIGTERM)
+    again.communicate(timeout=20)
+    assert again.returncode == 0
