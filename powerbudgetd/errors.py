@@ -51,8 +51,20 @@ class NvmlInvalidArgument(NvmlError):
     kind = "invalid_argument"
 
 
+class NvmlTimeout(NvmlError):
+    """An NVML call did not return within its deadline (``NVML_ERROR_TIMEOUT``, or a call
+    abandoned by powerbudgetd): it may still complete at any moment."""
+
+    kind = "timeout"
+
+
 class BudgetInfeasible(PowerBudgetError):
     """The budget cannot be met: the cards' minimum limits sum above it."""
+
+
+class CardLimitUnknown(BudgetInfeasible):
+    """A card's limits cannot be read and no maximum is known for it, so it cannot be
+    counted at its worst case; the message names the card and the missing values."""
 
 
 class ConfigError(PowerBudgetError):
