@@ -123,6 +123,7 @@ class Controller:
         self._failsafe_until = float("-inf")
         self._budget_reason: str | None = None  # the reason for the next tick's writes
         self._next_enumerate = float("-inf")
+        self._count = -1  # NVML's device count at the last enumeration
 
     # -- start ----------------------------------------------------------------------
     def start(self) -> list[CardState]:
@@ -298,10 +299,20 @@ class Controller:
             return None
 
     def _enumerate(self, now: float) -> None:
-        """Every ``enumerate_s``, and after a lookup error: follow NVML's device set."""
+        """Follow NVML's device set: every ``enumerate_s``, after a lookup error, and at
+        once when the device count (read every tick, microseconds) changes."""
         if now < self._next_enumerate:
-            return
+            try:
+                count = self.calls.call("bank", self.nvml.device_count)
+            except NvmlError:
+                count = -1
+            if count == self._count:
+                return
         self._next_enumerate = now + self.timings.enumerate_s
+        try:
+            self._count = self.calls.call("bank", self.nvml.device_count)
+        except NvmlError:
+            self._count = -1
         try:
             found = self.calls.call("bank", self.nvml.devices, True)
         except NvmlError as exc:
