@@ -113,6 +113,7 @@ class FakePynvml(SimpleNamespace):
         self.calls = 0
         self.call_delay_s = 0.0  # real seconds each call sleeps (to test a slow NVML)
         self._lock = threading.RLock()
+        self._hung_until: dict[int, float] = {}  # card index -> bank time its HANG ends
 
     # -- plumbing: scripted per-call faults ------------------------------------------
     def _matching(self, call: str, card: SimCard | None, now: float, slow: bool) -> list[Fault]:
@@ -143,8 +144,14 @@ class FakePynvml(SimpleNamespace):
         now = self.bank.time()
         if card is not None and not self.bank.present(card):
             raise NVMLError(ERROR_CODES["GPU_IS_LOST"])  # off the bus: its handle is stale
+        if card is not None and now < self._hung_until.get(card.index, -math.inf):
+            # The hung call still holds the card: every call on it misses its deadline
+            # too (as the daemon's per-card worker does, on the wall clock).
+            raise NVMLError(ERROR_CODES["TIMEOUT"])
         for f in self._matching(call, card, now, slow=False):
             if f.error == "HANG":
+                if card is not None:
+                    self._hung_until[card.index] = now + f.delay_s
                 raise Hung(now, f.delay_s)
             raise NVMLError(ERROR_CODES[f.error])
         if call != "nvmlInit" and not self._initialized:

@@ -248,8 +248,8 @@ class Controller:
         for c in active:
             c.target_mw = targets[c.uuid] = c.ledger.avoid_refused(targets[c.uuid], c.min_mw)
         # A new card is written even at its target: only a confirmed write of ours ends it.
-        steps = [Step(c.uuid, c.bound_mw, targets[c.uuid], None if c.ledger.new else c.requested_mw,
-                      c.priority, busy=c.ledger.busy) for c in active if targets[c.uuid] not in c.refused]
+        steps = [Step(c.uuid, c.bound_mw, targets[c.uuid], c.requested_mw, c.priority, busy=c.ledger.busy,
+                      force=c.ledger.new) for c in active if targets[c.uuid] not in c.refused]
         planned = {st.uuid for st in steps}
         outside_mw = sum(c.bound_mw for c in self.cards if c.uuid not in planned)  # fixed, lost, held
         hold_raises = any(c.contested(now) for c in self.cards) or any(c.ledger.new for c in active)
