@@ -11,7 +11,7 @@ import time
 import pytest
 from structlog.testing import capture_logs
 
-from conftest import FAST, Fault, busy, card, idle, make_rig
+from conftest import Fault, busy, card, idle, make_rig
 from powerbudgetd.control.controller import Controller
 from powerbudgetd.core.model import CardOverride, Mode, Role, Timings
 from powerbudgetd.errors import CardLimitUnknown
@@ -157,14 +157,24 @@ def test_case_4_a_hung_set_stalls_neither_the_loop_nor_the_other_cards(tmp_path)
     ticks: list[float] = []
     raised_at: list[float] = []
 
-    def listen(rep, ctl):
+    class Listener:
+        def on_tick(self, rep):
+            listen(rep)
+
+        def on_reload(self, ok, settings):
+            pass
+
+        async def run(self):
+            await asyncio.Event().wait()
+
+    def listen(rep):
         ticks.append(time.monotonic())
         if not raised_at and bank.time() > 4.0 and bank.cards[1].enforced_mw(bank.now) >= 200_000:
             raised_at.append(bank.now)
         if bank.now > 8.0:
             daemon.request_stop()
 
-    daemon.listeners.append(listen)
+    daemon.register(Listener())
     with capture_logs() as logs:
         rc = asyncio.run(asyncio.wait_for(daemon.run(), 30))
     ctl = daemon.controller

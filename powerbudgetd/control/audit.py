@@ -77,7 +77,7 @@ class CardAudit:
         """Check one read for drift, contest, unknown power and excursions (logs)."""
         requested = led.requested_mw
         if self.expected_mw is not None and not led.inflight and requested not in (None, self.expected_mw):
-            found_w = requested / 1000  # type: ignore[operator]
+            found_w = requested / 1000
             log.warning("limit_drift", index=index, uuid=uuid, expected_w=self.expected_mw / 1000, found_w=found_w,
                         action="re-applied (a driver reload, a GPU reset or another tool)")
             window = self.timings.contest_window_s

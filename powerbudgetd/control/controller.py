@@ -294,7 +294,7 @@ class Controller:
     # -- observe --------------------------------------------------------------------
     def _read(self, uuid: str) -> PowerReading | None:
         try:
-            return self.calls.call(uuid, self.nvml.read, uuid)  # type: ignore[no-any-return]
+            return self.calls.call(uuid, self.nvml.read, uuid)
         except NvmlError:
             return None
 

@@ -47,7 +47,7 @@ class OverBudget:
         if c.ledger.new:
             return f"new, counted at its max {c.ledger.worst_mw / 1000:g} W until capped"
         if c.ledger.held_above:
-            return (f"held at {c.enforced_mw / 1000:g} W above its requested {c.requested_mw / 1000:g} W "  # type: ignore[operator]
+            return (f"held at {c.enforced_mw / 1000:g} W above its requested {c.requested_mw / 1000:g} W "
                     "by an outside limit")
         if c.ledger.backoff_s:
             return "a write did not take"

@@ -55,7 +55,8 @@ def plan_writes(steps: Sequence[Step], budget_mw: int, allow_increases: bool = T
     really in force: it is planned only while the bounds fit the budget, after the
     decreases.
     """
-    decreases, uncertain = [], []
+    decreases: list[Write] = []
+    uncertain: list[Write] = []
     for s in steps:
         if s.target_mw >= s.bound_mw or s.busy or (s.requested_mw == s.target_mw and not s.force):
             continue
