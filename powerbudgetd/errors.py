@@ -51,8 +51,20 @@ class NvmlInvalidArgument(NvmlError):
     kind = "invalid_argument"
 
 
+class NvmlTimeout(NvmlError):
+    """An NVML call did not return within its deadline (``NVML_ERROR_TIMEOUT``, or a call
+    abandoned by powerbudgetd): it may still complete at any moment."""
+
+    kind = "timeout"
+
+
 class BudgetInfeasible(PowerBudgetError):
     """The budget cannot be met: the cards' minimum limits sum above it."""
+
+
+class CardLimitUnknown(BudgetInfeasible):
+    """A card's limits cannot be read and no maximum is known for it, so it cannot be
+    counted at its worst case; the message names the card and the missing values."""
 
 
 class ConfigError(PowerBudgetError):
@@ -72,3 +84,4 @@ class ExitStatus(IntEnum):
     NVML = 4  # NVML unavailable or failing at start
     NO_PERMISSION = 5  # limits cannot be written (needs root or CAP_SYS_ADMIN)
     BOOT_TIMEOUT = 6  # the boot limits were not confirmed within boot_timeout_s
+    CARD_UNKNOWN = 7  # a card's limits cannot be read and [cards] gives it no max_w

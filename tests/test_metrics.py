@@ -195,15 +195,16 @@ def test_reload_result_records_failure_and_time() -> None:
     assert m.registry.get_sample_value("powerbudgetd_config_last_reload_timestamp_seconds") == WALL0 + 60
 
 
-def test_nvml_calls_are_serialized_across_threads(tmp_path: Path) -> None:
-    # A scrape reads energy on its own thread while a tick reads: the simulator is not
-    # thread-safe, so the NVML layer must never run two calls at once.
+def test_the_simulated_bank_is_entered_by_one_call_at_a_time(tmp_path: Path) -> None:
+    # A scrape reads energy on its own thread while a tick reads (and, in the daemon, each
+    # card is read in a worker thread of its own): the NVML layer holds no lock, so that a
+    # hung call cannot stall the others; the simulated NVML library is thread-safe itself.
     rig = make_rig(tmp_path)
     active = peak = 0
     guard = threading.Lock()
-    real = rig.lib.nvmlDeviceGetPowerUsage
+    real = rig.lib.bank.time
 
-    def slow_usage(device, power_mw):  # type: ignore[no-untyped-def]  # the C signature
+    def slow_time():  # type: ignore[no-untyped-def]
         nonlocal active, peak
         with guard:
             active += 1
@@ -211,9 +212,9 @@ def test_nvml_calls_are_serialized_across_threads(tmp_path: Path) -> None:
         time.sleep(0.002)
         with guard:
             active -= 1
-        return real(device, power_mw)
+        return real()
 
-    rig.lib.nvmlDeviceGetPowerUsage = slow_usage
+    rig.lib.bank.time = slow_time  # type: ignore[method-assign]
     uuid = rig.ctl.cards[0].uuid
     threads = [threading.Thread(target=lambda: [rig.nvml.read(uuid) for _ in range(15)]) for _ in range(3)]
     for th in threads:

@@ -28,6 +28,7 @@ from powerbudgetd.errors import (
     NvmlNoPermission,
     NvmlNotInitialized,
     NvmlNotSupported,
+    NvmlTimeout,
 )
 
 # nvmlReturn_t codes (nvml.h); the same values in nvidia-ml-py and in the simulator.
@@ -37,6 +38,7 @@ _ERROR_KINDS: dict[int, type[NvmlError]] = {
     3: NvmlNotSupported,  # NOT_SUPPORTED
     4: NvmlNoPermission,  # NO_PERMISSION
     9: NvmlNotInitialized,  # DRIVER_NOT_LOADED
+    10: NvmlTimeout,  # TIMEOUT
     12: NvmlNotInitialized,  # LIBRARY_NOT_FOUND
     15: NvmlGpuLost,  # GPU_IS_LOST
     16: NvmlGpuLost,  # RESET_REQUIRED
@@ -231,20 +233,20 @@ class Nvml:
             self._bound = library.bound
         self._handles: dict[str, Any] = {}
         self._instant_unsupported: set[str] = set()
-        # NVML is thread-safe; the simulator is not. One call at a time lets a metrics
-        # scrape read energy from its own thread while a tick reads in another (a tick
-        # then waits at most one call: ~3 ms median on an H200, 16 ms p99).
-        self._lock = threading.Lock()
+        # No lock here: NVML is thread-safe (and so is the simulator's library), and a lock
+        # held by a hung call would stall every other card's calls behind it.
 
     # -- plumbing -------------------------------------------------------------------
     def _call(self, name: str, fn: Callable[..., T], *args: Any) -> T:
         try:
-            with self._lock, self._bound():
+            with self._bound():
                 return fn(*args)
         except self._lib.NVMLError as exc:
             code = getattr(exc, "value", None)
             kind = _ERROR_KINDS.get(code, NvmlError) if isinstance(code, int) else NvmlError
-            if kind is NvmlGpuLost:  # a handle does not survive a reset: look it up again
+            if kind not in (NvmlNotSupported, NvmlInvalidArgument, NvmlNoPermission):
+                # A handle may not survive a reset or re-enumeration, whatever error says
+                # so: look it up again by UUID next time.
                 self._handles = {u: h for u, h in self._handles.items() if not (args and h is args[0])}
             raise kind(f"{name}: {exc}", code=code, call=name) from None
 
@@ -269,7 +271,7 @@ class Nvml:
     def shutdown(self) -> None:
         """``nvmlShutdown``; errors are ignored (we are leaving anyway)."""
         try:
-            with self._lock, self._bound():
+            with self._bound():
                 self._lib.nvmlShutdown()
         except Exception:  # noqa: BLE001 - best effort on the way out
             pass
@@ -279,40 +281,53 @@ class Nvml:
         return v.decode() if isinstance(v, bytes) else str(v)
 
     # -- enumeration ----------------------------------------------------------------
-    def devices(self) -> list[GpuInfo]:
-        """Enumerate physical GPUs in index order. Limits unsupported on a card are None."""
-        lib = self._lib
+    def devices(self, skip_errors: bool = False) -> list[GpuInfo]:
+        """Enumerate physical GPUs in NVML's current index order. Limits unsupported on a
+        card are None. ``skip_errors``: leave out a card that fails to answer (it is
+        then looked for again later) instead of raising NvmlError."""
         out = []
-        for index in range(self._call("nvmlDeviceGetCount", lib.nvmlDeviceGetCount)):
-            handle = self._call("nvmlDeviceGetHandleByIndex", lib.nvmlDeviceGetHandleByIndex, index)
-            uuid = self._call("nvmlDeviceGetUUID", lib.nvmlDeviceGetUUID, handle)
-            name = self._call("nvmlDeviceGetName", lib.nvmlDeviceGetName, handle)
-            uuid = uuid.decode() if isinstance(uuid, bytes) else str(uuid)
-            name = name.decode() if isinstance(name, bytes) else str(name)
-            self._handles[uuid] = handle
-            min_w: float | None
-            max_w: float | None
+        for index in range(self._call("nvmlDeviceGetCount", self._lib.nvmlDeviceGetCount)):
             try:
-                lo, hi = self._call(
-                    "nvmlDeviceGetPowerManagementLimitConstraints",
-                    lib.nvmlDeviceGetPowerManagementLimitConstraints,
+                out.append(self._device(index))
+            except NvmlError:
+                if not skip_errors:
+                    raise
+        return out
+
+    def device_count(self) -> int:
+        """``nvmlDeviceGetCount``: how many GPUs NVML sees now (a few microseconds)."""
+        return int(self._call("nvmlDeviceGetCount", self._lib.nvmlDeviceGetCount))
+
+    def _device(self, index: int) -> GpuInfo:
+        lib = self._lib
+        handle = self._call("nvmlDeviceGetHandleByIndex", lib.nvmlDeviceGetHandleByIndex, index)
+        uuid = self._call("nvmlDeviceGetUUID", lib.nvmlDeviceGetUUID, handle)
+        name = self._call("nvmlDeviceGetName", lib.nvmlDeviceGetName, handle)
+        uuid = uuid.decode() if isinstance(uuid, bytes) else str(uuid)
+        name = name.decode() if isinstance(name, bytes) else str(name)
+        self._handles[uuid] = handle
+        min_w: float | None
+        max_w: float | None
+        try:
+            lo, hi = self._call(
+                "nvmlDeviceGetPowerManagementLimitConstraints",
+                lib.nvmlDeviceGetPowerManagementLimitConstraints,
+                handle,
+            )
+            min_w, max_w = _w(lo), _w(hi)
+        except NvmlNotSupported:
+            min_w = max_w = None
+        try:
+            default_w = _w(
+                self._call(
+                    "nvmlDeviceGetPowerManagementDefaultLimit",
+                    lib.nvmlDeviceGetPowerManagementDefaultLimit,
                     handle,
                 )
-                min_w, max_w = _w(lo), _w(hi)
-            except NvmlNotSupported:
-                min_w = max_w = None
-            try:
-                default_w = _w(
-                    self._call(
-                        "nvmlDeviceGetPowerManagementDefaultLimit",
-                        lib.nvmlDeviceGetPowerManagementDefaultLimit,
-                        handle,
-                    )
-                )
-            except NvmlNotSupported:
-                default_w = None
-            out.append(GpuInfo(index, uuid, name, min_w, max_w, default_w))
-        return out
+            )
+        except NvmlNotSupported:
+            default_w = None
+        return GpuInfo(index, uuid, name, min_w, max_w, default_w)
 
     # -- reads ----------------------------------------------------------------------
     def _optional(self, name: str, fn: Callable[..., int], handle: Any) -> float | None:
@@ -398,7 +413,7 @@ class Nvml:
         def answer(call: str, unit: str, fn: Callable[[], Any]) -> dict[str, Any]:
             row: dict[str, Any] = {"call": call, "unit": unit}
             try:
-                with self._lock, self._bound():
+                with self._bound():
                     value = fn()
             except lib.NVMLError as exc:
                 row["error"] = errors.get(exc.value, f"code {exc.value}")
