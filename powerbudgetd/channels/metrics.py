@@ -201,6 +201,18 @@ class _StateCollector(Collector):
                 "powerbudgetd_headroom_watts", "Budget minus the sum of power limits", unit="watts"
             ),
         }
+        over = gauge(
+            "powerbudgetd_over_budget",
+            "1 while the sum of power limits that may be in force is above the budget (any cause: boot's "
+            "descent, a limit held or raised elsewhere, a card that appeared); corrected by decreases only",
+        )
+        over_episodes = CounterMetricFamily(
+            "powerbudgetd_over_budget_episodes",
+            "Episodes of the bank over budget since start (one over_budget log line each, with the cause)",
+        )
+        over_seconds = CounterMetricFamily(
+            "powerbudgetd_over_budget_seconds", "Time the bank spent over budget since start", unit="seconds",
+        )
         mode = gauge("powerbudgetd_mode", "1 for the bank's current operating mode, 0 for the others", ("mode",))
         source_w = gauge(
             "powerbudgetd_budget_source_watts",
@@ -265,6 +277,9 @@ class _StateCollector(Collector):
             if s.power_complete:
                 bank["sum_draw"].add_metric([], s.sum_power_avg_w)
             bank["headroom"].add_metric([], s.headroom_w)
+            over.add_metric([], 1.0 if s.over_budget else 0.0)
+            over_episodes.add_metric([], s.over_budget_episodes)
+            over_seconds.add_metric([], s.over_budget_s)
             for m in Mode:
                 mode.add_metric([str(m)], 1.0 if str(m) == s.mode else 0.0)
             sources = dict(s.sources) or {s.budget_source: s.budget_w}
@@ -291,6 +306,9 @@ class _StateCollector(Collector):
                 if j is not None:
                     energy.add_metric(list(labels), j)
         yield from bank.values()
+        yield over
+        yield over_episodes
+        yield over_seconds
         yield mode
         yield source_w
         yield in_force

@@ -493,6 +493,8 @@ def bank_snapshot(ctl: Controller, now: float) -> BankSnapshot:
     return BankSnapshot(
         now=now, mode=str(ctl.mode), ready=ctl.ready, budget_w=ctl.budget_mw / 1000,
         sum_limit_bound_w=ctl.sum_bound_mw / 1000, floor_w=floor_mw / 1000, cards=tuple(cards),
+        over_budget=ctl.over.active, over_budget_cause=ctl.over.cause or None,
+        over_budget_episodes=ctl.over.episodes, over_budget_s=round(ctl.over.seconds, 3),
     )
 
 

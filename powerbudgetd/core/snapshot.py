@@ -60,7 +60,12 @@ class BankSnapshot:
     (W). ``sum_limit_bound_w``: the sum over cards of the highest limit that may be in
     force; ``floor_w``: the lowest budget the bank can be held to (controllable cards at
     their minimum limits, the others at their bounds). ``sum_power_avg_w``: the summed
-    1 s average over the cards that report one; ``power_complete``: every card did."""
+    1 s average over the cards that report one; ``power_complete``: every card did.
+
+    Over budget (``sum_limit_bound_w`` above ``budget_w``, whatever the cause: boot's
+    descent, a limit held or raised elsewhere, a card that appeared): ``over_budget``
+    now, ``over_budget_cause`` of the current (or last) episode, ``over_budget_episodes``
+    and ``over_budget_s`` (s, on the controller's clock) since start."""
 
     now: float
     mode: str
@@ -72,6 +77,10 @@ class BankSnapshot:
     budget_source: str = CONFIGURED
     configured_budget_w: float | None = None
     sources: tuple[tuple[str, float], ...] = ()
+    over_budget: bool = False
+    over_budget_cause: str | None = None
+    over_budget_episodes: int = 0
+    over_budget_s: float = 0.0
 
     @property
     def headroom_w(self) -> float:
