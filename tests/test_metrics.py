@@ -283,7 +283,7 @@ ISSUE_METRICS = {
     "powerbudgetd_tick_duration_seconds_bucket", "powerbudgetd_last_tick_timestamp_seconds",
     "powerbudgetd_config_last_reload_success", "powerbudgetd_config_last_reload_timestamp_seconds",
     "powerbudgetd_build_info", "powerbudgetd_over_budget", "powerbudgetd_over_budget_episodes_total",
-    "powerbudgetd_over_budget_seconds_total",
+    "powerbudgetd_over_budget_seconds_total", "powerbudgetd_gpu_power_readings_rejected_total",
 }
 
 

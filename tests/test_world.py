@@ -187,3 +187,64 @@ def test_case_4_a_hung_set_stalls_neither_the_loop_nor_the_other_cards(tmp_path)
     assert not [e for e in events(logs, "write_unconfirmed") if e["index"] != 0]
     assert ctl.cards[0].bound_mw == 300_000  # counted at its worst while its call hangs
     assert bank.sum_limit_bound_mw() <= 1_000_000
+
+
+def test_a_frozen_power_reading_while_the_energy_counter_moves_is_unknown_counted_and_logged_once():
+    """Card 0's power reading freezes at its idle value at t = 3 s; from t = 4 s it draws
+    300 W. The energy counter says so: its draw becomes unknown (neither donor nor
+    recipient), counted, logged once; when the reading moves again it is believed."""
+    specs = [card(0, idle(), busy(4.0)), card(1), card(2), card(3)]
+    rig = make_rig(specs, 1000)
+    rig.bank._events = [(3.0, 0, BankEvent(3.0, 0, "freeze")), (12.0, 1, BankEvent(12.0, 0, "unfreeze"))]
+    energy_reads = []
+    real = rig.nvml.energy_j
+    rig.nvml.energy_j = lambda uuid: energy_reads.append(rig.t) or real(uuid)  # type: ignore[method-assign]
+    with capture_logs() as logs:
+        rig.run(3.0)
+        assert energy_reads == []  # a moving reading costs no energy read
+        rig.run(9.0)  # to t = 12 s
+        snap = rig.reports[-1].snapshot.cards[0]
+        assert snap.power_avg_w is None and snap.power_instant_w is None
+        assert dict(snap.readings_rejected)["frozen"] > 0
+        assert rig.ctl.cards[0].role not in (Role.DONOR, Role.RECIPIENT)
+        frozen = events(logs, "power_reading_frozen")
+        assert len(frozen) == 1 and frozen[0]["energy_counter_w"] > 200 and frozen[0]["reading_w"] < 60
+        assert frozen[0]["unchanged_s"] <= 2.0 + 2.0 + 2.0 + 0.2  # suspect after 2 s, two energy reads 2 s apart
+        assert not events(logs, "power_reading_unknown")  # said once, by the frozen line
+        assert len(energy_reads) <= 9 / 2 + 1  # one read per 2 s while suspect
+        rig.run(2.0)
+    assert rig.reports[-1].snapshot.cards[0].power_avg_w is not None
+    assert events(logs, "power_reading_moving_again")
+    assert rig.truth_w() <= 1000.0
+
+
+def test_a_steady_reading_the_energy_counter_agrees_with_is_believed():
+    """A reading stuck at the card's true draw is not frozen: the energy counter agrees."""
+    rig = make_rig([card(0), card(1)], 500)
+    rig.bank._events = [(1.0, 0, BankEvent(1.0, 0, "freeze"))]  # idle, and it stays idle
+    with capture_logs() as logs:
+        rig.run(10.0)
+    assert rig.reports[-1].snapshot.cards[0].power_avg_w is not None
+    assert not events(logs, "power_reading_frozen")
+    assert dict(rig.reports[-1].snapshot.cards[0].readings_rejected)["frozen"] == 0
+
+
+@pytest.mark.parametrize("bogus_w", [-5.0, 4e6, 5000.0])
+def test_an_impossible_power_reading_is_unknown_counted_and_logged_once(bogus_w):
+    """Card 0 busy (a recipient) reads an impossible power from t = 8 s to 11 s."""
+    rig = make_rig([card(0, busy()), card(1), card(2), card(3)], 1000)
+    rig.bank._events = [(8.0, 0, BankEvent(8.0, 0, "bad_reading", limit_w=bogus_w)),
+                        (11.0, 1, BankEvent(11.0, 0, "bad_reading"))]
+    with capture_logs() as logs:
+        rig.run(8.0)
+        assert rig.ctl.cards[0].role == Role.RECIPIENT
+        rig.run(2.5)
+        snap = rig.reports[-1].snapshot.cards[0]
+        assert snap.power_avg_w is None and dict(snap.readings_rejected)["impossible"] >= 20
+        assert rig.ctl.cards[0].role not in (Role.DONOR, Role.RECIPIENT)
+        rig.run(1.0)
+    assert len(events(logs, "power_reading_impossible")) == 1
+    assert not events(logs, "power_reading_unknown")
+    assert events(logs, "power_reading_plausible_again")
+    assert rig.reports[-1].snapshot.cards[0].power_avg_w is not None
+    assert max(r.snapshot.sum_limit_bound_w for r in rig.reports[10:]) <= 1000.0

@@ -259,6 +259,12 @@ class _StateCollector(Collector):
             "Times the instant draw rose above the enforced limit (normal at load onset: the limit caps "
             "the 1 s average)", labels=CARD_LABELS,
         )
+        rejected = CounterMetricFamily(
+            "powerbudgetd_gpu_power_readings_rejected",
+            "Power readings not believed, by reason: impossible (negative, overflowed, far above the card's "
+            "maximum) or frozen (stuck while the energy counter moves); the draw counts as unknown meanwhile",
+            labels=(*CARD_LABELS, "reason"),
+        )
         peak = gauge(
             "powerbudgetd_gpu_power_excursion_peak_watts",
             "Highest instant draw seen above the enforced limit", CARD_LABELS, "watts",
@@ -300,6 +306,8 @@ class _StateCollector(Collector):
                 if c.contested_w is not None:
                     contested.add_metric(list(labels), c.contested_w)
                 excursions.add_metric(list(labels), c.excursions)
+                for reason, n in c.readings_rejected:
+                    rejected.add_metric([*labels, reason], n)
                 if c.peak_excursion_w is not None:
                     peak.add_metric(list(labels), c.peak_excursion_w)
                 j = self.m._energy(c.uuid)
@@ -316,6 +324,7 @@ class _StateCollector(Collector):
         yield role
         yield contested
         yield excursions
+        yield rejected
         yield peak
         yield energy
 

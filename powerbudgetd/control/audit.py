@@ -8,6 +8,7 @@ whether a card may lend or borrow and what the operator is told.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import structlog
@@ -23,6 +24,14 @@ log = structlog.get_logger("powerbudgetd")
 IMPOSSIBLE_FACTOR = 3.0
 # NVML reports power in unsigned mW: a wrapped or garbage value reads this high.
 OVERFLOW_W = 2**31 / 1000
+# A 1 s average that has not moved by one mW for this long is suspect (it refreshes every
+# 100 ms and carries noise): the energy counter is then asked, at most once per
+# ENERGY_CHECK_S, whether the card really drew that much. More than the tolerance apart
+# (the larger of FROZEN_TOLERANCE_W and FROZEN_TOLERANCE of the reading): frozen.
+FROZEN_AFTER_S = 2.0
+ENERGY_CHECK_S = 2.0
+FROZEN_TOLERANCE_W = 10.0
+FROZEN_TOLERANCE = 0.1
 
 
 @dataclass
@@ -39,7 +48,18 @@ class CardAudit:
     over_limit: bool = False
     power_unknown: bool = False
     implausible: str | None = None  # why the last power reading was not believed
-    implausible_readings: int = 0  # readings not believed (exported as a counter)
+    implausible_readings: int = 0  # impossible readings not believed (exported as a counter)
+    frozen_readings: int = 0  # frozen readings not believed (exported as a counter)
+    frozen: bool = False  # the power reading is stuck while the energy counter moves
+    _same_w: float | None = None  # the 1 s average last seen ...
+    _same_since: float = 0.0  # ... unchanged since (s)
+    _energy_mark: tuple[float, float] | None = None  # (s, J) of the last energy read while suspect
+    _unknown_said: bool = False
+
+    @property
+    def readings_rejected(self) -> tuple[tuple[str, int], ...]:
+        """Power readings not believed so far, by reason (exported as a counter)."""
+        return (("frozen", self.frozen_readings), ("impossible", self.implausible_readings))
 
     def contested(self, now: float) -> bool:
         return now < self.contested_until
@@ -66,6 +86,41 @@ class CardAudit:
                         action="treated as unknown: the card neither lends nor borrows until it reads sane")
         self.implausible = why
         return PowerReading(None, None, r.requested_limit_w, r.enforced_limit_w)
+
+    def check_frozen(self, now: float, r: PowerReading, energy_j: Callable[[], float | None],
+                     index: int, uuid: str) -> PowerReading:
+        """The reading with its power made unknown while it is frozen: the 1 s average
+        unchanged for ``FROZEN_AFTER_S`` while the energy counter (``energy_j``, J, read
+        only while suspect) says the card drew something else. Logged once per episode."""
+        avg = r.power_avg_w
+        if avg is None or avg != self._same_w:
+            if self.frozen:
+                log.info("power_reading_moving_again", index=index, uuid=uuid)
+            self._same_w, self._same_since, self._energy_mark, self.frozen = avg, now, None, False
+            return r
+        if now - self._same_since >= FROZEN_AFTER_S:
+            mark = self._energy_mark
+            if mark is None or now - mark[0] >= ENERGY_CHECK_S:
+                self._energy_sample(now, energy_j(), avg, index, uuid)
+        if not self.frozen:
+            return r
+        self.frozen_readings += 1
+        return PowerReading(None, None, r.requested_limit_w, r.enforced_limit_w)
+
+    def _energy_sample(self, now: float, joules: float | None, avg_w: float, index: int, uuid: str) -> None:
+        mark = self._energy_mark
+        if joules is None:  # no energy counter (or it failed): no verdict either way
+            return
+        self._energy_mark = (now, joules)
+        if mark is None or now <= mark[0]:
+            return
+        drawn_w = (joules - mark[1]) / (now - mark[0])
+        frozen = abs(drawn_w - avg_w) > max(FROZEN_TOLERANCE_W, FROZEN_TOLERANCE * abs(avg_w))
+        if frozen and not self.frozen:
+            log.warning("power_reading_frozen", index=index, uuid=uuid, reading_w=avg_w,
+                        energy_counter_w=round(drawn_w, 1), unchanged_s=round(now - self._same_since, 1),
+                        action="treated as unknown: the card neither lends nor borrows until the reading moves")
+        self.frozen = frozen
 
     def lost(self) -> None:
         self.expected_mw = None  # whatever the card reads when it is back is news
@@ -98,9 +153,12 @@ class CardAudit:
         unknown = r.power_avg_w is None and r.power_instant_w is None
         if unknown != self.power_unknown:
             self.power_unknown = unknown
-            (log.warning if unknown else log.info)(
-                "power_reading_unknown" if unknown else "power_reading_back", index=index, uuid=uuid
-            )
+            if unknown:  # an impossible or frozen reading has said so already, once
+                self._unknown_said = self.implausible is None and not self.frozen
+                if self._unknown_said:
+                    log.warning("power_reading_unknown", index=index, uuid=uuid)
+            elif self._unknown_said:
+                log.info("power_reading_back", index=index, uuid=uuid)
         enforced = led.enforced_mw
         over = r.power_instant_w is not None and enforced is not None and to_mw(r.power_instant_w) > enforced
         if over:

@@ -298,6 +298,12 @@ class Controller:
         except NvmlError:
             return None
 
+    def _energy_j(self, uuid: str) -> float | None:
+        try:
+            return self.calls.call(uuid, self.nvml.energy_j, uuid)
+        except NvmlError:
+            return None
+
     def _enumerate(self, now: float) -> None:
         """Follow NVML's device set: every ``enumerate_s``, after a lookup error, and at
         once when the device count (read every tick, microseconds) changes."""
@@ -370,7 +376,8 @@ class Controller:
             c.role = Role.FAIR if c.controllable else Role.FIXED
             if c.controllable:
                 c.ledger.appeared()  # whatever it came back with is not ours until a write confirms
-        c.reading = r = c.audit.check_power(r, c.ledger.worst_mw, c.index, c.uuid)
+        r = c.audit.check_power(r, c.ledger.worst_mw, c.index, c.uuid)
+        c.reading = r = c.audit.check_frozen(now, r, lambda: self._energy_j(c.uuid), c.index, c.uuid)
         confirmed = c.ledger.observe(now, _mw(r.requested_limit_w), _mw(r.enforced_limit_w))
         if confirmed is not None:
             c.audit.confirmed(confirmed)
@@ -487,7 +494,7 @@ def bank_snapshot(ctl: Controller, now: float) -> BankSnapshot:
             power_instant_w=None if r is None else r.power_instant_w,
             error=c.error, contested_w=c.contested_w if c.contested(now) else None,
             excursions=c.excursions, peak_excursion_w=c.peak_excursion_w,
-            read_errors=tuple(sorted(c.read_errors.items())),
+            read_errors=tuple(sorted(c.read_errors.items())), readings_rejected=c.audit.readings_rejected,
         ))
     floor_mw = sum(c.min_mw if c.controllable else c.bound_mw for c in ctl.cards)
     return BankSnapshot(

@@ -23,7 +23,10 @@ class CardSnapshot:
     lowered by ``[cards] max_w``); ``hw_min_limit_w``/``hw_max_limit_w``: as the card
     reports them. ``limit_bound_w``: the highest limit that may be in force (requested,
     enforced or in flight). ``contested_w``: the value another tool keeps writing, while
-    the card is contested. ``read_errors``: failed reads so far, by NvmlError kind.
+    the card is contested. ``read_errors``: failed reads so far, by NvmlError kind;
+    ``readings_rejected``: power readings not believed so far (``impossible``: negative,
+    overflowed, far above the card's maximum; ``frozen``: stuck while the energy counter
+    moves), by reason: the card's draw is unknown (None) while they last.
     """
 
     index: int
@@ -46,6 +49,7 @@ class CardSnapshot:
     excursions: int = 0
     peak_excursion_w: float | None = None
     read_errors: tuple[tuple[str, int], ...] = ()
+    readings_rejected: tuple[tuple[str, int], ...] = ()
 
     @property
     def power_peak_w(self) -> float | None:
