@@ -113,6 +113,10 @@ SIGNATURES: dict[str, Any] = {
     "nvmlDeviceSetPersistenceMode": ctypes.CFUNCTYPE(_ret, _dev, _enable),
     "nvmlDeviceSetPowerManagementLimit": ctypes.CFUNCTYPE(_ret, _dev, _uint),
     "nvmlDeviceGetMigMode": ctypes.CFUNCTYPE(_ret, _dev, _p_uint, _p_uint),
+    "nvmlDeviceIsMigDeviceHandle": ctypes.CFUNCTYPE(_ret, _dev, _p_uint),
+    "nvmlDeviceGetMaxMigDeviceCount": ctypes.CFUNCTYPE(_ret, _dev, _p_uint),
+    "nvmlDeviceGetMigDeviceHandleByIndex": ctypes.CFUNCTYPE(_ret, _dev, _uint, ctypes.POINTER(_dev)),
+    "nvmlDeviceGetDeviceHandleFromMigDeviceHandle": ctypes.CFUNCTYPE(_ret, _dev, ctypes.POINTER(_dev)),
     "nvmlDeviceGetCurrentClocksEventReasons": ctypes.CFUNCTYPE(_ret, _dev, _p_ull),
 }
 """Every C symbol the simulator serves, with its ``nvml.h`` prototype."""
@@ -184,7 +188,11 @@ class _Hung(_Return):
 # -- routing: one dispatcher per process, one library per bank -------------------------
 _BOUND: contextvars.ContextVar[SimNvmlLibrary | None] = contextvars.ContextVar("powerbudgetd_sim_nvml", default=None)
 _library_ids = itertools.count(1)
-_HANDLE_SHIFT = 20  # handle = library id << 20 | (card index + 1) << 4: never NULL, never shared
+_HANDLE_SHIFT = 20  # handle = library id << 20 | (card index + 1) << 4 | MIG index + 1 (0: the GPU)
+# Calls a MIG device handle answers; every other call on one is NOT_SUPPORTED (power
+# limits belong to the parent GPU).
+_MIG_CALLS = frozenset({"nvmlDeviceGetUUID", "nvmlDeviceGetName", "nvmlDeviceIsMigDeviceHandle",
+                        "nvmlDeviceGetDeviceHandleFromMigDeviceHandle"})
 
 
 class _Binding:
@@ -278,6 +286,7 @@ class SimNvmlLibrary:
         self._error_strings = {code: ctypes.create_string_buffer(s.encode()) for code, s in _ERROR_STRINGS.items()}
         self._lock = threading.RLock()  # one call at a time on the bank (see the module docstring)
         self._hung_until: dict[int, float] = {}  # card position -> bank time its HANG ends
+        self.mig_writes: list[tuple[str, int]] = []  # (MIG UUID, mW): limit writes sent to a MIG handle
 
     @property
     def initialized(self) -> bool:
@@ -313,9 +322,15 @@ class SimNvmlLibrary:
             self.internal_errors.append(exc)
             return ERROR_CODES["UNKNOWN"]
 
-    def handle_of(self, card: SimCard) -> int:
-        """The opaque ``nvmlDevice_t`` value of ``card`` (an address that is never dereferenced)."""
-        return self._id << _HANDLE_SHIFT | (card.index + 1) << 4
+    def handle_of(self, card: SimCard, mig: int | None = None) -> int:
+        """The opaque ``nvmlDevice_t`` value of ``card``, or of its MIG device ``mig`` (an
+        address that is never dereferenced)."""
+        return self._id << _HANDLE_SHIFT | (card.index + 1) << 4 | (0 if mig is None else mig + 1)
+
+    @staticmethod
+    def mig_uuid(card: SimCard, mig: int) -> str:
+        """The UUID of MIG device ``mig`` of ``card``."""
+        return f"MIG-{card.spec.uuid.removeprefix('GPU-')}-{mig}"
 
     def _matching(self, call: str, card: SimCard | None, now: float, slow: bool) -> list[Fault]:
         """The faults that fire on this call (their hits counted): every SLOW one, or the
@@ -339,7 +354,7 @@ class SimNvmlLibrary:
     def _slow_s(self, symbol: str, args: tuple[Any, ...]) -> float:
         """Real seconds this call sleeps for SLOW faults (a card's faults need its handle)."""
         with self._lock:
-            card = self._decode(args[0]) if symbol in _DEVICE_SYMBOLS else None
+            card = self._decode(args[0])[0] if symbol in _DEVICE_SYMBOLS else None
             return sum(f.delay_s for f in self._matching(_API[symbol], card, self.bank.time(), slow=True))
 
     def _enter(self, symbol: str, card: SimCard | None = None) -> float:
@@ -362,24 +377,41 @@ class SimNvmlLibrary:
             raise _Return(ERROR_CODES["UNINITIALIZED"])
         return now
 
-    def _decode(self, device: Any) -> SimCard | None:
-        """The card a device handle of this library names, or None (NULL, foreign, bad)."""
+    def _decode(self, device: Any) -> tuple[SimCard | None, int | None]:
+        """The card a device handle of this library names (None: NULL, foreign, bad) and
+        the MIG device of it the handle names (None: the GPU itself)."""
         try:
             address = ctypes.addressof(device.contents)  # the handle's value (cheaper than cast)
         except ValueError:  # NULL
-            return None
+            return None, None
         index = ((address & ((1 << _HANDLE_SHIFT) - 1)) >> 4) - 1
+        mig = (address & 0xF) - 1
         if address >> _HANDLE_SHIFT != self._id or not 0 <= index < len(self.bank.cards):
-            return None
-        return self.bank.cards[index]
+            return None, None
+        card = self.bank.cards[index]
+        if mig >= card.spec.mig_devices:
+            return None, None
+        return card, None if mig < 0 else mig
 
     def _card(self, symbol: str, device: Any) -> tuple[SimCard, float]:
-        """The card behind a device handle (after faults), or INVALID_ARGUMENT."""
-        card = self._decode(device)
+        """The card behind a GPU handle (after faults), or INVALID_ARGUMENT; a MIG device
+        handle answers NOT_SUPPORTED (see :meth:`_device`)."""
+        card, mig, now = self._device(symbol, device)
+        if mig is not None:
+            raise _Return(ERROR_CODES["NOT_SUPPORTED"])
+        return card, now
+
+    def _device(self, symbol: str, device: Any) -> tuple[SimCard, int | None, float]:
+        """The card and MIG index (None: the GPU) behind a handle, after faults; a MIG
+        handle in a call it does not answer is NOT_SUPPORTED."""
+        card, mig = self._decode(device)
         if card is None:
             self._enter(symbol)  # init state and global faults still apply
             raise _Return(ERROR_CODES["INVALID_ARGUMENT"])
-        return card, self._enter(symbol, card)
+        now = self._enter(symbol, card)
+        if mig is not None and _API[symbol] not in _MIG_CALLS:
+            raise _Return(ERROR_CODES["NOT_SUPPORTED"])
+        return card, mig, now
 
     @staticmethod
     def _write_string(buffer: Any, length: int, text: str) -> None:
@@ -437,20 +469,21 @@ class SimNvmlLibrary:
         if uuid is None or not device:
             return ERROR_CODES["INVALID_ARGUMENT"]
         for card in self.bank.visible():
-            if card.spec.uuid.encode() == uuid:
+            migs = [i for i in range(card.spec.mig_devices) if self.mig_uuid(card, i).encode() == uuid]
+            if card.spec.uuid.encode() == uuid or migs:
                 self._enter("nvmlDeviceGetHandleByUUID", card)  # a lost card stays lost
-                device[0] = ctypes.cast(self.handle_of(card), _dev)
+                device[0] = ctypes.cast(self.handle_of(card, migs[0] if migs else None), _dev)
                 return NVML_SUCCESS
         return ERROR_CODES["NOT_FOUND"]
 
     def nvmlDeviceGetUUID(self, device: Any, uuid: Any, length: int) -> int:
-        card, _ = self._card("nvmlDeviceGetUUID", device)
-        self._write_string(uuid, length, card.spec.uuid)
+        card, mig, _ = self._device("nvmlDeviceGetUUID", device)
+        self._write_string(uuid, length, card.spec.uuid if mig is None else self.mig_uuid(card, mig))
         return NVML_SUCCESS
 
     def nvmlDeviceGetName(self, device: Any, name: Any, length: int) -> int:
-        card, _ = self._card("nvmlDeviceGetName", device)
-        self._write_string(name, length, card.spec.name)
+        card, mig, _ = self._device("nvmlDeviceGetName", device)
+        self._write_string(name, length, card.spec.name if mig is None else f"{card.spec.name} MIG {mig}")
         return NVML_SUCCESS
 
     @staticmethod
@@ -476,11 +509,33 @@ class SimNvmlLibrary:
         return self._out(mode, int(card.persistence_mode))
 
     def nvmlDeviceGetMigMode(self, device: Any, current: Any, pending: Any) -> int:
-        self._card("nvmlDeviceGetMigMode", device)
-        # No simulated card is MIG-capable in a way the product would use: MIG disabled.
+        card, _ = self._card("nvmlDeviceGetMigMode", device)
         if not current or not pending:
             return ERROR_CODES["INVALID_ARGUMENT"]
-        current[0] = pending[0] = _nv.NVML_DEVICE_MIG_DISABLE
+        on = card.spec.mig_devices > 0
+        current[0] = pending[0] = _nv.NVML_DEVICE_MIG_ENABLE if on else _nv.NVML_DEVICE_MIG_DISABLE
+        return NVML_SUCCESS
+
+    def nvmlDeviceIsMigDeviceHandle(self, device: Any, is_mig: Any) -> int:
+        _, mig, _ = self._device("nvmlDeviceIsMigDeviceHandle", device)
+        return self._out(is_mig, int(mig is not None))
+
+    def nvmlDeviceGetMaxMigDeviceCount(self, device: Any, count: Any) -> int:
+        card, _ = self._card("nvmlDeviceGetMaxMigDeviceCount", device)
+        return self._out(count, card.spec.mig_devices)
+
+    def nvmlDeviceGetMigDeviceHandleByIndex(self, device: Any, index: int, mig_device: Any) -> int:
+        card, _ = self._card("nvmlDeviceGetMigDeviceHandleByIndex", device)
+        if not 0 <= index < card.spec.mig_devices or not mig_device:
+            return ERROR_CODES["INVALID_ARGUMENT"] if card.spec.mig_devices else ERROR_CODES["NOT_SUPPORTED"]
+        mig_device[0] = ctypes.cast(self.handle_of(card, index), _dev)
+        return NVML_SUCCESS
+
+    def nvmlDeviceGetDeviceHandleFromMigDeviceHandle(self, mig_device: Any, device: Any) -> int:
+        card, mig, _ = self._device("nvmlDeviceGetDeviceHandleFromMigDeviceHandle", mig_device)
+        if mig is None or not device:
+            return ERROR_CODES["INVALID_ARGUMENT"]
+        device[0] = ctypes.cast(self.handle_of(card), _dev)
         return NVML_SUCCESS
 
     # -- reads ----------------------------------------------------------------------
@@ -550,6 +605,9 @@ class SimNvmlLibrary:
         return NVML_SUCCESS
 
     def nvmlDeviceSetPowerManagementLimit(self, device: Any, limit_mw: int) -> int:
+        target, mig = self._decode(device)
+        if target is not None and mig is not None:  # recorded for the tests: this must never happen
+            self.mig_writes.append((self.mig_uuid(target, mig), limit_mw))
         try:
             card, now = self._card("nvmlDeviceSetPowerManagementLimit", device)
         except _Hung as hung:  # the caller gave up; the write lands when the hung call returns

@@ -51,6 +51,7 @@ class CardSpec:
     reported_max_w: float | None = None
     ignores_writes: bool = False
     present: bool = True  # on the bus when the bank starts (false: appears by an event)
+    mig_devices: int = 0  # MIG mode enabled with this many MIG devices (0: MIG disabled)
 
     def __post_init__(self) -> None:
         if not 0 < self.min_w <= self.default_w <= self.max_w:
@@ -60,6 +61,8 @@ class CardSpec:
             )
         if self.idle_w < 0:
             raise ValueError(f"card {self.uuid}: idle_w must be >= 0, got {self.idle_w}")
+        if not 0 <= self.mig_devices <= 7:
+            raise ValueError(f"card {self.uuid}: mig_devices must be 0-7 (NVML's most), got {self.mig_devices}")
 
     @property
     def board_tgp_w(self) -> float:

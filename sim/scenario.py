@@ -60,6 +60,7 @@ Faults and misbehaviours, so a case can be scripted without writing Python::
     # whose limit stays put whatever is written:
     # reported_min_w = 5; reported_max_w = 95; ignores_writes = true
     # present = false                # not on the bus at start (an "appear" event brings it)
+    # mig_devices = 2                # MIG mode on, with 2 MIG devices (their own handles)
 """
 
 from __future__ import annotations
@@ -99,6 +100,7 @@ BANKS: dict[str, tuple[str, int, float]] = {
 _CARD_KEYS = {
     "model", "name", "min_w", "max_w", "default_w", "idle_w", "tgp_w", "has_instant", "phases", "uuid",
     "reported_min_w", "reported_max_w", "ignores_writes", "persistence_mode", "present",
+    "mig_devices",
 }
 _TOP_KEYS = {
     "name", "description", "bank", "budget_w", "duration_s", "seed", "lag_s", "tick_s", "cards", "faults",

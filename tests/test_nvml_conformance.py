@@ -74,11 +74,14 @@ CASES: dict[str, tuple[Callable[[Any], tuple[Any, ...]], Callable[[SimBank], Any
         lambda h: (h, 212_500), lambda b: None if b.cards[0].requested_mw == 212_500 else b.cards[0].requested_mw,
     ),
     "nvmlDeviceGetMigMode": (lambda h: (h,), lambda b: [0, 0]),
+    "nvmlDeviceIsMigDeviceHandle": (lambda h: (h,), lambda b: 0),
     "nvmlDeviceGetCurrentClocksEventReasons": (lambda h: (h,), None),
 }
 
 
 def _answer(result: Any) -> Any:
+    if isinstance(result, ctypes.c_uint):  # nvmlDeviceIsMigDeviceHandle answers the ctypes value
+        return result.value
     if isinstance(result, ctypes.Array):  # field values: each value by its valueType
         fields = {0: "dVal", 1: "uiVal", 2: "ulVal", 3: "ullVal", 4: "sllVal", 5: "siVal", 6: "usVal"}
         return [getattr(v.value, fields[v.valueType]) for v in result]

@@ -269,6 +269,11 @@ class _StateCollector(Collector):
             "powerbudgetd_gpu_power_excursion_peak_watts",
             "Highest instant draw seen above the enforced limit", CARD_LABELS, "watts",
         )
+        mig = gauge(
+            "powerbudgetd_gpu_mig_mode",
+            "1 while MIG is enabled on the GPU, 0 while disabled; absent where the card has no MIG. Limits "
+            "are set on the parent GPU and cover all its MIG devices", CARD_LABELS,
+        )
         role = gauge(
             "powerbudgetd_gpu_role", "1 for the card's current role, 0 for the others", (*CARD_LABELS, "role")
         )
@@ -301,6 +306,8 @@ class _StateCollector(Collector):
                 for key, reading in values:
                     if reading is not None:  # unknown is absent, never 0 W
                         card[key].add_metric(list(labels), reading)
+                if c.mig_mode is not None:
+                    mig.add_metric(list(labels), 1.0 if c.mig_mode else 0.0)
                 for r in Role:
                     role.add_metric([*labels, str(r)], 1.0 if str(r) == c.role else 0.0)
                 if c.contested_w is not None:
@@ -322,6 +329,7 @@ class _StateCollector(Collector):
         yield in_force
         yield from card.values()
         yield role
+        yield mig
         yield contested
         yield excursions
         yield rejected

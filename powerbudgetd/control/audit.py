@@ -27,7 +27,8 @@ OVERFLOW_W = 2**31 / 1000
 # A 1 s average that has not moved by one mW for this long is suspect (it refreshes every
 # 100 ms and carries noise): the energy counter is then asked, at most once per
 # ENERGY_CHECK_S, whether the card really drew that much. More than the tolerance apart
-# (the larger of FROZEN_TOLERANCE_W and FROZEN_TOLERANCE of the reading): frozen.
+# (the larger of FROZEN_TOLERANCE_W and FROZEN_TOLERANCE of the reading): frozen. Only a
+# counter that moves is evidence.
 FROZEN_AFTER_S = 2.0
 ENERGY_CHECK_S = 2.0
 FROZEN_TOLERANCE_W = 10.0
@@ -112,8 +113,8 @@ class CardAudit:
         if joules is None:  # no energy counter (or it failed): no verdict either way
             return
         self._energy_mark = (now, joules)
-        if mark is None or now <= mark[0]:
-            return
+        if mark is None or now <= mark[0] or joules <= mark[1]:
+            return  # a counter standing still is no evidence either (it may be stuck itself)
         drawn_w = (joules - mark[1]) / (now - mark[0])
         frozen = abs(drawn_w - avg_w) > max(FROZEN_TOLERANCE_W, FROZEN_TOLERANCE * abs(avg_w))
         if frozen and not self.frozen:

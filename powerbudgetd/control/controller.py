@@ -341,7 +341,7 @@ class Controller:
                 c.ledger.appeared()
             if not c.controllable and info.min_limit_w is None:  # keep constraints once read
                 info = GpuInfo(info.index, info.uuid, info.name, c.info.min_limit_w, c.info.max_limit_w,
-                               c.info.default_limit_w)
+                               c.info.default_limit_w, info.mig_mode)
             c.info, c.gone = info, False
         present = {i.uuid for i in found}
         for c in self.cards:
@@ -495,6 +495,7 @@ def bank_snapshot(ctl: Controller, now: float) -> BankSnapshot:
             error=c.error, contested_w=c.contested_w if c.contested(now) else None,
             excursions=c.excursions, peak_excursion_w=c.peak_excursion_w,
             read_errors=tuple(sorted(c.read_errors.items())), readings_rejected=c.audit.readings_rejected,
+            mig_mode=info.mig_mode,
         ))
     floor_mw = sum(c.min_mw if c.controllable else c.bound_mw for c in ctl.cards)
     return BankSnapshot(

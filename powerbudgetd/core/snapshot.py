@@ -50,6 +50,7 @@ class CardSnapshot:
     peak_excursion_w: float | None = None
     read_errors: tuple[tuple[str, int], ...] = ()
     readings_rejected: tuple[tuple[str, int], ...] = ()
+    mig_mode: bool | None = None  # MIG enabled on this (parent) GPU; None: no MIG
 
     @property
     def power_peak_w(self) -> float | None:

@@ -45,6 +45,7 @@ _ERROR_KINDS: dict[int, type[NvmlError]] = {
     18: NvmlNotInitialized,  # LIB_RM_VERSION_MISMATCH
 }
 
+_FUNCTION_NOT_FOUND = 13  # NVML_ERROR_FUNCTION_NOT_FOUND: a driver older than the call
 FI_DEV_POWER_INSTANT = 186  # NVML_FI_DEV_POWER_INSTANT: instant board power, mW
 _VALUE_FIELDS = {0: "dVal", 1: "uiVal", 2: "ulVal", 3: "ullVal", 4: "sllVal", 5: "siVal", 6: "usVal"}
 
@@ -162,7 +163,9 @@ class GpuInfo:
 
     Limits in W, from ``nvmlDeviceGetPowerManagementLimitConstraints`` and
     ``nvmlDeviceGetPowerManagementDefaultLimit``; ``None`` where NVML does not support
-    limit control on the card.
+    limit control on the card. ``mig_mode``: MIG enabled (``nvmlDeviceGetMigMode``,
+    current mode); None where the card or driver has no MIG. Only parent GPUs are
+    enumerated: power limits are never set on a MIG device.
     """
 
     index: int
@@ -171,6 +174,7 @@ class GpuInfo:
     min_limit_w: float | None
     max_limit_w: float | None
     default_limit_w: float | None
+    mig_mode: bool | None = None
 
 
 @dataclass(frozen=True)
@@ -233,6 +237,7 @@ class Nvml:
             self._bound = library.bound
         self._handles: dict[str, Any] = {}
         self._instant_unsupported: set[str] = set()
+        self._mig_devices: dict[str, bool] = {}  # UUID -> is a MIG device (asked once)
         # No lock here: NVML is thread-safe (and so is the simulator's library), and a lock
         # held by a hung call would stall every other card's calls behind it.
 
@@ -327,7 +332,36 @@ class Nvml:
             )
         except NvmlNotSupported:
             default_w = None
-        return GpuInfo(index, uuid, name, min_w, max_w, default_w)
+        return GpuInfo(index, uuid, name, min_w, max_w, default_w, self._mig_mode(handle))
+
+    def _mig_mode(self, handle: Any) -> bool | None:
+        """MIG's current mode on a GPU; None where the card or the driver has none."""
+        try:
+            current, _pending = self._call("nvmlDeviceGetMigMode", self._lib.nvmlDeviceGetMigMode, handle)
+        except NvmlNotSupported:
+            return None
+        except NvmlError as exc:
+            if exc.code == _FUNCTION_NOT_FOUND:  # a driver older than MIG
+                return None
+            raise
+        return bool(current)
+
+    def _is_mig_device(self, uuid: str, handle: Any) -> bool:
+        """Whether ``handle`` is a MIG device's (``nvmlDeviceIsMigDeviceHandle``); fixed
+        per UUID, so asked once. A driver or card without MIG has none."""
+        known = self._mig_devices.get(uuid)
+        if known is None:
+            try:
+                known = bool(self._call("nvmlDeviceIsMigDeviceHandle", self._lib.nvmlDeviceIsMigDeviceHandle,
+                                        handle).value)
+            except NvmlNotSupported:
+                known = False
+            except NvmlError as exc:
+                if exc.code != _FUNCTION_NOT_FOUND:
+                    raise
+                known = False
+            self._mig_devices[uuid] = known
+        return known
 
     # -- reads ----------------------------------------------------------------------
     def _optional(self, name: str, fn: Callable[..., int], handle: Any) -> float | None:
@@ -455,12 +489,13 @@ class Nvml:
     def set_power_limit(self, uuid: str, limit_w: float) -> None:
         """``nvmlDeviceSetPowerManagementLimit`` (root or CAP_SYS_ADMIN).
 
-        Raises NvmlNoPermission, NvmlInvalidArgument (outside constraints),
-        NvmlNotSupported, NvmlGpuLost or NvmlError.
+        Only ever on a parent GPU: a MIG device's UUID raises NvmlInvalidArgument and
+        nothing is sent. Raises NvmlNoPermission, NvmlInvalidArgument (outside
+        constraints, a MIG device), NvmlNotSupported, NvmlGpuLost or NvmlError.
         """
-        self._call(
-            "nvmlDeviceSetPowerManagementLimit",
-            self._lib.nvmlDeviceSetPowerManagementLimit,
-            self._handle(uuid),
-            to_mw(limit_w),
-        )
+        handle = self._handle(uuid)
+        if self._is_mig_device(uuid, handle):
+            raise NvmlInvalidArgument(f"{uuid} is a MIG device: power limits are set on its parent GPU only",
+                                      call="nvmlDeviceSetPowerManagementLimit")
+        self._call("nvmlDeviceSetPowerManagementLimit", self._lib.nvmlDeviceSetPowerManagementLimit, handle,
+                   to_mw(limit_w))

@@ -16,6 +16,7 @@ def card_state(card: CardSnapshot) -> dict[str, Any]:
         "limit_w": card.enforced_limit_w, "requested_limit_w": card.requested_limit_w,
         "limit_bound_w": card.limit_bound_w, "min_limit_w": card.min_limit_w, "max_limit_w": card.max_limit_w,
         "power_avg_w": card.power_avg_w, "power_instant_w": card.power_instant_w, "error": card.error,
+        "mig_mode": card.mig_mode,
     }
 
 
