@@ -85,3 +85,4 @@ class ExitStatus(IntEnum):
     NO_PERMISSION = 5  # limits cannot be written (needs root or CAP_SYS_ADMIN)
     BOOT_TIMEOUT = 6  # the boot limits were not confirmed within boot_timeout_s
     CARD_UNKNOWN = 7  # a card's limits cannot be read and [cards] gives it no max_w
+    BOOT_OVER_BUDGET = 8  # boot could not bring the bank within budget (cards we cannot lower)

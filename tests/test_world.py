@@ -14,10 +14,11 @@ from structlog.testing import capture_logs
 from conftest import Fault, busy, card, idle, make_rig
 from powerbudgetd.control.controller import Controller
 from powerbudgetd.core.model import CardOverride, Mode, Role, Timings
-from powerbudgetd.errors import CardLimitUnknown
+from powerbudgetd.errors import CardLimitUnknown, ExitStatus
 from powerbudgetd.hw.calls import DeadlineCalls
 from powerbudgetd.hw.nvml import Nvml
 from powerbudgetd.service.daemon import Daemon
+from powerbudgetd.service.notify import Notifier
 from powerbudgetd_sim.libnvml import SimNvmlLibrary
 from powerbudgetd_sim.physics import BankEvent, SimBank
 
@@ -248,3 +249,64 @@ def test_an_impossible_power_reading_is_unknown_counted_and_logged_once(bogus_w)
     assert events(logs, "power_reading_plausible_again")
     assert rig.reports[-1].snapshot.cards[0].power_avg_w is not None
     assert max(r.snapshot.sum_limit_bound_w for r in rig.reports[10:]) <= 1000.0
+
+
+class RecordingNotifier(Notifier):
+    def __init__(self) -> None:
+        super().__init__("")
+        self.sent: list[tuple[str, ...]] = []
+
+    def send(self, *lines: str) -> bool:
+        self.sent.append(lines)
+        return True
+
+
+def boot_daemon(specs, budget_w, faults, on_ready=None, boot_timeout_s=30.0):
+    """A daemon on the wall clock over a simulated bank; stops once READY is sent."""
+    bank = SimBank(specs, lag_s=0.05, seed=1, clock=time.monotonic)
+    nvml = Nvml(SimNvmlLibrary(bank, faults))
+    timings = Timings(tick_s=0.05, boot_timeout_s=boot_timeout_s)
+    notifier = RecordingNotifier()
+    daemon = Daemon(nvml, lambda n: Controller(n, budget_w, timings, clock=time.monotonic), notifier=notifier)
+
+    class StopWhenReady:
+        def on_tick(self, rep):
+            if any(lines[0] == "READY=1" for lines in notifier.sent):
+                daemon.request_stop()
+
+        def on_reload(self, ok, settings):
+            pass
+
+        async def run(self):
+            await asyncio.Event().wait()
+
+    daemon.register(StopWhenReady())
+    with capture_logs() as logs:
+        rc = asyncio.run(asyncio.wait_for(daemon.run(), 20))
+    return rc, notifier.sent, logs, bank
+
+
+def test_boot_is_ready_degraded_when_a_card_will_not_take_its_limit_but_the_bank_fits():
+    """4 cards 150-300 W, budget 1000 W; card 1 refuses every write (at its 300 W
+    default): it is counted there, the others go to 233 W, READY says why."""
+    faults = [Fault("nvmlDeviceSetPowerManagementLimit", "UNKNOWN", card=1)]
+    rc, sent, logs, bank = boot_daemon([card(i) for i in range(4)], 1000, faults)
+    assert rc == ExitStatus.OK
+    ready = [lines for lines in sent if lines[0] == "READY=1"]
+    assert len(ready) == 1 and "degraded: GPU 1 a write did not take" in ready[0][1], ready
+    assert events(logs, "ready")[0]["degraded"] == ["GPU 1 a write did not take"]
+    assert bank.cards[1].requested_mw == 300_000
+    assert all(bank.cards[i].requested_mw <= 233_334 for i in (0, 2, 3))
+
+
+def test_boot_exits_with_its_own_status_when_the_bank_cannot_be_brought_within_budget():
+    """2 cards 150-300 W, budget 400 W; card 1 refuses every write at 300 W: even with
+    card 0 at its 150 W floor the bank is at 450 W. Never READY; exit 8, saying why."""
+    faults = [Fault("nvmlDeviceSetPowerManagementLimit", "UNKNOWN", card=1)]
+    rc, sent, logs, bank = boot_daemon([card(0), card(1)], 400, faults, boot_timeout_s=1.0)
+    assert rc == ExitStatus.BOOT_OVER_BUDGET == 8
+    assert not [lines for lines in sent if lines[0] == "READY=1"]
+    (line,) = events(logs, "boot_over_budget")
+    assert line["sum_limits_w"] == 450.0 and line["budget_w"] == 400.0 and "GPU 1" in line["cause"]
+    assert events(logs, "budget_infeasible_now") and not events(logs, "boot_timeout")
+    assert bank.cards[0].requested_mw == 150_000  # every other card at its floor

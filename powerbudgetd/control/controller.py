@@ -257,7 +257,10 @@ class Controller:
                              reasons, now)
         self.over.track(now, self, mode)
 
-        if mode == Mode.BOOTING and all(c.ledger.confirmed(now) and c.bound_mw == c.target_mw for c in active):
+        # Ready only when provably within budget: every card we control confirmed at its
+        # boot limit, and the sum of bounds (cards we cannot lower counted at theirs) fits.
+        if (mode == Mode.BOOTING and self.sum_bound_mw <= self.budget_mw
+                and all(c.ledger.confirmed(now) and c.bound_mw == c.target_mw for c in active)):
             self.ready = True
             log.info("ready", budget_w=self.budget_mw / 1000, sum_limits_w=self.sum_bound_mw / 1000,
                      degraded=self.degraded() or None)
@@ -471,6 +474,8 @@ class Controller:
                 self._hold(c, now, "write_overdue", target_w=w.to_mw / 1000, counted_w=c.bound_mw / 1000)
             elif isinstance(err, NvmlNoPermission) and self.allow_monitor_only:
                 self._monitor_only()
+            else:  # it did not take: counted at what it reads, the others fit around it
+                self._hold(c, now, "write_failed", target_w=w.to_mw / 1000, counted_w=c.bound_mw / 1000)
         return events
 
 

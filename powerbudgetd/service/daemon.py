@@ -286,6 +286,12 @@ class Daemon:
                 self._status = self.status_text(ctl)
                 self.notifier.ready(self._status)
             if not ctl.ready and t0 - started > ctl.timings.boot_timeout_s:
+                if ctl.sum_bound_mw > ctl.budget_mw:  # not only slow: the bank cannot be held within budget
+                    log.error("boot_over_budget", after_s=round(t0 - started, 1), sum_limits_w=ctl.sum_bound_mw / 1000,
+                              budget_w=ctl.budget_mw / 1000, cause="; ".join(ctl.degraded()) or None,
+                              action="the cards we cannot lower leave the bank over budget with every other card "
+                              "at its floor: lift the outside limit, fix the card, or raise the budget")
+                    return ExitStatus.BOOT_OVER_BUDGET
                 log.error("boot_timeout", after_s=round(t0 - started, 1), sum_limits_w=ctl.sum_bound_mw / 1000)
                 return ExitStatus.BOOT_TIMEOUT
             status = self.status_text(ctl)
