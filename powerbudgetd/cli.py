@@ -10,6 +10,7 @@ import os
 import platform
 import signal
 import sys
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -508,10 +509,16 @@ def _run_locked(args: argparse.Namespace, settings: Settings, config_path: Path)
               file=sys.stderr)
         return ExitStatus.NVML
 
+    from powerbudgetd.hw.calls import DeadlineCalls
+
     def factory(n: Nvml) -> Controller:
+        timings = settings.control.timings()
+        # On the wall clock every NVML call runs with a deadline off the loop, and each
+        # write is stamped when it is sent.
         return Controller(
-            n, settings.effective_budget_w(), settings.control.timings(), dry_run=args.dry_run, overrides=settings.overrides(),
-            allow_monitor_only=settings.allow_monitor_only,
+            n, settings.effective_budget_w(), timings, dry_run=args.dry_run, overrides=settings.overrides(),
+            allow_monitor_only=settings.allow_monitor_only, calls=DeadlineCalls(timings.call_timeout_s),
+            clock=time.monotonic,
         )
 
     daemon = Daemon(nvml, factory, config_path=config_path, settings=settings)

@@ -51,6 +51,13 @@ class NvmlInvalidArgument(NvmlError):
     kind = "invalid_argument"
 
 
+class NvmlTimeout(NvmlError):
+    """An NVML call did not return within its deadline (``NVML_ERROR_TIMEOUT``, or a call
+    abandoned by powerbudgetd): it may still complete at any moment."""
+
+    kind = "timeout"
+
+
 class BudgetInfeasible(PowerBudgetError):
     """The budget cannot be met: the cards' minimum limits sum above it."""
 
@@ -65,6 +72,11 @@ class AlreadyRunning(PowerBudgetError):
         super().__init__(message)
         self.path = path
         self.holder_pid = holder_pid
+
+
+class CardLimitUnknown(BudgetInfeasible):
+    """A card's limits cannot be read and no maximum is known for it, so it cannot be
+    counted at its worst case; the message names the card and the missing values."""
 
 
 class ConfigError(PowerBudgetError):
@@ -85,3 +97,5 @@ class ExitStatus(IntEnum):
     NO_PERMISSION = 5  # limits cannot be written (needs root or CAP_SYS_ADMIN)
     BOOT_TIMEOUT = 6  # the boot limits were not confirmed within boot_timeout_s
     ALREADY_RUNNING = 7  # another powerbudgetd holds the instance lock for these cards
+    CARD_UNKNOWN = 8  # a card's limits cannot be read and [cards] gives it no max_w
+    BOOT_OVER_BUDGET = 9  # boot could not bring the bank within budget (cards we cannot lower)

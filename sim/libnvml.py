@@ -15,8 +15,14 @@ the bindings keep one library and one function-pointer cache per process. So one
 around every call), and every device handle encodes the library that issued it, so a
 handle used against another bank is refused (``INVALID_ARGUMENT``), never misread.
 
-Scripted faults (:class:`Fault`) make chosen calls return chosen error codes, or answer
-late, on chosen cards at chosen times.
+Scripted faults (:class:`Fault`) make chosen calls return chosen error codes, answer
+late, or hang, on chosen cards at chosen times; cards come onto and fall off the bus and
+are re-indexed as the bank's events say (:meth:`SimBank.visible`).
+
+The library is thread-safe, as NVML is: the NVML layer holds no lock of its own (a hung
+call must not stall the other cards' calls), so one lock here serialises every call's
+access to the simulated bank, and the real-time sleeps of a slow NVML or a ``SLOW``
+fault are taken outside it.
 """
 
 from __future__ import annotations
@@ -107,6 +113,10 @@ SIGNATURES: dict[str, Any] = {
     "nvmlDeviceSetPersistenceMode": ctypes.CFUNCTYPE(_ret, _dev, _enable),
     "nvmlDeviceSetPowerManagementLimit": ctypes.CFUNCTYPE(_ret, _dev, _uint),
     "nvmlDeviceGetMigMode": ctypes.CFUNCTYPE(_ret, _dev, _p_uint, _p_uint),
+    "nvmlDeviceIsMigDeviceHandle": ctypes.CFUNCTYPE(_ret, _dev, _p_uint),
+    "nvmlDeviceGetMaxMigDeviceCount": ctypes.CFUNCTYPE(_ret, _dev, _p_uint),
+    "nvmlDeviceGetMigDeviceHandleByIndex": ctypes.CFUNCTYPE(_ret, _dev, _uint, ctypes.POINTER(_dev)),
+    "nvmlDeviceGetDeviceHandleFromMigDeviceHandle": ctypes.CFUNCTYPE(_ret, _dev, ctypes.POINTER(_dev)),
     "nvmlDeviceGetCurrentClocksEventReasons": ctypes.CFUNCTYPE(_ret, _dev, _p_ull),
 }
 """Every C symbol the simulator serves, with its ``nvml.h`` prototype."""
@@ -120,13 +130,19 @@ def api_name(symbol: str) -> str:
 
 
 _API = {symbol: api_name(symbol) for symbol in SIGNATURES}
+_DEVICE_SYMBOLS = frozenset(s for s, proto in SIGNATURES.items() if proto._argtypes_[:1] == (_dev,))
 API_NAMES = frozenset(_API.values())
 
 
 @dataclass(frozen=True)
 class Fault:
-    """Make ``call`` return NVML error ``error`` (a name from ``ERROR_CODES``), or with
-    ``error = "SLOW"`` answer normally after ``delay_s`` real seconds (a long delay is a hang).
+    """Make ``call`` return NVML error ``error`` (a name from ``ERROR_CODES``); or with
+    ``error = "SLOW"`` answer normally after ``delay_s`` real seconds (a hang on the wall
+    clock; other cards' calls go on meanwhile); or with ``error = "HANG"`` hang
+    ``delay_s`` seconds of bank time: on virtual time the caller's deadline passes at
+    once (``NVML_ERROR_TIMEOUT``), every call on that card times out until the hang ends
+    (as the daemon's per-card worker is held), and a limit write still lands when the
+    hung call would have returned.
 
     ``call``: an NVML API name such as ``nvmlDeviceSetPowerManagementLimit`` (a versioned
     symbol such as ``nvmlDeviceGetCount_v2`` is accepted), or ``*`` for every call.
@@ -144,8 +160,10 @@ class Fault:
     delay_s: float = 0.0
 
     def __post_init__(self) -> None:
-        if self.error not in ERROR_CODES and self.error != "SLOW":
-            raise ValueError(f"fault error {self.error!r} is not SLOW nor one of {', '.join(ERROR_CODES)}")
+        if self.error not in ERROR_CODES and self.error not in ("SLOW", "HANG"):
+            raise ValueError(f"fault error {self.error!r} is not SLOW, HANG nor one of {', '.join(ERROR_CODES)}")
+        if self.error in ("SLOW", "HANG") and not self.delay_s > 0:
+            raise ValueError(f"a {self.error} fault needs delay_s > 0, got {self.delay_s!r}")
         if self.call != "*" and api_name(self.call) not in API_NAMES:
             raise ValueError(f"fault call {self.call!r} is not '*' nor one of {', '.join(sorted(API_NAMES))}")
 
@@ -158,10 +176,23 @@ class _Return(Exception):
         self.code = code
 
 
+class _Hung(_Return):
+    """A HANG fault: the call missed the caller's deadline (``TIMEOUT``); it would have
+    returned ``hang_s`` s of bank time after ``now``."""
+
+    def __init__(self, card: SimCard | None, now: float, hang_s: float) -> None:
+        super().__init__(ERROR_CODES["TIMEOUT"])
+        self.card, self.now, self.hang_s = card, now, hang_s
+
+
 # -- routing: one dispatcher per process, one library per bank -------------------------
 _BOUND: contextvars.ContextVar[SimNvmlLibrary | None] = contextvars.ContextVar("powerbudgetd_sim_nvml", default=None)
 _library_ids = itertools.count(1)
-_HANDLE_SHIFT = 20  # handle = library id << 20 | (card index + 1) << 4: never NULL, never shared
+_HANDLE_SHIFT = 20  # handle = library id << 20 | (card index + 1) << 4 | MIG index + 1 (0: the GPU)
+# Calls a MIG device handle answers; every other call on one is NOT_SUPPORTED (power
+# limits belong to the parent GPU).
+_MIG_CALLS = frozenset({"nvmlDeviceGetUUID", "nvmlDeviceGetName", "nvmlDeviceIsMigDeviceHandle",
+                        "nvmlDeviceGetDeviceHandleFromMigDeviceHandle"})
 
 
 class _Binding:
@@ -253,6 +284,9 @@ class SimNvmlLibrary:
         self.internal_errors: list[BaseException] = []
         self._id = next(_library_ids)
         self._error_strings = {code: ctypes.create_string_buffer(s.encode()) for code, s in _ERROR_STRINGS.items()}
+        self._lock = threading.RLock()  # one call at a time on the bank (see the module docstring)
+        self._hung_until: dict[int, float] = {}  # card position -> bank time its HANG ends
+        self.mig_writes: list[tuple[str, int]] = []  # (MIG UUID, mW): limit writes sent to a MIG handle
 
     @property
     def initialized(self) -> bool:
@@ -268,28 +302,43 @@ class SimNvmlLibrary:
 
     # -- plumbing -------------------------------------------------------------------
     def serve(self, symbol: str, args: tuple[Any, ...]) -> int:
-        """Answer one C call; never raises (an exception must not cross into C)."""
+        """Answer one C call; never raises (an exception must not cross into C).
+
+        Real-time sleeps (``call_delay_s``, ``SLOW`` faults) come first, outside the
+        lock, so a call hung on one card holds up no other; the answer is then computed
+        under the lock."""
         try:
-            self.calls += 1
-            if self.call_delay_s:
-                time.sleep(self.call_delay_s)
-            return int(getattr(self, symbol)(*args))
+            delay_s = self.call_delay_s
+            if self.faults:
+                delay_s += self._slow_s(symbol, args)
+            if delay_s:
+                time.sleep(delay_s)
+            with self._lock:
+                self.calls += 1
+                return int(getattr(self, symbol)(*args))
         except _Return as r:
             return r.code
         except BaseException as exc:  # noqa: BLE001 - a callback must return a code
             self.internal_errors.append(exc)
             return ERROR_CODES["UNKNOWN"]
 
-    def handle_of(self, card: SimCard) -> int:
-        """The opaque ``nvmlDevice_t`` value of ``card`` (an address that is never dereferenced)."""
-        return self._id << _HANDLE_SHIFT | (card.index + 1) << 4
+    def handle_of(self, card: SimCard, mig: int | None = None) -> int:
+        """The opaque ``nvmlDevice_t`` value of ``card``, or of its MIG device ``mig`` (an
+        address that is never dereferenced)."""
+        return self._id << _HANDLE_SHIFT | (card.index + 1) << 4 | (0 if mig is None else mig + 1)
 
-    def _enter(self, symbol: str, card: SimCard | None = None) -> float:
-        call = _API[symbol]
-        now = self.bank.time()
+    @staticmethod
+    def mig_uuid(card: SimCard, mig: int) -> str:
+        """The UUID of MIG device ``mig`` of ``card``."""
+        return f"MIG-{card.spec.uuid.removeprefix('GPU-')}-{mig}"
+
+    def _matching(self, call: str, card: SimCard | None, now: float, slow: bool) -> list[Fault]:
+        """The faults that fire on this call (their hits counted): every SLOW one, or the
+        first of the others."""
         index = card.index if card is not None else None
+        out = []
         for i, f in enumerate(self.faults):
-            if f.call != "*" and api_name(f.call) != call:
+            if (f.error == "SLOW") != slow or (f.call != "*" and api_name(f.call) != call):
                 continue
             if not f.from_s <= now < f.until_s or (f.card is not None and f.card != index):
                 continue
@@ -297,26 +346,72 @@ class SimNvmlLibrary:
             if f.count is not None and hits >= f.count:
                 continue
             self._fault_hits[i] = hits + 1
-            if f.error == "SLOW":
-                time.sleep(f.delay_s)
-                continue
+            out.append(f)
+            if not slow:
+                break  # the first error fault answers the call; later ones keep their hits
+        return out
+
+    def _slow_s(self, symbol: str, args: tuple[Any, ...]) -> float:
+        """Real seconds this call sleeps for SLOW faults (a card's faults need its handle)."""
+        with self._lock:
+            card = self._decode(args[0])[0] if symbol in _DEVICE_SYMBOLS else None
+            return sum(f.delay_s for f in self._matching(_API[symbol], card, self.bank.time(), slow=True))
+
+    def _enter(self, symbol: str, card: SimCard | None = None) -> float:
+        call = _API[symbol]
+        now = self.bank.time()
+        if card is not None:
+            if not card.present:  # off the bus: its handle is stale
+                raise _Return(ERROR_CODES["GPU_IS_LOST"])
+            if now < self._hung_until.get(card.index, -math.inf):
+                # The hung call still holds the card: every call on it misses its
+                # deadline too (as the daemon's per-card worker does, on the wall clock).
+                raise _Return(ERROR_CODES["TIMEOUT"])
+        for f in self._matching(call, card, now, slow=False):
+            if f.error == "HANG":
+                if card is not None:
+                    self._hung_until[card.index] = now + f.delay_s
+                raise _Hung(card, now, f.delay_s)
             raise _Return(ERROR_CODES[f.error])
         if call != "nvmlInit" and self._init_count == 0:
             raise _Return(ERROR_CODES["UNINITIALIZED"])
         return now
 
-    def _card(self, symbol: str, device: Any) -> tuple[SimCard, float]:
-        """The card behind a device handle (after faults), or INVALID_ARGUMENT."""
+    def _decode(self, device: Any) -> tuple[SimCard | None, int | None]:
+        """The card a device handle of this library names (None: NULL, foreign, bad) and
+        the MIG device of it the handle names (None: the GPU itself)."""
         try:
             address = ctypes.addressof(device.contents)  # the handle's value (cheaper than cast)
         except ValueError:  # NULL
-            address = 0
+            return None, None
         index = ((address & ((1 << _HANDLE_SHIFT) - 1)) >> 4) - 1
+        mig = (address & 0xF) - 1
         if address >> _HANDLE_SHIFT != self._id or not 0 <= index < len(self.bank.cards):
+            return None, None
+        card = self.bank.cards[index]
+        if mig >= card.spec.mig_devices:
+            return None, None
+        return card, None if mig < 0 else mig
+
+    def _card(self, symbol: str, device: Any) -> tuple[SimCard, float]:
+        """The card behind a GPU handle (after faults), or INVALID_ARGUMENT; a MIG device
+        handle answers NOT_SUPPORTED (see :meth:`_device`)."""
+        card, mig, now = self._device(symbol, device)
+        if mig is not None:
+            raise _Return(ERROR_CODES["NOT_SUPPORTED"])
+        return card, now
+
+    def _device(self, symbol: str, device: Any) -> tuple[SimCard, int | None, float]:
+        """The card and MIG index (None: the GPU) behind a handle, after faults; a MIG
+        handle in a call it does not answer is NOT_SUPPORTED."""
+        card, mig = self._decode(device)
+        if card is None:
             self._enter(symbol)  # init state and global faults still apply
             raise _Return(ERROR_CODES["INVALID_ARGUMENT"])
-        card = self.bank.cards[index]
-        return card, self._enter(symbol, card)
+        now = self._enter(symbol, card)
+        if mig is not None and _API[symbol] not in _MIG_CALLS:
+            raise _Return(ERROR_CODES["NOT_SUPPORTED"])
+        return card, mig, now
 
     @staticmethod
     def _write_string(buffer: Any, length: int, text: str) -> None:
@@ -359,34 +454,36 @@ class SimNvmlLibrary:
     # -- enumeration ----------------------------------------------------------------
     def nvmlDeviceGetCount_v2(self, count: Any) -> int:
         self._enter("nvmlDeviceGetCount_v2")
-        return self._out(count, len(self.bank.cards))
+        return self._out(count, len(self.bank.visible()))  # the cards on the bus now
 
     def nvmlDeviceGetHandleByIndex_v2(self, index: int, device: Any) -> int:
         self._enter("nvmlDeviceGetHandleByIndex_v2")
-        if not 0 <= index < len(self.bank.cards) or not device:
+        visible = self.bank.visible()  # NVML's current index order
+        if not 0 <= index < len(visible) or not device:
             return ERROR_CODES["INVALID_ARGUMENT"]
-        device[0] = ctypes.cast(self.handle_of(self.bank.cards[index]), _dev)
+        device[0] = ctypes.cast(self.handle_of(visible[index]), _dev)
         return NVML_SUCCESS
 
     def nvmlDeviceGetHandleByUUID(self, uuid: bytes | None, device: Any) -> int:
         self._enter("nvmlDeviceGetHandleByUUID")
         if uuid is None or not device:
             return ERROR_CODES["INVALID_ARGUMENT"]
-        for card in self.bank.cards:
-            if card.spec.uuid.encode() == uuid:
+        for card in self.bank.visible():
+            migs = [i for i in range(card.spec.mig_devices) if self.mig_uuid(card, i).encode() == uuid]
+            if card.spec.uuid.encode() == uuid or migs:
                 self._enter("nvmlDeviceGetHandleByUUID", card)  # a lost card stays lost
-                device[0] = ctypes.cast(self.handle_of(card), _dev)
+                device[0] = ctypes.cast(self.handle_of(card, migs[0] if migs else None), _dev)
                 return NVML_SUCCESS
         return ERROR_CODES["NOT_FOUND"]
 
     def nvmlDeviceGetUUID(self, device: Any, uuid: Any, length: int) -> int:
-        card, _ = self._card("nvmlDeviceGetUUID", device)
-        self._write_string(uuid, length, card.spec.uuid)
+        card, mig, _ = self._device("nvmlDeviceGetUUID", device)
+        self._write_string(uuid, length, card.spec.uuid if mig is None else self.mig_uuid(card, mig))
         return NVML_SUCCESS
 
     def nvmlDeviceGetName(self, device: Any, name: Any, length: int) -> int:
-        card, _ = self._card("nvmlDeviceGetName", device)
-        self._write_string(name, length, card.spec.name)
+        card, mig, _ = self._device("nvmlDeviceGetName", device)
+        self._write_string(name, length, card.spec.name if mig is None else f"{card.spec.name} MIG {mig}")
         return NVML_SUCCESS
 
     @staticmethod
@@ -412,17 +509,39 @@ class SimNvmlLibrary:
         return self._out(mode, int(card.persistence_mode))
 
     def nvmlDeviceGetMigMode(self, device: Any, current: Any, pending: Any) -> int:
-        self._card("nvmlDeviceGetMigMode", device)
-        # No simulated card is MIG-capable in a way the product would use: MIG disabled.
+        card, _ = self._card("nvmlDeviceGetMigMode", device)
         if not current or not pending:
             return ERROR_CODES["INVALID_ARGUMENT"]
-        current[0] = pending[0] = _nv.NVML_DEVICE_MIG_DISABLE
+        on = card.spec.mig_devices > 0
+        current[0] = pending[0] = _nv.NVML_DEVICE_MIG_ENABLE if on else _nv.NVML_DEVICE_MIG_DISABLE
+        return NVML_SUCCESS
+
+    def nvmlDeviceIsMigDeviceHandle(self, device: Any, is_mig: Any) -> int:
+        _, mig, _ = self._device("nvmlDeviceIsMigDeviceHandle", device)
+        return self._out(is_mig, int(mig is not None))
+
+    def nvmlDeviceGetMaxMigDeviceCount(self, device: Any, count: Any) -> int:
+        card, _ = self._card("nvmlDeviceGetMaxMigDeviceCount", device)
+        return self._out(count, card.spec.mig_devices)
+
+    def nvmlDeviceGetMigDeviceHandleByIndex(self, device: Any, index: int, mig_device: Any) -> int:
+        card, _ = self._card("nvmlDeviceGetMigDeviceHandleByIndex", device)
+        if not 0 <= index < card.spec.mig_devices or not mig_device:
+            return ERROR_CODES["INVALID_ARGUMENT"] if card.spec.mig_devices else ERROR_CODES["NOT_SUPPORTED"]
+        mig_device[0] = ctypes.cast(self.handle_of(card, index), _dev)
+        return NVML_SUCCESS
+
+    def nvmlDeviceGetDeviceHandleFromMigDeviceHandle(self, mig_device: Any, device: Any) -> int:
+        card, mig, _ = self._device("nvmlDeviceGetDeviceHandleFromMigDeviceHandle", mig_device)
+        if mig is None or not device:
+            return ERROR_CODES["INVALID_ARGUMENT"]
+        device[0] = ctypes.cast(self.handle_of(card), _dev)
         return NVML_SUCCESS
 
     # -- reads ----------------------------------------------------------------------
     def nvmlDeviceGetPowerUsage(self, device: Any, power: Any) -> int:
-        card, _ = self._card("nvmlDeviceGetPowerUsage", device)
-        return self._out(power, int(card.avg_w * 1000))
+        card, now = self._card("nvmlDeviceGetPowerUsage", device)
+        return self._out(power, card.reported_avg_mw(now))
 
     def _field(self, card: SimCard, now: float, field_id: int) -> tuple[int, int, int]:
         """(nvmlReturn, valueType, value) of one field."""
@@ -430,11 +549,12 @@ class SimNvmlLibrary:
         if field_id in (FI_POWER_INSTANT, FI_POWER_AVERAGE):
             if not card.spec.has_instant:  # cards before these fields existed
                 return ERROR_CODES["NOT_SUPPORTED"], 0, 0
-            w = card.instant_w if field_id == FI_POWER_INSTANT else card.avg_w
-            return NVML_SUCCESS, uint, int(w * 1000)
+            if field_id == FI_POWER_INSTANT:
+                return NVML_SUCCESS, uint, card.reported_instant_mw(now)
+            return NVML_SUCCESS, uint, card.reported_avg_mw(now)
         lo, hi = self._reported_mw(card)
         limits = {FI_MIN_LIMIT: lo, FI_MAX_LIMIT: hi, FI_DEFAULT_LIMIT: card.default_mw,
-                  FI_CURRENT_LIMIT: card.enforced_mw(now), FI_REQUESTED_LIMIT: card.requested_mw}
+                  FI_CURRENT_LIMIT: card.enforced_mw(now), FI_REQUESTED_LIMIT: card.requested(now)}
         if field_id in limits:
             return NVML_SUCCESS, uint, limits[field_id]
         if field_id == FI_ENERGY:
@@ -459,8 +579,8 @@ class SimNvmlLibrary:
         return NVML_SUCCESS
 
     def nvmlDeviceGetPowerManagementLimit(self, device: Any, limit: Any) -> int:
-        card, _ = self._card("nvmlDeviceGetPowerManagementLimit", device)
-        return self._out(limit, card.requested_mw)
+        card, now = self._card("nvmlDeviceGetPowerManagementLimit", device)
+        return self._out(limit, card.requested(now))
 
     def nvmlDeviceGetEnforcedPowerLimit(self, device: Any, limit: Any) -> int:
         card, now = self._card("nvmlDeviceGetEnforcedPowerLimit", device)
@@ -485,7 +605,16 @@ class SimNvmlLibrary:
         return NVML_SUCCESS
 
     def nvmlDeviceSetPowerManagementLimit(self, device: Any, limit_mw: int) -> int:
-        card, now = self._card("nvmlDeviceSetPowerManagementLimit", device)
+        target, mig = self._decode(device)
+        if target is not None and mig is not None:  # recorded for the tests: this must never happen
+            self.mig_writes.append((self.mig_uuid(target, mig), limit_mw))
+        try:
+            card, now = self._card("nvmlDeviceSetPowerManagementLimit", device)
+        except _Hung as hung:  # the caller gave up; the write lands when the hung call returns
+            c = hung.card
+            if c is not None and c.min_mw <= limit_mw <= c.max_mw and not c.spec.ignores_writes:
+                c.set_limit(hung.now, limit_mw, delay_s=hung.hang_s)
+            raise
         if card.spec.ignores_writes:  # "success", and nothing changes
             card.set_limit(now, limit_mw)
             return NVML_SUCCESS

@@ -50,6 +50,8 @@ class CardSpec:
     reported_min_w: float | None = None
     reported_max_w: float | None = None
     ignores_writes: bool = False
+    present: bool = True  # on the bus when the bank starts (false: appears by an event)
+    mig_devices: int = 0  # MIG mode enabled with this many MIG devices (0: MIG disabled)
 
     def __post_init__(self) -> None:
         if not 0 < self.min_w <= self.default_w <= self.max_w:
@@ -59,6 +61,8 @@ class CardSpec:
             )
         if self.idle_w < 0:
             raise ValueError(f"card {self.uuid}: idle_w must be >= 0, got {self.idle_w}")
+        if not 0 <= self.mig_devices <= 7:
+            raise ValueError(f"card {self.uuid}: mig_devices must be 0-7 (NVML's most), got {self.mig_devices}")
 
     @property
     def board_tgp_w(self) -> float:
@@ -86,23 +90,67 @@ class SimCard:
         self.energy_mj = 0.0
         self.writes = 0
         self.persistence_mode = spec.persistence_mode
+        self.present = spec.present
+        # Behind the daemon's back (BankEvent): an outside limiter holding the enforced
+        # limit at or above a floor / at or below a ceiling (mW), writes stuck in a hung
+        # call (they land at their time), and readings that cannot be believed.
+        self.outside_floor_mw: int | None = None
+        self.outside_ceiling_mw: int | None = None
+        self._stuck: list[tuple[float, int]] = []
+        self.bogus_power_w: float | None = None  # every power reading returns this
+        self.frozen_mw: tuple[int, int] | None = None  # (avg, instant) stuck while energy moves
 
     # -- limits ---------------------------------------------------------------------
+    def _land_stuck(self, now: float) -> None:
+        while self._stuck and self._stuck[0][0] <= now:
+            t, mw = self._stuck.pop(0)
+            self.requested_mw = mw
+            self._pending.append((t + self.lag_s, mw))
+
+    def requested(self, now: float) -> int:
+        """The requested limit (mW) as NVML reads it now."""
+        self._land_stuck(now)
+        return self.requested_mw
+
     def enforced_mw(self, now: float) -> int:
+        self._land_stuck(now)
         while self._pending and self._pending[0][0] <= now:
             self._enforced_mw = self._pending.popleft()[1]
-        return self._enforced_mw
+        mw = self._enforced_mw
+        if self.outside_floor_mw is not None:
+            mw = max(mw, self.outside_floor_mw)
+        if self.outside_ceiling_mw is not None:
+            mw = min(mw, self.outside_ceiling_mw)
+        return mw
 
-    def set_limit(self, now: float, mw: int) -> None:
+    def set_limit(self, now: float, mw: int, delay_s: float = 0.0) -> None:
+        """Write a limit at ``now``; ``delay_s`` > 0: the call hangs and the write lands then."""
         self.writes += 1
         if self.spec.ignores_writes:
             return
+        if delay_s > 0:
+            self._stuck.append((now + delay_s, mw))
+            self._stuck.sort()
+            return
+        self._land_stuck(now)
         self.requested_mw = mw
         self._pending.append((now + self.lag_s, mw))
+
+    def reported_avg_mw(self, now: float) -> int:
+        """``nvmlDeviceGetPowerUsage`` as the card answers it (mW), faults included."""
+        if self.bogus_power_w is not None:
+            return int(self.bogus_power_w * 1000)
+        return self.frozen_mw[0] if self.frozen_mw else int(self.avg_w * 1000)
+
+    def reported_instant_mw(self, now: float) -> int:
+        if self.bogus_power_w is not None:
+            return int(self.bogus_power_w * 1000)
+        return self.frozen_mw[1] if self.frozen_mw else int(self.instant_w * 1000)
 
     def reset_limits(self) -> None:
         """A driver reload or GPU reset: back to the default limit, at once."""
         self._pending.clear()
+        self._stuck.clear()
         self.requested_mw = self._enforced_mw = self.default_mw
 
     def limit_state(self, now: float) -> dict[str, object]:
@@ -116,8 +164,11 @@ class SimCard:
 
     def limit_bound_mw(self, now: float) -> int:
         """Highest limit that may be in force now: requested, enforced or in flight."""
-        in_flight = max((mw for _, mw in self._pending), default=0)
-        return max(self.requested_mw, self.enforced_mw(now), in_flight)
+        enforced = self.enforced_mw(now)
+        if not self.present:
+            return 0  # off the bus: no limit of it is in force
+        in_flight = max([mw for _, mw in self._pending] + [mw for _, mw in self._stuck], default=0)
+        return max(self.requested_mw, enforced, in_flight)
 
     # -- power ----------------------------------------------------------------------
     def refresh(self, t: float) -> None:
@@ -143,13 +194,30 @@ class SimCard:
         self.energy_mj += p * REFRESH_S * 1000.0
 
 
+ACTIONS = ("reset", "set_limit", "floor", "ceiling", "appear", "disappear", "reindex", "bad_reading",
+           "freeze", "unfreeze")
+
+
 @dataclass(frozen=True)
 class BankEvent:
     """Something that happens to a card behind the daemon's back, at ``at_s`` (bank time)
     and again every ``every_s`` if given.
 
-    ``action``: ``reset`` (driver reload or GPU reset: limits back to the default at
-    once) or ``set_limit`` (another tool writes ``limit_w``; it bites after the lag).
+    ``action``:
+
+    - ``reset``: a driver reload or GPU reset: limits back to the default at once;
+    - ``set_limit``: another tool writes ``limit_w``; it bites after the lag;
+    - ``floor`` / ``ceiling``: an outside limiter (board firmware, a BMC) holds the
+      enforced limit at or above / at or below ``limit_w`` whatever is requested;
+      without ``limit_w`` it lets go;
+    - ``appear`` / ``disappear``: the card comes onto / falls off the bus (it appears at
+      its default limit, as after a reset);
+    - ``reindex``: NVML enumerates the cards in a new order: ``order`` lists the
+      present cards' scenario positions in their new index order;
+    - ``bad_reading``: every power reading of the card returns ``limit_w`` W (negative,
+      huge: impossible), until a ``bad_reading`` without ``limit_w``;
+    - ``freeze``: the power readings stop moving while the card (and its energy
+      counter) goes on; ``unfreeze`` lets them move again.
     """
 
     at_s: float
@@ -157,10 +225,13 @@ class BankEvent:
     action: str
     limit_w: float | None = None
     every_s: float | None = None
+    order: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
-        if self.action not in ("reset", "set_limit"):
-            raise ValueError(f"event action {self.action!r} is not one of reset, set_limit")
+        if self.action not in ACTIONS:
+            raise ValueError(f"event action {self.action!r} is not one of {', '.join(ACTIONS)}")
+        if self.action == "reindex" and not self.order:
+            raise ValueError("a reindex event needs order (the cards' positions in their new index order)")
         if self.action == "set_limit" and self.limit_w is None:
             raise ValueError("a set_limit event needs limit_w")
         if self.every_s is not None and self.every_s <= 0:
@@ -189,6 +260,7 @@ class SimBank:
         if lag_s < 0:
             raise ValueError(f"lag_s must be >= 0, got {lag_s}")
         self.cards = [SimCard(i, spec, lag_s, seed) for i, spec in enumerate(specs)]
+        self.order: list[int] = list(range(len(self.cards)))  # NVML's index order (positions)
         for e in events or []:
             if not 0 <= e.card < len(self.cards):
                 raise ValueError(f"event for card {e.card}: the bank has {len(self.cards)} cards")
@@ -244,18 +316,45 @@ class SimBank:
         fired = False
         while self._events and self._events[0][0] <= t + 1e-9:
             at, order, e = self._events.pop(0)
-            card = self.cards[e.card]
-            if e.action == "reset":
-                card.reset_limits()
-            else:
-                card.set_limit(at, round(e.limit_w * 1000))  # type: ignore[operator]
-                card.writes -= 1  # not one of ours
+            self._apply(self.cards[e.card], e, at)
             if e.every_s is not None:
                 self._events.append((at + e.every_s, order, e))
                 self._events.sort(key=lambda x: x[:2])
             fired = True
         if fired:
             self.save_state()
+
+    def _apply(self, card: SimCard, e: BankEvent, at: float) -> None:
+        mw = None if e.limit_w is None else round(e.limit_w * 1000)
+        if e.action == "reset":
+            card.reset_limits()
+        elif e.action == "set_limit":
+            card.set_limit(at, mw)  # type: ignore[arg-type]
+            card.writes -= 1  # not one of ours
+        elif e.action == "floor":
+            card.outside_floor_mw = mw
+        elif e.action == "ceiling":
+            card.outside_ceiling_mw = mw
+        elif e.action in ("appear", "disappear"):
+            card.present = e.action == "appear"
+            if card.present:
+                card.reset_limits()  # a card coming onto the bus starts at its default
+        elif e.action == "reindex":
+            self.order = list(e.order or ())
+        elif e.action == "bad_reading":
+            card.bogus_power_w = e.limit_w
+        elif e.action == "freeze":
+            card.frozen_mw = (int(card.avg_w * 1000), int(card.instant_w * 1000))
+        else:
+            card.frozen_mw = None
+
+    def visible(self) -> list[SimCard]:
+        """The cards on the bus, in NVML's current index order."""
+        ordered = [self.cards[i] for i in self.order] + [c for i, c in enumerate(self.cards) if i not in self.order]
+        return [c for c in ordered if c.present]
+
+    def present(self, card: SimCard) -> bool:
+        return card.present
 
     def sum_limit_bound_mw(self) -> int:
         """Sum over cards of the highest limit that may be in force (the invariant's left side)."""

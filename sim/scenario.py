@@ -34,12 +34,15 @@ Faults and misbehaviours, so a case can be scripted without writing Python::
 
     [[faults]]                       # an NVML call fails (see libnvml.Fault)
     call = "nvmlDeviceSetPowerManagementLimit"   # or "*" for every call
-    error = "NO_PERMISSION"          # NVML error name, or "SLOW" with delay_s
+    error = "NO_PERMISSION"          # NVML error name ("NOT_SUPPORTED" per call, ...),
+                                     # "SLOW" (a real-time hang of delay_s) or
+                                     # "HANG" (delay_s of bank time: the caller's deadline
+                                     # passes, a write lands when the call returns)
     card = 1                         # omit: every card, and nvmlInit
     from_s = 3.0                     # active from (bank time, s) ...
     until_s = 10.0                   # ... until (omit: forever)
     count = 2                        # only the first N matching calls
-    delay_s = 2.0                    # SLOW only: real seconds per call
+    delay_s = 2.0                    # SLOW: real seconds per call; HANG: bank seconds
 
     [[events]]                       # behind the daemon's back (see physics.BankEvent)
     at_s = 5.0
@@ -48,10 +51,18 @@ Faults and misbehaviours, so a case can be scripted without writing Python::
     limit_w = 350
     every_s = 30                     # ... and again every 30 s
     # action = "reset"               # driver reload / GPU reset: back to default
+    # action = "floor"; limit_w = 300  # an outside limiter holds enforced >= 300 W
+    # action = "ceiling"; limit_w = 200  # ... or <= 200 W (no limit_w: it lets go)
+    # action = "appear" / "disappear"  # the card comes onto / falls off the bus
+    # action = "reindex"; order = [1, 0]  # NVML enumerates the cards in a new order
+    # action = "bad_reading"; limit_w = -5  # power reads an impossible value (no limit_w: sane)
+    # action = "freeze" / "unfreeze"   # power readings stop moving while energy does not
 
     # per card: constraints NVML reports that differ from the real ones, and a card
     # whose limit stays put whatever is written:
     # reported_min_w = 5; reported_max_w = 95; ignores_writes = true
+    # present = false                # not on the bus at start (an "appear" event brings it)
+    # mig_devices = 2                # MIG mode on, with 2 MIG devices (their own handles)
 """
 
 from __future__ import annotations
@@ -91,7 +102,8 @@ BANKS: dict[str, tuple[str, int, float]] = {
 
 _CARD_KEYS = {
     "model", "name", "min_w", "max_w", "default_w", "idle_w", "tgp_w", "has_instant", "phases", "uuid",
-    "reported_min_w", "reported_max_w", "ignores_writes", "persistence_mode",
+    "reported_min_w", "reported_max_w", "ignores_writes", "persistence_mode", "present",
+    "mig_devices",
 }
 _TOP_KEYS = {
     "name", "description", "bank", "budget_w", "duration_s", "seed", "lag_s", "tick_s", "cards", "faults",
@@ -172,7 +184,8 @@ def parse_scenario(data: dict[str, Any], default_name: str = "scenario") -> Scen
     if budget_w is None or budget_w <= 0:
         raise ScenarioError(f"budget_w must be a positive number of watts, got {budget_w!r}")
     faults = tuple(Fault(**f) for f in data.get("faults", []))
-    events = tuple(BankEvent(**e) for e in data.get("events", []))
+    events = tuple(BankEvent(**{**e, **({"order": tuple(e["order"])} if "order" in e else {})})
+                   for e in data.get("events", []))
     for e in events:
         if not 0 <= e.card < len(cards):
             raise ScenarioError(f"events: card {e.card} is not in this {len(cards)}-card bank")

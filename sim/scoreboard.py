@@ -196,7 +196,7 @@ def format_table(reports: dict[str, dict[str, Any]]) -> str:
         wvo = "-" if r["work_vs_oracle"] is None else f"{r['work_vs_oracle']:.3f}"
         wall = "-" if r["max_wall_power_w"] is None else f"{r['max_wall_power_w']:.0f} W"
         lines.append(
-            f"  {p:<13}{r['work']:>11.1f}{wvo:>10}{r['violation_ticks']:>11}{r['over_budget_s']:>10.1f} s"
+            f"  {p:<13}{r['work']:>11.1f}{wvo:>10}{r['violation_ticks']:>11}{r['draw_over_budget_s']:>10.1f} s"
             f"{wall:>10}{trips:>16}{reclaim:>23}{r['cap_changes']:>8}"
             + (f"{battery_left(r.get('battery')):>15}" if battery else "")
         )

@@ -4,10 +4,13 @@ powerbudgetd's controller talks to the simulator through the production NVML lay
 (:class:`powerbudgetd.hw.nvml.Nvml` and the real bindings over the simulated NVML
 library); so do the baselines
 ``static``, ``slurm`` and ``reactive`` (``powerbudgetd_sim.baselines``); the ``oracle``
-writes straight into a bank without limit lag. Every tick the simulator's own truth is
-checked: the sum over cards of the highest limit that may be in force (requested,
-enforced or in flight) against the budget, from the moment the policy declared itself
-ready (before that, boot is bringing the bank down from its defaults). Every 100 ms
+writes straight into a bank without limit lag. Every tick, from the first (boot
+included), the simulator's own truth is checked: the sum over cards of the highest limit
+that may be in force (requested, enforced or in flight) against the budget.
+``over_budget_s`` and ``over_budget_episodes`` count every tick over it, whatever the
+cause; ``violation_ticks`` those the policy is to blame for: over budget after it
+declared itself ready, or in a tick where it raised a limit (``ready_s`` is when it
+declared itself ready, None if never). Every 100 ms
 refresh, meters (``powerbudgetd_sim.meters``) account the work done, the draw above the
 budget, the wall power against the feed's breaker and UPS, and reclaims.
 """
@@ -194,7 +197,9 @@ def run_scenario(
 
     series = Series()
     budget_in_force_mw = budget_mw
-    violation_ticks = ticks = 0
+    violation_ticks = ticks = episodes = 0
+    over_s = 0.0
+    was_over = False
     boot_s: float | None = None
     max_sum_enforced = max_sum_bound = max_sum_avg = max_sum_instant = 0.0
     energy_start = [c.energy_mj for c in bank.cards]
@@ -202,6 +207,7 @@ def run_scenario(
     k = 0
     while (t := round(k * timings.tick_s, 9)) <= duration:
         bank.advance_to(t)
+        requested = [c.requested(t) for c in bank.cards]
         cap_changes += pol.tick(t)
         if isinstance(pol, ControllerPolicy) and pol.ups is not None and pol.ctl.budget_mw != budget_in_force_mw:
             budget_in_force_mw = pol.ctl.budget_mw
@@ -209,11 +215,17 @@ def run_scenario(
             meters.rebudget(in_force or [c.min_mw for c in bank.cards])
         ticks += 1
         bound = bank.sum_limit_bound_mw()
+        over = bound > budget_mw
+        over_s += timings.tick_s if over else 0.0
+        episodes += over and not was_over
+        was_over = over
+        raised = any(c.requested(t) > r for c, r in zip(bank.cards, requested))
+        if pol.ready or (over and raised):
+            violation_ticks += over
         if pol.ready:
             meters.counting = policy != "oracle"  # the oracle has no fair share to return to
             if boot_s is None:
                 boot_s = t
-            violation_ticks += bound > budget_mw
             max_sum_bound = max(max_sum_bound, bound / 1000)
             max_sum_enforced = max(max_sum_enforced, sum(c.enforced_mw(t) for c in bank.cards) / 1000)
         max_sum_avg = max(max_sum_avg, sum(c.avg_w for c in bank.cards))
@@ -260,6 +272,7 @@ def run_scenario(
         "duration_s": duration,
         "ticks": ticks,
         "boot_s": boot_s,
+        "ready_s": boot_s,
         "max_sum_enforced_limit_w": round(max_sum_enforced, 3),
         "max_sum_limit_bound_w": round(max_sum_bound, 3),
         "violation_ticks": violation_ticks,
@@ -269,7 +282,9 @@ def run_scenario(
         "work": round(work, 3),
         "work_vs_oracle": round(work / oracle_work, 4) if oracle_work else None,
         "reclaim_latency_s": meters.reclaim_summary(),
-        "over_budget_s": round(meters.over_budget_s, 1),
+        "over_budget_s": round(over_s, 3),
+        "over_budget_episodes": episodes,
+        "draw_over_budget_s": round(meters.over_budget_s, 1),
         "trips": meters.trips(),
         "trip_at_s": meters.trip_times(),
         "max_wall_power_w": round(meters.max_wall_w, 1) if sc.feed else None,
@@ -323,7 +338,8 @@ def format_report(r: dict[str, Any]) -> str:
         wvo = "-" if r["work_vs_oracle"] is None else f"{r['work_vs_oracle']:.3f}"
         lines += [
             f"  work                 {r['work']:g} TGP-s ({wvo} of the oracle's)",
-            f"  over budget          {r['over_budget_s']:g} s (summed 1 s average draw above the budget)",
+            f"  limits over budget   {r['over_budget_s']:g} s in {r['over_budget_episodes']} episodes (boot included)",
+            f"  draw over budget     {r['draw_over_budget_s']:g} s (summed 1 s average draw above the budget)",
             "  reclaim latency      " + (
                 f"p50 {rec['p50']:g} s, p99 {rec['p99']:g} s, max {rec['max']:g} s over {rec['events']} reclaims"
                 if rec["events"] else "no reclaim"

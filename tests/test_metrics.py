@@ -195,15 +195,16 @@ def test_reload_result_records_failure_and_time() -> None:
     assert m.registry.get_sample_value("powerbudgetd_config_last_reload_timestamp_seconds") == WALL0 + 60
 
 
-def test_nvml_calls_are_serialized_across_threads(tmp_path: Path) -> None:
-    # A scrape reads energy on its own thread while a tick reads: the simulator is not
-    # thread-safe, so the NVML layer must never run two calls at once.
+def test_the_simulated_bank_is_entered_by_one_call_at_a_time(tmp_path: Path) -> None:
+    # A scrape reads energy on its own thread while a tick reads (and, in the daemon, each
+    # card is read in a worker thread of its own): the NVML layer holds no lock, so that a
+    # hung call cannot stall the others; the simulated NVML library is thread-safe itself.
     rig = make_rig(tmp_path)
     active = peak = 0
     guard = threading.Lock()
-    real = rig.lib.nvmlDeviceGetPowerUsage
+    real = rig.lib.bank.time
 
-    def slow_usage(device, power_mw):  # type: ignore[no-untyped-def]  # the C signature
+    def slow_time():  # type: ignore[no-untyped-def]
         nonlocal active, peak
         with guard:
             active += 1
@@ -211,9 +212,9 @@ def test_nvml_calls_are_serialized_across_threads(tmp_path: Path) -> None:
         time.sleep(0.002)
         with guard:
             active -= 1
-        return real(device, power_mw)
+        return real()
 
-    rig.lib.nvmlDeviceGetPowerUsage = slow_usage
+    rig.lib.bank.time = slow_time  # type: ignore[method-assign]
     uuid = rig.ctl.cards[0].uuid
     threads = [threading.Thread(target=lambda: [rig.nvml.read(uuid) for _ in range(15)]) for _ in range(3)]
     for th in threads:
@@ -221,6 +222,29 @@ def test_nvml_calls_are_serialized_across_threads(tmp_path: Path) -> None:
     for th in threads:
         th.join()
     assert peak == 1
+
+
+def test_over_budget_state_is_exported_while_an_outside_floor_holds_a_card(tmp_path: Path) -> None:
+    """Outside limiters hold two donors at 300 W from t = 8 s: the bank goes over budget
+    and is brought back within a tick plus the lag; the gauge, counters and the snapshot
+    (which MQTT publishes) say so."""
+    rig = make_rig(tmp_path)
+    rig.run_until(8.0)
+    boot_episodes = rig.value("powerbudgetd_over_budget_episodes_total")
+    assert rig.value("powerbudgetd_over_budget") == 0.0 and boot_episodes is not None
+    # 300 + 3 x 150 W under a 1000 W budget: floors of 300 W on two donors make 1050 W.
+    rig.bank._events = [(8.05, i, BankEvent(8.05, i, "floor", limit_w=300.0)) for i in (1, 2)]
+    seen = []
+    while rig.t < 12.0:
+        rig.run_until(rig.t + 0.1)
+        seen.append((rig.value("powerbudgetd_over_budget"), rig.reports[-1].snapshot))
+    over = [snap for v, snap in seen if v == 1.0]
+    assert over, "the floor never put the bank over budget"
+    assert all(snap.over_budget for snap in over) and "outside limit" in (over[0].over_budget_cause or "")
+    assert seen[-1][0] == 0.0 and not seen[-1][1].over_budget  # corrected: the others came down
+    assert rig.value("powerbudgetd_over_budget_episodes_total") == boot_episodes + 1
+    seconds = rig.value("powerbudgetd_over_budget_seconds_total")
+    assert seconds is not None and 0 < seconds - (rig.reports[79].snapshot.over_budget_s) <= 0.2 + 1e-9
 
 
 # -- promtool ---------------------------------------------------------------------------
@@ -258,7 +282,8 @@ ISSUE_METRICS = {
     "powerbudgetd_sum_power_draw_watts", "powerbudgetd_headroom_watts", "powerbudgetd_mode",
     "powerbudgetd_tick_duration_seconds_bucket", "powerbudgetd_last_tick_timestamp_seconds",
     "powerbudgetd_config_last_reload_success", "powerbudgetd_config_last_reload_timestamp_seconds",
-    "powerbudgetd_build_info",
+    "powerbudgetd_build_info", "powerbudgetd_over_budget", "powerbudgetd_over_budget_episodes_total",
+    "powerbudgetd_over_budget_seconds_total", "powerbudgetd_gpu_power_readings_rejected_total",
 }
 
 
@@ -279,7 +304,7 @@ def test_every_metric_the_issue_names_is_exposed(tmp_path: Path) -> None:
 def test_rules_pass_promtool_check_and_unit_tests() -> None:
     checked = promtool("check", "rules", "prometheus-rules.yml", cwd=CONFIG)
     assert checked.returncode == 0, checked.stdout + checked.stderr
-    assert "SUCCESS: 11 rules found" in checked.stdout
+    assert "SUCCESS: 12 rules found" in checked.stdout
     tested = promtool("test", "rules", "prometheus-rules.test.yml", cwd=CONFIG)
     assert tested.returncode == 0, tested.stdout + tested.stderr
 
@@ -290,7 +315,7 @@ def test_every_alert_has_for_severity_description_and_a_test() -> None:
     rules = yaml.safe_load((CONFIG / "prometheus-rules.yml").read_text())["groups"][0]["rules"]
     names = [r["alert"] for r in rules]
     assert names == [
-        "PowerBudgetdDown", "PowerBudgetSumAboveBudget", "PowerBudgetBankNearBudget",
+        "PowerBudgetdDown", "PowerBudgetSumAboveBudget", "PowerBudgetOverBudgetRecurring", "PowerBudgetBankNearBudget",
         "PowerBudgetLimitDrift", "PowerBudgetLimitContested", "PowerBudgetFailsafe", "PowerBudgetNvmlErrors",
         "PowerBudgetUpsOnBattery", "PowerBudgetUpsLowBattery", "PowerBudgetUpsOverload", "PowerBudgetUpsDataStale",
     ]

@@ -323,6 +323,26 @@ def test_discovery_groups_every_sensor_under_one_device(ctl: Controller) -> None
     assert limit["state_topic"] == "powerbudgetd/box/gpu/0" and "limit_w" in limit["value_template"]
 
 
+def test_state_carries_the_over_budget_state_and_publishes_on_its_change(ctl: Controller) -> None:
+    from powerbudgetd.channels.mqtt.discovery import limits_key
+
+    cfg = MqttConfig(host="127.0.0.1", node_id="box")
+    bridge = bridge_for(cfg)
+    Loop(ctl, bridge).tick(0.0)
+    snap = bridge._latest
+    assert snap is not None
+    state = bridge.bank_state(snap)
+    assert state["over_budget"] == snap.over_budget and state["over_budget_episodes"] == snap.over_budget_episodes
+    over = dataclasses.replace(snap, over_budget=True, over_budget_cause="GPU 1 held at 300 W by an outside limit",
+                               over_budget_episodes=snap.over_budget_episodes + 1, over_budget_s=1.5)
+    state = bridge.bank_state(over)
+    assert state["over_budget"] is True and state["over_budget_cause"].startswith("GPU 1 held")
+    assert state["over_budget_s"] == 1.5
+    assert limits_key(over) != limits_key(dataclasses.replace(over, over_budget=False))  # published at once
+    cleared = bridge.bank_state(dataclasses.replace(over, over_budget=False))
+    assert cleared["over_budget"] is False and cleared["over_budget_cause"] is None
+
+
 def test_listener_never_blocks_on_a_slow_consumer(ctl: Controller) -> None:
     cfg = MqttConfig(host="127.0.0.1", node_id="box")
     now = [0.0]

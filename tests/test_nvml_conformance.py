@@ -74,11 +74,14 @@ CASES: dict[str, tuple[Callable[[Any], tuple[Any, ...]], Callable[[SimBank], Any
         lambda h: (h, 212_500), lambda b: None if b.cards[0].requested_mw == 212_500 else b.cards[0].requested_mw,
     ),
     "nvmlDeviceGetMigMode": (lambda h: (h,), lambda b: [0, 0]),
+    "nvmlDeviceIsMigDeviceHandle": (lambda h: (h,), lambda b: 0),
     "nvmlDeviceGetCurrentClocksEventReasons": (lambda h: (h,), None),
 }
 
 
 def _answer(result: Any) -> Any:
+    if isinstance(result, ctypes.c_uint):  # nvmlDeviceIsMigDeviceHandle answers the ctypes value
+        return result.value
     if isinstance(result, ctypes.Array):  # field values: each value by its valueType
         fields = {0: "dVal", 1: "uiVal", 2: "ulVal", 3: "ullVal", 4: "sllVal", 5: "siVal", 6: "usVal"}
         return [getattr(v.value, fields[v.valueType]) for v in result]
@@ -206,3 +209,75 @@ def test_pynvml_is_nvidias_module_and_nothing_shadows_it() -> None:
     root = Path(__file__).resolve().parents[1]
     shadows = [p for d in ("powerbudgetd", "sim", "tests") for p in (root / d).rglob("pynvml*")]
     assert shadows == []
+
+
+# -- the device set and hung calls, through the real bindings ----------------------------
+def test_cards_appear_vanish_and_reindex_through_the_bindings() -> None:
+    from powerbudgetd_sim.physics import BankEvent
+
+    bank = SimBank([card(0), card(1, present=False), card(2)], seed=1, events=[
+        BankEvent(1.0, 1, "appear"), BankEvent(2.0, 0, "disappear"), BankEvent(3.0, 0, "reindex", order=(2, 1, 0)),
+    ])
+    lib = SimNvmlLibrary(bank)
+    Nvml(lib)
+    with lib.bound():
+        pynvml.nvmlInit()
+        uuids = lambda: [pynvml.nvmlDeviceGetUUID(pynvml.nvmlDeviceGetHandleByIndex(i))  # noqa: E731
+                         for i in range(pynvml.nvmlDeviceGetCount())]
+        assert uuids() == ["GPU-test-0", "GPU-test-2"]
+        with pytest.raises(pynvml.NVMLError_NotFound):
+            pynvml.nvmlDeviceGetHandleByUUID(b"GPU-test-1")
+        first = pynvml.nvmlDeviceGetHandleByUUID(b"GPU-test-0")
+        bank.advance_to(1.0)  # card 1 appears, at its default limit
+        assert uuids() == ["GPU-test-0", "GPU-test-1", "GPU-test-2"]
+        appeared = pynvml.nvmlDeviceGetHandleByUUID(b"GPU-test-1")
+        assert pynvml.nvmlDeviceGetPowerManagementLimit(appeared) == 300_000
+        bank.advance_to(2.0)  # card 0 falls off the bus: its handle is stale
+        assert uuids() == ["GPU-test-1", "GPU-test-2"]
+        with pytest.raises(pynvml.NVMLError_GpuIsLost):
+            pynvml.nvmlDeviceGetPowerUsage(first)
+        bank.advance_to(3.0)  # NVML enumerates in a new order
+        assert uuids() == ["GPU-test-2", "GPU-test-1"]
+        assert pynvml.nvmlDeviceGetUUID(appeared) == "GPU-test-1"  # a handle names its card, not an index
+    assert lib.internal_errors == []
+
+
+def test_a_hang_times_out_every_call_on_its_card_and_a_hung_write_lands_late() -> None:
+    bank = SimBank([card(0), card(1)], lag_s=0.0, seed=1)
+    lib = SimNvmlLibrary(bank, [libnvml.Fault("nvmlDeviceSetPowerManagementLimit", "HANG", card=0, count=1,
+                                              delay_s=5.0)])
+    Nvml(lib)
+    with lib.bound():
+        pynvml.nvmlInit()
+        h0, h1 = pynvml.nvmlDeviceGetHandleByIndex(0), pynvml.nvmlDeviceGetHandleByIndex(1)
+        with pytest.raises(pynvml.NVMLError_Timeout):
+            pynvml.nvmlDeviceSetPowerManagementLimit(h0, 200_000)
+        bank.advance_to(4.9)
+        with pytest.raises(pynvml.NVMLError_Timeout):
+            pynvml.nvmlDeviceGetPowerUsage(h0)  # the hung call still holds the card
+        assert pynvml.nvmlDeviceGetPowerManagementLimit(h1) == 300_000  # the other card answers
+        assert bank.cards[0].limit_bound_mw(bank.now) == 300_000  # both limits may be in force
+        bank.advance_to(5.0)
+        assert pynvml.nvmlDeviceGetPowerManagementLimit(h0) == 200_000  # it returned: the write landed
+    with pytest.raises(ValueError, match="delay_s"):
+        libnvml.Fault("*", "HANG")
+
+
+def test_a_slow_call_on_one_card_holds_up_no_other() -> None:
+    import threading
+    import time
+
+    bank = SimBank([card(0), card(1)], seed=1)
+    lib = SimNvmlLibrary(bank, [libnvml.Fault("nvmlDeviceGetPowerUsage", "SLOW", card=0, count=1, delay_s=1.0)])
+    nvml = Nvml(lib)
+    nvml.init()
+    nvml.devices()
+    slow = threading.Thread(target=nvml.read, args=("GPU-test-0",))
+    slow.start()
+    time.sleep(0.05)
+    t0 = time.monotonic()
+    for _ in range(20):
+        nvml.read("GPU-test-1")
+    assert time.monotonic() - t0 < 0.5 and slow.is_alive()  # card 1 was served meanwhile
+    slow.join()
+    assert lib.internal_errors == []

@@ -201,6 +201,18 @@ class _StateCollector(Collector):
                 "powerbudgetd_headroom_watts", "Budget minus the sum of power limits", unit="watts"
             ),
         }
+        over = gauge(
+            "powerbudgetd_over_budget",
+            "1 while the sum of power limits that may be in force is above the budget (any cause: boot's "
+            "descent, a limit held or raised elsewhere, a card that appeared); corrected by decreases only",
+        )
+        over_episodes = CounterMetricFamily(
+            "powerbudgetd_over_budget_episodes",
+            "Episodes of the bank over budget since start (one over_budget log line each, with the cause)",
+        )
+        over_seconds = CounterMetricFamily(
+            "powerbudgetd_over_budget_seconds", "Time the bank spent over budget since start", unit="seconds",
+        )
         mode = gauge("powerbudgetd_mode", "1 for the bank's current operating mode, 0 for the others", ("mode",))
         source_w = gauge(
             "powerbudgetd_budget_source_watts",
@@ -247,9 +259,20 @@ class _StateCollector(Collector):
             "Times the instant draw rose above the enforced limit (normal at load onset: the limit caps "
             "the 1 s average)", labels=CARD_LABELS,
         )
+        rejected = CounterMetricFamily(
+            "powerbudgetd_gpu_power_readings_rejected",
+            "Power readings not believed, by reason: impossible (negative, overflowed, far above the card's "
+            "maximum) or frozen (stuck while the energy counter moves); the draw counts as unknown meanwhile",
+            labels=(*CARD_LABELS, "reason"),
+        )
         peak = gauge(
             "powerbudgetd_gpu_power_excursion_peak_watts",
             "Highest instant draw seen above the enforced limit", CARD_LABELS, "watts",
+        )
+        mig = gauge(
+            "powerbudgetd_gpu_mig_mode",
+            "1 while MIG is enabled on the GPU, 0 while disabled; absent where the card has no MIG. Limits "
+            "are set on the parent GPU and cover all its MIG devices", CARD_LABELS,
         )
         role = gauge(
             "powerbudgetd_gpu_role", "1 for the card's current role, 0 for the others", (*CARD_LABELS, "role")
@@ -265,6 +288,9 @@ class _StateCollector(Collector):
             if s.power_complete:
                 bank["sum_draw"].add_metric([], s.sum_power_avg_w)
             bank["headroom"].add_metric([], s.headroom_w)
+            over.add_metric([], 1.0 if s.over_budget else 0.0)
+            over_episodes.add_metric([], s.over_budget_episodes)
+            over_seconds.add_metric([], s.over_budget_s)
             for m in Mode:
                 mode.add_metric([str(m)], 1.0 if str(m) == s.mode else 0.0)
             sources = dict(s.sources) or {s.budget_source: s.budget_w}
@@ -280,24 +306,33 @@ class _StateCollector(Collector):
                 for key, reading in values:
                     if reading is not None:  # unknown is absent, never 0 W
                         card[key].add_metric(list(labels), reading)
+                if c.mig_mode is not None:
+                    mig.add_metric(list(labels), 1.0 if c.mig_mode else 0.0)
                 for r in Role:
                     role.add_metric([*labels, str(r)], 1.0 if str(r) == c.role else 0.0)
                 if c.contested_w is not None:
                     contested.add_metric(list(labels), c.contested_w)
                 excursions.add_metric(list(labels), c.excursions)
+                for reason, n in c.readings_rejected:
+                    rejected.add_metric([*labels, reason], n)
                 if c.peak_excursion_w is not None:
                     peak.add_metric(list(labels), c.peak_excursion_w)
                 j = self.m._energy(c.uuid)
                 if j is not None:
                     energy.add_metric(list(labels), j)
         yield from bank.values()
+        yield over
+        yield over_episodes
+        yield over_seconds
         yield mode
         yield source_w
         yield in_force
         yield from card.values()
         yield role
+        yield mig
         yield contested
         yield excursions
+        yield rejected
         yield peak
         yield energy
 

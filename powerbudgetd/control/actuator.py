@@ -3,36 +3,67 @@
 It applies a plan in order. After the first failed write it applies no more increases
 in that tick (a surprise means what we believe may be wrong), but it still applies the
 remaining decreases, which are always safe. In dry-run mode it writes nothing.
+
+Every write goes through ``calls`` (:mod:`powerbudgetd.hw.calls`): in the daemon with a
+deadline in a worker thread. A write that does not return in time is *overdue*: it may
+land whenever the call returns, so the controller counts that card at its worst case.
+Each write is stamped with the time it was sent (``clock``), which starts its
+confirmation deadline.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
-from powerbudgetd.errors import NvmlError
-from powerbudgetd.hw.nvml import Nvml
 from powerbudgetd.core.plan import Write
+from powerbudgetd.errors import NvmlError, NvmlTimeout
+from powerbudgetd.hw.calls import InlineCalls
+from powerbudgetd.hw.nvml import Nvml
 
 
 @dataclass(frozen=True)
 class Applied:
-    """What became of one planned write: done, failed (``error``) or skipped."""
+    """What became of one planned write: done, failed (``error``) or skipped.
+    ``sent_at``: when it was sent (the caller's clock, s; None without a clock)."""
 
     write: Write
     error: NvmlError | None = None
     skipped: bool = False
+    sent_at: float | None = None
 
     @property
     def done(self) -> bool:
         return self.error is None and not self.skipped
 
+    @property
+    def overdue(self) -> bool:
+        """Sent, and not returned within its deadline: it may still land."""
+        return isinstance(self.error, NvmlTimeout)
+
 
 class Actuator:
     """Applies writes through the NVML layer; ``dry_run`` turns every write into a no-op."""
 
-    def __init__(self, nvml: Nvml, dry_run: bool = False) -> None:
+    def __init__(
+        self,
+        nvml: Nvml,
+        dry_run: bool = False,
+        calls: InlineCalls | None = None,
+        clock: Callable[[], float] | None = None,
+    ) -> None:
         self.nvml = nvml
         self.dry_run = dry_run
+        self.calls = calls or InlineCalls()
+        self.clock = clock
+
+    def _write(self, uuid: str, limit_w: float) -> None:
+        self.calls.call(uuid, self.nvml.set_power_limit, uuid, limit_w)
+
+    def probe(self, uuid: str, limit_w: float) -> None:
+        """Write ``limit_w``, the card's current requested limit, back to it: a no-op
+        that tells whether limits can be written at all. Raises NvmlNoPermission, NvmlError."""
+        self._write(uuid, limit_w)
 
     def apply(self, writes: list[Write]) -> list[Applied]:
         out: list[Applied] = []
@@ -41,11 +72,12 @@ class Actuator:
             if self.dry_run or (failed and w.is_increase):
                 out.append(Applied(w, skipped=True))
                 continue
+            sent_at = self.clock() if self.clock else None
             try:
-                self.nvml.set_power_limit(w.uuid, w.to_mw / 1000.0)
+                self._write(w.uuid, w.to_mw / 1000.0)
             except NvmlError as exc:
                 failed = True
-                out.append(Applied(w, error=exc))
+                out.append(Applied(w, error=exc, sent_at=sent_at))
             else:
-                out.append(Applied(w))
+                out.append(Applied(w, sent_at=sent_at))
         return out

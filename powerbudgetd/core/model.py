@@ -68,6 +68,11 @@ class Timings:
     contest_reverts: int = 3  # this many outside changes of a limit ...
     contest_window_s: float = 300.0  # ... within this window mark the card contested ...
     contest_hold_s: float = 300.0  # ... until this long passes without another
+    enumerate_s: float = 5.0  # the device set is read again this often (and after a lookup error)
+    # An NVML call (one card's read, or one write) not returned after this is abandoned
+    # and the card counted at its worst case; well under tick_s, so the loop keeps its
+    # period (H200: the slowest read call is 16 ms at p99).
+    call_timeout_s: float = 0.05
 
     def __post_init__(self) -> None:
         if not self.tick_s > 0:
@@ -78,5 +83,9 @@ class Timings:
             raise ValueError("need 0 < release_fraction < pinned_fraction <= 1")
         if not 0 <= self.burst_release_share < self.burst_pinned_share <= 1:
             raise ValueError("need 0 <= burst_release_share < burst_pinned_share <= 1")
+        if not 0 < self.call_timeout_s <= self.tick_s:
+            raise ValueError("need 0 < call_timeout_s <= tick_s")
+        if self.enumerate_s <= 0:
+            raise ValueError("enumerate_s must be > 0")
         if self.confirm_timeout_s < self.settle_s:
             raise ValueError("confirm_timeout_s must be >= settle_s")

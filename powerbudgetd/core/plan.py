@@ -27,6 +27,7 @@ class Step:
     requested_mw: int | None = None  # what the card was last asked for (read-back)
     priority: int = 0
     busy: bool = False  # a write to this card is not confirmed yet: write nothing more
+    force: bool = False  # write even at the requested limit (a new card: only our write ends it)
 
 
 @dataclass(frozen=True)
@@ -48,15 +49,23 @@ def plan_writes(steps: Sequence[Step], budget_mw: int, allow_increases: bool = T
     The sum of bounds plus every planned increase never exceeds ``budget_mw``; when the
     bounds already exceed it (at boot, or after a card reverted) no increase is planned;
     with ``allow_increases`` false (a limit is contested) none at all.
+
+    A write below a card's bound but above its requested limit (or with the requested
+    limit unknown: the card counted at its worst) lowers the bound yet may raise what is
+    really in force: it is planned only while the bounds fit the budget, after the
+    decreases.
     """
-    decreases = [
-        Write(s.uuid, s.bound_mw, s.target_mw)
-        for s in steps
-        if s.target_mw < s.bound_mw and s.requested_mw != s.target_mw and not s.busy
-    ]
+    decreases: list[Write] = []
+    uncertain: list[Write] = []
+    for s in steps:
+        if s.target_mw >= s.bound_mw or s.busy or (s.requested_mw == s.target_mw and not s.force):
+            continue
+        lowers = s.requested_mw is not None and s.target_mw <= s.requested_mw
+        (decreases if lowers else uncertain).append(Write(s.uuid, s.bound_mw, s.target_mw))
     decreases.sort(key=lambda w: w.to_mw - w.from_mw)
+    within = budget_mw - sum(s.bound_mw for s in steps) >= 0
     headroom = budget_mw - sum(s.bound_mw for s in steps) if allow_increases else 0
-    increases = []
+    increases = uncertain if within else []
     for s in sorted(steps, key=lambda s: (-s.priority, s.target_mw - s.bound_mw)):
         delta = s.target_mw - s.bound_mw
         if 0 < delta <= headroom and not s.busy:

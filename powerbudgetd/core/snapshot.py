@@ -23,7 +23,10 @@ class CardSnapshot:
     lowered by ``[cards] max_w``); ``hw_min_limit_w``/``hw_max_limit_w``: as the card
     reports them. ``limit_bound_w``: the highest limit that may be in force (requested,
     enforced or in flight). ``contested_w``: the value another tool keeps writing, while
-    the card is contested. ``read_errors``: failed reads so far, by NvmlError kind.
+    the card is contested. ``read_errors``: failed reads so far, by NvmlError kind;
+    ``readings_rejected``: power readings not believed so far (``impossible``: negative,
+    overflowed, far above the card's maximum; ``frozen``: stuck while the energy counter
+    moves), by reason: the card's draw is unknown (None) while they last.
     """
 
     index: int
@@ -46,6 +49,8 @@ class CardSnapshot:
     excursions: int = 0
     peak_excursion_w: float | None = None
     read_errors: tuple[tuple[str, int], ...] = ()
+    readings_rejected: tuple[tuple[str, int], ...] = ()
+    mig_mode: bool | None = None  # MIG enabled on this (parent) GPU; None: no MIG
 
     @property
     def power_peak_w(self) -> float | None:
@@ -60,7 +65,12 @@ class BankSnapshot:
     (W). ``sum_limit_bound_w``: the sum over cards of the highest limit that may be in
     force; ``floor_w``: the lowest budget the bank can be held to (controllable cards at
     their minimum limits, the others at their bounds). ``sum_power_avg_w``: the summed
-    1 s average over the cards that report one; ``power_complete``: every card did."""
+    1 s average over the cards that report one; ``power_complete``: every card did.
+
+    Over budget (``sum_limit_bound_w`` above ``budget_w``, whatever the cause: boot's
+    descent, a limit held or raised elsewhere, a card that appeared): ``over_budget``
+    now, ``over_budget_cause`` of the current (or last) episode, ``over_budget_episodes``
+    and ``over_budget_s`` (s, on the controller's clock) since start."""
 
     now: float
     mode: str
@@ -72,6 +82,10 @@ class BankSnapshot:
     budget_source: str = CONFIGURED
     configured_budget_w: float | None = None
     sources: tuple[tuple[str, float], ...] = ()
+    over_budget: bool = False
+    over_budget_cause: str | None = None
+    over_budget_episodes: int = 0
+    over_budget_s: float = 0.0
 
     @property
     def headroom_w(self) -> float:

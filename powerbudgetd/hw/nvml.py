@@ -28,6 +28,7 @@ from powerbudgetd.errors import (
     NvmlNoPermission,
     NvmlNotInitialized,
     NvmlNotSupported,
+    NvmlTimeout,
 )
 
 # nvmlReturn_t codes (nvml.h); the same values in nvidia-ml-py and in the simulator.
@@ -37,12 +38,14 @@ _ERROR_KINDS: dict[int, type[NvmlError]] = {
     3: NvmlNotSupported,  # NOT_SUPPORTED
     4: NvmlNoPermission,  # NO_PERMISSION
     9: NvmlNotInitialized,  # DRIVER_NOT_LOADED
+    10: NvmlTimeout,  # TIMEOUT
     12: NvmlNotInitialized,  # LIBRARY_NOT_FOUND
     15: NvmlGpuLost,  # GPU_IS_LOST
     16: NvmlGpuLost,  # RESET_REQUIRED
     18: NvmlNotInitialized,  # LIB_RM_VERSION_MISMATCH
 }
 
+_FUNCTION_NOT_FOUND = 13  # NVML_ERROR_FUNCTION_NOT_FOUND: a driver older than the call
 FI_DEV_POWER_INSTANT = 186  # NVML_FI_DEV_POWER_INSTANT: instant board power, mW
 _VALUE_FIELDS = {0: "dVal", 1: "uiVal", 2: "ulVal", 3: "ullVal", 4: "sllVal", 5: "siVal", 6: "usVal"}
 
@@ -160,7 +163,9 @@ class GpuInfo:
 
     Limits in W, from ``nvmlDeviceGetPowerManagementLimitConstraints`` and
     ``nvmlDeviceGetPowerManagementDefaultLimit``; ``None`` where NVML does not support
-    limit control on the card.
+    limit control on the card. ``mig_mode``: MIG enabled (``nvmlDeviceGetMigMode``,
+    current mode); None where the card or driver has no MIG. Only parent GPUs are
+    enumerated: power limits are never set on a MIG device.
     """
 
     index: int
@@ -169,6 +174,7 @@ class GpuInfo:
     min_limit_w: float | None
     max_limit_w: float | None
     default_limit_w: float | None
+    mig_mode: bool | None = None
 
 
 @dataclass(frozen=True)
@@ -231,20 +237,21 @@ class Nvml:
             self._bound = library.bound
         self._handles: dict[str, Any] = {}
         self._instant_unsupported: set[str] = set()
-        # NVML is thread-safe; the simulator is not. One call at a time lets a metrics
-        # scrape read energy from its own thread while a tick reads in another (a tick
-        # then waits at most one call: ~3 ms median on an H200, 16 ms p99).
-        self._lock = threading.Lock()
+        self._mig_devices: dict[str, bool] = {}  # UUID -> is a MIG device (asked once)
+        # No lock here: NVML is thread-safe (and so is the simulator's library), and a lock
+        # held by a hung call would stall every other card's calls behind it.
 
     # -- plumbing -------------------------------------------------------------------
     def _call(self, name: str, fn: Callable[..., T], *args: Any) -> T:
         try:
-            with self._lock, self._bound():
+            with self._bound():
                 return fn(*args)
         except self._lib.NVMLError as exc:
             code = getattr(exc, "value", None)
             kind = _ERROR_KINDS.get(code, NvmlError) if isinstance(code, int) else NvmlError
-            if kind is NvmlGpuLost:  # a handle does not survive a reset: look it up again
+            if kind not in (NvmlNotSupported, NvmlInvalidArgument, NvmlNoPermission):
+                # A handle may not survive a reset or re-enumeration, whatever error says
+                # so: look it up again by UUID next time.
                 self._handles = {u: h for u, h in self._handles.items() if not (args and h is args[0])}
             raise kind(f"{name}: {exc}", code=code, call=name) from None
 
@@ -269,7 +276,7 @@ class Nvml:
     def shutdown(self) -> None:
         """``nvmlShutdown``; errors are ignored (we are leaving anyway)."""
         try:
-            with self._lock, self._bound():
+            with self._bound():
                 self._lib.nvmlShutdown()
         except Exception:  # noqa: BLE001 - best effort on the way out
             pass
@@ -279,40 +286,82 @@ class Nvml:
         return v.decode() if isinstance(v, bytes) else str(v)
 
     # -- enumeration ----------------------------------------------------------------
-    def devices(self) -> list[GpuInfo]:
-        """Enumerate physical GPUs in index order. Limits unsupported on a card are None."""
-        lib = self._lib
+    def devices(self, skip_errors: bool = False) -> list[GpuInfo]:
+        """Enumerate physical GPUs in NVML's current index order. Limits unsupported on a
+        card are None. ``skip_errors``: leave out a card that fails to answer (it is
+        then looked for again later) instead of raising NvmlError."""
         out = []
-        for index in range(self._call("nvmlDeviceGetCount", lib.nvmlDeviceGetCount)):
-            handle = self._call("nvmlDeviceGetHandleByIndex", lib.nvmlDeviceGetHandleByIndex, index)
-            uuid = self._call("nvmlDeviceGetUUID", lib.nvmlDeviceGetUUID, handle)
-            name = self._call("nvmlDeviceGetName", lib.nvmlDeviceGetName, handle)
-            uuid = uuid.decode() if isinstance(uuid, bytes) else str(uuid)
-            name = name.decode() if isinstance(name, bytes) else str(name)
-            self._handles[uuid] = handle
-            min_w: float | None
-            max_w: float | None
+        for index in range(self._call("nvmlDeviceGetCount", self._lib.nvmlDeviceGetCount)):
             try:
-                lo, hi = self._call(
-                    "nvmlDeviceGetPowerManagementLimitConstraints",
-                    lib.nvmlDeviceGetPowerManagementLimitConstraints,
+                out.append(self._device(index))
+            except NvmlError:
+                if not skip_errors:
+                    raise
+        return out
+
+    def device_count(self) -> int:
+        """``nvmlDeviceGetCount``: how many GPUs NVML sees now (a few microseconds)."""
+        return int(self._call("nvmlDeviceGetCount", self._lib.nvmlDeviceGetCount))
+
+    def _device(self, index: int) -> GpuInfo:
+        lib = self._lib
+        handle = self._call("nvmlDeviceGetHandleByIndex", lib.nvmlDeviceGetHandleByIndex, index)
+        uuid = self._call("nvmlDeviceGetUUID", lib.nvmlDeviceGetUUID, handle)
+        name = self._call("nvmlDeviceGetName", lib.nvmlDeviceGetName, handle)
+        uuid = uuid.decode() if isinstance(uuid, bytes) else str(uuid)
+        name = name.decode() if isinstance(name, bytes) else str(name)
+        self._handles[uuid] = handle
+        min_w: float | None
+        max_w: float | None
+        try:
+            lo, hi = self._call(
+                "nvmlDeviceGetPowerManagementLimitConstraints",
+                lib.nvmlDeviceGetPowerManagementLimitConstraints,
+                handle,
+            )
+            min_w, max_w = _w(lo), _w(hi)
+        except NvmlNotSupported:
+            min_w = max_w = None
+        try:
+            default_w = _w(
+                self._call(
+                    "nvmlDeviceGetPowerManagementDefaultLimit",
+                    lib.nvmlDeviceGetPowerManagementDefaultLimit,
                     handle,
                 )
-                min_w, max_w = _w(lo), _w(hi)
-            except NvmlNotSupported:
-                min_w = max_w = None
+            )
+        except NvmlNotSupported:
+            default_w = None
+        return GpuInfo(index, uuid, name, min_w, max_w, default_w, self._mig_mode(handle))
+
+    def _mig_mode(self, handle: Any) -> bool | None:
+        """MIG's current mode on a GPU; None where the card or the driver has none."""
+        try:
+            current, _pending = self._call("nvmlDeviceGetMigMode", self._lib.nvmlDeviceGetMigMode, handle)
+        except NvmlNotSupported:
+            return None
+        except NvmlError as exc:
+            if exc.code == _FUNCTION_NOT_FOUND:  # a driver older than MIG
+                return None
+            raise
+        return bool(current)
+
+    def _is_mig_device(self, uuid: str, handle: Any) -> bool:
+        """Whether ``handle`` is a MIG device's (``nvmlDeviceIsMigDeviceHandle``); fixed
+        per UUID, so asked once. A driver or card without MIG has none."""
+        known = self._mig_devices.get(uuid)
+        if known is None:
             try:
-                default_w = _w(
-                    self._call(
-                        "nvmlDeviceGetPowerManagementDefaultLimit",
-                        lib.nvmlDeviceGetPowerManagementDefaultLimit,
-                        handle,
-                    )
-                )
+                known = bool(self._call("nvmlDeviceIsMigDeviceHandle", self._lib.nvmlDeviceIsMigDeviceHandle,
+                                        handle).value)
             except NvmlNotSupported:
-                default_w = None
-            out.append(GpuInfo(index, uuid, name, min_w, max_w, default_w))
-        return out
+                known = False
+            except NvmlError as exc:
+                if exc.code != _FUNCTION_NOT_FOUND:
+                    raise
+                known = False
+            self._mig_devices[uuid] = known
+        return known
 
     # -- reads ----------------------------------------------------------------------
     def _optional(self, name: str, fn: Callable[..., int], handle: Any) -> float | None:
@@ -398,7 +447,7 @@ class Nvml:
         def answer(call: str, unit: str, fn: Callable[[], Any]) -> dict[str, Any]:
             row: dict[str, Any] = {"call": call, "unit": unit}
             try:
-                with self._lock, self._bound():
+                with self._bound():
                     value = fn()
             except lib.NVMLError as exc:
                 row["error"] = errors.get(exc.value, f"code {exc.value}")
@@ -440,12 +489,13 @@ class Nvml:
     def set_power_limit(self, uuid: str, limit_w: float) -> None:
         """``nvmlDeviceSetPowerManagementLimit`` (root or CAP_SYS_ADMIN).
 
-        Raises NvmlNoPermission, NvmlInvalidArgument (outside constraints),
-        NvmlNotSupported, NvmlGpuLost or NvmlError.
+        Only ever on a parent GPU: a MIG device's UUID raises NvmlInvalidArgument and
+        nothing is sent. Raises NvmlNoPermission, NvmlInvalidArgument (outside
+        constraints, a MIG device), NvmlNotSupported, NvmlGpuLost or NvmlError.
         """
-        self._call(
-            "nvmlDeviceSetPowerManagementLimit",
-            self._lib.nvmlDeviceSetPowerManagementLimit,
-            self._handle(uuid),
-            to_mw(limit_w),
-        )
+        handle = self._handle(uuid)
+        if self._is_mig_device(uuid, handle):
+            raise NvmlInvalidArgument(f"{uuid} is a MIG device: power limits are set on its parent GPU only",
+                                      call="nvmlDeviceSetPowerManagementLimit")
+        self._call("nvmlDeviceSetPowerManagementLimit", self._lib.nvmlDeviceSetPowerManagementLimit, handle,
+                   to_mw(limit_w))

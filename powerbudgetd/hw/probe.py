@@ -28,6 +28,7 @@ def probe(nvml: Nvml) -> dict[str, Any]:
             "min_limit_w": info.min_limit_w,
             "max_limit_w": info.max_limit_w,
             "default_limit_w": info.default_limit_w,
+            "mig_mode": info.mig_mode,
         }
         try:
             r = nvml.read(info.uuid)
@@ -43,6 +44,13 @@ def probe(nvml: Nvml) -> dict[str, Any]:
             gpu["error"] = f"{exc.kind}: {exc}"
         out["gpus"].append(gpu)
     return out
+
+
+MIG_TEXT = {
+    True: "enabled (limits are set on this GPU and cover all its MIG devices)",
+    False: "disabled",
+    None: "n/a (no MIG on this card or driver)",
+}
 
 
 def format_probe(result: dict[str, Any]) -> str:
@@ -61,6 +69,7 @@ def format_probe(result: dict[str, Any]) -> str:
             f"  limit              requested {w(g['requested_limit_w'])} W, enforced {w(g['enforced_limit_w'])} W",
             f"  board power        {w(g['power_avg_w'])} W (1 s average), {w(g['power_instant_w'])} W (instant)",
             f"  persistence mode   {pm}",
+            f"  MIG mode           {MIG_TEXT[g.get('mig_mode')]}",
         ]
     return "\n".join(lines)
 

@@ -142,6 +142,8 @@ class ControlConfig(_Section):
     contest_reverts: int = Field(3, ge=1, le=100)
     contest_window_s: float = Field(300.0, ge=1, le=86400)
     contest_hold_s: float = Field(300.0, ge=1, le=86400)
+    enumerate_s: float = Field(5.0, ge=0.5, le=600)
+    call_timeout_s: float = Field(0.05, ge=0.005, le=5.0)
 
     @model_validator(mode="after")
     def _consistent(self) -> ControlConfig:

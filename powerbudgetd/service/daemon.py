@@ -36,7 +36,7 @@ from powerbudgetd.channels.protocol import SideChannel
 from powerbudgetd.core.arbiter import BudgetArbiter, Decision
 from powerbudgetd.service.config import Settings, load_config, ups_on_reload
 from powerbudgetd.control.controller import Controller
-from powerbudgetd.errors import BudgetInfeasible, ConfigError, ExitStatus, NvmlError, NvmlNoPermission
+from powerbudgetd.errors import BudgetInfeasible, CardLimitUnknown, ConfigError, ExitStatus, NvmlError, NvmlNoPermission
 from powerbudgetd.service.logs import configure_logging
 from powerbudgetd.core.model import Mode
 from powerbudgetd.service.notify import Notifier, watchdog_interval_s
@@ -141,6 +141,10 @@ class Daemon:
     def status_text(self, ctl: Controller) -> str:
         """The one STATUS= line: :meth:`status_line`, then warnings and the last reload."""
         text = self.status_line(ctl)
+        if ctl.over.active:
+            text += f"; OVER BUDGET since {ctl.over.since:.1f} s: {ctl.over.cause}"
+        elif ctl.ready and (degraded := ctl.degraded()):
+            text += f"; degraded: {', '.join(degraded)}"
         if self._persistence_off:
             text += f"; persistence mode OFF on GPU {','.join(map(str, self._persistence_off))}"
         if self._reload_note:
@@ -206,6 +210,10 @@ class Daemon:
         try:
             ctl = self.controller_factory(self.nvml)
             ctl.start()
+        except CardLimitUnknown as exc:
+            log.error("card_limits_unknown", error=str(exc),
+                      action="set max_w for the card under [cards] (the highest limit it may have), or fix its driver")
+            return ExitStatus.CARD_UNKNOWN
         except BudgetInfeasible as exc:
             log.error("budget_infeasible", error=str(exc))
             return ExitStatus.INFEASIBLE
@@ -278,6 +286,12 @@ class Daemon:
                 self._status = self.status_text(ctl)
                 self.notifier.ready(self._status)
             if not ctl.ready and t0 - started > ctl.timings.boot_timeout_s:
+                if ctl.sum_bound_mw > ctl.budget_mw:  # not only slow: the bank cannot be held within budget
+                    log.error("boot_over_budget", after_s=round(t0 - started, 1), sum_limits_w=ctl.sum_bound_mw / 1000,
+                              budget_w=ctl.budget_mw / 1000, cause="; ".join(ctl.degraded()) or None,
+                              action="the cards we cannot lower leave the bank over budget with every other card "
+                              "at its floor: lift the outside limit, fix the card, or raise the budget")
+                    return ExitStatus.BOOT_OVER_BUDGET
                 log.error("boot_timeout", after_s=round(t0 - started, 1), sum_limits_w=ctl.sum_bound_mw / 1000)
                 return ExitStatus.BOOT_TIMEOUT
             status = self.status_text(ctl)

@@ -16,6 +16,7 @@ def card_state(card: CardSnapshot) -> dict[str, Any]:
         "limit_w": card.enforced_limit_w, "requested_limit_w": card.requested_limit_w,
         "limit_bound_w": card.limit_bound_w, "min_limit_w": card.min_limit_w, "max_limit_w": card.max_limit_w,
         "power_avg_w": card.power_avg_w, "power_instant_w": card.power_instant_w, "error": card.error,
+        "mig_mode": card.mig_mode,
     }
 
 
@@ -26,7 +27,9 @@ def bank_state(snap: BankSnapshot, **extra: Any) -> dict[str, Any]:
         "budget_w": snap.budget_w, "sum_limits_w": snap.sum_limit_bound_w,
         "sum_power_w": round(snap.sum_power_avg_w, 1), "mode": snap.mode, "ready": snap.ready,
         "gpus": len(snap.cards), "budget_source": snap.budget_source,  # of the budget in force
-        "floor_w": snap.floor_w, **extra,
+        "floor_w": snap.floor_w, "over_budget": snap.over_budget,
+        "over_budget_cause": snap.over_budget_cause if snap.over_budget else None,
+        "over_budget_episodes": snap.over_budget_episodes, "over_budget_s": snap.over_budget_s, **extra,
     }
 
 
@@ -36,8 +39,9 @@ def cards_key(snap: BankSnapshot) -> tuple:
 
 
 def limits_key(snap: BankSnapshot) -> tuple:
-    """Changes with any limit, role or the budget: state is published at once then."""
-    return (snap.budget_w, tuple((c.limit_bound_w, c.enforced_limit_w, c.requested_limit_w, c.role) for c in snap.cards))
+    """Changes with any limit, role, the budget or the over-budget state: state is
+    published at once then."""
+    return (snap.budget_w, snap.over_budget, tuple((c.limit_bound_w, c.enforced_limit_w, c.requested_limit_w, c.role) for c in snap.cards))
 
 
 def discovery(

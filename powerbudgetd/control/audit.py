@@ -1,0 +1,169 @@
+"""Per-card audit: what a read tells beyond the bound. Drift (someone else changed the
+limit), contest (they keep doing it), excursions (instant draw above the enforced limit,
+normal at load onset: counted, not acted on) and readings that cannot be believed.
+
+None of this decides the bound (that is :mod:`powerbudgetd.control.ledger`); it decides
+whether a card may lend or borrow and what the operator is told.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import structlog
+
+from powerbudgetd.control.ledger import CardLedger
+from powerbudgetd.core.model import Timings
+from powerbudgetd.hw.nvml import PowerReading, to_mw
+
+log = structlog.get_logger("powerbudgetd")
+
+# A board reading this many times the card's highest limit is not a reading: the 1 s
+# average is capped at the limit and instant peaks were measured at 1.35x it.
+IMPOSSIBLE_FACTOR = 3.0
+# NVML reports power in unsigned mW: a wrapped or garbage value reads this high.
+OVERFLOW_W = 2**31 / 1000
+# A 1 s average that has not moved by one mW for this long is suspect (it refreshes every
+# 100 ms and carries noise): the energy counter is then asked, at most once per
+# ENERGY_CHECK_S, whether the card really drew that much. More than the tolerance apart
+# (the larger of FROZEN_TOLERANCE_W and FROZEN_TOLERANCE of the reading): frozen. Only a
+# counter that moves is evidence.
+FROZEN_AFTER_S = 2.0
+ENERGY_CHECK_S = 2.0
+FROZEN_TOLERANCE_W = 10.0
+FROZEN_TOLERANCE = 0.1
+
+
+@dataclass
+class CardAudit:
+    """Drift, contest, excursions and reading checks of one card (W, mW, s)."""
+
+    timings: Timings
+    expected_mw: int | None = None  # the requested limit we last confirmed
+    drift_times: list[float] = field(default_factory=list)
+    contested_until: float = float("-inf")
+    contested_w: float | None = None  # the competing value last found (W)
+    excursions: int = 0
+    peak_excursion_w: float | None = None
+    over_limit: bool = False
+    power_unknown: bool = False
+    implausible: str | None = None  # why the last power reading was not believed
+    implausible_readings: int = 0  # impossible readings not believed (exported as a counter)
+    frozen_readings: int = 0  # frozen readings not believed (exported as a counter)
+    frozen: bool = False  # the power reading is stuck while the energy counter moves
+    _same_w: float | None = None  # the 1 s average last seen ...
+    _same_since: float = 0.0  # ... unchanged since (s)
+    _energy_mark: tuple[float, float] | None = None  # (s, J) of the last energy read while suspect
+    _unknown_said: bool = False
+
+    @property
+    def readings_rejected(self) -> tuple[tuple[str, int], ...]:
+        """Power readings not believed so far, by reason (exported as a counter)."""
+        return (("frozen", self.frozen_readings), ("impossible", self.implausible_readings))
+
+    def contested(self, now: float) -> bool:
+        return now < self.contested_until
+
+    def drifted_at(self, now: float) -> bool:
+        return bool(self.drift_times) and self.drift_times[-1] == now
+
+    def check_power(self, r: PowerReading, worst_mw: int, index: int, uuid: str) -> PowerReading:
+        """The reading with impossible power values (negative, an overflowed counter, far
+        above the card's highest limit) made unknown; logged once per episode."""
+        limit_w = max(worst_mw / 1000, 1.0)
+        why = None
+        for name, v in (("power_avg_w", r.power_avg_w), ("power_instant_w", r.power_instant_w)):
+            if v is not None and (v < 0 or v >= OVERFLOW_W or v > IMPOSSIBLE_FACTOR * limit_w):
+                why = f"{name} {v:g} W outside 0..{IMPOSSIBLE_FACTOR * limit_w:g} W"
+        if why is None:
+            if self.implausible is not None:
+                log.info("power_reading_plausible_again", index=index, uuid=uuid)
+            self.implausible = None
+            return r
+        self.implausible_readings += 1
+        if self.implausible is None:
+            log.warning("power_reading_impossible", index=index, uuid=uuid, reason=why,
+                        action="treated as unknown: the card neither lends nor borrows until it reads sane")
+        self.implausible = why
+        return PowerReading(None, None, r.requested_limit_w, r.enforced_limit_w)
+
+    def check_frozen(self, now: float, r: PowerReading, energy_j: Callable[[], float | None],
+                     index: int, uuid: str) -> PowerReading:
+        """The reading with its power made unknown while it is frozen: the 1 s average
+        unchanged for ``FROZEN_AFTER_S`` while the energy counter (``energy_j``, J, read
+        only while suspect) says the card drew something else. Logged once per episode."""
+        avg = r.power_avg_w
+        if avg is None or avg != self._same_w:
+            if self.frozen:
+                log.info("power_reading_moving_again", index=index, uuid=uuid)
+            self._same_w, self._same_since, self._energy_mark, self.frozen = avg, now, None, False
+            return r
+        if now - self._same_since >= FROZEN_AFTER_S:
+            mark = self._energy_mark
+            if mark is None or now - mark[0] >= ENERGY_CHECK_S:
+                self._energy_sample(now, energy_j(), avg, index, uuid)
+        if not self.frozen:
+            return r
+        self.frozen_readings += 1
+        return PowerReading(None, None, r.requested_limit_w, r.enforced_limit_w)
+
+    def _energy_sample(self, now: float, joules: float | None, avg_w: float, index: int, uuid: str) -> None:
+        mark = self._energy_mark
+        if joules is None:  # no energy counter (or it failed): no verdict either way
+            return
+        self._energy_mark = (now, joules)
+        if mark is None or now <= mark[0] or joules <= mark[1]:
+            return  # a counter standing still is no evidence either (it may be stuck itself)
+        drawn_w = (joules - mark[1]) / (now - mark[0])
+        frozen = abs(drawn_w - avg_w) > max(FROZEN_TOLERANCE_W, FROZEN_TOLERANCE * abs(avg_w))
+        if frozen and not self.frozen:
+            log.warning("power_reading_frozen", index=index, uuid=uuid, reading_w=avg_w,
+                        energy_counter_w=round(drawn_w, 1), unchanged_s=round(now - self._same_since, 1),
+                        action="treated as unknown: the card neither lends nor borrows until the reading moves")
+        self.frozen = frozen
+
+    def lost(self) -> None:
+        self.expected_mw = None  # whatever the card reads when it is back is news
+
+    def confirmed(self, target_mw: int) -> None:
+        self.expected_mw = target_mw  # our write is in force: expect it from now on
+
+    def audit(self, led: CardLedger, r: PowerReading, target_mw: int | None, now: float, index: int, uuid: str) -> None:
+        """Check one read for drift, contest, unknown power and excursions (logs)."""
+        requested = led.requested_mw
+        if self.expected_mw is not None and not led.inflight and requested not in (None, self.expected_mw):
+            found_w = requested / 1000
+            log.warning("limit_drift", index=index, uuid=uuid, expected_w=self.expected_mw / 1000, found_w=found_w,
+                        action="re-applied (a driver reload, a GPU reset or another tool)")
+            window = self.timings.contest_window_s
+            self.drift_times = [t for t in self.drift_times if now - t < window] + [now]
+            self.contested_w = found_w
+            if len(self.drift_times) >= self.timings.contest_reverts:
+                if not self.contested(now):
+                    log.error("limit_contested", index=index, uuid=uuid, competing_w=found_w,
+                              reverts=len(self.drift_times), window_s=window,
+                              action="another tool keeps setting this limit: nothing is raised until it stops")
+                self.contested_until = now + self.timings.contest_hold_s
+            self.expected_mw = None
+        elif self.contested_until != float("-inf") and not self.contested(now):
+            log.info("limit_uncontested", index=index, uuid=uuid)
+            self.contested_until = float("-inf")
+        if not led.inflight and requested is not None and requested == target_mw:
+            self.expected_mw = requested
+        unknown = r.power_avg_w is None and r.power_instant_w is None
+        if unknown != self.power_unknown:
+            self.power_unknown = unknown
+            if unknown:  # an impossible or frozen reading has said so already, once
+                self._unknown_said = self.implausible is None and not self.frozen
+                if self._unknown_said:
+                    log.warning("power_reading_unknown", index=index, uuid=uuid)
+            elif self._unknown_said:
+                log.info("power_reading_back", index=index, uuid=uuid)
+        enforced = led.enforced_mw
+        over = r.power_instant_w is not None and enforced is not None and to_mw(r.power_instant_w) > enforced
+        if over:
+            self.peak_excursion_w = max(self.peak_excursion_w or 0.0, r.power_instant_w)  # type: ignore[type-var]
+            if not self.over_limit:
+                self.excursions += 1
+        self.over_limit = over

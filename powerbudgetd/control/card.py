@@ -1,0 +1,80 @@
+"""One card as the controller sees it: identity, constraints, its ledger and audit."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from powerbudgetd.control.audit import CardAudit
+from powerbudgetd.control.ledger import CardLedger
+from powerbudgetd.core.model import Role
+from powerbudgetd.hw.nvml import GpuInfo, PowerReading
+
+
+def _via(part: str, name: str) -> Any:
+    """A property reading and writing ``self.<part>.<name>``."""
+    return property(
+        lambda self: getattr(getattr(self, part), name),
+        lambda self, v: setattr(getattr(self, part), name, v),
+    )
+
+
+@dataclass
+class CardState:
+    """Everything the controller knows about one card. Limits in integer mW, times in s.
+
+    ``ledger`` keeps the bound (what may be in force) and the writes; ``audit`` drift,
+    contest, excursions and reading checks. ``info.index`` follows NVML's current
+    enumeration; the card is keyed by ``uuid``.
+    """
+
+    info: GpuInfo
+    controllable: bool  # by configuration and hardware; see Controller._active for right now
+    min_mw: int
+    max_mw: int  # config may lower it below the hardware max
+    ledger: CardLedger
+    audit: CardAudit
+    priority: int = 0
+    reading: PowerReading | None = None
+    target_mw: int | None = None
+    share_mw: int | None = None
+    role: Role = Role.FAIR
+    error: str | None = None  # why the card cannot be read now (None: readable)
+    gone: bool = False  # missing from NVML's enumeration
+    read_errors: dict[str, int] = field(default_factory=dict)  # failed reads by NvmlError.kind (metrics)
+
+    bound_mw = _via("ledger", "bound_mw")
+    requested_mw = _via("ledger", "requested_mw")
+    enforced_mw = _via("ledger", "enforced_mw")
+    inflight = _via("ledger", "inflight")
+    hold_until = _via("ledger", "hold_until")
+    backoff_s = _via("ledger", "backoff_s")
+    refused = _via("ledger", "refused")
+    shadow_mw = _via("ledger", "shadow_mw")
+    foreign_mw = _via("ledger", "foreign_mw")
+    hw_max_mw = _via("ledger", "worst_mw")
+    expected_mw = _via("audit", "expected_mw")
+    drift_times = _via("audit", "drift_times")
+    contested_until = _via("audit", "contested_until")
+    contested_w = _via("audit", "contested_w")
+    excursions = _via("audit", "excursions")
+    peak_excursion_w = _via("audit", "peak_excursion_w")
+    power_unknown = _via("audit", "power_unknown")
+
+    @property
+    def readable(self) -> bool:
+        return self.error is None
+
+    @property
+    def index(self) -> int:
+        return self.info.index
+
+    @property
+    def uuid(self) -> str:
+        return self.info.uuid
+
+    def contested(self, now: float) -> bool:
+        return self.audit.contested(now)
+
+    def last_written(self) -> tuple[int, float] | None:
+        return self.ledger.inflight[-1] if self.ledger.inflight else None

@@ -1,0 +1,184 @@
+"""The per-card ledger: what makes the budget invariant true for one card. Pure.
+
+No I/O, no clock: the controller passes ``now`` (s) and what it read (integer mW).
+For each card the ledger keeps the **bound**, the highest limit that may be in force:
+
+    bound = max(requested, enforced, every write of ours not yet confirmed,
+                a raise someone else sent that may still be landing)
+
+and, where any of those is unknown, the card's **worst case**: the largest limit ever
+read for it or stated for it (its maximum constraint, its default, the operator's
+``[cards] max_w``). A card that has just appeared (or come back) counts at its worst
+case until a write of ours is confirmed on it. The controller plans increases only into
+``budget - sum(bounds)``, so the sum of what may be in force never passes the budget
+through an action of ours.
+
+Besides the bound it keeps the write bookkeeping the bound depends on: writes in flight
+and their confirmation by read-back, holds with a doubling backoff after a write that
+did not take, and the values NVML refused (never resent).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from powerbudgetd.core.model import Timings
+
+
+@dataclass
+class CardLedger:
+    """One card's bound and write bookkeeping; every limit in integer mW, times in s.
+
+    ``worst_mw``: the highest limit the card may have (or come back with); raised by
+    every value read. ``new``: the card appeared or came back and no write of ours has
+    been confirmed on it since; it counts at ``worst_mw`` until one is.
+    """
+
+    timings: Timings
+    worst_mw: int
+    new: bool = False
+    requested_mw: int | None = None
+    enforced_mw: int | None = None
+    inflight: list[tuple[int, float]] = field(default_factory=list)  # (target mW, sent at s)
+    bound_mw: int = 0
+    foreign_mw: int | None = None  # a raise we did not make, maybe still in flight
+    foreign_since: float | None = None
+    # A write that did not take (unconfirmed, refused, overdue) holds the card: it counts
+    # at its bound and is left alone until hold_until, the hold doubling each time.
+    hold_until: float = float("-inf")
+    backoff_s: float = 0.0
+    refused: set[int] = field(default_factory=set)  # values NVML refused: never resent
+    shadow_mw: int | None = None  # dry run only: the limit we would have set
+
+    def __post_init__(self) -> None:
+        self.bound_mw = max(self.bound_mw, self.worst_mw)
+
+    # -- what the card reads ---------------------------------------------------------
+    def observe(self, now: float, requested_mw: int | None, enforced_mw: int | None) -> int | None:
+        """Take one read-back of the card's limits (None: unknown). Returns the target
+        (mW) of the write of ours it confirms, if any (the in-flight list is then cleared)."""
+        self.requested_mw, self.enforced_mw = requested_mw, enforced_mw
+        for v in (requested_mw, enforced_mw):
+            if v is not None and v > self.worst_mw:
+                self.worst_mw = v
+        confirmed = self.inflight[-1][0] if self.inflight and self.confirmed(now) else None
+        if confirmed is not None:
+            self.inflight.clear()
+            self.new = False
+        self._foreign(now)
+        self._update_bound()
+        return confirmed
+
+    def observe_unknown(self) -> None:
+        """The card could not be read (or a call on it is overdue): it counts at the
+        highest limit it may have or come back with; whatever it reads next is news."""
+        self.requested_mw = self.enforced_mw = None
+        self.bound_mw = max([self.worst_mw, self.bound_mw] + [mw for mw, _ in self.inflight])
+
+    def appeared(self) -> None:
+        """The card appeared at runtime or came back: worst case until a write confirms."""
+        self.new = True
+        self.bound_mw = max(self.bound_mw, self.worst_mw)
+
+    def _update_bound(self) -> None:
+        known = [v for v in (self.requested_mw, self.enforced_mw) if v is not None]
+        known += [mw for mw, _ in self.inflight]
+        if self.foreign_mw is not None:
+            known.append(self.foreign_mw)
+        if self.requested_mw is None or self.enforced_mw is None or self.new:
+            known.append(self.worst_mw)  # part of it unknown, or not ours yet: its worst
+        self.bound_mw = max(known)
+        if self.shadow_mw is not None:
+            self.bound_mw = self.shadow_mw  # dry run: decide as if what we would have written were in force
+
+    def _foreign(self, now: float) -> None:
+        """A raise we did not make may still be on its way: requested above enforced with
+        nothing of ours in flight (a run killed mid-write, another tool). Until it lands
+        (or ``settle_s`` shows another limiter holds enforced lower) the card takes no
+        write: the old enforced value could otherwise "confirm" our next write too early."""
+        pending = not self.inflight and self.held_below
+        if not pending:
+            self.foreign_mw = self.foreign_since = None
+        elif self.foreign_mw != self.requested_mw:
+            self.foreign_mw, self.foreign_since = self.requested_mw, now
+        elif self.foreign_since is not None and now - self.foreign_since >= self.timings.settle_s:
+            self.foreign_mw = None  # settled: a tighter limiter, not a write in flight
+
+    @property
+    def held_below(self) -> bool:
+        """Enforced below requested: a write landing, or a tighter limiter elsewhere."""
+        r, e = self.requested_mw, self.enforced_mw
+        return r is not None and e is not None and r > e
+
+    @property
+    def held_above(self) -> bool:
+        """Enforced above requested with nothing of ours in flight: a floor set elsewhere
+        (firmware, a BMC, another limiter). Writing lower cannot bring the card down."""
+        r, e = self.requested_mw, self.enforced_mw
+        return not self.inflight and r is not None and e is not None and e > r
+
+    # -- what we write ---------------------------------------------------------------
+    def record_write(self, to_mw: int, sent_at: float) -> None:
+        """A write of ours was sent at ``sent_at``: it may be in force from now on."""
+        self.inflight.append((to_mw, sent_at))
+        self.bound_mw = max(self.bound_mw, to_mw)
+
+    def record_overdue_write(self, to_mw: int, sent_at: float) -> None:
+        """A write that did not return in time may land whenever it returns: worst case."""
+        self.record_write(to_mw, sent_at)
+        self.bound_mw = max(self.bound_mw, self.worst_mw)
+
+    def confirmed(self, now: float) -> bool:
+        """The last write is in force: requested reads it back and enforced equals it
+        (or, ``settle_s`` after it was sent, sits below it: another limiter is tighter)."""
+        if not self.inflight:
+            return True
+        target, sent_at = self.inflight[-1]
+        if self.requested_mw != target or self.enforced_mw is None:
+            return False
+        return self.enforced_mw == target or (
+            self.enforced_mw < target and now - sent_at >= self.timings.settle_s
+        )
+
+    def expire(self, now: float) -> tuple[int, float] | None:
+        """The last write, if it is still unconfirmed ``confirm_timeout_s`` after it was
+        sent (the in-flight list is then dropped: the card counts at what it reads)."""
+        if self.inflight and now - self.inflight[-1][1] > self.timings.confirm_timeout_s:
+            last = self.inflight[-1]
+            self.inflight.clear()
+            return last
+        return None
+
+    def hold(self, now: float) -> bool:
+        """Leave the card alone for a doubling backoff. True when it was not held before."""
+        first = not self.backoff_s
+        tm = self.timings
+        self.backoff_s = min(max(tm.retry_backoff_s, 2 * self.backoff_s), tm.retry_backoff_max_s)
+        self.hold_until = now + self.backoff_s
+        return first
+
+    def release(self) -> bool:
+        """A write of ours was confirmed after a hold: controllable again. True if it was held."""
+        was = bool(self.backoff_s)
+        self.hold_until, self.backoff_s = float("-inf"), 0.0
+        return was
+
+    def held(self, now: float) -> bool:
+        return now < self.hold_until
+
+    def refuse(self, mw: int) -> None:
+        """NVML refused ``mw`` (INVALID_ARGUMENT): never send it again."""
+        self.refused.add(mw)
+
+    def avoid_refused(self, target_mw: int, min_mw: int) -> int:
+        """The nearest whole watt at or below ``target_mw`` that NVML did not refuse (lower
+        is always within the budget), down to ``min_mw``; with none left, the target."""
+        candidate = target_mw
+        while candidate in self.refused and candidate - 1000 >= min_mw:
+            candidate -= 1000
+        return candidate
+
+    @property
+    def busy(self) -> bool:
+        """A write (ours or another's) may still be landing: send nothing more."""
+        return bool(self.inflight) or self.foreign_mw is not None

@@ -1,0 +1,85 @@
+"""Over-budget episodes: when the sum of bounds exceeds the budget, for any cause.
+
+The controller corrects such a state by itself (cards that cannot be lowered are
+reserved at their bounds, the rest get fair shares of what is left, decreases first);
+this module says so: one ``over_budget`` log line per episode with the cause and the
+numbers, and the state the metrics, the status line and MQTT export.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import structlog
+
+from powerbudgetd.core.model import Mode
+
+if TYPE_CHECKING:
+    from powerbudgetd.control.card import CardState
+    from powerbudgetd.control.controller import Controller
+
+log = structlog.get_logger("powerbudgetd")
+
+
+class OverBudget:
+    """Tracks over-budget episodes (s, W) and the cards that cannot be held to their share."""
+
+    def __init__(self) -> None:
+        self.since: float | None = None  # when the current episode began (None: within budget)
+        self.episodes = 0
+        self.seconds = 0.0  # total time over budget, ticks counted at their start
+        self.cause = ""  # the current (or last) episode's cause
+        self.peak_w = 0.0  # the current (or last) episode's highest sum of bounds
+        self._last: float | None = None
+        self._infeasible = False
+
+    @property
+    def active(self) -> bool:
+        return self.since is not None
+
+    @staticmethod
+    def why(c: CardState) -> str | None:
+        """Why a card counts above what we can hold it to, or None."""
+        if c.gone:
+            return "gone (reserved at its bound)"
+        if c.error is not None:
+            return f"unreadable ({c.error.split(':')[0]}), counted at {c.bound_mw / 1000:g} W"
+        if c.ledger.new:
+            return f"new, counted at its max {c.ledger.worst_mw / 1000:g} W until capped"
+        if c.ledger.held_above:
+            return (f"held at {c.enforced_mw / 1000:g} W above its requested {c.requested_mw / 1000:g} W "
+                    "by an outside limit")
+        if c.ledger.backoff_s:
+            return "a write did not take"
+        if not c.controllable:
+            return f"not controllable, counted at {c.bound_mw / 1000:g} W"
+        return None
+
+    def track(self, now: float, ctl: Controller, mode: Mode) -> None:
+        over = ctl.sum_bound_mw > ctl.budget_mw
+        if self.since is not None and self._last is not None:
+            self.seconds += now - self._last
+        self._last = now
+        if over and self.since is None:
+            self.since, self.episodes = now, self.episodes + 1
+            self.cause = "; ".join(ctl.degraded()) or ("boot: cards at their start-up limits" if mode == Mode.BOOTING
+                                                       else "budget lowered")
+            self.peak_w = ctl.sum_bound_mw / 1000
+            (log.info if mode == Mode.BOOTING and not ctl.degraded() else log.error)(
+                "over_budget", cause=self.cause, sum_limits_w=self.peak_w, budget_w=ctl.budget_mw / 1000,
+                action="lowering the controllable cards (decreases only) until the bank fits")
+        elif over:
+            self.peak_w = max(self.peak_w, ctl.sum_bound_mw / 1000)
+        elif self.since is not None:
+            log.info("over_budget_cleared", after_s=round(now - self.since, 3), peak_w=self.peak_w,
+                     sum_limits_w=ctl.sum_bound_mw / 1000, budget_w=ctl.budget_mw / 1000)
+            self.since = None
+
+    def infeasible(self, pool_mw: int, active: list[CardState], infeasible: bool) -> None:
+        """The cards we cannot lower leave less than the others' floors: say so loudly
+        (once per episode); the others are then held at their floors."""
+        if infeasible and not self._infeasible:
+            log.error("budget_infeasible_now", pool_w=pool_mw / 1000, floors_w=sum(c.min_mw for c in active) / 1000,
+                      action="cards outside our control alone leave less than the others' floors: every "
+                      "controllable card held at its floor; find what holds the other cards' limits")
+        self._infeasible = infeasible

@@ -1,0 +1,126 @@
+"""Property tests of the per-card ledger alone: whatever a card does and reads, the
+bound covers every limit that may be in force, and a write is confirmed only in force."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from powerbudgetd.control.ledger import CardLedger
+from powerbudgetd.core.model import Timings
+
+T = Timings()
+MIN_MW, MAX_MW = 100_000, 400_000
+
+limits = st.integers(MIN_MW, MAX_MW)
+ops = st.lists(
+    st.one_of(
+        st.tuples(st.just("write"), limits),  # a write of ours
+        # Another tool writes. The controller reads every card before it writes one, so an
+        # outside write is read at least once before ours (one sent between that read and
+        # our write, in the same tick, is invisible to any reader).
+        st.tuples(st.just("outside"), limits),
+        st.tuples(st.just("floor"), st.one_of(st.none(), limits)),  # an outside limiter
+        st.tuples(st.just("read"), st.sampled_from(["ok", "error", "no_requested", "no_enforced"])),
+        st.tuples(st.just("wait"), st.floats(0.0, 5.0)),
+        st.tuples(st.just("expire"), st.just(0)),
+    ),
+    max_size=60,
+)
+
+
+class Card:
+    """A card's truth: requested at once, enforced after ``lag_s``, an outside floor."""
+
+    def __init__(self, default_mw: int, lag_s: float) -> None:
+        self.requested = self.enforced_base = default_mw
+        self.pending: list[tuple[float, int]] = []
+        self.floor: int | None = None
+        self.lag_s = lag_s
+
+    def enforced(self, now: float) -> int:
+        while self.pending and self.pending[0][0] <= now:
+            self.enforced_base = self.pending.pop(0)[1]
+        return max(self.enforced_base, self.floor or 0)
+
+    def write(self, now: float, mw: int) -> None:
+        self.enforced(now)
+        self.requested = mw
+        self.pending = [(now + self.lag_s, mw)]  # the latest request wins: it supersedes any still in flight
+
+    def bound(self, now: float) -> int:
+        return max([self.requested, self.enforced(now)] + [mw for _, mw in self.pending])
+
+
+@settings(max_examples=500, deadline=None)
+@given(limits, st.sampled_from([0.0, 0.1, 0.5, 2.0]), ops)
+def test_the_bound_covers_whatever_may_be_in_force(default_mw, lag_s, script):
+    card = Card(default_mw, lag_s)
+    led = CardLedger(T, MAX_MW)
+    now = 0.0
+    led.observe(now, card.requested, card.enforced(now))
+    for op, arg in script:
+        if op == "write" and not led.busy:
+            card.write(now, arg)
+            led.record_write(arg, now)
+        elif op == "outside":
+            card.write(now, arg)
+            confirmed = led.observe(now, card.requested, card.enforced(now))
+        elif op == "floor":
+            card.floor = arg
+        elif op == "wait":
+            now += arg
+        elif op == "expire":
+            led.expire(now)
+        elif op == "read":
+            if arg == "error":
+                led.observe_unknown()
+            else:
+                req = None if arg == "no_requested" else card.requested
+                enf = None if arg == "no_enforced" else card.enforced(now)
+                confirmed = led.observe(now, req, enf)
+                if confirmed is not None:  # our write is in force (or a tighter limiter holds it lower)
+                    assert card.requested == confirmed
+                    assert card.enforced(now) <= confirmed
+            # Right after a read, the bound covers the truth of that instant.
+            assert led.bound_mw >= card.bound(now), (led, card.__dict__)
+        # A write of ours counts from the moment it is sent.
+        if op == "write":
+            assert led.bound_mw >= card.requested or led.busy
+
+
+@given(limits, st.lists(limits, max_size=5))
+def test_unknown_counts_at_the_largest_value_ever_read(worst_mw, seen):
+    led = CardLedger(T, worst_mw)
+    for mw in seen:
+        led.observe(0.0, mw, mw)
+    led.observe_unknown()
+    assert led.bound_mw == max([worst_mw] + seen)
+    led.observe(0.0, None, MIN_MW)  # half unknown is unknown
+    assert led.bound_mw == max([worst_mw] + seen)
+
+
+def test_a_new_card_counts_at_its_worst_until_a_write_of_ours_is_confirmed():
+    led = CardLedger(T, 350_000)
+    led.appeared()
+    led.observe(0.0, 250_000, 250_000)
+    assert led.bound_mw == 350_000 and led.new
+    led.record_write(250_000, 0.0)
+    assert led.observe(0.1, 250_000, 250_000) == 250_000
+    assert led.bound_mw == 250_000 and not led.new
+
+
+def test_an_outside_floor_is_held_above_and_counted_at_enforced():
+    led = CardLedger(T, 300_000)
+    led.observe(0.0, 250_000, 300_000)
+    assert led.held_above and led.bound_mw == 300_000
+
+
+def test_refused_values_step_down_and_holds_double():
+    led = CardLedger(T, 300_000)
+    led.refuse(250_000)
+    led.refuse(249_000)
+    assert led.avoid_refused(250_000, 150_000) == 248_000
+    assert led.hold(0.0) and not led.hold(1.0)
+    assert led.backoff_s == 2 * T.retry_backoff_s and led.held(5.0)
+    assert led.release() and not led.held(5.0)

@@ -1,0 +1,312 @@
+"""The budget holds in the world as it is: the four handed cases of the bank going over
+budget behind the daemon's back, with the numbers asserted. The claim each time: after
+the outside event the bank is back within budget within one tick plus the limit lag,
+and nothing of ours ever raises it while it is over."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+from structlog.testing import capture_logs
+
+from conftest import Fault, busy, card, idle, make_rig
+from powerbudgetd.control.controller import Controller
+from powerbudgetd.core.model import CardOverride, Mode, Role, Timings
+from powerbudgetd.errors import CardLimitUnknown, ExitStatus
+from powerbudgetd.hw.calls import DeadlineCalls
+from powerbudgetd.hw.nvml import Nvml
+from powerbudgetd.service.daemon import Daemon
+from powerbudgetd.service.notify import Notifier
+from powerbudgetd_sim.libnvml import SimNvmlLibrary
+from powerbudgetd_sim.physics import BankEvent, SimBank
+
+LIMIT_CALLS = (
+    "nvmlDeviceGetPowerManagementLimitConstraints", "nvmlDeviceGetPowerManagementDefaultLimit",
+    "nvmlDeviceGetPowerManagementLimit", "nvmlDeviceGetEnforcedPowerLimit", "nvmlDeviceSetPowerManagementLimit",
+)
+
+
+def events(logs, name):
+    return [e for e in logs if e["event"] == name]
+
+
+def alarms(logs):
+    """over_budget lines at error level (boot's own descent is logged at info)."""
+    return [e for e in events(logs, "over_budget") if e["log_level"] == "error"]
+
+
+def over_budget_after(rig, seconds, since):
+    """Run; return the time (s) the truth spent over budget after ``since`` (ticks x tick_s),
+    asserting no card is ever raised by us while the bank is over."""
+    budget = rig.ctl.budget_mw
+    tick = rig.ctl.timings.tick_s
+    over = 0.0
+    prev = [c.requested(rig.bank.now) for c in rig.bank.cards]
+    end = rig.t + seconds
+    while rig.t < end - 1e-9:
+        truth_before = rig.bank.sum_limit_bound_mw()
+        rep = rig.step()
+        raised = [w for w in rep.writes if w.to_w > w.from_w and w.error is None]
+        if raised:
+            assert truth_before <= budget and rig.bank.sum_limit_bound_mw() <= budget, (rep.now, raised)
+        if rep.now >= since and rig.bank.sum_limit_bound_mw() > budget:
+            over += tick
+        prev = [c.requested(rig.bank.now) for c in rig.bank.cards]
+    del prev
+    return over
+
+
+def test_case_1_enforced_held_above_requested_is_corrected_within_a_tick_plus_lag():
+    """2 cards 150-300 W, budget 500 W, both busy at 250 W; from t = 20 s card 0 is held
+    at an enforced 300 W by an outside floor for 60 s."""
+    rig = make_rig([card(0, busy()), card(1, busy())], 500)
+    rig.bank._events = [(20.0, 0, BankEvent(20.0, 0, "floor", limit_w=300.0)),
+                        (80.0, 1, BankEvent(80.0, 0, "floor"))]
+    with capture_logs() as logs:
+        assert over_budget_after(rig, 20.0, since=0.5) == 0.0
+        over = over_budget_after(rig, 60.0, since=20.0)
+        assert over <= rig.ctl.timings.tick_s + 0.1 + 1e-9  # one tick plus the lag
+        assert rig.enforced_w(0) == 300.0 and rig.enforced_w(1) == 200.0
+        assert rig.ctl.cards[0].role == Role.FIXED  # neither donor nor recipient
+        ob = alarms(logs)
+        assert len(ob) == 1 and "outside limit" in ob[0]["cause"] and ob[0]["sum_limits_w"] == 550.0
+        assert rig.ctl.over.episodes == 2 and not rig.ctl.over.active  # boot's descent, then this
+        assert over_budget_after(rig, 10.0, since=80.0) == 0.0  # the floor lifts: back to 250 / 250
+    assert rig.enforced_w(0) == 250.0 and rig.enforced_w(1) == 250.0
+
+
+def test_case_2_a_card_with_every_limit_call_unsupported_counts_at_its_worst():
+    """2 cards 200-700 W, budget 1000 W; every limit call NOT_SUPPORTED on card 1."""
+    faults = [Fault(call, "NOT_SUPPORTED", card=1) for call in LIMIT_CALLS]
+    specs = [card(i, busy(0, 700.0), min_w=200.0, max_w=700.0) for i in range(2)]
+    with pytest.raises(CardLimitUnknown) as info:
+        make_rig(specs, 1000, faults=faults)
+    msg = str(info.value)
+    assert "GPU 1" in msg and "GPU-test-1" in msg and "constraints, default, requested or enforced" in msg
+    assert "max_w" in msg and "GPU 0" not in msg
+    # With the operator's [cards] max_w it counts there: the other card gets the rest.
+    rig = make_rig(specs, 1000, faults=faults, overrides={"GPU-test-1": CardOverride(max_w=700.0)})
+    assert rig.ctl.cards[1].bound_mw == 700_000 and not rig.ctl.cards[1].controllable
+    over = over_budget_after(rig, 10.0, since=0.0)
+    assert over <= rig.ctl.timings.tick_s + 0.1 + 1e-9
+    assert rig.enforced_w(0) == 300.0 and rig.truth_w() == 1000.0 and rig.ctl.ready
+
+
+def test_case_3_a_card_appearing_at_runtime_is_counted_and_capped_first():
+    """2 cards 100-350 W, budget 500 W; one visible at start, the second appears at
+    t = 10.05 s at its 350 W default."""
+    specs = [card(0, busy(0, 350.0), min_w=100.0, max_w=350.0), card(1, min_w=100.0, max_w=350.0, present=False)]
+    rig = make_rig(specs, 500)
+    rig.bank._events = [(10.05, 0, BankEvent(10.05, 1, "appear"))]
+    assert len(rig.ctl.cards) == 1
+    with capture_logs() as logs:
+        assert over_budget_after(rig, 10.0, since=0.0) == 0.0
+        assert rig.enforced_w(0) == 350.0
+        order = []
+        over = 0.0
+        while rig.t < 20.0:
+            rep = rig.step()
+            order += [(w.index, w.to_w) for w in rep.writes]
+            over += rig.ctl.timings.tick_s if rig.truth_w() > 500 else 0.0
+    assert over <= rig.ctl.timings.tick_s + 0.1 + 1e-9
+    assert len(rig.ctl.cards) == 2 and rig.ctl.cards[1].index == 1
+    assert events(logs, "card_appeared")[0]["uuid"] == "GPU-test-1"
+    assert len(alarms(logs)) == 1 and "new" in alarms(logs)[0]["cause"]
+    assert order[:2] == [(0, 250.0), (1, 250.0)] or order[:2] == [(1, 250.0), (0, 250.0)]  # decreases first
+    assert rig.enforced_w(0) + rig.enforced_w(1) <= 500.0
+
+
+def test_a_card_gone_stays_reserved_without_stopping_lending_for_ever():
+    specs = [card(0, busy()), card(1), card(2), card(3)]
+    rig = make_rig(specs, 1000, timings=Timings(donor_hold_s=1.0, recipient_hold_s=0.5, failsafe_hold_s=5.0))
+    rig.bank._events = [(3.0, 0, BankEvent(3.0, 3, "disappear"))]
+    with capture_logs() as logs:
+        rig.run(20.0)
+    c3 = rig.ctl.cards[3]
+    assert c3.gone and c3.bound_mw >= 150_000 and events(logs, "card_gone")
+    assert rig.ctl.mode == Mode.DYNAMIC  # lending resumed after failsafe_hold_s
+    assert rig.ctl.cards[0].role == Role.RECIPIENT
+    assert rig.ctl.sum_bound_mw <= 1_000_000
+
+
+def test_reindexed_cards_follow_nvml_and_keep_their_state():
+    rig = make_rig([card(0, busy()), card(1), card(2)], 750)
+    rig.run(2.0)
+    rig.bank._events = [(2.05, 0, BankEvent(2.05, 0, "reindex", order=(2, 0, 1)))]
+    rig.run(6.0)
+    by_uuid = {c.uuid: c.index for c in rig.ctl.cards}
+    assert by_uuid == {"GPU-test-2": 0, "GPU-test-0": 1, "GPU-test-1": 2}
+    assert rig.truth_w() <= 750.0
+
+
+def test_case_4_a_hung_set_stalls_neither_the_loop_nor_the_other_cards(tmp_path):
+    """4 cards on the wall clock; at a reclaim the set on card 0 hangs for 60 s."""
+    tick_s = 0.1
+    specs = [card(0, busy()), card(1, idle(), busy(4.0)), card(2), card(3)]
+    bank = SimBank(specs, lag_s=0.05, seed=1, clock=time.monotonic)
+    lib = SimNvmlLibrary(bank, [Fault("nvmlDeviceSetPowerManagementLimit", "SLOW", card=0, from_s=3.9, count=1,
+                                   delay_s=60.0)])
+    nvml = Nvml(lib)
+    timings = Timings(tick_s=tick_s, donor_hold_s=1.0, recipient_hold_s=0.5, call_timeout_s=0.05)
+
+    def factory(n):
+        return Controller(n, 1000, timings, calls=DeadlineCalls(timings.call_timeout_s), clock=time.monotonic)
+
+    daemon = Daemon(nvml, factory)
+    ticks: list[float] = []
+    raised_at: list[float] = []
+
+    class Listener:
+        def on_tick(self, rep):
+            listen(rep)
+
+        def on_reload(self, ok, settings):
+            pass
+
+        async def run(self):
+            await asyncio.Event().wait()
+
+    def listen(rep):
+        ticks.append(time.monotonic())
+        if not raised_at and bank.time() > 4.0 and bank.cards[1].enforced_mw(bank.now) >= 200_000:
+            raised_at.append(bank.now)
+        if bank.now > 8.0:
+            daemon.request_stop()
+
+    daemon.register(Listener())
+    with capture_logs() as logs:
+        rc = asyncio.run(asyncio.wait_for(daemon.run(), 30))
+    ctl = daemon.controller
+    assert rc in (0, 1)  # card 0 is still hung: it cannot be returned to fair share in time
+    hung = [w for e in events(logs, "power_limit_write_failed") if e["index"] == 0 for w in [e]]
+    assert hung and hung[0]["kind"] == "timeout", "the reclaim never wrote card 0"
+    gaps = [b - a for a, b in zip(ticks, ticks[1:])]
+    assert max(gaps) <= 2 * tick_s, f"tick gap {max(gaps):.3f} s"
+    assert raised_at and raised_at[0] - 4.0 <= 0.5, raised_at  # the reclaim on card 1
+    assert not [e for e in events(logs, "write_unconfirmed") if e["index"] != 0]
+    assert ctl.cards[0].bound_mw == 300_000  # counted at its worst while its call hangs
+    assert bank.sum_limit_bound_mw() <= 1_000_000
+
+
+def test_a_frozen_power_reading_while_the_energy_counter_moves_is_unknown_counted_and_logged_once():
+    """Card 0's power reading freezes at its idle value at t = 3 s; from t = 4 s it draws
+    300 W. The energy counter says so: its draw becomes unknown (neither donor nor
+    recipient), counted, logged once; when the reading moves again it is believed."""
+    specs = [card(0, idle(), busy(4.0)), card(1), card(2), card(3)]
+    rig = make_rig(specs, 1000)
+    rig.bank._events = [(3.0, 0, BankEvent(3.0, 0, "freeze")), (12.0, 1, BankEvent(12.0, 0, "unfreeze"))]
+    energy_reads = []
+    real = rig.nvml.energy_j
+    rig.nvml.energy_j = lambda uuid: energy_reads.append(rig.t) or real(uuid)  # type: ignore[method-assign]
+    with capture_logs() as logs:
+        rig.run(3.0)
+        assert energy_reads == []  # a moving reading costs no energy read
+        rig.run(9.0)  # to t = 12 s
+        snap = rig.reports[-1].snapshot.cards[0]
+        assert snap.power_avg_w is None and snap.power_instant_w is None
+        assert dict(snap.readings_rejected)["frozen"] > 0
+        assert rig.ctl.cards[0].role not in (Role.DONOR, Role.RECIPIENT)
+        frozen = events(logs, "power_reading_frozen")
+        assert len(frozen) == 1 and frozen[0]["energy_counter_w"] > 200 and frozen[0]["reading_w"] < 60
+        assert frozen[0]["unchanged_s"] <= 2.0 + 2.0 + 2.0 + 0.2  # suspect after 2 s, two energy reads 2 s apart
+        assert not events(logs, "power_reading_unknown")  # said once, by the frozen line
+        assert len(energy_reads) <= 9 / 2 + 1  # one read per 2 s while suspect
+        rig.run(2.0)
+    assert rig.reports[-1].snapshot.cards[0].power_avg_w is not None
+    assert events(logs, "power_reading_moving_again")
+    assert rig.truth_w() <= 1000.0
+
+
+def test_a_steady_reading_the_energy_counter_agrees_with_is_believed():
+    """A reading stuck at the card's true draw is not frozen: the energy counter agrees."""
+    rig = make_rig([card(0), card(1)], 500)
+    rig.bank._events = [(1.0, 0, BankEvent(1.0, 0, "freeze"))]  # idle, and it stays idle
+    with capture_logs() as logs:
+        rig.run(10.0)
+    assert rig.reports[-1].snapshot.cards[0].power_avg_w is not None
+    assert not events(logs, "power_reading_frozen")
+    assert dict(rig.reports[-1].snapshot.cards[0].readings_rejected)["frozen"] == 0
+
+
+@pytest.mark.parametrize("bogus_w", [-5.0, 4e6, 5000.0])
+def test_an_impossible_power_reading_is_unknown_counted_and_logged_once(bogus_w):
+    """Card 0 busy (a recipient) reads an impossible power from t = 8 s to 11 s."""
+    rig = make_rig([card(0, busy()), card(1), card(2), card(3)], 1000)
+    rig.bank._events = [(8.0, 0, BankEvent(8.0, 0, "bad_reading", limit_w=bogus_w)),
+                        (11.0, 1, BankEvent(11.0, 0, "bad_reading"))]
+    with capture_logs() as logs:
+        rig.run(8.0)
+        assert rig.ctl.cards[0].role == Role.RECIPIENT
+        rig.run(2.5)
+        snap = rig.reports[-1].snapshot.cards[0]
+        assert snap.power_avg_w is None and dict(snap.readings_rejected)["impossible"] >= 20
+        assert rig.ctl.cards[0].role not in (Role.DONOR, Role.RECIPIENT)
+        rig.run(1.0)
+    assert len(events(logs, "power_reading_impossible")) == 1
+    assert not events(logs, "power_reading_unknown")
+    assert events(logs, "power_reading_plausible_again")
+    assert rig.reports[-1].snapshot.cards[0].power_avg_w is not None
+    assert max(r.snapshot.sum_limit_bound_w for r in rig.reports[10:]) <= 1000.0
+
+
+class RecordingNotifier(Notifier):
+    def __init__(self) -> None:
+        super().__init__("")
+        self.sent: list[tuple[str, ...]] = []
+
+    def send(self, *lines: str) -> bool:
+        self.sent.append(lines)
+        return True
+
+
+def boot_daemon(specs, budget_w, faults, on_ready=None, boot_timeout_s=30.0):
+    """A daemon on the wall clock over a simulated bank; stops once READY is sent."""
+    bank = SimBank(specs, lag_s=0.05, seed=1, clock=time.monotonic)
+    nvml = Nvml(SimNvmlLibrary(bank, faults))
+    timings = Timings(tick_s=0.05, boot_timeout_s=boot_timeout_s)
+    notifier = RecordingNotifier()
+    daemon = Daemon(nvml, lambda n: Controller(n, budget_w, timings, clock=time.monotonic), notifier=notifier)
+
+    class StopWhenReady:
+        def on_tick(self, rep):
+            if any(lines[0] == "READY=1" for lines in notifier.sent):
+                daemon.request_stop()
+
+        def on_reload(self, ok, settings):
+            pass
+
+        async def run(self):
+            await asyncio.Event().wait()
+
+    daemon.register(StopWhenReady())
+    with capture_logs() as logs:
+        rc = asyncio.run(asyncio.wait_for(daemon.run(), 20))
+    return rc, notifier.sent, logs, bank
+
+
+def test_boot_is_ready_degraded_when_a_card_will_not_take_its_limit_but_the_bank_fits():
+    """4 cards 150-300 W, budget 1000 W; card 1 refuses every write (at its 300 W
+    default): it is counted there, the others go to 233 W, READY says why."""
+    faults = [Fault("nvmlDeviceSetPowerManagementLimit", "UNKNOWN", card=1)]
+    rc, sent, logs, bank = boot_daemon([card(i) for i in range(4)], 1000, faults)
+    assert rc == ExitStatus.OK
+    ready = [lines for lines in sent if lines[0] == "READY=1"]
+    assert len(ready) == 1 and "degraded: GPU 1 a write did not take" in ready[0][1], ready
+    assert events(logs, "ready")[0]["degraded"] == ["GPU 1 a write did not take"]
+    assert bank.cards[1].requested_mw == 300_000
+    assert all(bank.cards[i].requested_mw <= 233_334 for i in (0, 2, 3))
+
+
+def test_boot_exits_with_its_own_status_when_the_bank_cannot_be_brought_within_budget():
+    """2 cards 150-300 W, budget 400 W; card 1 refuses every write at 300 W: even with
+    card 0 at its 150 W floor the bank is at 450 W. Never READY; exit 9, saying why."""
+    faults = [Fault("nvmlDeviceSetPowerManagementLimit", "UNKNOWN", card=1)]
+    rc, sent, logs, bank = boot_daemon([card(0), card(1)], 400, faults, boot_timeout_s=1.0)
+    assert rc == ExitStatus.BOOT_OVER_BUDGET == 9
+    assert not [lines for lines in sent if lines[0] == "READY=1"]
+    (line,) = events(logs, "boot_over_budget")
+    assert line["sum_limits_w"] == 450.0 and line["budget_w"] == 400.0 and "GPU 1" in line["cause"]
+    assert events(logs, "budget_infeasible_now") and not events(logs, "boot_timeout")
+    assert bank.cards[0].requested_mw == 150_000  # every other card at its floor
