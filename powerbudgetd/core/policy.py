@@ -89,7 +89,9 @@ class LendingPolicy:
         """Targets for ``cards`` whose sum stays within ``pool_mw``.
 
         ``pool_mw`` is the budget left for these cards after fixed and lost ones are
-        reserved; it must cover the fair shares (the controller guarantees it).
+        reserved; it must cover the fair shares (the controller guarantees it). A card
+        is donor or recipient, never both, so the targets sum to at most ``pool_mw``
+        (a property test holds this for any timings :class:`Timings` accepts).
         """
         tm = self.timings
         reasons: dict[str, str] = {}
@@ -117,7 +119,8 @@ class LendingPolicy:
             for u, t in tracks.items():
                 c = by_id[u]
                 lendable = c.min_mw < c.share_mw
-                if t.role == Role.FAIR and u not in reasons and lendable and _held(t.quiet_since, now, tm.donor_hold_s):
+                if (t.role == Role.FAIR and u not in reasons and u not in recipients and lendable
+                        and _held(t.quiet_since, now, tm.donor_hold_s)):
                     t.role, reasons[u] = Role.DONOR, "lend"
         else:
             for u, t in tracks.items():
@@ -168,7 +171,11 @@ class LendingPolicy:
         tr.at_cap += min(1.0, dt / tm.burst_window_s) * (float(at_cap) - tr.at_cap)
         draw = _draw(c, tr)
         quiet = draw is not None and draw <= tm.donor_enter_fraction * c.min_mw
-        pinned = (avg is not None and avg >= tm.pinned_fraction * c.cap_mw) or tr.at_cap >= tm.burst_pinned_share
+        # A card quiet now is not pinned now, whatever its recent time at the cap says:
+        # otherwise it could lend its watts and borrow them back in the same tick.
+        pinned = not quiet and (
+            (avg is not None and avg >= tm.pinned_fraction * c.cap_mw) or tr.at_cap >= tm.burst_pinned_share
+        )
         idle = (avg is None or avg < tm.release_fraction * c.share_mw) and tr.at_cap < tm.burst_release_share
         tr.quiet_since = (tr.quiet_since if tr.quiet_since is not None else now) if quiet else None
         tr.pinned_since = (tr.pinned_since if tr.pinned_since is not None else now) if pinned else None
