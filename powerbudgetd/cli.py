@@ -27,7 +27,7 @@ from powerbudgetd.service.cliargs import (
 from powerbudgetd.service.logs import configure_logging
 from powerbudgetd.service.output import Progress, pipe_safe
 
-POLICY_NAMES = ("static", "slurm", "reactive", "powerbudgetd", "oracle")  # simulate.POLICIES
+POLICY_NAMES = ("static", "slurm", "reactive", "powerbudgetd", "oracle", "causal")  # simulate.POLICIES
 BACKENDS = ("nvml", "sim")  # service.backend.BACKENDS (imported lazily: it loads the simulator)
 DEFAULT_METRICS_PORT = 19400  # channels.metrics.DEFAULT_PORT
 

@@ -20,6 +20,11 @@ readings, read-back and limit lag as powerbudgetd:
 - :class:`OraclePolicy`: knows each card's demand at the next refresh, writes limits
   with no lag, and each tick splits the budget to maximise work (see :func:`allocate`).
   No controller can do better within the budget: the upper bound of the scoreboard.
+- :class:`CausalOraclePolicy`: the same allocation on the demand a controller could have
+  seen — the latest refresh, not the next one — written with the scenario's limit lag,
+  every decrease confirmed (in force) before an increase that needs its watts. What
+  perfect knowledge of each card's demand and work curve is worth to a controller that
+  obeys the same timing and ordering as powerbudgetd: the bar a causal one can meet.
 
 Static and Slurm order their writes as powerbudgetd does (decreases first, increases
 only into the budget minus the limits that may be in force), so that they keep the
@@ -36,8 +41,8 @@ from dataclasses import dataclass
 from powerbudgetd.errors import NvmlError
 from powerbudgetd.core.fairshare import fair_shares, waterfill
 from powerbudgetd.hw.nvml import GpuInfo, Nvml, PowerReading, to_mw
-from powerbudgetd.core.plan import Step, plan_writes
-from powerbudgetd_sim.physics import REFRESH_S, SimBank
+from powerbudgetd.core.plan import Step, Write, plan_writes
+from powerbudgetd_sim.physics import REFRESH_S, SimBank, SimCard
 from powerbudgetd_sim.work import POWER_FRACTIONS, work_rate
 
 JobStart = Callable[[int, float], "float | None"]  # (card index, now) -> job start s, None if idle
@@ -405,6 +410,21 @@ def _rounded(
     return alloc
 
 
+def demands_at(bank: SimBank, t: float) -> list[CardDemand]:
+    """Every card of ``bank`` as the oracles see it at bank time ``t``."""
+    out = []
+    for card in bank.cards:
+        spec = card.spec
+        out.append(
+            CardDemand(
+                card.min_mw, card.max_mw,
+                spec.profile.demand_w(t, spec.idle_w, spec.board_tgp_w),
+                spec.idle_w, spec.board_tgp_w, spec.profile.workload_at(t),
+            )
+        )
+    return out
+
+
 class OraclePolicy:
     """Clairvoyant and lag-free: each tick, the budget split for the next refresh's demand.
 
@@ -425,17 +445,7 @@ class OraclePolicy:
         return "oracle"
 
     def _demands(self, t: float) -> list[CardDemand]:
-        out = []
-        for card in self.bank.cards:
-            spec = card.spec
-            out.append(
-                CardDemand(
-                    card.min_mw, card.max_mw,
-                    spec.profile.demand_w(t, spec.idle_w, spec.board_tgp_w),
-                    spec.idle_w, spec.board_tgp_w, spec.profile.workload_at(t),
-                )
-            )
-        return out
+        return demands_at(self.bank, t)
 
     def tick(self, now: float) -> int:
         t_next = round((int(now / REFRESH_S + 1e-6) + 1) * REFRESH_S, 9)
@@ -446,3 +456,59 @@ class OraclePolicy:
                 writes += 1
         self.ready = True
         return writes
+
+
+class CausalOraclePolicy:
+    """The oracle's allocation, acting as a controller could: on the demand of the latest
+    refresh (known at ``now``), through the limit lag, decreases confirmed before the
+    increases they make room for.
+
+    Writes straight into the simulated bank (build it with the scenario's ``lag_s``). Its
+    decreases come from :func:`~powerbudgetd.core.plan.plan_writes` on the bank's own
+    bounds (requested, enforced or in flight), one write in flight per card, as
+    powerbudgetd's controller orders its own; increases go into what the bounds leave
+    under the budget, in part if that is all there is. So it keeps the budget at every
+    instant, and with a 100 ms lag a raise that needs a cut first lands two readings
+    after the demand that asked for it.
+    """
+
+    name = "causal"
+
+    def __init__(self, bank: SimBank, budget_w: float) -> None:
+        self.bank = bank
+        self.budget_mw = int(budget_w * 1000)
+        self.ready = False
+
+    def start(self) -> None:
+        allocate(self.budget_mw, demands_at(self.bank, 0.0))  # raises ValueError when infeasible
+
+    def role(self, index: int) -> str:
+        return "causal"
+
+    def tick(self, now: float) -> int:
+        seen = round(int(now / REFRESH_S + 1e-6) * REFRESH_S, 9)  # the latest refresh, already read
+        targets = allocate(self.budget_mw, demands_at(self.bank, seen))
+        cards = self.bank.cards
+        steps = [
+            Step(str(c.index), c.limit_bound_mw(now), mw, c.requested_mw, busy=_in_flight(c, now))
+            for c, mw in zip(cards, targets)
+        ]
+        writes = [w for w in plan_writes(steps, self.budget_mw) if not w.is_increase]
+        # Increases into whatever the confirmed bounds leave, a part of one if that is all
+        # that fits (the plan waits for all of it): never a reading later than it must.
+        headroom = self.budget_mw - sum(st.bound_mw for st in steps)
+        for st in sorted(steps, key=lambda st: st.target_mw - st.bound_mw):
+            if st.target_mw > st.bound_mw and not st.busy and headroom > 0:
+                to_mw = st.bound_mw + min(st.target_mw - st.bound_mw, headroom)
+                headroom -= to_mw - st.bound_mw
+                writes.append(Write(st.uuid, st.bound_mw, to_mw))
+        for w in writes:
+            cards[int(w.uuid)].set_limit(now, w.to_mw)
+        # Ready (counted) once the limits that may be in force fit the budget, as at boot.
+        self.ready = self.ready or self.bank.sum_limit_bound_mw() <= self.budget_mw
+        return len(writes)
+
+
+def _in_flight(card: SimCard, now: float) -> bool:
+    """A write to ``card`` has not taken effect yet (its enforced limit is not the requested one)."""
+    return card.enforced_mw(now) != card.requested_mw

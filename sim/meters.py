@@ -2,12 +2,16 @@
 
 What the scoreboard reports beyond the limits: the work done (``work.py``), seconds
 the summed 1 s average draw spent above the budget, the wall power and whether the
-feed's breaker or UPS would have tripped (``feed.py``), and reclaim latencies.
+feed's breaker or UPS would have tripped (``feed.py``), reclaim latencies, and flapping.
 
 A *reclaim* starts when a card whose enforced limit sits below its fair share wakes —
 its demand rises above its floor (its minimum limit) — and ends when its enforced limit
 is back at fair share (within 1 W). Reclaims still open when the run ends count with
 the time they had been open (a lower bound).
+
+*Flapping*: a card's enforced limit reversing direction (a rise after a cut, or a cut
+after a rise) more than :data:`MAX_REVERSALS` times within :data:`FLAP_WINDOW_S`. Each
+card's reversals are kept and the most found in any such window is reported.
 """
 
 from __future__ import annotations
@@ -20,6 +24,8 @@ from powerbudgetd_sim.physics import REFRESH_S, SimBank
 from powerbudgetd_sim.work import work_rate
 
 SHARE_TOLERANCE_MW = 1000
+FLAP_WINDOW_S = 10.0  # no card's limit may reverse direction ...
+MAX_REVERSALS = 2  # ... more than this many times within the window
 
 
 @dataclass
@@ -52,6 +58,9 @@ class BankMeters:
         self.first_loss_s = self.mains.outages[0][0] if self.mains is not None and self.mains.outages else None
         self.work_before_loss = 0.0
         self._last_t = 0.0
+        self._limit_mw: list[int | None] = [None] * n
+        self._direction = [0] * n  # sign of the last change of each card's enforced limit
+        self.reversals: list[list[float]] = [[] for _ in range(n)]  # times (s), per card
 
     def attach(self) -> BankMeters:
         self.bank.observers.append(self.observe)
@@ -63,6 +72,7 @@ class BankMeters:
         for i, card in enumerate(self.bank.cards):
             spec = card.spec
             limit_mw = card.enforced_mw(t)
+            self._track_direction(i, t, limit_mw)
             rate = work_rate(spec.profile.workload_at(t), card.demand_w, limit_mw / 1000, spec.idle_w, spec.board_tgp_w)
             self.work[i] += REFRESH_S * rate
             if self.first_loss_s is not None and t < self.first_loss_s:
@@ -94,6 +104,29 @@ class BankMeters:
         """The fair shares of the budget in force changed (a UPS on battery): a reclaim
         ends once the card is back at the share of the budget in force."""
         self.share_mw = share_mw
+
+    def _track_direction(self, i: int, t: float, limit_mw: int) -> None:
+        last = self._limit_mw[i]
+        self._limit_mw[i] = limit_mw
+        if last is None or limit_mw == last:
+            return
+        direction = 1 if limit_mw > last else -1
+        if self._direction[i] and direction != self._direction[i]:
+            self.reversals[i].append(t)
+        self._direction[i] = direction
+
+    def flapping_summary(self) -> dict[str, object]:
+        """``max_reversals``: the most reversals of one card's enforced limit within any
+        ``window_s``; ``per_card``: that count for each card; ``flapping``: the cards over
+        :data:`MAX_REVERSALS`; ``reversals``: all reversals counted."""
+        per_card = [_most_in_window(ts, FLAP_WINDOW_S) for ts in self.reversals]
+        return {
+            "window_s": FLAP_WINDOW_S,
+            "max_reversals": max(per_card, default=0),
+            "per_card": per_card,
+            "flapping": [i for i, k in enumerate(per_card) if k > MAX_REVERSALS],
+            "reversals": sum(len(ts) for ts in self.reversals),
+        }
 
     def close(self) -> None:
         """End the run: reclaims still open count with the time they have been open."""
@@ -127,6 +160,16 @@ class BankMeters:
             "breaker": self.breaker.tripped_at if self.breaker else None,
             "ups": self.ups.tripped_at if self.ups else None,
         }
+
+
+def _most_in_window(times_s: list[float], window_s: float) -> int:
+    """The most of the sorted ``times_s`` that fall within any span shorter than ``window_s``."""
+    best = lo = 0
+    for hi, t in enumerate(times_s):
+        while t - times_s[lo] >= window_s - 1e-9:
+            lo += 1
+        best = max(best, hi - lo + 1)
+    return best
 
 
 def _percentile(sorted_xs: list[float], q: float) -> float | None:

@@ -4,15 +4,16 @@ powerbudgetd's controller talks to the simulator through the production NVML lay
 (:class:`powerbudgetd.hw.nvml.Nvml` and the real bindings over the simulated NVML
 library); so do the baselines
 ``static``, ``slurm`` and ``reactive`` (``powerbudgetd_sim.baselines``); the ``oracle``
-writes straight into a bank without limit lag. Every tick, from the first (boot
-included), the simulator's own truth is checked: the sum over cards of the highest limit
-that may be in force (requested, enforced or in flight) against the budget.
-``over_budget_s`` and ``over_budget_episodes`` count every tick over it, whatever the
-cause; ``violation_ticks`` those the policy is to blame for: over budget after it
-declared itself ready, or in a tick where it raised a limit (``ready_s`` is when it
-declared itself ready, None if never). Every 100 ms
+writes straight into a bank without limit lag, the ``causal`` oracle into one with it.
+Every tick, from the first (boot included), the simulator's own truth is checked: the
+sum over cards of the highest limit that may be in force (requested, enforced or in
+flight) against the budget. ``over_budget_s`` and ``over_budget_episodes`` count every
+tick over it, whatever the cause; ``violation_ticks`` those the policy is to blame for:
+over budget after it declared itself ready, or in a tick where it raised a limit
+(``ready_s`` is when it declared itself ready, None if never). Every 100 ms
 refresh, meters (``powerbudgetd_sim.meters``) account the work done, the draw above the
-budget, the wall power against the feed's breaker and UPS, and reclaims.
+budget, the wall power against the feed's breaker and UPS, reclaims, and how often each
+card's limit reverses direction (flapping).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from powerbudgetd.core.fairshare import fair_shares
 from powerbudgetd.core.model import Timings
 from powerbudgetd.hw.nvml import Nvml
 from powerbudgetd.service.daemon import BudgetKeeper
-from powerbudgetd_sim.baselines import OraclePolicy, ReactivePolicy, SlurmPolicy, StaticPolicy
+from powerbudgetd_sim.baselines import CausalOraclePolicy, OraclePolicy, ReactivePolicy, SlurmPolicy, StaticPolicy
 from powerbudgetd_sim.feed import feed_from_dict
 from powerbudgetd_sim.libnvml import SimNvmlLibrary
 from powerbudgetd_sim.mains import SimUps
@@ -35,7 +36,8 @@ from powerbudgetd_sim.meters import BankMeters
 from powerbudgetd_sim.physics import SimBank
 from powerbudgetd_sim.scenario import Scenario
 
-POLICIES = ("static", "slurm", "reactive", "powerbudgetd", "oracle")
+POLICIES = ("static", "slurm", "reactive", "powerbudgetd", "oracle", "causal")
+ORACLES = ("oracle", "causal")  # no fair share to return to: reclaims are not counted
 
 
 @dataclass
@@ -108,13 +110,13 @@ class ControllerPolicy:
 
 
 class UpsOracle:
-    """The oracle under the same UPS budget as powerbudgetd (on battery it has the same
-    watts to split): the upper bound of work within the budget in force."""
+    """An oracle (clairvoyant or causal) under the same UPS budget as powerbudgetd (on
+    battery it has the same watts to split): the bound of work within the budget in force."""
 
-    name = "oracle"
-
-    def __init__(self, oracle: OraclePolicy, ups: SimUps, configured_w: float, floor_w: float) -> None:
+    def __init__(self, oracle: OraclePolicy | CausalOraclePolicy, ups: SimUps, configured_w: float,
+                 floor_w: float) -> None:
         self.oracle, self.ups = oracle, ups
+        self.name = oracle.name
         self.configured_w, self.floor_w = configured_w, floor_w
 
     @property
@@ -132,6 +134,13 @@ class UpsOracle:
 
     def role(self, index: int) -> str:
         return self.oracle.role(index)
+
+
+def _under_ups(oracle: OraclePolicy | CausalOraclePolicy, sc: Scenario, bank: SimBank) -> Policy:
+    """``oracle`` as is, or under the scenario's UPS budget where it loses the mains."""
+    if sc.mains is None:
+        return oracle
+    return UpsOracle(oracle, SimUps(sc.mains), sc.budget_w, sum(c.min_mw for c in bank.cards) / 1000)
 
 
 def _job_start(sc: Scenario) -> Callable[[int, float], float | None]:
@@ -153,10 +162,9 @@ def make_policy(name: str, sc: Scenario, bank: SimBank, nvml: Nvml, timings: Tim
     if name == "reactive":
         return ReactivePolicy(nvml, sc.budget_w)
     if name == "oracle":
-        oracle = OraclePolicy(bank, sc.budget_w)
-        if sc.mains is None:
-            return oracle
-        return UpsOracle(oracle, SimUps(sc.mains), sc.budget_w, sum(c.min_mw for c in bank.cards) / 1000)
+        return _under_ups(OraclePolicy(bank, sc.budget_w), sc, bank)
+    if name == "causal":
+        return _under_ups(CausalOraclePolicy(bank, sc.budget_w), sc, bank)
     raise ValueError(f"policy {name!r} is not one of {', '.join(POLICIES)}")
 
 
@@ -169,13 +177,15 @@ def run_scenario(
     keep_series: bool = False,
     policy: str = "powerbudgetd",
     oracle_work: float | None = None,
+    causal_work: float | None = None,
     compare: bool = True,
 ) -> SimResult:
     """Simulate ``sc`` under ``policy`` and return the report (W, s; work in TGP-s).
 
     ``work_vs_oracle`` is this run's work over the oracle's on the same scenario, seed
     and duration: ``oracle_work`` when given, else the oracle is run too (``compare``
-    False skips it and reports None). Raises ValueError for an unknown policy, and
+    False skips it and reports None); ``work_vs_causal`` the same against the causal
+    oracle (``causal_work``). Raises ValueError for an unknown policy, and
     BudgetInfeasible / ValueError when the minimum limits sum above the budget.
     """
     duration = sc.duration_s if duration_s is None else duration_s
@@ -223,7 +233,7 @@ def run_scenario(
         if pol.ready or (over and raised):
             violation_ticks += over
         if pol.ready:
-            meters.counting = policy != "oracle"  # the oracle has no fair share to return to
+            meters.counting = policy not in ORACLES
             if boot_s is None:
                 boot_s = t
             max_sum_bound = max(max_sum_bound, bound / 1000)
@@ -263,6 +273,12 @@ def run_scenario(
         oracle_work = work
     elif oracle_work is None and compare:
         oracle_work = run_scenario(sc, duration_s=duration, seed=seed, policy="oracle", compare=False).report["work"]
+    if policy == "causal":
+        causal_work = work
+    elif causal_work is None and compare:
+        causal_work = run_scenario(sc, duration_s=duration, seed=seed, policy="causal", compare=False).report["work"]
+    minutes = max(duration, 1e-9) / 60
+    per_card = [c.writes / minutes for c in bank.cards]
     report = {
         "scenario": sc.name,
         "policy": policy,
@@ -281,6 +297,10 @@ def run_scenario(
         "cap_changes": cap_changes,
         "work": round(work, 3),
         "work_vs_oracle": round(work / oracle_work, 4) if oracle_work else None,
+        "work_vs_causal": round(work / causal_work, 4) if causal_work else None,
+        "writes_per_card_per_min": {"mean": round(sum(per_card) / len(per_card), 2) if per_card else 0.0,
+                                    "max": round(max(per_card, default=0.0), 2)},
+        "flapping": meters.flapping_summary(),
         "reclaim_latency_s": meters.reclaim_summary(),
         "over_budget_s": round(over_s, 3),
         "over_budget_episodes": episodes,
@@ -304,19 +324,24 @@ def run_policies(
     timings: Timings | None = None,
     keep_series: bool = False,
 ) -> dict[str, SimResult]:
-    """Run each of ``policies`` on the same scenario, seed and duration; the oracle runs
-    once (first) and every ``work_vs_oracle`` is against it. Keyed by policy name."""
+    """Run each of ``policies`` on the same scenario, seed and duration; the two oracles
+    run once (first) and every ``work_vs_oracle`` and ``work_vs_causal`` is against
+    them. Keyed by policy name, in the order given."""
     unknown = [p for p in policies if p not in POLICIES]
     if unknown:
         raise ValueError(f"policy {unknown[0]!r} is not one of {', '.join(POLICIES)}")
     kw: dict[str, Any] = dict(duration_s=duration_s, seed=seed, timings=timings, keep_series=keep_series)
-    oracle = run_scenario(sc, policy="oracle", **kw)
-    out = {}
-    for name in policies:
-        out[name] = oracle if name == "oracle" else run_scenario(
-            sc, policy=name, oracle_work=oracle.report["work"], **kw
-        )
-    return out
+    oracle = run_scenario(sc, policy="oracle", compare=False, **kw)
+    causal = run_scenario(sc, policy="causal", compare=False, **kw)
+    oracle_work, causal_work = oracle.report["work"], causal.report["work"]
+    for r in (oracle, causal):
+        r.report["work_vs_oracle"] = round(r.report["work"] / oracle_work, 4) if oracle_work else None
+        r.report["work_vs_causal"] = round(r.report["work"] / causal_work, 4) if causal_work else None
+    done = {"oracle": oracle, "causal": causal}
+    return {
+        name: done.get(name) or run_scenario(sc, policy=name, oracle_work=oracle_work, causal_work=causal_work, **kw)
+        for name in policies
+    }
 
 
 def format_report(r: dict[str, Any]) -> str:
@@ -336,8 +361,13 @@ def format_report(r: dict[str, Any]) -> str:
         trips = ", ".join(f"{d} {'TRIPPED at ' + str(r['trip_at_s'][d]) + ' s' if v else 'held'}"
                           for d, v in r["trips"].items() if v is not None)
         wvo = "-" if r["work_vs_oracle"] is None else f"{r['work_vs_oracle']:.3f}"
+        wvc = "-" if r.get("work_vs_causal") is None else f"{r['work_vs_causal']:.3f}"
+        flap = r["flapping"]
         lines += [
-            f"  work                 {r['work']:g} TGP-s ({wvo} of the oracle's)",
+            f"  work                 {r['work']:g} TGP-s ({wvo} of the oracle's, {wvc} of the causal oracle's)",
+            f"  limit writes         {r['writes_per_card_per_min']['mean']:g} per card per minute "
+            f"(busiest card {r['writes_per_card_per_min']['max']:g}); at most {flap['max_reversals']} "
+            f"reversals of a card's limit in {flap['window_s']:g} s",
             f"  limits over budget   {r['over_budget_s']:g} s in {r['over_budget_episodes']} episodes (boot included)",
             f"  draw over budget     {r['draw_over_budget_s']:g} s (summed 1 s average draw above the budget)",
             "  reclaim latency      " + (
