@@ -1,38 +1,72 @@
 """The lending policy: which cap each controllable card should have (pure logic).
 
 No I/O, no clock: the controller passes ``now`` and what it observed. The policy keeps
-only per-card timers (how long a card has been quiet, pinned, or not busy), so that its
-decisions have hysteresis and hold times and a bursty load does not move caps each tick.
+per-card timers and a short memory of each card's load pattern, so that it lends as
+soon as a quiet spell is likely to last, keeps a bursty card's share while its pattern
+holds, and never moves a card's limit back and forth faster than a limit should move.
 
 Rules (fractions and holds in :class:`~powerbudgetd.core.model.Timings`):
 
-- a card whose draw (max of 1 s average and instant) has stayed at or under
-  ``donor_enter_fraction`` x its floor for ``donor_hold_s`` may become a **donor**: its
-  cap drops to its floor (its minimum limit). It lends only while some card borrows.
-- a card that has stayed **pinned** for ``recipient_hold_s`` may become a **recipient**:
-  it gets its fair share plus the watts donors free, water-filled by priority, never
-  above its max. Pinned: its 1 s average is at ``pinned_fraction`` x its cap or more, or
-  (a bursty load, whose average hides its peaks) its instant draw has been at the cap
-  for ``burst_pinned_share`` of the last ``burst_window_s``.
-- **reclaim**: a donor whose instant (or average) draw reaches ``wake_fraction`` x its
-  floor returns to fair share at once; the plan lowers the recipients first.
-- a recipient whose average stays under ``release_fraction`` x its fair share, and
-  whose instant draw is at the cap less than ``burst_release_share`` of the time, for
-  ``release_hold_s`` returns to fair share.
+- **quiet**: a card's draw (its instant reading, and its 1 s average too where it has
+  no instant field) is at or under ``donor_enter_fraction`` x its floor (its minimum
+  limit). A quiet card may become a **donor** (its cap drops to its floor) while some
+  card borrows. It lends after ``donor_hold_s`` of quiet whatever its pattern; sooner
+  (after :data:`QUIET_MIN_S`, or ``donor_hold_s`` if shorter) when its recent quiet
+  spells say this one will likely last: the mean of what remained of the spells (that
+  ended in the last :data:`PATTERN_MEMORY_S`) as long as this one so far is at least
+  :data:`LEND_RESIDUAL_S`, or none lasted this long (the pattern no longer holds). A
+  serving card idling 0.3-3 s between bursts therefore keeps its share through its
+  gaps; a batch card idle for seconds between steps lends at once.
+- **wants more**: its instant draw is at ``pinned_fraction`` x its cap or more, or its
+  1 s average is, or (a bursty load, whose average hides its peaks) its instant draw
+  has been at the cap for ``burst_pinned_share`` of the last ``burst_window_s``. A card
+  that has wanted more for ``recipient_hold_s`` — gaps shorter than ``burst_window_s``
+  do not restart that hold — may become a **recipient**: it gets its fair share plus
+  the watts donors free, water-filled by priority, never above its max, nor above what
+  it has shown it can use (a card that has not drawn near its cap for
+  :data:`USE_MEMORY_S` gains nothing from a higher one: its raise is held to its
+  highest recent draw / ``pinned_fraction``).
+- **reclaim**: a donor whose draw reaches ``wake_fraction`` x its floor returns to fair
+  share at once; the plan lowers the recipients first.
+- **release**: a recipient whose average stays under ``release_fraction`` x its fair
+  share, and whose instant draw is at the cap less than ``burst_release_share`` of the
+  time, for ``release_hold_s`` returns to fair share; donors return when no card has
+  borrowed for ``release_hold_s``.
+- **no flapping**: a move by choice (lending, a raise) that reverses the direction of
+  the card's last move is made only if the card's limit has reversed so few times in
+  the last :data:`FLAP_WINDOW_S` that this reversal, and the one a move back forced
+  on it at any moment (a reclaim) would add, still leave at most
+  :data:`MAX_REVERSALS` in any such window. Moves toward fair share (reclaim,
+  release, a recipient cut to make room) are never held back; two of them in a row
+  go the same way, so they add at most that one reversal.
 
 Cards without an instant reading (field 186) get one estimated from the average: a
 10-sample mean that rose by d since the last read had a newest sample about 10 d above
 the one it dropped, which on a steady card is the previous mean. So a wake shows in
 100-200 ms instead of the second the average needs.
+
+A card is donor or recipient, never both, and every target is its floor, its fair
+share, or its fair share plus a part of what the donors free: so the targets sum to at
+most the pool (a property test holds this for any timings :class:`Timings` accepts).
 """
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from powerbudgetd.core.fairshare import waterfill
 from powerbudgetd.core.model import Role, Timings
+
+QUIET_MIN_S = 0.5  # the shortest quiet spell a card lends on (5 readings at 100 ms)
+PATTERN_MEMORY_S = 60.0  # quiet spells that ended this recently make a card's pattern
+PATTERN_SPELLS = 16  # ... at most this many of them
+LEND_RESIDUAL_S = 2.0  # lend early when a quiet spell is expected to last this much longer
+USE_MEMORY_S = 10.0  # a recipient's raise is held to what it drew in this long
+FLAP_WINDOW_S = 10.0  # no card's limit reverses direction more than ...
+MAX_REVERSALS = 2  # ... this many times in any window this long
+_FLAP_MARGIN_S = 0.5  # the limit lag and a tick or two between a target and the card
 
 
 @dataclass(frozen=True)
@@ -62,13 +96,21 @@ class Target:
 class _Track:
     role: Role = Role.FAIR
     quiet_since: float | None = None
-    pinned_since: float | None = None
+    wants_since: float | None = None  # wanting more, gaps under burst_window_s forgiven
+    last_wanted: float | None = None
     idle_since: float | None = None
     limit_mw: int | None = None
     at_cap: float = 0.0  # share of recent time the instant draw sat at the cap (moving average)
     last_t: float | None = None
     prev_avg_mw: int | None = None
     instant_mw: int | None = None  # read, or estimated from the average (see module docstring)
+    # Quiet spells that ended in a wake: (ended at s, lasted s), oldest first.
+    spells: deque[tuple[float, float]] = field(default_factory=lambda: deque(maxlen=PATTERN_SPELLS))
+    # Highest draw seen per second (s, mW), and whether the card sat at its cap in it.
+    peaks: deque[tuple[float, int, bool]] = field(default_factory=deque)
+    # Direction (+1 up, -1 down) of the last change of the target, and when it reversed.
+    direction: int = 0
+    reversals: deque[float] = field(default_factory=deque)
 
 
 @dataclass
@@ -77,10 +119,12 @@ class LendingPolicy:
 
     timings: Timings = field(default_factory=Timings)
     _tracks: dict[str, _Track] = field(default_factory=dict)
+    _last_borrow: float | None = None
 
     def reset(self) -> None:
         """Forget every timer and role (after a fault: start again from fair share)."""
         self._tracks.clear()
+        self._last_borrow = None
 
     def role(self, uuid: str) -> Role:
         return self._tracks[uuid].role if uuid in self._tracks else Role.FAIR
@@ -97,7 +141,7 @@ class LendingPolicy:
         reasons: dict[str, str] = {}
         for c in cards:
             tr = self._tracks.setdefault(c.uuid, _Track())
-            self._update_timers(tr, c, now)
+            self._update(tr, c, now)
             draw = _draw(c, tr)
             if draw is None:  # power unknown: neither donor nor recipient
                 if tr.role != Role.FAIR:
@@ -105,7 +149,6 @@ class LendingPolicy:
                 tr.role = Role.FAIR
             elif tr.role == Role.DONOR and draw >= tm.wake_fraction * c.min_mw:
                 tr.role, reasons[c.uuid] = Role.FAIR, "reclaim"
-                tr.quiet_since = None
             elif tr.role == Role.RECIPIENT and _held(tr.idle_since, now, tm.release_hold_s):
                 tr.role, reasons[c.uuid] = Role.FAIR, "release"
 
@@ -113,14 +156,17 @@ class LendingPolicy:
         tracks = {c.uuid: self._tracks[c.uuid] for c in cards}
         recipients = [u for u, t in tracks.items() if t.role == Role.RECIPIENT]
         for u, t in tracks.items():
-            if t.role == Role.FAIR and u not in reasons and _held(t.pinned_since, now, tm.recipient_hold_s):
+            if (t.role == Role.FAIR and u not in reasons and _held(t.wants_since, now, tm.recipient_hold_s)
+                    and self._may_move(t, by_id[u], now, up=True)):
                 recipients.append(u)
-        if recipients:
+        if any(by_id[u].max_mw > by_id[u].share_mw for u in recipients):
+            self._last_borrow = now  # a card that can take more wants it
+        lending = self._last_borrow is not None and now - self._last_borrow < tm.release_hold_s
+        if lending:
             for u, t in tracks.items():
                 c = by_id[u]
-                lendable = c.min_mw < c.share_mw
-                if (t.role == Role.FAIR and u not in reasons and u not in recipients and lendable
-                        and _held(t.quiet_since, now, tm.donor_hold_s)):
+                if (t.role == Role.FAIR and u not in reasons and u not in recipients and c.min_mw < c.share_mw
+                        and self._quiet_lasts(t, now) and self._may_move(t, c, now, up=False)):
                     t.role, reasons[u] = Role.DONOR, "lend"
         else:
             for u, t in tracks.items():
@@ -137,7 +183,12 @@ class LendingPolicy:
                 if tracks[u].role == Role.RECIPIENT:
                     tracks[u].role, reasons[u] = Role.FAIR, "nothing_to_lend"
             recipients = []
-        extras = _by_priority(spare, [by_id[u] for u in recipients])
+        ceilings = {u: self._ceiling(tracks[u], by_id[u], now) for u in recipients}
+        for u in recipients:  # a raise that would flap waits: the card keeps what it has
+            t, c = tracks[u], by_id[u]
+            if t.limit_mw is not None and not self._may_move(t, c, now, up=True):
+                ceilings[u] = max(0, min(ceilings[u], t.limit_mw - c.share_mw))
+        extras = _by_priority(spare, [by_id[u] for u in recipients], ceilings)
 
         out: dict[str, Target] = {}
         for c in cards:
@@ -153,11 +204,12 @@ class LendingPolicy:
                 limit = c.min_mw
             else:
                 limit = c.share_mw
-            t.limit_mw = limit
+            self._moved(t, limit, now)
             out[c.uuid] = Target(limit, t.role, reasons.get(c.uuid, ""))
         return out
 
-    def _update_timers(self, tr: _Track, c: CardView, now: float) -> None:
+    # -- what the readings say --------------------------------------------------------
+    def _update(self, tr: _Track, c: CardView, now: float) -> None:
         tm = self.timings
         avg = c.power_avg_mw
         dt = tm.tick_s if tr.last_t is None else now - tr.last_t
@@ -167,19 +219,97 @@ class LendingPolicy:
             tr.instant_mw = tr.prev_avg_mw + 10 * (avg - tr.prev_avg_mw)
         tr.prev_avg_mw = avg
         sample = tr.instant_mw if tr.instant_mw is not None else avg
-        at_cap = sample is not None and sample >= tm.pinned_fraction * c.cap_mw
-        tr.at_cap += min(1.0, dt / tm.burst_window_s) * (float(at_cap) - tr.at_cap)
+        at_cap_now = sample is not None and sample >= tm.pinned_fraction * c.cap_mw
+        tr.at_cap += min(1.0, dt / tm.burst_window_s) * (float(at_cap_now) - tr.at_cap)
         draw = _draw(c, tr)
-        quiet = draw is not None and draw <= tm.donor_enter_fraction * c.min_mw
-        # A card quiet now is not pinned now, whatever its recent time at the cap says:
-        # otherwise it could lend its watts and borrow them back in the same tick.
-        pinned = not quiet and (
-            (avg is not None and avg >= tm.pinned_fraction * c.cap_mw) or tr.at_cap >= tm.burst_pinned_share
+        # Quiet on the instant reading (the average trails a burst's end by a second);
+        # a card without the instant field is quiet only when its average agrees.
+        quiet_at = tm.donor_enter_fraction * c.min_mw
+        quiet = sample is not None and sample <= quiet_at and (
+            c.power_instant_mw is not None or (avg is not None and avg <= quiet_at)
+        )
+        wants = not quiet and (
+            at_cap_now or (avg is not None and avg >= tm.pinned_fraction * c.cap_mw)
+            or tr.at_cap >= tm.burst_pinned_share
         )
         idle = (avg is None or avg < tm.release_fraction * c.share_mw) and tr.at_cap < tm.burst_release_share
-        tr.quiet_since = (tr.quiet_since if tr.quiet_since is not None else now) if quiet else None
-        tr.pinned_since = (tr.pinned_since if tr.pinned_since is not None else now) if pinned else None
+        if quiet:
+            tr.quiet_since = tr.quiet_since if tr.quiet_since is not None else now
+        elif tr.quiet_since is not None:
+            tr.spells.append((now, now - tr.quiet_since))
+            tr.quiet_since = None
+        while tr.spells and now - tr.spells[0][0] > PATTERN_MEMORY_S:
+            tr.spells.popleft()
+        if wants:
+            gap_ok = tr.last_wanted is not None and now - tr.last_wanted <= tm.burst_window_s
+            tr.wants_since = tr.wants_since if tr.wants_since is not None and gap_ok else now
+            tr.last_wanted = now
+        elif quiet or tr.last_wanted is None or now - tr.last_wanted > tm.burst_window_s:
+            tr.wants_since = None
         tr.idle_since = (tr.idle_since if tr.idle_since is not None else now) if idle else None
+        if draw is not None:
+            second = float(int(now))
+            if tr.peaks and tr.peaks[-1][0] == second:
+                _, mw, capped = tr.peaks[-1]
+                tr.peaks[-1] = (second, max(mw, draw), capped or at_cap_now)
+            else:
+                tr.peaks.append((second, draw, at_cap_now))
+            while tr.peaks and now - tr.peaks[0][0] > USE_MEMORY_S + 1.0:
+                tr.peaks.popleft()
+
+    def _quiet_lasts(self, tr: _Track, now: float) -> bool:
+        """Quiet long enough to lend: ``donor_hold_s``, or sooner where the card's
+        recent quiet spells say this one is likely to last (module docstring)."""
+        tm = self.timings
+        if tr.quiet_since is None:
+            return False
+        quiet_s = now - tr.quiet_since
+        if quiet_s >= tm.donor_hold_s - 1e-9:
+            return True
+        if quiet_s < min(QUIET_MIN_S, tm.donor_hold_s) - 1e-9:
+            return False
+        longer = [lasted - quiet_s for _, lasted in tr.spells if lasted > quiet_s]
+        return not longer or sum(longer) / len(longer) >= LEND_RESIDUAL_S
+
+    def _ceiling(self, tr: _Track, c: CardView, now: float) -> int:
+        """The most extra (mW above fair share) a recipient has shown it can use: up to
+        its max if it sat at its cap in the last :data:`USE_MEMORY_S` (or has not been
+        watched that long), else its highest draw then / ``pinned_fraction``."""
+        room = c.max_mw - c.share_mw
+        recent = [(mw, capped) for s, mw, capped in tr.peaks if now - s <= USE_MEMORY_S]
+        watched = bool(tr.peaks) and now - tr.peaks[0][0] >= USE_MEMORY_S
+        if not watched or any(capped for _, capped in recent) or not recent:
+            return room
+        usable = int(max(mw for mw, _ in recent) / self.timings.pinned_fraction)
+        return max(0, min(room, usable - c.share_mw))
+
+    # -- flapping ---------------------------------------------------------------------
+    def _reversals(self, tr: _Track, now: float) -> int:
+        while tr.reversals and now - tr.reversals[0] > FLAP_WINDOW_S + _FLAP_MARGIN_S:
+            tr.reversals.popleft()
+        return len(tr.reversals)
+
+    def _may_move(self, tr: _Track, c: CardView, now: float, up: bool) -> bool:
+        """Whether the card's target may move away from fair share by choice (up: a
+        raise, else lending). A reclaim may force it back at any moment, so a move that
+        reverses the last one, or that leaves fair share, is allowed only if it and
+        that move back leave at most MAX_REVERSALS in the window. A move further out
+        on the side the card already is on adds nothing: that move back was counted."""
+        direction = 1 if up else -1
+        reverses = bool(tr.direction) and direction != tr.direction
+        current = tr.limit_mw if tr.limit_mw is not None else c.share_mw
+        away = current > c.share_mw if up else current < c.share_mw
+        if away and not reverses:
+            return True
+        return self._reversals(tr, now) + int(reverses) + 1 <= MAX_REVERSALS
+
+    def _moved(self, tr: _Track, limit_mw: int, now: float) -> None:
+        if tr.limit_mw is not None and limit_mw != tr.limit_mw:
+            direction = 1 if limit_mw > tr.limit_mw else -1
+            if tr.direction and direction != tr.direction:
+                tr.reversals.append(now)
+            tr.direction = direction
+        tr.limit_mw = limit_mw
 
 
 def _draw(c: CardView, tr: _Track) -> int | None:
@@ -191,13 +321,14 @@ def _held(since: float | None, now: float, hold_s: float) -> bool:
     return since is not None and now - since >= hold_s - 1e-9
 
 
-def _by_priority(spare_mw: int, recipients: list[CardView]) -> dict[str, int]:
+def _by_priority(spare_mw: int, recipients: list[CardView], ceilings: dict[str, int]) -> dict[str, int]:
     """Split ``spare_mw`` over recipients: higher priority groups fill first, an even
-    level within a group, each capped at max - share. Returns extra mW per uuid."""
+    level within a group, each capped at ``ceilings`` (mW above its share). Returns
+    extra mW per uuid."""
     extras: dict[str, int] = {}
     for prio in sorted({c.priority for c in recipients}, reverse=True):
         group = [c for c in recipients if c.priority == prio]
-        got = waterfill(max(spare_mw, 0), [0] * len(group), [c.max_mw - c.share_mw for c in group])
+        got = waterfill(max(spare_mw, 0), [0] * len(group), [ceilings[c.uuid] for c in group])
         for c, extra in zip(group, got):
             extras[c.uuid] = extra
         spare_mw -= sum(got)
