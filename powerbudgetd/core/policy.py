@@ -20,13 +20,16 @@ Rules (fractions and holds in :class:`~powerbudgetd.core.model.Timings`):
 - **wants more**: its instant draw is at ``pinned_fraction`` x its cap or more, or its
   1 s average is, or (a bursty load, whose average hides its peaks) its instant draw
   has been at the cap for ``burst_pinned_share`` of the last ``burst_window_s``. A card
-  that has wanted more for ``recipient_hold_s`` — gaps shorter than ``burst_window_s``
-  do not restart that hold — may become a **recipient**: it gets its fair share plus
+  that has wanted more for ``recipient_hold_s`` — gaps shorter than
+  :data:`WANT_GAP_S` (or ``burst_window_s``) do not restart that hold — may become a
+  **recipient** (at once if it wants more now and donors' watts are already free,
+  lent and not taken): it gets its fair share plus
   the watts donors free, water-filled by priority, never above its max, nor above what
   it has shown it can use (a card that has not drawn near its cap for
   :data:`USE_MEMORY_S` gains nothing from a higher one: its raise is held to its
   highest recent draw / ``pinned_fraction``).
-- **reclaim**: a donor whose draw reaches ``wake_fraction`` x its floor returns to fair
+- **reclaim**: a donor whose draw (its instant reading; without one, the larger of
+  the estimate and the average) reaches ``wake_fraction`` x its floor returns to fair
   share at once; the plan lowers the recipients first.
 - **release**: a recipient whose average stays under ``release_fraction`` x its fair
   share, and whose instant draw is at the cap less than ``burst_release_share`` of the
@@ -63,6 +66,7 @@ QUIET_MIN_S = 0.5  # the shortest quiet spell a card lends on (5 readings at 100
 PATTERN_MEMORY_S = 60.0  # quiet spells that ended this recently make a card's pattern
 PATTERN_SPELLS = 16  # ... at most this many of them
 LEND_RESIDUAL_S = 2.0  # lend early when a quiet spell is expected to last this much longer
+WANT_GAP_S = 5.0  # gaps between bursts this short do not restart a card's recipient hold
 USE_MEMORY_S = 10.0  # a recipient's raise is held to what it drew in this long
 FLAP_WINDOW_S = 10.0  # no card's limit reverses direction more than ...
 MAX_REVERSALS = 2  # ... this many times in any window this long
@@ -98,6 +102,7 @@ class _Track:
     quiet_since: float | None = None
     wants_since: float | None = None  # wanting more, gaps under burst_window_s forgiven
     last_wanted: float | None = None
+    wants_now: bool = False
     idle_since: float | None = None
     limit_mw: int | None = None
     at_cap: float = 0.0  # share of recent time the instant draw sat at the cap (moving average)
@@ -147,7 +152,7 @@ class LendingPolicy:
                 if tr.role != Role.FAIR:
                     reasons[c.uuid] = "power_unknown"
                 tr.role = Role.FAIR
-            elif tr.role == Role.DONOR and draw >= tm.wake_fraction * c.min_mw:
+            elif tr.role == Role.DONOR and _wake_draw(c, tr) >= tm.wake_fraction * c.min_mw:
                 tr.role, reasons[c.uuid] = Role.FAIR, "reclaim"
             elif tr.role == Role.RECIPIENT and _held(tr.idle_since, now, tm.release_hold_s):
                 tr.role, reasons[c.uuid] = Role.FAIR, "release"
@@ -155,9 +160,12 @@ class LendingPolicy:
         by_id = {c.uuid: c for c in cards}
         tracks = {c.uuid: self._tracks[c.uuid] for c in cards}
         recipients = [u for u, t in tracks.items() if t.role == Role.RECIPIENT]
+        # Watts already lent and not taken go at once to a card at its cap now.
+        unused = any(t.role == Role.DONOR for t in tracks.values()) and all(
+            tracks[u].limit_mw is not None and tracks[u].limit_mw >= by_id[u].max_mw for u in recipients)
         for u, t in tracks.items():
-            if (t.role == Role.FAIR and u not in reasons and _held(t.wants_since, now, tm.recipient_hold_s)
-                    and self._may_move(t, by_id[u], now, up=True)):
+            held = _held(t.wants_since, now, tm.recipient_hold_s) or (unused and t.wants_now)
+            if t.role == Role.FAIR and u not in reasons and held and self._may_move(t, by_id[u], now, up=True):
                 recipients.append(u)
         if any(by_id[u].max_mw > by_id[u].share_mw for u in recipients):
             self._last_borrow = now  # a card that can take more wants it
@@ -240,12 +248,16 @@ class LendingPolicy:
             tr.quiet_since = None
         while tr.spells and now - tr.spells[0][0] > PATTERN_MEMORY_S:
             tr.spells.popleft()
+        # A bursty card's gaps (quiet or not) do not restart its hold: only a spell
+        # without wanting longer than WANT_GAP_S (or burst_window_s) does.
+        gap_s = max(WANT_GAP_S, tm.burst_window_s)
         if wants:
-            gap_ok = tr.last_wanted is not None and now - tr.last_wanted <= tm.burst_window_s
+            gap_ok = tr.last_wanted is not None and now - tr.last_wanted <= gap_s
             tr.wants_since = tr.wants_since if tr.wants_since is not None and gap_ok else now
             tr.last_wanted = now
-        elif quiet or tr.last_wanted is None or now - tr.last_wanted > tm.burst_window_s:
+        elif tr.last_wanted is None or now - tr.last_wanted > gap_s:
             tr.wants_since = None
+        tr.wants_now = wants
         tr.idle_since = (tr.idle_since if tr.idle_since is not None else now) if idle else None
         if draw is not None:
             second = float(int(now))
@@ -315,6 +327,15 @@ class LendingPolicy:
 def _draw(c: CardView, tr: _Track) -> int | None:
     known = [p for p in (c.power_avg_mw, tr.instant_mw) if p is not None]
     return max(known) if known else None
+
+
+def _wake_draw(c: CardView, tr: _Track) -> int:
+    """What a donor's wake is judged on: its instant reading where it has one (its 1 s
+    average still shows the load it lent after), else the larger of the estimate and
+    the average."""
+    if c.power_instant_mw is not None:
+        return c.power_instant_mw
+    return _draw(c, tr) or 0
 
 
 def _held(since: float | None, now: float, hold_s: float) -> bool:
