@@ -2,9 +2,19 @@
 
 Starts the daemon on a simulated bank (wall clock, the scenario's cards and physics),
 lets it control for ``--duration`` seconds of wall time at ``--tick`` s, reads its CPU
-time and peak RSS from /proc (Linux), then stops it with SIGTERM. The simulated bank's
-physics run inside the daemon's process (every simulated NVML call advances them), so the
-CPU share is an upper bound for the daemon over real NVML.
+time and peak RSS from /proc (Linux), then stops it with SIGTERM.
+
+The simulated NVML library runs inside the daemon's process: every NVML call the
+bindings make lands in :meth:`SimNvmlLibrary.serve`, which advances the bank's physics
+and answers. The daemon is started through a small bootstrap that times each of those
+calls on the calling thread's CPU clock, so the report splits the process's CPU into
+the simulator's share (inside ``serve``) and the daemon's own (everything else: the
+control loop, the bindings' ctypes marshalling, logging, metrics, the flight recorder),
+which is what the daemon costs over a real driver, less the driver's own time.
+
+Nothing is written outside a temporary directory: the config points the flight
+recorder there (a simulated run would otherwise record under the state directory,
+/var/lib/powerbudgetd/sim by default).
 
     python benchmarks/daemon_cost.py --duration 600     # the README's numbers
 """
@@ -38,6 +48,41 @@ def peak_rss_mb(pid: int) -> float:
     raise RuntimeError("no VmHWM in /proc status")
 
 
+# Run in the daemon's process before powerbudgetd starts: time every simulated NVML call
+# on the calling thread's CPU clock and keep the total (s) in the file named by argv[1].
+BOOTSTRAP = """
+import sys, threading, time
+from powerbudgetd_sim import libnvml
+out, sim_cpu = sys.argv.pop(1), [0.0]
+serve = libnvml.SimNvmlLibrary.serve
+def timed(self, symbol, args):
+    t0 = time.thread_time()
+    try:
+        return serve(self, symbol, args)
+    finally:
+        sim_cpu[0] += time.thread_time() - t0
+libnvml.SimNvmlLibrary.serve = timed
+def keep():
+    while True:
+        with open(out + '.tmp', 'w') as fh:
+            fh.write(repr(sim_cpu[0]))
+        import os
+        os.replace(out + '.tmp', out)
+        time.sleep(0.5)
+threading.Thread(target=keep, daemon=True).start()
+from powerbudgetd.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def sim_cpu_s(path: Path) -> float:
+    """CPU seconds the daemon's process spent inside the simulated NVML library so far."""
+    try:
+        return float(path.read_text())
+    except (OSError, ValueError):
+        return 0.0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--duration", type=float, default=600.0, help="wall seconds of control (default 600)")
@@ -50,34 +95,46 @@ def main() -> int:
 
     with tempfile.TemporaryDirectory() as tmp:
         cfg = Path(tmp) / "powerbudgetd.toml"
+        log_dir = Path(tmp) / "powerlog"
         cfg.write_text(
             f'budget_w = {args.budget}\n[control]\ntick_s = {args.tick}\n[sim]\nscenario = "{args.scenario}"\n'
+            f'[recorder]\ndir = "{log_dir}"\n'
         )
+        sim_file = Path(tmp) / "sim_cpu_s"
+        env = dict(os.environ, STATE_DIRECTORY=tmp)  # whatever else reads the state directory
         proc = subprocess.Popen(
-            [sys.executable, "-m", "powerbudgetd", "run", "--config", str(cfg), "--backend", "sim"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            [sys.executable, "-c", BOOTSTRAP, str(sim_file), "run", "--config", str(cfg), "--backend", "sim"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env,
         )
         started = time.monotonic()
         time.sleep(min(args.warmup, args.duration))
-        cpu_warm, wall_warm = cpu_s(proc.pid), time.monotonic()
+        cpu_warm, sim_warm, wall_warm = cpu_s(proc.pid), sim_cpu_s(sim_file), time.monotonic()
         time.sleep(max(0.0, args.duration - (wall_warm - started)))
         if proc.poll() is not None:
             print(f"daemon exited early with status {proc.returncode}", file=sys.stderr)
             return 1
-        cpu_end, wall_end = cpu_s(proc.pid), time.monotonic()
+        time.sleep(0.6)  # one more write of the simulator's share
+        cpu_end, sim_end, wall_end = cpu_s(proc.pid), sim_cpu_s(sim_file), time.monotonic()
         rss = peak_rss_mb(proc.pid)
         proc.send_signal(signal.SIGTERM)
         status = proc.wait(timeout=30)
+        recorded = sorted(p.name for p in log_dir.glob("*")) if log_dir.is_dir() else []
 
+    wall, steady_wall = wall_end - started, max(wall_end - wall_warm, 1e-9)
     out = {
         "scenario": args.scenario,
         "tick_s": args.tick,
-        "wall_s": round(wall_end - started, 1),
+        "wall_s": round(wall, 1),
         "cpu_s": round(cpu_end, 2),
-        "cpu_share_pct": round(100 * cpu_end / (wall_end - started), 3),
-        "steady_cpu_share_pct": round(100 * (cpu_end - cpu_warm) / max(wall_end - wall_warm, 1e-9), 3),
+        "cpu_share_pct": round(100 * cpu_end / wall, 3),
+        "steady_cpu_share_pct": round(100 * (cpu_end - cpu_warm) / steady_wall, 3),
+        "sim_cpu_s": round(sim_end, 2),
+        "daemon_cpu_s": round(cpu_end - sim_end, 2),
+        "daemon_cpu_share_pct": round(100 * (cpu_end - sim_end) / wall, 3),
+        "steady_daemon_cpu_share_pct": round(100 * ((cpu_end - cpu_warm) - (sim_end - sim_warm)) / steady_wall, 3),
         "peak_rss_mb": round(rss, 1),
         "exit_status": status,
+        "flight_log_files": recorded,
     }
     if args.json:
         print(json.dumps(out, indent=2))
@@ -85,7 +142,10 @@ def main() -> int:
         print(
             f"powerbudgetd run --backend sim ({args.scenario}, tick {args.tick:g} s) for {out['wall_s']:g} s of wall time:\n"
             f"  CPU {out['cpu_s']:g} s = {out['cpu_share_pct']:.2f} % of one core "
-            f"({out['steady_cpu_share_pct']:.2f} % after the first {args.warmup:g} s)\n"
+            f"({out['steady_cpu_share_pct']:.2f} % after the first {args.warmup:g} s), of which\n"
+            f"    the simulated NVML library and its physics {out['sim_cpu_s']:g} s\n"
+            f"    the daemon itself {out['daemon_cpu_s']:g} s = {out['daemon_cpu_share_pct']:.2f} % of one core "
+            f"({out['steady_daemon_cpu_share_pct']:.2f} % after the first {args.warmup:g} s)\n"
             f"  peak RSS {out['peak_rss_mb']:g} MB\n"
             f"  exit status after SIGTERM: {status}"
         )

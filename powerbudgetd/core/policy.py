@@ -103,6 +103,7 @@ class _Track:
     wants_since: float | None = None  # wanting more, gaps under burst_window_s forgiven
     last_wanted: float | None = None
     wants_now: bool = False
+    cap_seen_mw: int | None = None
     idle_since: float | None = None
     limit_mw: int | None = None
     at_cap: float = 0.0  # share of recent time the instant draw sat at the cap (moving average)
@@ -204,6 +205,7 @@ class LendingPolicy:
             if c.uuid in extras:
                 if t.role != Role.RECIPIENT:
                     t.role, reasons[c.uuid] = Role.RECIPIENT, "lend"
+                    t.idle_since = None  # its release hold starts now, not before it borrowed
                 limit = c.share_mw + extras[c.uuid]
                 # Hysteresis on raises: a few watts more are not worth a write.
                 if t.limit_mw is not None and t.limit_mw < limit < t.limit_mw + min_step:
@@ -227,6 +229,9 @@ class LendingPolicy:
             tr.instant_mw = tr.prev_avg_mw + 10 * (avg - tr.prev_avg_mw)
         tr.prev_avg_mw = avg
         sample = tr.instant_mw if tr.instant_mw is not None else avg
+        if tr.cap_seen_mw is not None and c.cap_mw > tr.cap_seen_mw:
+            tr.at_cap = 0.0  # time at a lower cap says nothing about the new one
+        tr.cap_seen_mw = c.cap_mw
         at_cap_now = sample is not None and sample >= tm.pinned_fraction * c.cap_mw
         tr.at_cap += min(1.0, dt / tm.burst_window_s) * (float(at_cap_now) - tr.at_cap)
         draw = _draw(c, tr)
