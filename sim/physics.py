@@ -134,7 +134,7 @@ class SimCard:
             return
         self._land_stuck(now)
         self.requested_mw = mw
-        self._pending.append((now + self.lag_s, mw))
+        self._pending.append((round(now + self.lag_s, 9), mw))  # bank time is rounded to 1 ns: 63.7 + 0.1 must read 63.8
 
     def reported_avg_mw(self, now: float) -> int:
         """``nvmlDeviceGetPowerUsage`` as the card answers it (mW), faults included."""
