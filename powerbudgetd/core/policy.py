@@ -163,7 +163,7 @@ class LendingPolicy:
         recipients = [u for u, t in tracks.items() if t.role == Role.RECIPIENT]
         # Watts already lent and not taken go at once to a card at its cap now.
         unused = any(t.role == Role.DONOR for t in tracks.values()) and all(
-            tracks[u].limit_mw is not None and tracks[u].limit_mw >= by_id[u].max_mw for u in recipients)
+            (tracks[u].limit_mw or 0) >= by_id[u].max_mw for u in recipients)
         for u, t in tracks.items():
             held = _held(t.wants_since, now, tm.recipient_hold_s) or (unused and t.wants_now)
             if t.role == Role.FAIR and u not in reasons and held and self._may_move(t, by_id[u], now, up=True):
