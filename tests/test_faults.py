@@ -213,7 +213,9 @@ def test_instant_spikes_above_the_cap_are_counted_not_acted_on():
     assert c0.excursions >= 1 and c0.peak_excursion_w > 1.1 * 250  # the onset overshoot, kept
     assert not any(rep.faults for rep in rig.reports)
     assert rig.ctl.mode == Mode.DYNAMIC
-    assert [w for rep in rig.reports if rep.now > 1 for w in rep.writes] == []
+    # Card 0 lends while idle and is reclaimed when it wakes at 3 s; from then on both
+    # are busy at fair share and the spikes above the cap move nothing.
+    assert [w for rep in rig.reports if rep.now > 4 for w in rep.writes] == []
 
 
 # 9 -------------------------------------------------------------------------------------
@@ -242,7 +244,9 @@ def test_a_card_off_the_bus_is_reserved_and_capped_first_on_return():
 # 10 ------------------------------------------------------------------------------------
 def test_nvml_init_retries_then_starts(tmp_path):
     faults = '[[faults]]\ncall = "nvmlInit"\nerror = "LIB_RM_VERSION_MISMATCH"\ncount = 2\n'
-    rc, logs, err = run_daemon(tmp_path, faults, stop_after=3.0)
+    # 500 W: the boot writes (2 x 250 W) come after the failed inits. (At 1000 W both
+    # cards sit at their 300 W max: nothing to write, and nothing worth lending.)
+    rc, logs, err = run_daemon(tmp_path, faults, budget=500, stop_after=3.0)
     assert rc == 0 and "Traceback" not in err
     failed = events(logs, "nvml_init_failed")
     assert len(failed) == 2 and "reboot" in failed[0]["action"]

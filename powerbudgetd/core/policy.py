@@ -67,7 +67,8 @@ PATTERN_MEMORY_S = 60.0  # quiet spells that ended this recently make a card's p
 PATTERN_SPELLS = 16  # ... at most this many of them
 LEND_RESIDUAL_S = 2.0  # lend early when a quiet spell is expected to last this much longer
 WANT_GAP_S = 5.0  # gaps between bursts this short do not restart a card's recipient hold
-USE_MEMORY_S = 10.0  # a recipient's raise is held to what it drew in this long
+USE_MEMORY_S = 10.0
+CEILING_STEP_MW = 25_000  # ... rounded up to whole steps of this  # a recipient's raise is held to what it drew in this long
 FLAP_WINDOW_S = 10.0  # no card's limit reverses direction more than ...
 MAX_REVERSALS = 2  # ... this many times in any window this long
 _FLAP_MARGIN_S = 0.5  # the limit lag and a tick or two between a target and the card
@@ -291,14 +292,16 @@ class LendingPolicy:
     def _ceiling(self, tr: _Track, c: CardView, now: float) -> int:
         """The most extra (mW above fair share) a recipient has shown it can use: up to
         its max if it sat at its cap in the last :data:`USE_MEMORY_S` (or has not been
-        watched that long), else its highest draw then / ``pinned_fraction``."""
+        watched that long), else its highest draw then / ``pinned_fraction``, in whole
+        steps of :data:`CEILING_STEP_MW` so that a wandering draw does not move its cap."""
         room = c.max_mw - c.share_mw
         recent = [(mw, capped) for s, mw, capped in tr.peaks if now - s <= USE_MEMORY_S]
         watched = bool(tr.peaks) and now - tr.peaks[0][0] >= USE_MEMORY_S
         if not watched or any(capped for _, capped in recent) or not recent:
             return room
-        usable = int(max(mw for mw, _ in recent) / self.timings.pinned_fraction)
-        return max(0, min(room, usable - c.share_mw))
+        usable = max(mw for mw, _ in recent) / self.timings.pinned_fraction - c.share_mw
+        steps = -(-int(usable) // CEILING_STEP_MW)  # rounded up
+        return max(0, min(room, steps * CEILING_STEP_MW))
 
     # -- flapping ---------------------------------------------------------------------
     def _reversals(self, tr: _Track, now: float) -> int:
