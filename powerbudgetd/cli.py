@@ -110,6 +110,10 @@ def _parser() -> argparse.ArgumentParser:
     )
     s.add_argument("--suite", action="store_true",
                    help="every packaged scenario under every policy: the scoreboard (takes a minute)")
+    s.add_argument(
+        "--fidelity", action="store_true",
+        help="replay each recorded trace into a simulated card: real vs simulated peaks, overshoot, rise time",
+    )
 
     pr = sub.add_parser(
         "probe", help="read every card's limits and draw (read-only)", formatter_class=fmt,
@@ -201,6 +205,8 @@ _SIMULATE_CONFLICTS = (
     ("--replay", ("--scenario",), "the replayed log is the scenario"),
     ("--suite", ("--scenario", "--replay", "--policy", "--plot", "--budget"),
      "the suite runs every packaged scenario under every policy at its own budget"),
+    ("--fidelity", ("--scenario", "--replay", "--policy", "--suite", "--plot", "--budget", "--duration", "--list"),
+     "--fidelity replays each recorded trace, whole, at the limit it was recorded at"),
 )
 _SIMULATE_NEEDS = (("--replay-draw", "--replay", lambda a: a.replay is not None),)
 
@@ -267,6 +273,8 @@ def _simulate(args: argparse.Namespace) -> int:
         return ExitStatus.OK
     if args.suite:
         return _suite(args)
+    if args.fidelity:
+        return _fidelity(args)
     try:
         if args.replay:
             from powerbudgetd_sim.replay import load_replay
@@ -366,6 +374,14 @@ def _suite(args: argparse.Namespace) -> int:
     progress.done()
     print(json.dumps(suite, indent=2) if args.json else format_suite_footer(suite))
     return ExitStatus.OK
+
+
+def _fidelity(args: argparse.Namespace) -> int:
+    from powerbudgetd_sim.fidelity import SEED, fidelity, format_fidelity
+
+    rep = fidelity(seed=SEED if args.seed is None else args.seed)
+    print(json.dumps(rep, indent=2) if args.json else format_fidelity(rep))
+    return 0 if rep["all_met"] else 1
 
 
 def _probe(args: argparse.Namespace) -> int:
