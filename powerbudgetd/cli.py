@@ -192,6 +192,11 @@ def _parser() -> argparse.ArgumentParser:
         "file", nargs="?", type=Path, default=None,
         help="config file (default: $POWERBUDGETD_CONFIG or /etc/powerbudgetd/powerbudgetd.toml)",
     )
+    c.add_argument(
+        "--backend", choices=BACKENDS, default=None,
+        help="also read the cards (read-only) and check the budget against their floors, as run does",
+    )
+    c.add_argument("--scenario", help="the simulated bank for --backend sim (default: the config's [sim] scenario)")
     _SUBPARSERS.update(simulate=s, probe=pr, report=lr, status=st, run=r, check_config=c)
     return p
 
@@ -218,6 +223,8 @@ def _validate(args: argparse.Namespace) -> None:
         require(_SUBPARSERS["simulate"], args, _SIMULATE_NEEDS)
     elif args.command == "probe":
         require(_SUBPARSERS["probe"], args, (("--scenario", "--backend sim", lambda a: a.backend == "sim"),))
+    elif args.command == "check-config":
+        require(_SUBPARSERS["check_config"], args, (("--scenario", "--backend sim", lambda a: a.backend == "sim"),))
     elif args.command == "status":
         require(_SUBPARSERS["status"], args, (("--interval", "--watch", lambda a: a.watch),))
         refuse_conflicts(_SUBPARSERS["status"], args, (("--watch", ("--json",), "--watch redraws a terminal"),))
@@ -258,7 +265,45 @@ def _check_config(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(f"powerbudgetd: {exc}", file=sys.stderr)
         return ExitStatus.CONFIG
-    print(describe(settings, path))
+    if args.backend is None:
+        print(describe(settings, path))
+        return ExitStatus.OK
+    return _check_config_cards(args, settings, path)
+
+
+def _check_config_cards(args: argparse.Namespace, settings: Settings, path: Path) -> int:
+    """check-config --backend: read the cards and refuse what run would refuse."""
+    from powerbudgetd.service.backend import make_nvml
+    from powerbudgetd.service.checkconfig import describe
+    from powerbudgetd.service.feasibility import card_names, check_feasible
+    from powerbudgetd_sim.scenario import ScenarioError
+
+    configure_logging(level="error", stream=sys.stderr)
+    scenario = args.scenario or settings.sim.scenario
+    try:
+        nvml = make_nvml(args.backend, scenario, settings.sim.seed, settings.sim.lag_s)
+        nvml.init()
+    except ScenarioError as exc:
+        print(f"powerbudgetd: {'--scenario' if args.scenario else '[sim] scenario'}: {exc}", file=sys.stderr)
+        return ExitStatus.CONFIG
+    except NvmlError as exc:
+        print(f"powerbudgetd: NVML unavailable: {exc}", file=sys.stderr)
+        return ExitStatus.NVML
+    source = f"the simulated bank {scenario!r}" if args.backend == "sim" else "NVML"
+    try:
+        names = card_names(nvml)
+        ctl = check_feasible(nvml, settings)
+    except BudgetInfeasible as exc:
+        print(describe(settings, path, card_names=names, floors=None, verdict="budget infeasible"))
+        print(f"powerbudgetd: budget_infeasible ({source}): {exc}", file=sys.stderr)
+        return ExitStatus.INFEASIBLE
+    except NvmlError as exc:
+        print(f"powerbudgetd: NVML error reading the cards: {exc}", file=sys.stderr)
+        return ExitStatus.NVML
+    finally:
+        nvml.shutdown()
+    floors = [(c.index, c.info.name, c.min_mw / 1000 if c.controllable else None) for c in ctl.cards]
+    print(describe(settings, path, card_names=names, floors=floors, source=source))
     return ExitStatus.OK
 
 
@@ -511,6 +556,7 @@ def _run_locked(args: argparse.Namespace, settings: Settings, config_path: Path)
     from powerbudgetd.control.controller import Controller
     from powerbudgetd.service.backend import make_nvml
     from powerbudgetd.service.daemon import Daemon
+    from powerbudgetd.service.feasibility import make_controller
     from powerbudgetd_sim.scenario import ScenarioError
 
     try:
@@ -531,10 +577,8 @@ def _run_locked(args: argparse.Namespace, settings: Settings, config_path: Path)
         timings = settings.control.timings()
         # On the wall clock every NVML call runs with a deadline off the loop, and each
         # write is stamped when it is sent.
-        return Controller(
-            n, settings.effective_budget_w(), timings, dry_run=args.dry_run, overrides=settings.overrides(),
-            allow_monitor_only=settings.allow_monitor_only, calls=DeadlineCalls(timings.call_timeout_s),
-            clock=time.monotonic,
+        return make_controller(
+            n, settings, dry_run=args.dry_run, calls=DeadlineCalls(timings.call_timeout_s), clock=time.monotonic,
         )
 
     daemon = Daemon(nvml, factory, config_path=config_path, settings=settings)
