@@ -10,7 +10,10 @@ Targets (issue "Policy scoreboard"; never lowered here — a miss is shown as a 
   for at least 10 % of the run, from the scenario's demand);
 - reclaim p99 <= 0.5 s (the scenarios' limit lag is 100 ms);
 - where the mains are lost, ``powerbudgetd`` leaves more runtime on the UPS battery than
-  ``static`` (it hears the UPS go on battery and lowers the budget; static does not).
+  ``static`` (it hears the UPS go on battery and lowers the budget; static does not);
+- ``powerbudgetd`` at the budget its ``[feed]`` derives (the breaker on averages, the UPS
+  on peaks: board sum x transient factor; see ``powerbudgetd.core.peaks``) trips no
+  breaker or UPS; run as ``powerbudgetd@feed`` where that budget is below the scenario's.
 
 With a mains loss, the work comparison counts the work done before it (from then on
 powerbudgetd sheds power on purpose, and the oracle with it), and reclaims end at the
@@ -19,6 +22,7 @@ fair share of the budget in force.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor, as_completed
@@ -26,7 +30,8 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from powerbudgetd.core.fairshare import fair_shares
-from powerbudgetd_sim.simulate import POLICIES, run_policies
+from powerbudgetd.service.config import FeedConfig
+from powerbudgetd_sim.simulate import POLICIES, run_policies, run_scenario
 from powerbudgetd_sim.scenario import Scenario, list_scenarios, load_scenario
 
 MIN_WORK_VS_ORACLE = 0.97
@@ -40,7 +45,10 @@ TARGETS = (
     "powerbudgetd work above static and slurm where a card has an idle neighbour",
     f"powerbudgetd reclaim p99 <= {MAX_RECLAIM_P99_S} s",
     "powerbudgetd leaves more battery runtime than static where the mains are lost",
+    "powerbudgetd at the [feed]-derived budget trips no breaker or UPS",
 )
+FEED_RUN = "powerbudgetd@feed"
+FEED_TARGET = TARGETS[-1]
 
 
 @dataclass(frozen=True)
@@ -133,15 +141,53 @@ def _trips(reports: dict[str, dict[str, Any]]) -> str:
     return "tripped: " + ", ".join(tripped) if tripped else "no trips"
 
 
+def feed_budget_w(sc: Scenario) -> float | None:
+    """The board budget the scenario's ``[feed]`` derives for its cards (None: no feed)."""
+    if not sc.feed:
+        return None
+    return FeedConfig(**sc.feed).board_budget_w([c.name for c in sc.cards])
+
+
+def check_feed_budget(sc: Scenario, reports: dict[str, dict[str, Any]]) -> Check:
+    """The last target: powerbudgetd at the feed-derived budget trips nothing."""
+    derived = feed_budget_w(sc)
+    if derived is None:
+        return Check(FEED_TARGET, None, "no feed stated")
+    floors = sum(c.min_w for c in sc.cards)
+    if floors > derived:
+        return Check(FEED_TARGET, None, f"infeasible: the [feed] allows {derived:.1f} W, below the cards' floors "
+                                       f"({floors:g} W): powerbudgetd refuses it (exit 3)")
+    r = reports.get(FEED_RUN) or reports.get("powerbudgetd")
+    if r is None:
+        return Check(FEED_TARGET, None, "not run")
+    tripped = [d for d, v in r["trips"].items() if v]
+    return Check(
+        FEED_TARGET, not tripped,
+        f"at {r['budget_w']:g} W ([feed] allows {derived:.1f} W): "
+        + (f"trips {', '.join(tripped)}" if tripped else "no trips")
+        + f", max {r['max_wall_power_w']:g} W at the plug, {r['max_sum_power_instant_w']:g} W instant board",
+    )
+
+
 def score_scenario(name: str, duration_s: float | None = None, seed: int | None = None) -> dict[str, Any]:
-    """Run one scenario under every policy; its reports and target checks."""
+    """Run one scenario under every policy, and powerbudgetd at its [feed]-derived
+    budget where that is lower and feasible; its reports and target checks."""
     sc = load_scenario(name)
     results = run_policies(sc, POLICIES, duration_s=duration_s, seed=seed)
     reports = {p: r.report for p, r in results.items()}
+    derived = feed_budget_w(sc)
+    if derived is not None and derived < sc.budget_w and derived >= sum(c.min_w for c in sc.cards):
+        reports[FEED_RUN] = run_scenario(
+            dataclasses.replace(sc, budget_w=derived), duration_s=duration_s, seed=seed,
+            oracle_work=reports["oracle"]["work"],
+        ).report
+        reports[FEED_RUN]["policy"] = FEED_RUN
+    checks = check_targets(sc, {p: r for p, r in reports.items() if p != FEED_RUN}, duration_s)
+    checks.append(check_feed_budget(sc, reports))
     return {
         "description": sc.description,
         "reports": reports,
-        "checks": [asdict(c) for c in check_targets(sc, reports, duration_s)],
+        "checks": [asdict(c) for c in checks],
     }
 
 
@@ -183,7 +229,7 @@ def format_table(reports: dict[str, dict[str, Any]]) -> str:
     mains loss, the runtime the policy leaves on the UPS battery."""
     battery = any(r.get("battery") is not None for r in reports.values())
     lines = [
-        f"  {'policy':<13}{'work TGP-s':>11}{'vs oracle':>10}{'viol.ticks':>11}{'over budget':>12}"
+        f"  {'policy':<18}{'work TGP-s':>11}{'vs oracle':>10}{'viol.ticks':>11}{'over budget':>12}"
         f"{'max wall':>10}{'trips':>16}{'reclaim p50/p99/max s':>23}{'writes':>8}"
         + (f"{'battery left':>15}" if battery else "")
     ]
@@ -196,7 +242,7 @@ def format_table(reports: dict[str, dict[str, Any]]) -> str:
         wvo = "-" if r["work_vs_oracle"] is None else f"{r['work_vs_oracle']:.3f}"
         wall = "-" if r["max_wall_power_w"] is None else f"{r['max_wall_power_w']:.0f} W"
         lines.append(
-            f"  {p:<13}{r['work']:>11.1f}{wvo:>10}{r['violation_ticks']:>11}{r['draw_over_budget_s']:>10.1f} s"
+            f"  {p:<18}{r['work']:>11.1f}{wvo:>10}{r['violation_ticks']:>11}{r['draw_over_budget_s']:>10.1f} s"
             f"{wall:>10}{trips:>16}{reclaim:>23}{r['cap_changes']:>8}"
             + (f"{battery_left(r.get('battery')):>15}" if battery else "")
         )
