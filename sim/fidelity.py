@@ -20,6 +20,7 @@ Phase windows come from the traces' marks (``h200-load-steps.meta.json``
 from __future__ import annotations
 
 import csv
+import io
 import json
 import statistics
 from collections.abc import Sequence
@@ -95,7 +96,7 @@ def real_samples(trace: str) -> list[Sample]:
     path = resources.files("powerbudgetd_sim") / "traces" / f"{trace}.csv"
     out: list[Sample] = []
     last: tuple[str, str] | None = None
-    with path.open(newline="") as fh:
+    with io.TextIOWrapper(path.open("rb"), encoding="utf-8", newline="") as fh:
         for row in csv.DictReader(fh):
             key = (row["power_instant_mw"], row["power_average_mw"])
             if key == last:

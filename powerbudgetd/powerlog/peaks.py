@@ -19,11 +19,14 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import structlog
 
 from powerbudgetd.errors import NvmlError
-from powerbudgetd.hw.nvml import Nvml
+
+if TYPE_CHECKING:
+    from powerbudgetd.hw.nvml import Nvml
 
 log = structlog.get_logger("powerbudgetd")
 
