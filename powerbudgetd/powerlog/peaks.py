@@ -19,18 +19,21 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import structlog
 
 from powerbudgetd.errors import NvmlError
 
-if TYPE_CHECKING:
-    from powerbudgetd.hw.nvml import Nvml
-
 log = structlog.get_logger("powerbudgetd")
 
 REFRESH_S = 0.1  # NVML's power readings refresh every 100 ms (the brief)
+
+
+class InstantReader(Protocol):
+    """What the sampler reads through: the NVML layer (``powerbudgetd.hw.nvml.Nvml``)."""
+
+    def power_instant_w(self, uuid: str) -> float | None: ...
 
 
 @dataclass
@@ -59,7 +62,7 @@ class PeakSampler:
     returns the peaks since the previous take and starts a new window. Thread-safe.
     """
 
-    def __init__(self, nvml: Nvml, *, refresh_s: float = REFRESH_S,
+    def __init__(self, nvml: InstantReader, *, refresh_s: float = REFRESH_S,
                  clock: Callable[[], float] = time.monotonic, keep_costs: int = 0) -> None:
         self.nvml = nvml
         self.refresh_s = refresh_s
