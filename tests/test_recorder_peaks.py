@@ -52,7 +52,7 @@ def run(tmp_path: Path, *, tick_s: float, sampler: bool, has_instant: bool = Tru
         if peaks is not None and rec._header_sent:
             peaks.sample_once()  # the sampler's thread, run here in step with virtual time
         if k % steps == 0:
-            rec(ctl.tick(t), ctl)
+            rec.on_tick(ctl.tick(t))
     writer.close()
     return [r for r in records(tmp_path) if r["kind"] == "sample"], truth
 
