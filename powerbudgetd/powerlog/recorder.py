@@ -22,7 +22,8 @@ Record kinds (schema version ``v`` = 1; watts rounded to 0.1 W; ``null`` = unkno
      "backend": "nvml",
      "interval_s": 1.0, "budget_w": 1000.0,
      "feed": {"breaker_a": 15, "volts": 120, "derating": 0.8, "ups_w": 1200,
-              "ups_margin": 0.2, "psu_efficiency": 0.9, "host_w": 250} | null,
+              "ups_margin": 0.1, "psu_efficiency": 0.9, "host_w": 250,
+              "psu_w": null, "transient_factor": 1.35} | null,
      "cards": [{"index": 0, "uuid": "GPU-...", "name": "...", "min_w": 150.0, "max_w": 300.0}]}
 
 ``sample`` (one per interval)::
