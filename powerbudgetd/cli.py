@@ -194,7 +194,8 @@ def _parser() -> argparse.ArgumentParser:
     )
     c.add_argument(
         "--backend", choices=BACKENDS, default=None,
-        help="also read the cards (read-only) and check the budget against their floors, as run does",
+        help="also read the cards (read-only) and check the budget against their floors, as run does "
+        "(default: none: the floors are not checked)",
     )
     c.add_argument("--scenario", help="the simulated bank for --backend sim (default: the config's [sim] scenario)")
     _SUBPARSERS.update(simulate=s, probe=pr, report=lr, status=st, run=r, check_config=c)
