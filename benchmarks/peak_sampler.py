@@ -24,7 +24,7 @@ from powerbudgetd.core.model import Timings
 from powerbudgetd.hw.nvml import Nvml
 from powerbudgetd.powerlog.peaks import PeakSampler
 from powerbudgetd.service.logs import configure_logging
-from powerbudgetd_sim.fake_pynvml import FakePynvml
+from powerbudgetd_sim.libnvml import SimNvmlLibrary
 from powerbudgetd_sim.physics import CardSpec, SimBank
 from powerbudgetd_sim.profiles import Phase, Profile
 
@@ -37,7 +37,7 @@ def specs(n: int) -> list[CardSpec]:
 
 def pass_cost(n: int, passes: int) -> tuple[float, float]:
     bank = SimBank(specs(n), seed=1)
-    nvml = Nvml(FakePynvml(bank))
+    nvml = Nvml(SimNvmlLibrary(bank))
     nvml.init()
     sampler = PeakSampler(nvml, keep_costs=passes)
     sampler.set_cards([c.spec.uuid for c in bank.cards])
@@ -50,7 +50,7 @@ def pass_cost(n: int, passes: int) -> tuple[float, float]:
 
 def tick_times(n: int, seconds: float, with_sampler: bool) -> dict[str, float]:
     bank = SimBank(specs(n), seed=1, clock=time.monotonic)
-    nvml = Nvml(FakePynvml(bank))
+    nvml = Nvml(SimNvmlLibrary(bank))
     nvml.init()
     ctl = Controller(nvml, 250.0 * n, Timings(tick_s=0.1))
     ctl.start()
@@ -85,7 +85,7 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=10.0)
     args = ap.parse_args()
     configure_logging(level="error")
-    print("sampler pass (CPU, fake NVML included)")
+    print("sampler pass (CPU, the simulated NVML library included)")
     for n in (4, 8, 64):
         mean_s, p99_s = pass_cost(n, args.passes)
         print(f"  {n:>3} cards: {mean_s * 1e3:.3f} ms mean, {p99_s * 1e3:.3f} ms p99 per pass; "

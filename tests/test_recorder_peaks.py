@@ -14,7 +14,7 @@ from powerbudgetd.core.model import Timings
 from powerbudgetd.hw.nvml import Nvml
 from powerbudgetd.powerlog.peaks import PeakSampler
 from powerbudgetd.powerlog.recorder import LogWriter, Recorder, log_files
-from powerbudgetd_sim.fake_pynvml import FakePynvml
+from powerbudgetd_sim.libnvml import SimNvmlLibrary
 from powerbudgetd_sim.physics import SimBank
 from powerbudgetd_sim.profiles import Phase
 
@@ -34,7 +34,7 @@ def spiky_bank(has_instant: bool = True) -> SimBank:
 def run(tmp_path: Path, *, tick_s: float, sampler: bool, has_instant: bool = True, seconds: int = 30):
     """The controller ticking every ``tick_s`` on virtual time, the sampler at every refresh."""
     bank = spiky_bank(has_instant)
-    nvml = Nvml(FakePynvml(bank))
+    nvml = Nvml(SimNvmlLibrary(bank))
     nvml.init()
     ctl = Controller(nvml, 500.0, Timings(tick_s=tick_s, recipient_hold_s=max(2.0, tick_s),
                                           donor_hold_s=max(5.0, tick_s), release_hold_s=max(10.0, tick_s)))
@@ -91,7 +91,7 @@ def test_a_card_without_the_instant_field_has_an_unknown_peak_not_its_average(tm
 
 def test_the_sampler_thread_runs_at_the_refresh_rate_and_stops() -> None:
     bank = SimBank([card(0, Phase(0.0, "constant", power_w=200.0))], seed=1, clock=time.monotonic)
-    nvml = Nvml(FakePynvml(bank))
+    nvml = Nvml(SimNvmlLibrary(bank))
     nvml.init()
     sampler = PeakSampler(nvml)
     sampler.set_cards([c.spec.uuid for c in bank.cards])
