@@ -554,7 +554,6 @@ def _run(args: argparse.Namespace) -> int:
 def _run_locked(args: argparse.Namespace, settings: Settings, config_path: Path) -> int:
     from prometheus_client import CollectorRegistry
 
-    from powerbudgetd.control.controller import Controller
     from powerbudgetd.service.backend import make_nvml
     from powerbudgetd.service.daemon import Daemon
     from powerbudgetd.service.feasibility import make_controller
