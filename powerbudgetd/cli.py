@@ -110,6 +110,10 @@ def _parser() -> argparse.ArgumentParser:
     )
     s.add_argument("--suite", action="store_true",
                    help="every packaged scenario under every policy: the scoreboard (takes a minute)")
+    s.add_argument(
+        "--fidelity", action="store_true",
+        help="replay each recorded trace into a simulated card: real vs simulated peaks, overshoot, rise time",
+    )
 
     pr = sub.add_parser(
         "probe", help="read every card's limits and draw (read-only)", formatter_class=fmt,
@@ -188,6 +192,12 @@ def _parser() -> argparse.ArgumentParser:
         "file", nargs="?", type=Path, default=None,
         help="config file (default: $POWERBUDGETD_CONFIG or /etc/powerbudgetd/powerbudgetd.toml)",
     )
+    c.add_argument(
+        "--backend", choices=BACKENDS, default=None,
+        help="also read the cards (read-only) and check the budget against their floors, as run does "
+        "(default: none: the floors are not checked)",
+    )
+    c.add_argument("--scenario", help="the simulated bank for --backend sim (default: the config's [sim] scenario)")
     _SUBPARSERS.update(simulate=s, probe=pr, report=lr, status=st, run=r, check_config=c)
     return p
 
@@ -201,6 +211,8 @@ _SIMULATE_CONFLICTS = (
     ("--replay", ("--scenario",), "the replayed log is the scenario"),
     ("--suite", ("--scenario", "--replay", "--policy", "--plot", "--budget"),
      "the suite runs every packaged scenario under every policy at its own budget"),
+    ("--fidelity", ("--scenario", "--replay", "--policy", "--suite", "--plot", "--budget", "--duration", "--list"),
+     "--fidelity replays each recorded trace, whole, at the limit it was recorded at"),
 )
 _SIMULATE_NEEDS = (("--replay-draw", "--replay", lambda a: a.replay is not None),)
 
@@ -212,6 +224,8 @@ def _validate(args: argparse.Namespace) -> None:
         require(_SUBPARSERS["simulate"], args, _SIMULATE_NEEDS)
     elif args.command == "probe":
         require(_SUBPARSERS["probe"], args, (("--scenario", "--backend sim", lambda a: a.backend == "sim"),))
+    elif args.command == "check-config":
+        require(_SUBPARSERS["check_config"], args, (("--scenario", "--backend sim", lambda a: a.backend == "sim"),))
     elif args.command == "status":
         require(_SUBPARSERS["status"], args, (("--interval", "--watch", lambda a: a.watch),))
         refuse_conflicts(_SUBPARSERS["status"], args, (("--watch", ("--json",), "--watch redraws a terminal"),))
@@ -252,7 +266,45 @@ def _check_config(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(f"powerbudgetd: {exc}", file=sys.stderr)
         return ExitStatus.CONFIG
-    print(describe(settings, path))
+    if args.backend is None:
+        print(describe(settings, path))
+        return ExitStatus.OK
+    return _check_config_cards(args, settings, path)
+
+
+def _check_config_cards(args: argparse.Namespace, settings: Settings, path: Path) -> int:
+    """check-config --backend: read the cards and refuse what run would refuse."""
+    from powerbudgetd.service.backend import make_nvml
+    from powerbudgetd.service.checkconfig import describe
+    from powerbudgetd.service.feasibility import card_names, check_feasible
+    from powerbudgetd_sim.scenario import ScenarioError
+
+    configure_logging(level="error", stream=sys.stderr)
+    scenario = args.scenario or settings.sim.scenario
+    try:
+        nvml = make_nvml(args.backend, scenario, settings.sim.seed, settings.sim.lag_s)
+        nvml.init()
+    except ScenarioError as exc:
+        print(f"powerbudgetd: {'--scenario' if args.scenario else '[sim] scenario'}: {exc}", file=sys.stderr)
+        return ExitStatus.CONFIG
+    except NvmlError as exc:
+        print(f"powerbudgetd: NVML unavailable: {exc}", file=sys.stderr)
+        return ExitStatus.NVML
+    source = f"the simulated bank {scenario!r}" if args.backend == "sim" else "NVML"
+    try:
+        names = card_names(nvml)
+        ctl = check_feasible(nvml, settings)
+    except BudgetInfeasible as exc:
+        print(describe(settings, path, card_names=names, floors=None, verdict="budget infeasible"))
+        print(f"powerbudgetd: budget_infeasible ({source}): {exc}", file=sys.stderr)
+        return ExitStatus.INFEASIBLE
+    except NvmlError as exc:
+        print(f"powerbudgetd: NVML error reading the cards: {exc}", file=sys.stderr)
+        return ExitStatus.NVML
+    finally:
+        nvml.shutdown()
+    floors = [(c.index, c.info.name, c.min_mw / 1000 if c.controllable else None) for c in ctl.cards]
+    print(describe(settings, path, card_names=names, floors=floors, source=source))
     return ExitStatus.OK
 
 
@@ -267,6 +319,8 @@ def _simulate(args: argparse.Namespace) -> int:
         return ExitStatus.OK
     if args.suite:
         return _suite(args)
+    if args.fidelity:
+        return _fidelity(args)
     try:
         if args.replay:
             from powerbudgetd_sim.replay import load_replay
@@ -366,6 +420,14 @@ def _suite(args: argparse.Namespace) -> int:
     progress.done()
     print(json.dumps(suite, indent=2) if args.json else format_suite_footer(suite))
     return ExitStatus.OK
+
+
+def _fidelity(args: argparse.Namespace) -> int:
+    from powerbudgetd_sim.fidelity import SEED, fidelity, format_fidelity
+
+    rep = fidelity(seed=SEED if args.seed is None else args.seed)
+    print(json.dumps(rep, indent=2) if args.json else format_fidelity(rep))
+    return 0 if rep["all_met"] else 1
 
 
 def _probe(args: argparse.Namespace) -> int:
@@ -492,9 +554,9 @@ def _run(args: argparse.Namespace) -> int:
 def _run_locked(args: argparse.Namespace, settings: Settings, config_path: Path) -> int:
     from prometheus_client import CollectorRegistry
 
-    from powerbudgetd.control.controller import Controller
     from powerbudgetd.service.backend import make_nvml
     from powerbudgetd.service.daemon import Daemon
+    from powerbudgetd.service.feasibility import make_controller
     from powerbudgetd_sim.scenario import ScenarioError
 
     try:
@@ -515,10 +577,8 @@ def _run_locked(args: argparse.Namespace, settings: Settings, config_path: Path)
         timings = settings.control.timings()
         # On the wall clock every NVML call runs with a deadline off the loop, and each
         # write is stamped when it is sent.
-        return Controller(
-            n, settings.effective_budget_w(), timings, dry_run=args.dry_run, overrides=settings.overrides(),
-            allow_monitor_only=settings.allow_monitor_only, calls=DeadlineCalls(timings.call_timeout_s),
-            clock=time.monotonic,
+        return make_controller(
+            n, settings, dry_run=args.dry_run, calls=DeadlineCalls(timings.call_timeout_s), clock=time.monotonic,
         )
 
     daemon = Daemon(nvml, factory, config_path=config_path, settings=settings)
@@ -528,7 +588,7 @@ def _run_locked(args: argparse.Namespace, settings: Settings, config_path: Path)
     if settings.recorder.enabled:
         from powerbudgetd.powerlog.recorder import from_config
 
-        recorder = from_config(settings.recorder, feed, backend=args.backend)
+        recorder = from_config(settings.recorder, feed, backend=args.backend, nvml=nvml)
         daemon.register(recorder)
     registry = CollectorRegistry()  # what /metrics serves, MQTT's metrics included
     if settings.mqtt is not None:  # aiomqtt is imported only when MQTT is configured

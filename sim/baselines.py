@@ -282,6 +282,11 @@ class CardDemand:
     tgp_w: float
     workload: str
 
+    @property
+    def wanted_w(self) -> float:
+        """The draw that buys work: demand above TGP is a transient (``work.work_rate``)."""
+        return min(self.demand_w, self.tgp_w)
+
 
 def _upper_hull(points: list[tuple[float, float]]) -> list[tuple[float, float]]:
     """Upper concave hull of points sorted by x."""
@@ -300,10 +305,10 @@ def _upper_hull(points: list[tuple[float, float]]) -> list[tuple[float, float]]:
 def _hull_segments(c: CardDemand) -> list[tuple[int, int, float]]:
     """(from mW, to mW, work per mW) along the upper concave hull of a card's work over
     [min, min(demand, max)]; slopes decrease along the list."""
-    top = min(max(math.ceil(c.demand_w * 1000), c.min_mw), c.max_mw)  # up: all of the demand
+    top = min(max(math.ceil(c.wanted_w * 1000), c.min_mw), c.max_mw)  # up: all of the demand
     if top <= c.min_mw:
         return []
-    inner = (to_mw(c.demand_w * f) for f in POWER_FRACTIONS)
+    inner = (to_mw(c.wanted_w * f) for f in POWER_FRACTIONS)
     xs = sorted({c.min_mw, top, *(x for x in inner if c.min_mw < x < top)})
     hull = _upper_hull([(float(x), _work(c, x)) for x in xs])
     return [

@@ -4,10 +4,20 @@ What the model reproduces (measured on an H200, driver 580; see ``traces/TRACES.
 
 - readings refresh every 100 ms; between refreshes NVML returns the same values;
 - ``nvmlDeviceGetPowerUsage`` is the trailing 1 s mean of the instant power (field 186);
-- the limit caps the 1 s *average*: while pinned, instant samples wander about +-7 %
-  around the limit (measured 600-750 W at 700 W) and the mean stays at or under it;
-- at load onset the first instant sample overshoots, up to ~1.35x the limit (873-948 W
-  measured at 700 W), for one refresh;
+- the limit caps the 1 s *average*, not the instant: while pinned, instant samples
+  wander about +-7 % around the limit (measured 600-750 W at 700 W) and the mean stays
+  at or under it;
+- a *transient* is a rise in demand the firmware has not yet throttled: at load onset
+  from idle, and just as much from a card already at its cap (16 of the 17 recorded
+  spikes above 770 W came from a card at 0.94-1.0x its cap). The throttle in force is
+  the one that held the demand of two refreshes before at the limit, so a rise shows
+  for 100-200 ms (measured: 1-2 refreshes), at what the workload wants through that
+  throttle, up to 1.355x the limit (873-948 W measured at 700 W). A spike
+  from a card at its cap is a short burst between two samples: it shows in the instant
+  field but hardly moves the 1 s average (measured: 915 W instant, average unchanged at
+  689 W), so the average integrates the throttled power, not the spike;
+- lowering a busy card's limit puts its instant draw at the new limit at once; the
+  1 s average then comes down over a second (it cannot be undone retroactively);
 - a written limit takes effect after ``lag_s`` (not measured; public reports say tens of
   ms; default 100 ms). The requested limit reads back at once, the enforced one after
   the lag.
@@ -27,7 +37,8 @@ from powerbudgetd_sim.profiles import Profile
 REFRESH_S = 0.1  # NVML power readings refresh period (measured)
 WINDOW = 10  # samples in the 1 s average
 PIN_NOISE = 0.07  # +-7 % wander around the limit while pinned (measured)
-ONSET_OVERSHOOT = (1.15, 1.35)  # first sample at load onset, x limit (measured 1.25-1.35)
+TRANSIENT_MAX = 1.355  # the highest transient sample, x limit (948 W measured at 700 W)
+THROTTLE_DELAY = 2  # refreshes before the firmware's throttle bites (onsets: 100-200 ms over)
 
 
 @dataclass(frozen=True)
@@ -85,9 +96,13 @@ class SimCard:
         self._pending: deque[tuple[float, int]] = deque()
         self.window: deque[float] = deque([spec.idle_w] * WINDOW, maxlen=WINDOW)
         self.instant_w = spec.idle_w
+        self.level_w = spec.idle_w  # mean power over the last refresh: what the average integrates
         self.avg_w = spec.idle_w
         self.demand_w = spec.idle_w
+        self._past_demand_w: deque[float] = deque([spec.idle_w] * THROTTLE_DELAY, maxlen=THROTTLE_DELAY)
         self.energy_mj = 0.0
+        self._cut_until = -1.0  # bank time until which a limit cut is still draining the average
+        self._last_limit_w = spec.default_w
         self.writes = 0
         self.persistence_mode = spec.persistence_mode
         self.present = spec.present
@@ -172,26 +187,50 @@ class SimCard:
 
     # -- power ----------------------------------------------------------------------
     def refresh(self, t: float) -> None:
-        """Advance the power state to the refresh at time ``t``."""
+        """Advance the power state to the refresh at time ``t``.
+
+        ``demand_w`` is what the workload would draw uncapped (never clipped at TGP: a
+        recorded trace carries its own spikes). Over the limit, the firmware throttles
+        to the limit; a rise faster than it throttles (a transient) reads as a spike.
+        """
         spec = self.spec
         limit_w = self.enforced_mw(t) / 1000.0
+        if limit_w < self._last_limit_w:
+            self._cut_until = t + WINDOW * REFRESH_S
+        self._last_limit_w = limit_w
+        throttled_demand = self._past_demand_w[0]  # what the throttle in force was set for
         demand = spec.profile.demand_w(t, spec.idle_w, spec.board_tgp_w)
+        self._past_demand_w.append(demand)
         self.demand_w = demand
-        prev = self.window[-1]
+        spike = False
         if demand > limit_w:
-            if prev < 0.8 * limit_w:  # load onset: one sample above the limit
-                p = min(demand, limit_w * self.rng.uniform(*ONSET_OVERSHOOT))
+            # What the card draws before the firmware reacts: the new demand at the
+            # throttle that held an earlier demand at the limit.
+            throttle = min(1.0, limit_w / throttled_demand) if throttled_demand > 0 else 1.0
+            untamed = demand * throttle * (1.0 + self.rng.uniform(-0.01, 0.01))
+            if untamed > limit_w * (1.0 + PIN_NOISE):
+                p = min(untamed, limit_w * TRANSIENT_MAX)
+                spike = True
             else:
                 p = limit_w * (1.0 + self.rng.uniform(-PIN_NOISE, PIN_NOISE))
         else:
             p = demand * (1.0 + self.rng.uniform(-0.01, 0.01))
-        # The firmware holds the 1 s mean at or under the limit (it cannot go below idle).
-        room = limit_w * WINDOW - (sum(self.window) - self.window[0])
-        p = max(min(p, room), min(spec.idle_w, p))
-        self.window.append(p)
-        self.instant_w = p
+        level = p
+        if t < self._cut_until:
+            # After a cut the average is over the new limit whatever the card does now:
+            # it runs at the new limit and the average drains.
+            level = min(p, limit_w)
+        else:
+            # The firmware holds the 1 s mean at or under the limit (never below idle).
+            room = limit_w * WINDOW - (sum(self.window) - self.window[0])
+            level = max(min(p, room), min(spec.idle_w, p))
+        self.level_w = level
+        self.window.append(level)
+        # A spike from a card already drawing near its cap is a short burst the instant
+        # sample catches; from idle (load onset) it is the power itself.
+        self.instant_w = p if spike else level
         self.avg_w = sum(self.window) / WINDOW
-        self.energy_mj += p * REFRESH_S * 1000.0
+        self.energy_mj += level * REFRESH_S * 1000.0
 
 
 ACTIONS = ("reset", "set_limit", "floor", "ceiling", "appear", "disappear", "reindex", "bad_reading",

@@ -10,9 +10,10 @@ A card's profile is a list of phases; the phase with the latest ``at_s`` not aft
 - ``trace``: replay ``trace`` (a recorded H200 trace) from ``offset_s``, looping, scaled
   by ``scale`` (default: the card's TGP / 700 W, the limit the trace was recorded at).
 
-A step is two phases. Demand never drops below the card's idle draw, and a trace's
-demand is clipped at the card's TGP: the overshoot above the limit comes from the
-physics model, not from the replayed samples.
+A step is two phases. Demand never drops below the card's idle draw, and is never
+clipped at the card's TGP: a trace replays the recorded instant samples, spikes above
+the limit included, and the physics (``powerbudgetd_sim.physics``) decides what of it
+the cap lets through.
 """
 
 from __future__ import annotations
@@ -68,7 +69,7 @@ class Phase:
             frac = min(max(local / self.over_s, 0.0), 1.0) if self.over_s > 0 else 1.0
             return start + (self.to_w - start) * frac
         scale = self.scale if self.scale is not None else tgp_w / TRACE_LIMIT_W
-        return min(load_trace(self.trace).at(local + self.offset_s) * scale, tgp_w)
+        return load_trace(self.trace).at(local + self.offset_s) * scale
 
 
 @dataclass(frozen=True)

@@ -45,7 +45,9 @@ class ReplayProfile(Profile):
     def demand_w(self, t_s: float, idle_w: float, tgp_w: float) -> float:
         i = bisect.bisect_left(self.times, t_s - 1e-9)
         w = self.watts[i] if i < len(self.watts) else None
-        return idle_w if w is None else min(max(idle_w, w), tgp_w)
+        # Never clipped at the rated power: a recorded peak above the cap is what the
+        # card drew, and the physics decides what of it a (new) cap lets through.
+        return idle_w if w is None else max(idle_w, w)
 
 
 def load_replay(

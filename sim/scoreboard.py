@@ -17,7 +17,10 @@ Targets (issue "Policy scoreboard"; never lowered here — a miss is shown as a 
   twice in any 10 s (``powerbudgetd_sim.meters``). Writes per card per minute are
   reported beside it;
 - where the mains are lost, ``powerbudgetd`` leaves more runtime on the UPS battery than
-  ``static`` (it hears the UPS go on battery and lowers the budget; static does not).
+  ``static`` (it hears the UPS go on battery and lowers the budget; static does not);
+- ``powerbudgetd`` at the budget its ``[feed]`` derives (the breaker on averages, the UPS
+  on peaks: board sum x transient factor; see ``powerbudgetd.core.peaks``) trips no
+  breaker or UPS; run as ``powerbudgetd@feed`` where that budget is below the scenario's.
 
 With a mains loss, the work comparison counts the work done before it (from then on
 powerbudgetd sheds power on purpose, and the oracle with it), and reclaims end at the
@@ -26,6 +29,7 @@ fair share of the budget in force.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor, as_completed
@@ -33,8 +37,9 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from powerbudgetd.core.fairshare import fair_shares
+from powerbudgetd.service.config import FeedConfig
 from powerbudgetd_sim.meters import FLAP_WINDOW_S, MAX_REVERSALS
-from powerbudgetd_sim.simulate import POLICIES, run_policies
+from powerbudgetd_sim.simulate import POLICIES, run_policies, run_scenario
 from powerbudgetd_sim.scenario import Scenario, list_scenarios, load_scenario
 
 MIN_WORK_VS_ORACLE = 0.97
@@ -52,7 +57,10 @@ TARGETS = (
     f"powerbudgetd work_vs_causal >= {MIN_WORK_VS_CAUSAL}",
     f"powerbudgetd no flapping (no card's limit reverses direction more than {MAX_REVERSALS} times "
     f"in any {FLAP_WINDOW_S:g} s)",
+    "powerbudgetd at the [feed]-derived budget trips no breaker or UPS",
 )
+FEED_RUN = "powerbudgetd@feed"
+FEED_TARGET = TARGETS[-1]
 
 
 @dataclass(frozen=True)
@@ -155,15 +163,53 @@ def _trips(reports: dict[str, dict[str, Any]]) -> str:
     return "tripped: " + ", ".join(tripped) if tripped else "no trips"
 
 
+def feed_budget_w(sc: Scenario) -> float | None:
+    """The board budget the scenario's ``[feed]`` derives for its cards (None: no feed)."""
+    if not sc.feed:
+        return None
+    return FeedConfig(**sc.feed).board_budget_w([c.name for c in sc.cards])
+
+
+def check_feed_budget(sc: Scenario, reports: dict[str, dict[str, Any]]) -> Check:
+    """The last target: powerbudgetd at the feed-derived budget trips nothing."""
+    derived = feed_budget_w(sc)
+    if derived is None:
+        return Check(FEED_TARGET, None, "no feed stated")
+    floors = sum(c.min_w for c in sc.cards)
+    if floors > derived:
+        return Check(FEED_TARGET, None, f"infeasible: the [feed] allows {derived:.1f} W, below the cards' floors "
+                                       f"({floors:g} W): powerbudgetd refuses it (exit 3)")
+    r = reports.get(FEED_RUN) or reports.get("powerbudgetd")
+    if r is None:
+        return Check(FEED_TARGET, None, "not run")
+    tripped = [d for d, v in r["trips"].items() if v]
+    return Check(
+        FEED_TARGET, not tripped,
+        f"at {r['budget_w']:g} W ([feed] allows {derived:.1f} W): "
+        + (f"trips {', '.join(tripped)}" if tripped else "no trips")
+        + f", max {r['max_wall_power_w']:g} W at the plug, {r['max_sum_power_instant_w']:g} W instant board",
+    )
+
+
 def score_scenario(name: str, duration_s: float | None = None, seed: int | None = None) -> dict[str, Any]:
-    """Run one scenario under every policy; its reports and target checks."""
+    """Run one scenario under every policy, and powerbudgetd at its [feed]-derived
+    budget where that is lower and feasible; its reports and target checks."""
     sc = load_scenario(name)
     results = run_policies(sc, POLICIES, duration_s=duration_s, seed=seed)
     reports = {p: r.report for p, r in results.items()}
+    derived = feed_budget_w(sc)
+    if derived is not None and derived < sc.budget_w and derived >= sum(c.min_w for c in sc.cards):
+        reports[FEED_RUN] = run_scenario(
+            dataclasses.replace(sc, budget_w=derived), duration_s=duration_s, seed=seed,
+            oracle_work=reports["oracle"]["work"],
+        ).report
+        reports[FEED_RUN]["policy"] = FEED_RUN
+    checks = check_targets(sc, {p: r for p, r in reports.items() if p != FEED_RUN}, duration_s)
+    checks.append(check_feed_budget(sc, reports))
     return {
         "description": sc.description,
         "reports": reports,
-        "checks": [asdict(c) for c in check_targets(sc, reports, duration_s)],
+        "checks": [asdict(c) for c in checks],
     }
 
 
@@ -207,7 +253,7 @@ def format_table(reports: dict[str, dict[str, Any]]) -> str:
     the UPS battery."""
     battery = any(r.get("battery") is not None for r in reports.values())
     lines = [
-        f"  {'policy':<13}{'work TGP-s':>11}{'vs oracle':>10}{'vs causal':>10}{'viol.ticks':>11}{'over budget':>12}"
+        f"  {'policy':<18}{'work TGP-s':>11}{'vs oracle':>10}{'vs causal':>10}{'viol.ticks':>11}{'over budget':>12}"
         f"{'max wall':>10}{'trips':>16}{'reclaim p50/p99/max s':>23}{'writes':>8}{'/card/min':>10}{'flips':>6}"
         + (f"{'battery left':>15}" if battery else "")
     ]
@@ -221,7 +267,7 @@ def format_table(reports: dict[str, dict[str, Any]]) -> str:
         wvc = "-" if r.get("work_vs_causal") is None else f"{r['work_vs_causal']:.3f}"
         wall = "-" if r["max_wall_power_w"] is None else f"{r['max_wall_power_w']:.0f} W"
         lines.append(
-            f"  {p:<13}{r['work']:>11.1f}{wvo:>10}{wvc:>10}{r['violation_ticks']:>11}{r['draw_over_budget_s']:>10.1f} s"
+            f"  {p:<18}{r['work']:>11.1f}{wvo:>10}{wvc:>10}{r['violation_ticks']:>11}{r['draw_over_budget_s']:>10.1f} s"
             f"{wall:>10}{trips:>16}{reclaim:>23}{r['cap_changes']:>8}"
             f"{r['writes_per_card_per_min']['max']:>10.1f}{r['flapping']['max_reversals']:>6}"
             + (f"{battery_left(r.get('battery')):>15}" if battery else "")

@@ -17,6 +17,7 @@ uncapped throughput; per second of time, a rate in [0, 1]):
 
 - the workload would draw ``demand`` W if nothing capped it; the cap lets it draw
   ``allowed = min(demand, enforced limit)`` (the firmware holds the draw at the limit);
+  demand above TGP (a recorded transient) counts as TGP: a spike is not throughput;
 - uncapped, the work rate is shaped by demand / TGP: ``(demand - idle) / (TGP - idle)``
   — a card at full TGP does 1, an idle card 0 (idle draw buys no work);
 - capped, that rate is scaled by ``curve(allowed / demand)``: the table's shape applied
@@ -65,5 +66,7 @@ def work_rate(workload: str, demand_w: float, limit_w: float, idle_w: float, tgp
     weight = demand_weight(demand_w, idle_w, tgp_w)
     if weight == 0.0:
         return 0.0
-    allowed = min(demand_w, limit_w)
-    return weight * throughput_fraction(workload, allowed / demand_w)
+    # Demand above TGP is a transient (a recorded spike), not throughput a cap withholds.
+    wanted = min(demand_w, tgp_w)
+    allowed = min(wanted, limit_w)
+    return weight * throughput_fraction(workload, allowed / wanted)

@@ -46,40 +46,78 @@ def write(tmp_path: Path, text: str, name: str = "powerbudgetd.toml") -> Path:
 def test_the_example_config_is_valid(capsys: pytest.CaptureFixture[str]) -> None:
     rc, out, err = check(EXAMPLE, capsys)
     assert (rc, err) == (0, "")
-    assert out == (
-        f"{EXAMPLE}: valid\n"
-        "budget derivation:\n"
-        "  budget_w  as configured                                       = 1000 W of board power\n"
-        "  budget    budget_w (no [feed]: not checked against the plug)  = 1000 W of board power\n"
-        "control: tick 0.1 s, donor hold 5 s, recipient hold 2 s, release hold 10 s, failsafe hold 30 s\n"
-        "persistence mode: turned on at boot where off\n"
-    )
+    lines = out.splitlines()
+    assert lines[:4] == [
+        f"{EXAMPLE}: valid",
+        "budget derivation:",
+        "  budget_w  as configured                                       = 1000 W of board power",
+        "  budget    budget_w (no [feed]: not checked against the plug)  = 1000 W of board power",
+    ]
+    # budget_w alone: nothing reserves for transients, and it says so plainly
+    assert lines[4].startswith("peaks: NOT covered: no [feed], so no UPS or PSU rating and no transient reserve")
+    assert "1350 W of board power at 1000 W" in lines[4]
+    assert lines[5].startswith("floors: not checked (no --backend)")
+    assert lines[6:] == [
+        "control: tick 0.1 s, donor hold 5 s, recipient hold 2 s, release hold 10 s, failsafe hold 30 s",
+        "persistence mode: turned on at boot where off",
+    ]
 
 
 def test_the_feed_example_gives_the_briefs_arithmetic(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     path = write(tmp_path, uncomment(EXAMPLE.read_text(), FEED_KEYS))
     rc, out, _ = check(path, capsys)
     assert rc == 0
-    assert out.splitlines()[1:7] == [
+    lines = out.splitlines()
+    assert lines[1:6] == [
         "budget derivation:",
-        "  circuit       15 A x 120 V x 0.8 derating               = 1440 W at the plug",
-        "  x efficiency  1440 W x 0.9 PSU efficiency               = 1296 W out of the PSU",
-        "  - host        1296 W - 300 W host draw                  =  996 W of board power",
-        "  budget_w      as configured                             = 1000 W of board power",
-        "  budget        the lower of [feed] and budget_w: [feed]  =  996 W of board power",
+        "  circuit       15 A x 120 V x 0.8 derating                        = 1440 W at the plug",
+        "  breaker line  on averages: 1440 W x 0.9 efficiency - 300 W host  =  996 W of board power",
+        "  budget_w      as configured                                      = 1000 W of board power",
+        "  budget        the lowest: the breaker line (averages)            =  996 W of board power",
     ]
     assert load_config(path).effective_budget_w() == pytest.approx(996.0)
+    # a breaker is sized on averages: without a UPS or PSU rating, peaks are not covered
+    assert lines[6] == "transient factor: 1.35 (transient_factor)"
+    assert lines[7].startswith("peaks: NOT covered: no UPS (ups_w) or PSU rating (psu_w) in [feed]")
 
 
-def test_the_ups_is_the_tightest_limit_when_given(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_the_ups_is_sized_on_peaks_and_binds(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     text = uncomment(EXAMPLE.read_text().replace("# # ups_", "# ups_"), FEED_KEYS + ("ups_w", "ups_margin"))
     rc, out, _ = check(write(tmp_path, text), capsys)
     assert rc == 0
     lines = out.splitlines()
-    assert "  UPS           1000 W x (1 - 0.2 margin)                 =  800 W at the plug" in lines
-    assert "  tightest      the UPS                                   =  800 W at the plug" in lines
-    assert "  - host        720 W - 300 W host draw                   =  420 W of board power" in lines
-    assert lines[8] == "  budget        the lower of [feed] and budget_w: [feed]  =  420 W of board power"
+    assert "  UPS           1000 W x (1 - 0.1 margin)                                         =   900 W at the plug" in lines
+    assert ("  UPS line      on peaks: (900 W x 0.9 efficiency - 300 W host) / 1.35 transient  = 377.8 W of board power"
+            in lines)
+    assert "  budget        the lowest: the UPS line (peaks)                                  = 377.8 W of board power" in lines
+    assert ("peaks: covered by the UPS: at 377.8 W of limits, peaks x1.35 plus host reach 900 W at the plug, "
+            "90% of its 1000 W") in lines
+    # budget_w above what the UPS allows on peaks: a warning with the numbers
+    assert ("warning: budget_w 1000 W is above what the UPS allows on peaks: (1000 W x 1.35 + 300 W host) / 0.9 "
+            "= 1833.3 W, 183% of its 1000 W; the UPS line, 377.8 W, is in force") in lines
+
+
+def test_per_model_transient_factors_and_the_psu_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = write(tmp_path, "[feed]\nbreaker_a = 16\nvolts = 230\nhost_w = 400\npsu_w = 2000\n"
+                           "transient_factor = 1.2\n[feed.transient_factors]\n\"NVIDIA H200\" = 1.4\n")
+    settings = load_config(path)
+    assert settings.feed is not None
+    assert settings.feed.factor(["NVIDIA H200"]) == 1.4
+    assert settings.feed.factor(["nvidia h200", "Some Other GPU"]) == 1.4  # the highest in the bank
+    assert settings.feed.factor(["Some Other GPU"]) == 1.2
+    assert settings.feed.factor(None) == 1.4  # cards unknown: every configured factor may apply
+    assert settings.effective_budget_w(["Some Other GPU"]) == pytest.approx((2000 - 400) / 1.2)
+    assert settings.effective_budget_w(["NVIDIA H200"]) == pytest.approx((2000 - 400) / 1.4)
+    rc, out, _ = check(path, capsys)
+    assert rc == 0
+    assert "transient factor: 1.4 (the highest configured: cards not read)" in out
+    assert "PSU line      on peaks: (2000 W output - 400 W host) / 1.4 transient" in out
+    assert "peaks: covered by the PSU" in out
+    rc = main(["check-config", str(path), "--backend", "sim", "--scenario", "h200-1"])
+    out = capsys.readouterr().out
+    assert rc == 0
+    assert "transient factor: 1.4 (the cards found)" in out
+    assert "floors: checked on 1 card of the simulated bank 'h200-1': minimum limits 200 = 200 W" in out
 
 
 def test_feed_alone_and_per_card_lines(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -87,7 +125,7 @@ def test_feed_alone_and_per_card_lines(tmp_path: Path, capsys: pytest.CaptureFix
                            '[cards."0"]\npriority = 10\n[cards.GPU-abc]\nexclude = true\nmax_w = 200\n')
     rc, out, _ = check(path, capsys)
     assert rc == 0
-    assert "  budget        from [feed]                  = 3056 W of board power" in out.splitlines()
+    assert "  budget        from [feed]: the breaker line (averages)           = 3056 W of board power" in out.splitlines()
     assert "card 0: priority 10\ncard GPU-abc: excluded, max 200 W\n" in out
 
 
@@ -103,7 +141,7 @@ def test_feed_alone_and_per_card_lines(tmp_path: Path, capsys: pytest.CaptureFix
         ("[control]\ntick_s = 0.2\n",
          "  (top level): give budget_w (board watts) or a [feed] section to derive it from"),
         ("budget_w = 1000\n[feed]\nbreaker_a = 15\nvolts = 120\nhost_w = 1500\n",
-         "  feed: leaves no board budget: 1440 W at the plug x 0.9 - 1500 W host_w = -204 W"),
+         "  feed: leaves no board budget: the circuit allows 1440 W x 0.9 efficiency - 1500 W host = -204 W"),
         ("budget_w = 1000\n[feed]\nbreaker_a = 15\nvolts = 120\nhost_w = 300\nderating = 1.5\n",
          "  feed.derating: Input should be less than or equal to 1 (got 1.5)"),
         ("budget_w = 1000\n[control]\ndonor_enter_fraction = 0.9\n",

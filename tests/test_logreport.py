@@ -108,7 +108,7 @@ def test_a_configured_feed_wins_and_without_any_the_host_is_unknown(tmp_path: Pa
     write_run(tmp_path, "r1", T0, 100, feed=None)
     d = summarize(scan_log(tmp_path), 60.0, host=ELSEWHERE)
     assert d["wall"]["host_known"] is False and d["feed"]["source"].startswith("defaults")
-    assert d["sizing"]["volts"] == 120 and d["sizing"]["ups_margin"] == 0.2 and d["sizing"]["derating"] == 0.8
+    assert d["sizing"]["volts"] == 120 and d["sizing"]["ups_margin"] == 0.1 and d["sizing"]["derating"] == 0.8
     assert d["feed"]["ups"] is None and d["feed"]["circuit"] is None
     big = FeedConfig(breaker_a=30, volts=230, ups_w=3000, host_w=300, psu_efficiency=0.92)
     d = summarize(scan_log(tmp_path), 60.0, big, "site.toml", host=ELSEWHERE)

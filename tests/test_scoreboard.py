@@ -5,7 +5,7 @@ import json
 import pytest
 
 from powerbudgetd.cli import main
-from powerbudgetd_sim.scoreboard import TARGETS, check_targets, idle_neighbour_s
+from powerbudgetd_sim.scoreboard import FEED_RUN, TARGETS, check_targets, feed_budget_w, idle_neighbour_s, score_scenario
 from powerbudgetd_sim.simulate import POLICIES, run_policies, run_scenario
 from powerbudgetd_sim.scenario import list_scenarios, load_scenario
 
@@ -88,7 +88,7 @@ def test_targets_met_and_missed():
         ("powerbudgetd", "flapping"): {"window_s": 10.0, "max_reversals": 3, "per_card": [3, 1], "flapping": [0],
                                        "reversals": 7},
     }), 60)
-    assert [c.target for c in missed] == list(TARGETS)
+    assert [c.target for c in missed] == list(TARGETS[:-1])  # the [feed] target: check_feed_budget
     assert [c.met for c in missed] == [False] * 5 + [None] + [False] * 2
     assert "GPU 0 over 2" in missed[7].detail and "4 writes per card per minute (busiest card 6)" in missed[7].detail
     assert "static 3" in missed[0].detail
@@ -150,7 +150,7 @@ def test_cli_suite_json(capsys):
     assert suite["targets"] == list(TARGETS)
     assert set(suite["scenarios"]) == {n for n, _ in list_scenarios()}
     for s in suite["scenarios"].values():
-        assert set(s["reports"]) == set(POLICIES)
+        assert set(s["reports"]) - {FEED_RUN} == set(POLICIES)
         assert [c["target"] for c in s["checks"]] == list(TARGETS)
 
 
@@ -172,3 +172,17 @@ def test_flapping_is_measured_on_the_enforced_limits():
     assert flap["max_reversals"] > 2 and flap["flapping"] and flap["reversals"] >= flap["max_reversals"]
     wpm = res["oracle"].report["writes_per_card_per_min"]
     assert wpm["max"] >= wpm["mean"] > 60
+
+
+def test_powerbudgetd_at_the_feed_derived_budget_trips_nothing():
+    # workstation-4's [feed]: 1500 W UPS, 300 W host: (1500 x 0.9 x 0.9 - 300) / 1.35 = 677.8 W
+    assert feed_budget_w(load_scenario("workstation-4")) == pytest.approx(677.78, abs=0.01)
+    s = score_scenario("workstation-4", duration_s=60)
+    r = s["reports"][FEED_RUN]
+    assert r["budget_w"] == pytest.approx(677.78, abs=0.01) and r["violation_ticks"] == 0
+    assert r["trips"] == {"breaker": False, "ups": False}
+    assert s["checks"][-1]["target"] == TARGETS[-1] and s["checks"][-1]["met"] is True
+    # the incident's UPS allows less than the cards' floors: refused, not run
+    inc = score_scenario("incident", duration_s=5)
+    assert FEED_RUN not in inc["reports"]
+    assert inc["checks"][-1]["met"] is None and "infeasible" in inc["checks"][-1]["detail"]

@@ -52,6 +52,7 @@ ups_w = 1500
 ups_margin = 0.2
 psu_efficiency = 0.9
 host_w = 50
+transient_factor = 1.0  # these tests are about the UPS's readings: no transient reserve, budget_w binds
 [sim]
 scenario = "{scenario}"
 [ups]

@@ -9,8 +9,14 @@ recorder and its report (estimated wall power, sizing), and the simulator's scen
     non-GPU wall draw = wall power - board power / PSU efficiency
     circuit limit     = breaker_a x volts x derating   (NEC: continuous loads at 80 %)
     UPS limit         = ups_w x (1 - ups_margin)        (a UPS trips on peaks, in seconds)
-    plug-side limit   = the tighter of circuit and UPS
-    board budget      = plug-side limit x PSU efficiency - host draw
+    plug-side limit   = the tighter of circuit and UPS  (on averages: what a meter checks)
+    board budget      = the least of (``powerbudgetd.core.peaks``):
+                        circuit x PSU efficiency - host draw                  (averages)
+                        (UPS limit x PSU efficiency - host draw) / transient  (peaks)
+                        (psu_w - host draw) / transient                       (peaks)
+
+A limit caps a card's 1 s average; its instant draw reaches ``transient_factor`` times
+it (1.35 measured on an H200). A breaker trips on the average, a UPS and a PSU on peaks.
 
 Pure: no I/O, no clock. Figures from the brief ("Protective devices").
 """
@@ -19,8 +25,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from powerbudgetd.core.peaks import MEASURED_TRANSIENT_FACTOR, FeedLine, binding_line, feed_lines
+
 DEFAULT_DERATING = 0.8  # NEC: a continuous load (3 h or more) at 80 % of the breaker
-DEFAULT_UPS_MARGIN = 0.2  # budget a UPS on peaks, with margin: it trips in seconds
+# Kept spare under the UPS rating at the peak for what the arithmetic cannot know (a VA
+# rating's real watts, an aging battery): the transients are in the transient factor.
+DEFAULT_UPS_MARGIN = 0.1
 DEFAULT_PSU_EFFICIENCY = 0.9  # 80 PLUS Gold at 115 V, ~50 % load
 
 
@@ -40,6 +50,8 @@ class Feed:
     ups_margin: float = DEFAULT_UPS_MARGIN
     psu_efficiency: float = DEFAULT_PSU_EFFICIENCY
     host_w: float | None = None
+    psu_w: float | None = None  # the PSU's rated DC output (W): sized on peaks
+    transient_factor: float = MEASURED_TRANSIENT_FACTOR  # instant peak over the sum of limits
 
     def __post_init__(self) -> None:
         checks = [
@@ -50,6 +62,8 @@ class Feed:
             ("ups_margin", self.ups_margin, 0 <= self.ups_margin < 1, "a fraction in [0, 1)"),
             ("psu_efficiency", self.psu_efficiency, 0.5 < self.psu_efficiency <= 1, "a fraction in (0.5, 1]"),
             ("host_w", self.host_w, self.host_w is None or 0 <= self.host_w <= 100_000, "a draw in W, in [0, 100000]"),
+            ("psu_w", self.psu_w, self.psu_w is None or 0 < self.psu_w <= 100_000, "a rating in W, in (0, 100000]"),
+            ("transient_factor", self.transient_factor, 1 <= self.transient_factor <= 3, "a factor in [1, 3]"),
         ]
         for key, value, ok, what in checks:
             if isinstance(value, bool) or not ok:
@@ -74,13 +88,23 @@ class Feed:
         known = [w for w in (self.circuit_w(), self.ups_limit_w()) if w is not None]
         return min(known) if known else None
 
-    def board_budget_w(self) -> float | None:
-        """Board watts the feed allows: plug-side limit x efficiency - host draw (W).
-        None when the plug-side limit or the host draw is unknown."""
-        wall = self.wall_limit_w()
-        if wall is None or self.host_w is None:
-            return None
-        return wall * self.psu_efficiency - self.host_w
+    def lines(self, factor: float | None = None) -> list[FeedLine]:
+        """The board budget each stated device allows: the circuit on averages, the UPS
+        and the PSU on peaks at ``factor`` (default: ``transient_factor``). Empty when
+        the host draw is unknown."""
+        if self.host_w is None:
+            return []
+        return feed_lines(
+            host_w=self.host_w, psu_efficiency=self.psu_efficiency, circuit_w=self.circuit_w(),
+            ups_limit_w=self.ups_limit_w(), psu_output_w=self.psu_w,
+            factor=self.transient_factor if factor is None else factor,
+        )
+
+    def board_budget_w(self, factor: float | None = None) -> float | None:
+        """Board watts the feed allows: the least of :meth:`lines` (W). None when the
+        host draw is unknown or no device is stated."""
+        line = binding_line(self.lines(factor))
+        return None if line is None else line.board_budget_w
 
     # -- board power <-> wall power ---------------------------------------------------
     def wall_w(self, board_w: float) -> float:

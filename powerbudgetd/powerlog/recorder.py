@@ -22,7 +22,8 @@ Record kinds (schema version ``v`` = 1; watts rounded to 0.1 W; ``null`` = unkno
      "backend": "nvml",
      "interval_s": 1.0, "budget_w": 1000.0,
      "feed": {"breaker_a": 15, "volts": 120, "derating": 0.8, "ups_w": 1200,
-              "ups_margin": 0.2, "psu_efficiency": 0.9, "host_w": 250} | null,
+              "ups_margin": 0.1, "psu_efficiency": 0.9, "host_w": 250,
+              "psu_w": null, "transient_factor": 1.35} | null,
      "cards": [{"index": 0, "uuid": "GPU-...", "name": "...", "min_w": 150.0, "max_w": 300.0}]}
 
 ``sample`` (one per interval)::
@@ -37,11 +38,15 @@ Record kinds (schema version ``v`` = 1; watts rounded to 0.1 W; ``null`` = unkno
              "runtime_s": 540.0, "charge_pct": 88.0, "budget_w": 500.0, "reason": "ups_on_battery"}}
 
 - ``avg_w``: NVML's trailing 1 s mean at the record; ``peak_w``: the highest instant
-  reading (field 186, else the 1 s mean) seen on any tick since the previous record;
+  reading (field 186) since the previous record, sampled at NVML's 100 ms refresh rate
+  whatever ``tick_s`` is (:class:`~powerbudgetd.powerlog.peaks.PeakSampler`), and on
+  every tick; ``null`` for a card without the instant field (its peak is unknown: the
+  1 s mean is not a peak);
   ``limit_w``: the enforced power limit; ``role``: fair_share, donor, recipient, fixed,
   lost.
-- ``bank.avg_w``: sum of the cards' ``avg_w``; ``bank.peak_w``: the highest per-tick sum
-  of instant draws since the previous record (not the sum of the card peaks);
+- ``bank.avg_w``: sum of the cards' ``avg_w``; ``bank.peak_w``: the highest sum of
+  instant draws read together (one sampler pass or one tick) since the previous record
+  (not the sum of the card peaks); ``null`` when a card's instant is unknown;
   ``bank.limit_w``: sum of enforced limits; ``wall_w`` / ``wall_peak_w``: (board + the
   feed's ``host_w``) / ``psu_efficiency``, ``null`` without a ``[feed]``.
 - ``dropped``: records lost so far in this run (queue full); ``n`` counts the run's
@@ -89,6 +94,8 @@ if TYPE_CHECKING:
     from powerbudgetd.core.feed import Feed
     from powerbudgetd.core.snapshot import BankSnapshot
     from powerbudgetd.service.config import RecorderConfig, Settings
+
+from powerbudgetd.powerlog.peaks import InstantReader, PeakSampler
 
 log = structlog.get_logger("powerbudgetd")
 
@@ -409,9 +416,11 @@ class Recorder:
         feed: Feed | None = None,
         wall_clock: Callable[[], float] = time.time,
         backend: str = "nvml",
+        sampler: PeakSampler | None = None,
     ) -> None:
         self.writer = writer
         self.backend = backend
+        self.sampler = sampler  # reads every refresh between ticks; None: ticks only
         self.interval_s = interval_s
         self.feed = feed
         self.wall_clock = wall_clock
@@ -434,17 +443,22 @@ class Recorder:
     def on_tick(self, report: TickReport) -> None:
         snap = report.snapshot
         now = report.now
-        for c in snap.cards:
-            w = c.power_peak_w
+        # No instant field: the card's peak is unknown, never its average.
+        seen = [c for c in snap.cards if c.power_avg_w is not None or c.power_instant_w is not None]
+        for c in seen:
+            w = c.power_instant_w
             if w is not None:
                 prev = self._card_peak.get(c.uuid)
                 self._card_peak[c.uuid] = w if prev is None else max(prev, w)
-        bank_instant = snap.sum_power_peak_w
-        if bank_instant is not None:
+        if seen and all(c.power_instant_w is not None for c in seen):
+            bank_instant = sum(c.power_instant_w or 0.0 for c in seen)
             self._bank_peak = bank_instant if self._bank_peak is None else max(self._bank_peak, bank_instant)
         self._last_mode, self._last_now = snap.mode, now
         if not self._header_sent:
             self._header_sent = True
+            if self.sampler is not None:
+                self.sampler.set_cards([c.uuid for c in snap.cards])
+                self.sampler.take()  # nothing from before the first record's window
             self.writer.submit(self._header(report.now, snap))
             self._next_due = now + self.interval_s
             return
@@ -480,7 +494,20 @@ class Recorder:
             ],
         }
 
+    def _merge_sampler(self) -> None:
+        """Fold the sampler's peaks (every refresh since the last record) into the tick's."""
+        if self.sampler is None:
+            return
+        peaks = self.sampler.take()
+        for uuid, w in peaks.card_w.items():
+            prev = self._card_peak.get(uuid)
+            if w is not None:
+                self._card_peak[uuid] = w if prev is None else max(prev, w)
+        if peaks.bank_w is not None:  # a pass that read every card
+            self._bank_peak = peaks.bank_w if self._bank_peak is None else max(self._bank_peak, peaks.bank_w)
+
     def _sample(self, now: float, snap: BankSnapshot) -> dict[str, Any]:
+        self._merge_sampler()
         cards = [
             {
                 "index": c.index, "uuid": c.uuid, "avg_w": _r(c.power_avg_w),
@@ -525,26 +552,34 @@ class Recorder:
         """Runs the writer while the daemon runs, and on the way out writes the ``end``
         record and flushes everything (off the event loop)."""
         self.writer.start()
+        if self.sampler is not None:
+            self.sampler.start()
         try:
             await asyncio.Event().wait()
         finally:
+            if self.sampler is not None:
+                await asyncio.to_thread(self.sampler.stop)
             if self._header_sent:
                 self.writer.submit(self.end_record())
             await asyncio.to_thread(self.writer.close)
             log.info("recorder_closed", **{k: v for k, v in vars(self.stats).items() if v})
 
 
-def from_config(cfg: RecorderConfig, feed: Feed | None, backend: str = "nvml") -> Recorder:
+def from_config(
+    cfg: RecorderConfig, feed: Feed | None, backend: str = "nvml", nvml: InstantReader | None = None
+) -> Recorder:
     """A recorder built from the ``[recorder]`` section (register it with the daemon).
     ``backend`` (``nvml`` or ``sim``) goes in the header; a simulated run with the default
-    directory records under its ``sim/`` subdirectory (:meth:`RecorderConfig.dir_for`)."""
+    directory records under its ``sim/`` subdirectory (:meth:`RecorderConfig.dir_for`).
+    With ``nvml``, its peaks are sampled at the 100 ms refresh (:class:`PeakSampler`)."""
     directory = cfg.dir_for(backend)
     writer = LogWriter(
         directory, max_file_bytes=cfg.max_file_bytes, max_total_bytes=cfg.max_total_bytes,
         fsync_interval_s=cfg.fsync_interval_s,
     )
     log.info("recorder_enabled", dir=str(directory), backend=backend, interval_s=cfg.interval_s, max_total_bytes=cfg.max_total_bytes)
-    return Recorder(writer, interval_s=cfg.interval_s, feed=feed, backend=backend)
+    sampler = None if nvml is None else PeakSampler(nvml)
+    return Recorder(writer, interval_s=cfg.interval_s, feed=feed, backend=backend, sampler=sampler)
 
 
 def _r(w: float | None) -> float | None:

@@ -1,17 +1,27 @@
 """``powerbudgetd check-config``: validate a config file and show how the budget follows.
 
-The budget derivation is printed line by line, the way the brief does the arithmetic:
+The budget derivation is printed line by line, the way the brief does the arithmetic,
+one line per protective device and what it is sized on (the arithmetic itself lives in
+:mod:`powerbudgetd.core.peaks`):
 
-    circuit   15 A x 120 V x 0.8 derating  = 1440 W at the plug
-    ...
-    budget    the lower of [feed] and budget_w = 996 W of board power
+    circuit       15 A x 120 V x 0.8 derating                         = 1440 W at the plug
+    breaker line  on averages: 1440 W x 0.9 efficiency - 300 W host   =  996 W of board power
+    UPS           1000 W x (1 - 0.1 margin)                           =  900 W at the plug
+    UPS line      on peaks: (900 W x 0.9 efficiency - 300 W host) / 1.35 transient = 378 W
+    budget        the lowest: the UPS line (peaks)                    =  378 W of board power
+
+then whether peaks are covered at all, any budget_w above what a peak-rated device
+allows, and whether the cards' floors were checked (only with ``--backend``).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
+from powerbudgetd.core.peaks import FeedLine, peak_wall_w
 from powerbudgetd.service.config import Settings, classify_env
+
+LINE_LABELS = {"circuit": "breaker line", "UPS": "UPS line", "PSU": "PSU line"}
 
 
 def _n(x: float) -> str:
@@ -19,43 +29,127 @@ def _n(x: float) -> str:
     return f"{round(x, 3):g}"
 
 
-def derivation(settings: Settings) -> list[tuple[str, str, float, str]]:
+def _w(x: float) -> str:
+    """Watts to a tenth: 377.8."""
+    return f"{round(x, 1):g}"
+
+
+def _line_name(line: FeedLine) -> str:
+    return f"the {LINE_LABELS[line.device]} ({line.basis}s)"
+
+
+def derivation(settings: Settings, card_names: list[str] | None = None) -> list[tuple[str, str, float, str]]:
     """The budget arithmetic as rows of (label, expression, result W, what the W are)."""
     rows: list[tuple[str, str, float, str]] = []
     feed = settings.feed
+    lines = feed.lines(card_names) if feed is not None else []
     if feed is not None:
-        circuit = feed.circuit_w()
-        rows.append(("circuit", f"{_n(feed.breaker_a)} A x {_n(feed.volts)} V x {_n(feed.derating)} derating",
-                     circuit, "at the plug"))
-        ups = feed.ups_limit_w()
-        if ups is not None:
-            rows.append(("UPS", f"{_n(feed.ups_w or 0)} W x (1 - {_n(feed.ups_margin)} margin)", ups, "at the plug"))
-            rows.append(("tightest", "the UPS" if ups < circuit else "the circuit", feed.wall_limit_w(), "at the plug"))
-        wall = feed.wall_limit_w()
-        dc = wall * feed.psu_efficiency
-        rows.append(("x efficiency", f"{_n(wall)} W x {_n(feed.psu_efficiency)} PSU efficiency", dc, "out of the PSU"))
-        rows.append(("- host", f"{_n(dc)} W - {_n(feed.host_w)} W host draw", feed.board_budget_w(), "of board power"))
+        for line in lines:
+            if line.device == "circuit":
+                rows.append(("circuit", f"{_n(feed.breaker_a)} A x {_n(feed.volts)} V x {_n(feed.derating)} derating",
+                             line.limit_w, "at the plug"))
+            elif line.device == "UPS":
+                rows.append(("UPS", f"{_n(feed.ups_w or 0)} W x (1 - {_n(feed.ups_margin)} margin)", line.limit_w,
+                             "at the plug"))
+            rows.append((LINE_LABELS[line.device], f"on {line.basis}s: {line.arithmetic}", line.board_budget_w,
+                         "of board power"))
     if settings.budget_w is not None:
         rows.append(("budget_w", "as configured", settings.budget_w, "of board power"))
-    if feed is not None and settings.budget_w is not None:
-        which = "[feed]" if feed.board_budget_w() < settings.budget_w else "budget_w"
-        how = f"the lower of [feed] and budget_w: {which}"
-    elif feed is not None:
-        how = "from [feed]"
+    if feed is not None:
+        binding = min(lines, key=lambda line: line.board_budget_w)
+        if settings.budget_w is not None and settings.budget_w <= binding.board_budget_w:
+            how = "the lowest: budget_w"
+        else:
+            how = f"the lowest: {_line_name(binding)}" if len(lines) > 1 or settings.budget_w is not None \
+                else f"from [feed]: {_line_name(binding)}"
     else:
         how = "budget_w (no [feed]: not checked against the plug)"
-    rows.append(("budget", how, settings.effective_budget_w(), "of board power"))
+    rows.append(("budget", how, settings.effective_budget_w(card_names), "of board power"))
     return rows
 
 
-def describe(settings: Settings, path: Path) -> str:
-    """The report ``check-config`` prints for a valid file."""
-    rows = derivation(settings)
+def peak_notes(settings: Settings, card_names: list[str] | None = None) -> list[str]:
+    """Whether the budget covers the cards' peaks, and any budget_w a peak line refuses."""
+    feed = settings.feed
+    budget = settings.effective_budget_w(card_names)
+    if feed is None:
+        from powerbudgetd.core.peaks import MEASURED_TRANSIENT_FACTOR as factor
+
+        return [
+            f"peaks: NOT covered: no [feed], so no UPS or PSU rating and no transient reserve: the cards' "
+            f"instant peaks reach about {_n(factor)}x their limits ({_w(budget * factor)} W of board power at "
+            f"{_w(budget)} W), which a UPS trips on within seconds. Add [feed] with ups_w (or psu_w)"
+        ]
+    factor = feed.factor(card_names)
+    which = "the cards found" if card_names is not None else (
+        "the highest configured: cards not read" if feed.transient_factors else "transient_factor")
+    out = [f"transient factor: {_n(factor)} ({which})"]
+    if not feed.peaks_covered:
+        out.append(
+            f"peaks: NOT covered: no UPS (ups_w) or PSU rating (psu_w) in [feed]; the circuit is sized on averages, "
+            f"and the cards' peaks reach {_w(budget * factor)} W of board power, "
+            f"{_w(peak_wall_w(budget, feed.host_w, feed.psu_efficiency, factor))} W at the plug"
+        )
+    else:
+        for line in feed.lines(card_names):
+            if line.basis != "peak":
+                continue
+            if line.device == "UPS":
+                at = peak_wall_w(budget, feed.host_w, feed.psu_efficiency, factor)
+                rating = feed.ups_w or 0.0
+            else:
+                at = budget * factor + feed.host_w
+                rating = line.limit_w
+            out.append(
+                f"peaks: covered by the {line.device}: at {_w(budget)} W of limits, peaks x{_n(factor)} plus host reach "
+                f"{_w(at)} W {'at the plug' if line.device == 'UPS' else 'of PSU output'}, "
+                f"{at / rating:.0%} of its {_w(rating)} W"
+            )
+            if settings.budget_w is not None and settings.budget_w > line.board_budget_w + 1e-9:
+                b = settings.budget_w
+                over = (peak_wall_w(b, feed.host_w, feed.psu_efficiency, factor) if line.device == "UPS"
+                        else b * factor + feed.host_w)
+                what = (f"({_w(b)} W x {_n(factor)} + {_n(feed.host_w)} W host) / {_n(feed.psu_efficiency)}"
+                        if line.device == "UPS" else f"{_w(b)} W x {_n(factor)} + {_n(feed.host_w)} W host")
+                out.append(
+                    f"warning: budget_w {_w(b)} W is above what the {line.device} allows on peaks: {what} = "
+                    f"{_w(over)} W, {over / rating:.0%} of its {_w(rating)} W; the {LINE_LABELS[line.device]}, "
+                    f"{_w(line.board_budget_w)} W, is in force"
+                )
+    return out
+
+
+def describe(
+    settings: Settings,
+    path: Path,
+    *,
+    card_names: list[str] | None = None,
+    floors: list[tuple[int, str, float | None]] | None = None,
+    source: str | None = None,
+    verdict: str = "valid",
+) -> str:
+    """The report ``check-config`` prints. ``floors``: (index, name, minimum limit W or
+    None when not controlled) of each card read from ``source``; None: not checked."""
+    rows = derivation(settings, card_names)
     lw = max(len(r[0]) for r in rows)
     ew = max(len(r[1]) for r in rows)
-    vw = max(len(_n(r[2])) for r in rows)
-    lines = [f"{path}: valid", "budget derivation:"]
-    lines += [f"  {label:<{lw}}  {expr:<{ew}}  = {_n(w):>{vw}} W {unit}" for label, expr, w, unit in rows]
+    vw = max(len(_w(r[2])) for r in rows)
+    lines = [f"{path}: {verdict}", "budget derivation:"]
+    lines += [f"  {label:<{lw}}  {expr:<{ew}}  = {_w(w):>{vw}} W {unit}" for label, expr, w, unit in rows]
+    lines += peak_notes(settings, card_names)
+    if floors is None:
+        if verdict == "valid":
+            lines.append("floors: not checked (no --backend): run refuses a budget below the sum of the cards' "
+                         "minimum limits; check-config --backend nvml reads them")
+    else:
+        known = [f for f in floors if f[2] is not None]
+        lines.append(
+            f"floors: checked on {len(floors)} card{'s' if len(floors) != 1 else ''} of {source}: minimum limits "
+            f"{' + '.join(_w(f[2]) for f in known if f[2] is not None)} = "
+            f"{_w(sum(f[2] for f in known if f[2] is not None))} W, within the "
+            f"{_w(settings.effective_budget_w(card_names))} W budget"
+            + (f" ({len(floors) - len(known)} not controlled: counted at their limits)" if len(known) < len(floors) else "")
+        )
     c = settings.control
     lines.append(
         f"control: tick {_n(c.tick_s)} s, donor hold {_n(c.donor_hold_s)} s, recipient hold "

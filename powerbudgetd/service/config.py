@@ -18,7 +18,8 @@ from contextvars import ContextVar
 import stat
 import tomllib
 from pathlib import Path
-from typing import Any, Literal
+from collections.abc import Sequence
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     BaseModel,
@@ -35,6 +36,7 @@ from pydantic_settings import BaseSettings, EnvSettingsSource, PydanticBaseSetti
 
 from powerbudgetd.core.feed import DEFAULT_DERATING, DEFAULT_PSU_EFFICIENCY, DEFAULT_UPS_MARGIN, Feed
 from powerbudgetd.core.model import CardOverride
+from powerbudgetd.core.peaks import MEASURED_TRANSIENT_FACTOR, FeedLine, binding_line, transient_factor
 from powerbudgetd.errors import ConfigError
 from powerbudgetd.core.model import Timings
 
@@ -73,12 +75,21 @@ class CardConfig(_Section):
 
 
 class FeedConfig(_Section):
-    """The electrical feed; the board budget is derived so that
-    (sum of board limits + host draw) / PSU efficiency <= the tightest of circuit and UPS.
+    """The electrical feed; the board budget is the least that each device allows
+    (arithmetic in :mod:`powerbudgetd.core.peaks`):
 
-    Circuit: breaker_a x volts x derating (NEC: continuous loads at 80 %).
-    UPS: ups_w (its real watt rating, not VA) x (1 - ups_margin): a UPS trips on peaks
-    within seconds, faster than a 1 s average shows (brief, "Protective devices").
+    - circuit, on averages (a breaker is thermal): breaker_a x volts x derating (NEC:
+      continuous loads at 80 %) >= (sum of board limits + host draw) / PSU efficiency;
+    - UPS, on peaks (it trips in seconds, faster than a 1 s average shows): ups_w (its
+      real watt rating, not VA) x (1 - ups_margin) >= (sum of board limits x transient
+      factor + host draw) / PSU efficiency;
+    - PSU, on peaks, where ``psu_w`` (its rated DC output) is given: psu_w >= sum of
+      board limits x transient factor + host draw.
+
+    The transient factor is what the cards' instant peaks reach over their limits:
+    ``transient_factor`` (default 1.35, measured on an H200), or per card model in
+    ``[feed.transient_factors]`` (the name NVML reports, e.g. ``"NVIDIA H200" = 1.35``).
+
     The arithmetic is :class:`powerbudgetd.core.feed.Feed`'s (:meth:`feed`).
     """
 
@@ -86,22 +97,28 @@ class FeedConfig(_Section):
     volts: float = Field(gt=0, le=480)
     derating: float = Field(DEFAULT_DERATING, gt=0, le=1)
     ups_w: float | None = Field(None, gt=0, le=100_000)
+    # Headroom kept under the UPS rating at the peak, for what the arithmetic cannot
+    # know (a VA rating's real watts, an aging battery); the transients themselves are
+    # in transient_factor.
     ups_margin: float = Field(DEFAULT_UPS_MARGIN, ge=0, lt=1)
     psu_efficiency: float = Field(DEFAULT_PSU_EFFICIENCY, gt=0.5, le=1)
+    psu_w: float | None = Field(None, gt=0, le=100_000)  # the PSU's rated output (DC W)
     host_w: float = Field(ge=0, le=100_000)  # CPU, RAM, drives, fans: measure it at the plug
+    transient_factor: float = Field(MEASURED_TRANSIENT_FACTOR, ge=1.0, le=3.0)
+    transient_factors: dict[str, Annotated[float, Field(ge=1.0, le=3.0)]] = Field(default_factory=dict)
 
     @model_validator(mode="after")
     def _leaves_a_budget(self) -> FeedConfig:
         if self.board_budget_w() <= 0:
+            line = self.binding_line()
             raise ValueError(
-                f"leaves no board budget: {self.wall_limit_w():g} W at the plug x {self.psu_efficiency:g} "
-                f"- {self.host_w:g} W host_w = {self.board_budget_w():g} W"
+                f"leaves no board budget: the {line.device} allows {line.arithmetic} = {line.board_budget_w:.0f} W"
             )
         return self
 
     def feed(self) -> Feed:
-        """The feed model these figures describe."""
-        return Feed(**self.model_dump())
+        """The feed model these figures describe (per-model factors stay here: they need the cards)."""
+        return Feed(**self.model_dump(exclude={"transient_factors"}))
 
     def circuit_w(self) -> float:
         return self.feed().circuit_w()  # type: ignore[return-value]  # breaker_a is required here
@@ -110,12 +127,30 @@ class FeedConfig(_Section):
         return self.feed().ups_limit_w()
 
     def wall_limit_w(self) -> float:
-        """The tightest plug-side limit (W)."""
+        """The tightest plug-side limit on averages (W): what a wall meter checks against."""
         return self.feed().wall_limit_w()  # type: ignore[return-value]
 
-    def board_budget_w(self) -> float:
-        """Board watts the feed allows: wall limit x efficiency - host draw."""
-        return self.feed().board_budget_w()  # type: ignore[return-value]
+    @property
+    def peaks_covered(self) -> bool:
+        """Whether a device that trips on peaks (a UPS, a PSU rating) is in the arithmetic."""
+        return self.ups_w is not None or self.psu_w is not None
+
+    def factor(self, card_names: Sequence[str] | None = None) -> float:
+        """The bank's transient factor for these card models (None: not known, the highest configured)."""
+        return transient_factor(card_names, self.transient_factor, self.transient_factors)
+
+    def lines(self, card_names: Sequence[str] | None = None) -> list[FeedLine]:
+        """The board budget each device allows: circuit (average), UPS and PSU (peak)."""
+        return self.feed().lines(self.factor(card_names))
+
+    def binding_line(self, card_names: Sequence[str] | None = None) -> FeedLine:
+        line = binding_line(self.lines(card_names))
+        assert line is not None  # the circuit is always stated
+        return line
+
+    def board_budget_w(self, card_names: Sequence[str] | None = None) -> float:
+        """Board watts the feed allows: the least of its lines."""
+        return self.binding_line(card_names).board_budget_w
 
 
 class ControlConfig(_Section):
@@ -549,10 +584,11 @@ class Settings(BaseSettings):
             raise ValueError("[mqtt.wall_meter] needs a [feed] section: the plug-side limit and PSU efficiency come from it")
         return self
 
-    def effective_budget_w(self) -> float:
-        """The board budget in force: the lower of ``budget_w`` and what ``[feed]`` allows."""
-        candidates = [b for b in (self.budget_w, self.feed.board_budget_w() if self.feed else None) if b is not None]
-        return min(candidates)
+    def effective_budget_w(self, card_names: Sequence[str] | None = None) -> float:
+        """The board budget in force: the lower of ``budget_w`` and what ``[feed]`` allows
+        for cards of these model names (None: not known; the highest transient factor)."""
+        derived = self.feed.board_budget_w(card_names) if self.feed else None
+        return min(b for b in (self.budget_w, derived) if b is not None)
 
     @classmethod
     def settings_customise_sources(

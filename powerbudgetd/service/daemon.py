@@ -228,6 +228,9 @@ class Daemon:
             log.error("nvml_unavailable", error=str(exc), kind=exc.kind)
             return ExitStatus.NVML
         self.controller = ctl
+        if self.arbiter is not None and self.settings is not None:
+            # Now that the cards are known, their models pick the transient factor.
+            self.arbiter.configure(self.settings.effective_budget_w([c.info.name for c in ctl.cards]))
         if self.arbiter is None:  # no settings: the factory's budget is the configured one
             self.arbiter = BudgetArbiter(ctl.budget_mw / 1000)
         if self.keeper is None:
@@ -339,7 +342,7 @@ class Daemon:
             new = self._load()
             # The file's budget replaces the configured one in the arbiter (never
             # inferred from what the controller holds); a lower source stays in force.
-            arbiter.configure(new.effective_budget_w())
+            arbiter.configure(new.effective_budget_w([c.info.name for c in ctl.cards]))  # their transient factors
             self.keeper.apply(ctl, self.clock(), reason="reload", strict=True)
         except (ConfigError, BudgetInfeasible) as exc:
             arbiter.configure(old_configured_w)

@@ -1,0 +1,49 @@
+"""The controller as ``run`` builds it, shared with ``check-config --backend``.
+
+One path from a config and an NVML layer to a started controller, so that
+``check-config`` refuses exactly the budgets ``run`` refuses: the budget for the cards
+found (their model names pick the transient factor), checked against their floors by
+:meth:`Controller.start` itself.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from powerbudgetd.control.controller import START_TIMEOUT_S, Controller
+from powerbudgetd.hw.calls import InlineCalls
+from powerbudgetd.hw.nvml import Nvml
+from powerbudgetd.service.config import Settings
+
+
+def card_names(nvml: Nvml, calls: InlineCalls | None = None) -> list[str]:
+    """The model name of every card, in index order (NVML must be initialised); through
+    ``calls`` (the controller's deadline) where given, as the controller's own enumeration."""
+    found = (calls or InlineCalls()).call("bank", nvml.devices, timeout_s=START_TIMEOUT_S)
+    return [info.name for info in found]
+
+
+def make_controller(
+    nvml: Nvml,
+    settings: Settings,
+    *,
+    dry_run: bool = False,
+    calls: InlineCalls | None = None,
+    clock: Callable[[], float] | None = None,
+) -> Controller:
+    """The controller ``run`` uses, at the budget in force for the cards found."""
+    return Controller(
+        nvml, settings.effective_budget_w(card_names(nvml, calls)), settings.control.timings(), dry_run=dry_run,
+        overrides=settings.overrides(), allow_monitor_only=settings.allow_monitor_only, calls=calls, clock=clock,
+    )
+
+
+def check_feasible(nvml: Nvml, settings: Settings) -> Controller:
+    """Enumerate the cards and check the budget against their floors, writing nothing.
+
+    Returns the started (dry-run) controller; raises BudgetInfeasible naming each card's
+    floor against its share, as ``run`` does, or NvmlError.
+    """
+    ctl = make_controller(nvml, settings, dry_run=True)
+    ctl.start()
+    return ctl
