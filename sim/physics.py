@@ -120,7 +120,7 @@ class SimCard:
         while self._stuck and self._stuck[0][0] <= now:
             t, mw = self._stuck.pop(0)
             self.requested_mw = mw
-            self._pending.append((t + self.lag_s, mw))
+            self._pending.append((round(t + self.lag_s, 9), mw))
 
     def requested(self, now: float) -> int:
         """The requested limit (mW) as NVML reads it now."""
