@@ -40,7 +40,8 @@ from dataclasses import dataclass
 
 from powerbudgetd.errors import NvmlError
 from powerbudgetd.core.fairshare import fair_shares, waterfill
-from powerbudgetd.hw.nvml import GpuInfo, Nvml, PowerReading, to_mw
+from powerbudgetd.core.units import to_mw
+from powerbudgetd.hw.nvml import GpuInfo, Nvml, PowerReading
 from powerbudgetd.core.plan import Step, Write, plan_writes
 from powerbudgetd_sim.physics import REFRESH_S, SimBank, SimCard
 from powerbudgetd_sim.work import POWER_FRACTIONS, work_rate

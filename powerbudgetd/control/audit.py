@@ -15,7 +15,8 @@ import structlog
 
 from powerbudgetd.control.ledger import CardLedger
 from powerbudgetd.core.model import Timings
-from powerbudgetd.hw.nvml import PowerReading, to_mw
+from powerbudgetd.core.units import to_mw
+from powerbudgetd.hw.nvml import PowerReading
 
 log = structlog.get_logger("powerbudgetd")
 

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 import structlog
 
+from powerbudgetd.core.units import budget_mw, opt_mw, opt_w, to_mw
 from powerbudgetd.control.actuator import Actuator
 from powerbudgetd.control.audit import CardAudit
 from powerbudgetd.control.card import CardState
@@ -38,7 +39,7 @@ from powerbudgetd.core.policy import CardView, LendingPolicy
 from powerbudgetd.core.snapshot import BankSnapshot, CardSnapshot
 from powerbudgetd.errors import BudgetInfeasible, CardLimitUnknown, NvmlError, NvmlInvalidArgument, NvmlNoPermission
 from powerbudgetd.hw.calls import InlineCalls
-from powerbudgetd.hw.nvml import GpuInfo, Nvml, PowerReading, to_mw
+from powerbudgetd.hw.nvml import GpuInfo, Nvml, PowerReading
 
 __all__ = ["CardState", "Controller", "TickReport", "WriteEvent"]
 
@@ -106,7 +107,7 @@ class Controller:
         clock: Callable[[], float] | None = None,
     ) -> None:
         self.nvml = nvml
-        self.budget_mw = int(budget_w * 1000)  # rounded down: toward safety
+        self.budget_mw = budget_mw(budget_w)  # rounded down: toward safety
         self.timings = timings or Timings()
         self.dry_run = dry_run
         self.allow_monitor_only = allow_monitor_only
@@ -213,7 +214,7 @@ class Controller:
         raises BudgetInfeasible (keeping the old budget) when the minimums do not fit.
         ``reason`` (such as ``"reload"``) labels the writes of the next tick."""
         old = self.budget_mw
-        self.budget_mw = int(budget_w * 1000)
+        self.budget_mw = budget_mw(budget_w)
         try:
             self._check_feasible()
         except BudgetInfeasible:
@@ -381,7 +382,7 @@ class Controller:
                 c.ledger.appeared()  # whatever it came back with is not ours until a write confirms
         r = c.audit.check_power(r, c.ledger.worst_mw, c.index, c.uuid)
         c.reading = r = c.audit.check_frozen(now, r, lambda: self._energy_j(c.uuid), c.index, c.uuid)
-        confirmed = c.ledger.observe(now, _mw(r.requested_limit_w), _mw(r.enforced_limit_w))
+        confirmed = c.ledger.observe(now, opt_mw(r.requested_limit_w), opt_mw(r.enforced_limit_w))
         if confirmed is not None:
             c.audit.confirmed(confirmed)
             if c.ledger.release():
@@ -396,7 +397,7 @@ class Controller:
             if last:
                 out.append(f"GPU {c.index} write of {last[0] / 1000:g} W unconfirmed")
                 self._hold(c, now, "write_unconfirmed", target_w=last[0] / 1000,
-                           requested_w=_w(c.requested_mw), enforced_w=_w(c.enforced_mw))
+                           requested_w=opt_w(c.requested_mw), enforced_w=opt_w(c.enforced_mw))
         return out
 
     def _hold(self, c: CardState, now: float, event: str, **fields: object) -> None:
@@ -429,8 +430,8 @@ class Controller:
             return {c.uuid: c.share_mw for c in active}, {c.uuid: drift.get(c.uuid, reason) for c in active}  # type: ignore[misc]
         views = [CardView(c.uuid, c.share_mw, c.min_mw, c.max_mw,  # type: ignore[arg-type]
                           c.bound_mw if self.dry_run or c.enforced_mw is None else c.enforced_mw,
-                          None if c.uuid in outside else _mw(c.reading.power_avg_w if c.reading else None),
-                          None if c.uuid in outside else _mw(c.reading.power_instant_w if c.reading else None),
+                          None if c.uuid in outside else opt_mw(c.reading.power_avg_w if c.reading else None),
+                          None if c.uuid in outside else opt_mw(c.reading.power_instant_w if c.reading else None),
                           c.priority) for c in active]
         decided = self.policy.decide(now, views, pool)
         tick_reason = next((r for r in ("reclaim", "release", "lend") if any(t.reason == r for t in decided.values())), "lend")
@@ -489,8 +490,8 @@ def bank_snapshot(ctl: Controller, now: float) -> BankSnapshot:
         cards.append(CardSnapshot(
             index=c.index, uuid=c.uuid, name=info.name, role=str(c.role), controllable=c.controllable,
             readable=c.readable,
-            requested_limit_w=None if r is None else _w(c.requested_mw),
-            enforced_limit_w=None if r is None else _w(c.enforced_mw),
+            requested_limit_w=None if r is None else opt_w(c.requested_mw),
+            enforced_limit_w=None if r is None else opt_w(c.enforced_mw),
             limit_bound_w=c.bound_mw / 1000,
             min_limit_w=None if info.min_limit_w is None else c.min_mw / 1000,
             max_limit_w=None if info.max_limit_w is None else c.max_mw / 1000,
@@ -509,14 +510,6 @@ def bank_snapshot(ctl: Controller, now: float) -> BankSnapshot:
         over_budget=ctl.over.active, over_budget_cause=ctl.over.cause or None,
         over_budget_episodes=ctl.over.episodes, over_budget_s=round(ctl.over.seconds, 3),
     )
-
-
-def _mw(w: float | None) -> int | None:
-    return None if w is None else to_mw(w)
-
-
-def _w(mw: int | None) -> float | None:
-    return None if mw is None else mw / 1000
 
 
 def _event_fields(ev: WriteEvent) -> dict:

@@ -21,6 +21,7 @@ from types import ModuleType
 from collections.abc import Callable
 from typing import Any, Protocol, TypeVar
 
+from powerbudgetd.core.units import to_mw, to_w
 from powerbudgetd.errors import (
     NvmlError,
     NvmlGpuLost,
@@ -197,15 +198,6 @@ def _first_field(lib: Any, handle: Any, field_id: int) -> Any:
     return lib.nvmlDeviceGetFieldValues(handle, [field_id])[0]
 
 
-def _w(milliwatts: int | float) -> float:
-    return milliwatts / 1000.0
-
-
-def to_mw(watts: float) -> int:
-    """W to integer mW, rounded to the nearest mW (callers round toward safety first)."""
-    return int(round(watts * 1000.0))
-
-
 class NvmlLibrary(Protocol):
     """What stands in for ``libnvidia-ml.so`` under the real bindings (the simulator).
 
@@ -319,11 +311,11 @@ class Nvml:
                 lib.nvmlDeviceGetPowerManagementLimitConstraints,
                 handle,
             )
-            min_w, max_w = _w(lo), _w(hi)
+            min_w, max_w = to_w(lo), to_w(hi)
         except NvmlNotSupported:
             min_w = max_w = None
         try:
-            default_w = _w(
+            default_w = to_w(
                 self._call(
                     "nvmlDeviceGetPowerManagementDefaultLimit",
                     lib.nvmlDeviceGetPowerManagementDefaultLimit,
@@ -366,7 +358,7 @@ class Nvml:
     # -- reads ----------------------------------------------------------------------
     def _optional(self, name: str, fn: Callable[..., int], handle: Any) -> float | None:
         try:
-            return _w(self._call(name, fn, handle))
+            return to_w(self._call(name, fn, handle))
         except NvmlNotSupported:
             return None
 
@@ -390,7 +382,7 @@ class Nvml:
             kind = _ERROR_KINDS.get(ret, NvmlError)
             raise kind(f"field {FI_DEV_POWER_INSTANT}: NVML return {ret}", code=ret, call="field186")
         raw = getattr(value.value, _VALUE_FIELDS.get(int(value.valueType), "uiVal"))
-        return _w(raw)
+        return to_w(raw)
 
     def read(self, uuid: str) -> PowerReading:
         """Read draw and limits of one card. Raises NvmlGpuLost, NvmlError on failure."""

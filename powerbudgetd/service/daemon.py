@@ -32,6 +32,7 @@ from pathlib import Path
 
 import structlog
 
+from powerbudgetd.core.units import budget_mw, opt_w
 from powerbudgetd.channels.protocol import SideChannel
 from powerbudgetd.core.arbiter import BudgetArbiter, Decision
 from powerbudgetd.service.config import Settings, load_config, ups_on_reload
@@ -73,7 +74,7 @@ class BudgetKeeper:
         differs; the next tick's writes carry ``reason`` (default: the source in force).
         ``strict``: raise BudgetInfeasible instead of keeping the last good budget."""
         decision = self.arbiter.resolve(now)
-        want_mw = int(decision.budget_w * 1000)
+        want_mw = budget_mw(decision.budget_w)
         if decision.below_floor and self._said != ("budget_below_floor", int(decision.wanted_w * 1000)):
             log.error("budget_below_floor", wanted_w=round(decision.wanted_w, 1), source=decision.source,
                       floor_w=decision.floor_w, detail="holding the cards at their minimum limits instead")
@@ -312,7 +313,7 @@ class Daemon:
             if stop_deadline is not None and (ctl.stopped or ctl.mode == Mode.DRY_RUN):
                 if ctl.mode == Mode.DRY_RUN:  # nothing was written: say what the cards really have
                     log.info(
-                        "stopped", dry_run=True, limits_w=[_w(c.enforced_mw) for c in ctl.cards],
+                        "stopped", dry_run=True, limits_w=[opt_w(c.enforced_mw) for c in ctl.cards],
                         decided_limits_w=[c.bound_mw / 1000 for c in ctl.cards],
                         note="dry run: no limit was written, the cards keep the limits they had",
                     )
@@ -388,5 +389,3 @@ class Daemon:
             await asyncio.Event().wait()
 
 
-def _w(mw: int | None) -> float | None:
-    return None if mw is None else mw / 1000
