@@ -210,7 +210,8 @@ def test_instant_spikes_above_the_cap_are_counted_not_acted_on():
     rig = make_rig([card(0, idle(), busy(3.0, 300.0)), card(1, busy(0, 300.0))], 500, timings=Timings())
     rig.run(20.0, watch(rig))
     c0 = rig.ctl.cards[0]
-    assert c0.excursions >= 1 and c0.peak_excursion_w > 1.1 * 250  # the onset overshoot, kept
+    # the onset overshoot, kept: the card wakes at 3 s while lending at its 150 W floor
+    assert c0.excursions >= 1 and c0.peak_excursion_w > 1.1 * 150
     assert not any(rep.faults for rep in rig.reports)
     assert rig.ctl.mode == Mode.DYNAMIC
     # Card 0 lends while idle and is reclaimed when it wakes at 3 s; from then on both

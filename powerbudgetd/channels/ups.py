@@ -35,6 +35,7 @@ import aionut
 import structlog
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge
 
+from powerbudgetd.core.backoff import Backoff
 from powerbudgetd.core.feed import Feed
 from powerbudgetd.core.ups import BOUNDS, KNOWN_FLAGS, REASONS, UpsConstraint, UpsGuard, UpsParams, UpsReading, parse_vars
 from powerbudgetd.service.config import UpsConfig
@@ -278,7 +279,7 @@ class UpsChannel:
     async def run(self) -> None:
         """Poll until cancelled; every failure is a silence and a retry, never a raise."""
         client = self.client_factory(self.cfg)
-        failures = 0
+        backoff = Backoff(self.cfg.poll_s, self.cfg.reconnect_max_s)
         try:
             while True:
                 started = self.clock()
@@ -291,11 +292,9 @@ class UpsChannel:
                     if cause == "error" and not isinstance(exc, aionut.NUTError):
                         log.exception("ups_poll_failed")
                     self.failed(cause, f"{type(exc).__name__}: {exc}"[:MAX_SHOWN])
-                    failures += 1
-                    delay = min(self.cfg.reconnect_max_s, self.cfg.poll_s * 2 ** min(failures - 1, 16))
-                    await self._sleep(delay * random.uniform(0.8, 1.0))
+                    await self._sleep(backoff.next_s() * random.uniform(0.8, 1.0))
                     continue
-                failures = 0
+                backoff.reset()
                 self.variables(variables)
                 await self._sleep(max(0.0, started + self.cfg.poll_s - self.clock()))
         finally:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from powerbudgetd.core.backoff import doubled
 from powerbudgetd.core.model import Timings
 
 
@@ -153,7 +154,7 @@ class CardLedger:
         """Leave the card alone for a doubling backoff. True when it was not held before."""
         first = not self.backoff_s
         tm = self.timings
-        self.backoff_s = min(max(tm.retry_backoff_s, 2 * self.backoff_s), tm.retry_backoff_max_s)
+        self.backoff_s = doubled(self.backoff_s, tm.retry_backoff_s, tm.retry_backoff_max_s)
         self.hold_until = now + self.backoff_s
         return first
 

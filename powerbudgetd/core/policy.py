@@ -199,6 +199,19 @@ class LendingPolicy:
             if t.limit_mw is not None and not self._may_move(t, c, now, up=True):
                 ceilings[u] = max(0, min(ceilings[u], t.limit_mw - c.share_mw))
         extras = _by_priority(spare, [by_id[u] for u in recipients], ceilings)
+        # A recipient squeezed only because the spare is shared out differently (not a
+        # reclaim or a release) keeps its limit where lowering it would flap; the others
+        # share what is left. When the pool itself shrank, it has to give way.
+        keep = {
+            u: tracks[u].limit_mw - by_id[u].share_mw  # type: ignore[operator]
+            for u in recipients
+            if tracks[u].limit_mw is not None and tracks[u].direction == 1
+            and extras[u] < tracks[u].limit_mw - by_id[u].share_mw  # type: ignore[operator]
+            and not self._may_move(tracks[u], by_id[u], now, up=False)
+        }
+        if keep and sum(keep.values()) <= spare:
+            rest = [by_id[u] for u in recipients if u not in keep]
+            extras = {**_by_priority(spare - sum(keep.values()), rest, ceilings), **keep}
 
         out: dict[str, Target] = {}
         for c in cards:
@@ -293,14 +306,17 @@ class LendingPolicy:
         """The most extra (mW above fair share) a recipient has shown it can use: up to
         its max if it sat at its cap in the last :data:`USE_MEMORY_S` (or has not been
         watched that long), else its highest draw then / ``pinned_fraction``, in whole
-        steps of :data:`CEILING_STEP_MW` so that a wandering draw does not move its cap."""
+        steps of :data:`CEILING_STEP_MW` and one more, so that a wandering draw does not
+        move its cap."""
         room = c.max_mw - c.share_mw
         recent = [(mw, capped) for s, mw, capped in tr.peaks if now - s <= USE_MEMORY_S]
         watched = bool(tr.peaks) and now - tr.peaks[0][0] >= USE_MEMORY_S
         if not watched or any(capped for _, capped in recent) or not recent:
             return room
         usable = max(mw for mw, _ in recent) / self.timings.pinned_fraction - c.share_mw
-        steps = -(-int(usable) // CEILING_STEP_MW)  # rounded up
+        # Rounded up, plus a step: at a ceiling of exactly draw / pinned_fraction the same
+        # draw reads as pinned again, lifting the ceiling and lowering it 10 s later.
+        steps = -(-int(usable) // CEILING_STEP_MW) + 1
         return max(0, min(room, steps * CEILING_STEP_MW))
 
     # -- flapping ---------------------------------------------------------------------

@@ -87,6 +87,7 @@ from typing import TYPE_CHECKING, Any, BinaryIO
 
 import structlog
 
+from powerbudgetd.core.backoff import Backoff
 from powerbudgetd import __version__
 
 if TYPE_CHECKING:
@@ -212,7 +213,7 @@ class LogWriter:
         self._unsynced = False
         self._last_sync = clock()
         self._retry_at = float("-inf")
-        self._backoff_s = 1.0
+        self._backoff = Backoff(1.0, RETRY_MAX_S)
         self._warned_at = float("-inf")
         self._thread: threading.Thread | None = None
 
@@ -297,7 +298,7 @@ class LogWriter:
             self._failed(exc, now)
             return
         self.stats.records_written += 1
-        self._backoff_s = 1.0
+        self._backoff.reset()
 
     def _append(self, data: bytes) -> None:
         assert self._file is not None
@@ -365,8 +366,7 @@ class LogWriter:
         self.stats.records_lost += 1
         self.stats.last_error = f"{self._path or self.directory}: {exc.strerror or exc}"
         self._close_file(quiet=True)
-        self._retry_at = now + self._backoff_s
-        self._backoff_s = min(self._backoff_s * 2, RETRY_MAX_S)
+        self._retry_at = now + self._backoff.next_s()
         if now - self._warned_at >= WARN_EVERY_S:
             self._warned_at = now
             log.warning(

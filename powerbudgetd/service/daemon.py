@@ -32,6 +32,7 @@ from pathlib import Path
 
 import structlog
 
+from powerbudgetd.core.backoff import Backoff
 from powerbudgetd.core.units import budget_mw, opt_w
 from powerbudgetd.channels.protocol import SideChannel
 from powerbudgetd.core.arbiter import BudgetArbiter, Decision
@@ -183,7 +184,7 @@ class Daemon:
         """``nvmlInit`` with bounded retries and backoff (a driver may still be loading at
         boot). Each failure says what to do about its cause. Nothing is written before."""
         attempts = self.settings.nvml_init_attempts if self.settings else 5
-        delay = self.settings.nvml_init_backoff_s if self.settings else 1.0
+        backoff = Backoff(self.settings.nvml_init_backoff_s if self.settings else 1.0, 30.0)
         for attempt in range(1, attempts + 1):
             try:
                 self.nvml.init()
@@ -193,7 +194,7 @@ class Daemon:
                 (log.error if last else log.warning)(
                     "nvml_unavailable" if last else "nvml_init_failed",
                     error=str(exc), attempt=attempt, attempts=attempts, action=init_advice(exc.code),
-                    **({} if last else {"retry_in_s": delay}),
+                    **({} if last else {"retry_in_s": (delay := backoff.next_s())}),
                 )
                 if last:
                     return False
@@ -202,7 +203,6 @@ class Daemon:
                     await asyncio.wait_for(self._wake.wait(), timeout=delay)
                 except TimeoutError:
                     pass
-                delay = min(2 * delay, 30.0)
         return False
 
     async def _run(self) -> int:

@@ -39,6 +39,7 @@ from aiomqtt.exceptions import MqttConnectError
 from paho.mqtt.subscribeoptions import SubscribeOptions
 from prometheus_client import REGISTRY, CollectorRegistry
 
+from powerbudgetd.core.backoff import Backoff
 from powerbudgetd.channels.mqtt import discovery as ha
 from powerbudgetd.channels.mqtt._text import shown
 from powerbudgetd.channels.mqtt.metrics import MqttMetrics
@@ -191,7 +192,7 @@ class MqttBridge:
     # -- the service ------------------------------------------------------------------
     async def run(self) -> None:
         """Stay connected until cancelled; every failure ends in a retry, never a raise."""
-        attempt = 0
+        backoff = Backoff(self.cfg.reconnect_min_s, self.cfg.reconnect_max_s)
         while True:
             up_at: float | None = None
             try:
@@ -219,10 +220,8 @@ class MqttBridge:
                 log.exception("mqtt_failed")
                 self._set_connected(False, f"{type(exc).__name__}: {exc}")
             if up_at is not None and time.monotonic() - up_at >= STABLE_SESSION_S:
-                attempt = 0  # only a connection that held resets the backoff, not one kicked at once
-            delay = min(self.cfg.reconnect_max_s, self.cfg.reconnect_min_s * 2**attempt)
-            attempt = min(attempt + 1, 30)
-            await self._sleep(delay * random.uniform(0.5, 1.0))  # jitter: no reconnect storms
+                backoff.reset()  # only a connection that held resets the backoff, not one kicked at once
+            await self._sleep(backoff.next_s() * random.uniform(0.5, 1.0))  # jitter: no reconnect storms
 
     def _client(self) -> aiomqtt.Client:
         cfg = self.cfg
