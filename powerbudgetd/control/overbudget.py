@@ -61,11 +61,14 @@ class OverBudget:
             self.seconds += now - self._last
         self._last = now
         if over and self.since is None:
-            self.since, self.episodes = now, self.episodes + 1
-            self.cause = "; ".join(ctl.degraded()) or ("boot: cards at their start-up limits" if mode == Mode.BOOTING
-                                                       else "budget lowered")
+            outside = ctl.degraded()
+            self.cause = "; ".join(outside) or ("boot: cards at their start-up limits" if mode == Mode.BOOTING
+                                                else "budget lowered")
+            # A lowered budget (UPS, wall meter, remote, reload) is our own step down, its
+            # decreases under way: not an outside episode, so no alert counts it.
+            self.since, self.episodes = now, self.episodes + int(bool(outside) or mode == Mode.BOOTING)
             self.peak_w = ctl.sum_bound_mw / 1000
-            (log.info if mode == Mode.BOOTING and not ctl.degraded() else log.error)(
+            (log.error if outside else log.info)(
                 "over_budget", cause=self.cause, sum_limits_w=self.peak_w, budget_w=ctl.budget_mw / 1000,
                 action="lowering the controllable cards (decreases only) until the bank fits")
         elif over:
