@@ -55,6 +55,7 @@ def run_outcome(proc: subprocess.Popen[str], timeout_s: float = 60.0) -> int | s
     return proc.wait(timeout=30)
 
 
+@pytest.mark.slow
 def test_check_config_agrees_with_run_on_feasibility(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("POWERBUDGETD_")}
     # many daemons at once: no /metrics port or recorder directory to share

@@ -316,6 +316,7 @@ def run_daemon(tmp_path, scenario_extra, budget=1000, stop_after=None, extra_con
     return proc.returncode, [json.loads(line) for line in out.splitlines() if line.startswith("{")], err
 
 
+@pytest.mark.slow
 def test_slow_nvml_does_not_freeze_the_watchdog(tmp_path):
     faults = '[[faults]]\ncall = "nvmlDeviceGetPowerUsage"\nerror = "SLOW"\ndelay_s = 2.5\nfrom_s = 2.0\ncount = 1\n'
     with tempfile.TemporaryDirectory() as d:  # a short path: unix socket names are limited
@@ -334,6 +335,7 @@ def test_slow_nvml_does_not_freeze_the_watchdog(tmp_path):
     assert any(m.get("STOPPING") == "1" for _, m in notify.messages)
 
 
+@pytest.mark.slow
 def test_kill_9_mid_lend_restarts_into_a_safe_state(tmp_path):
     """Kill the daemon at random points while it lends and reclaims; the bank's limits
     outlive it (a state file, as a GPU keeps its limits). Each restart reaches fair

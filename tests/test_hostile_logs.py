@@ -54,6 +54,7 @@ def both_commands(path: Path) -> list[tuple[int, str, str, float]]:
     return [cli("log", "report", "--dir", str(path), "--json"), cli("simulate", "--replay", str(path), "--json")]
 
 
+@pytest.mark.slow
 def test_a_sparse_1_gb_file(tmp_path: Path) -> None:
     path = log_path(tmp_path)
     with open(path, "wb") as fh:
@@ -67,6 +68,7 @@ def test_a_sparse_1_gb_file(tmp_path: Path) -> None:
     assert any("longer than" in s["why"] or s["torn"] for s in d["skipped_lines"])
 
 
+@pytest.mark.slow
 def test_a_300_mb_line_between_good_records(tmp_path: Path) -> None:
     path = log_path(tmp_path)
     with open(path, "wb") as fh:
@@ -123,6 +125,7 @@ def test_timestamps_running_to_year_9999(tmp_path: Path) -> None:
     assert sum("impossible timestamp" in s["why"] for s in d["skipped_lines"]) == 4
 
 
+@pytest.mark.slow
 def test_an_impossible_header_and_a_span_of_decades(tmp_path: Path) -> None:
     # every record 9999: nothing to report, said clearly
     path = log_path(tmp_path)

@@ -240,6 +240,7 @@ def rss_kb() -> int:
         return int(fh.read().split()[1]) * (os.sysconf("SC_PAGE_SIZE") // 1024)
 
 
+@pytest.mark.slow
 async def test_fuzz_every_subscribed_topic(broker: Mosquitto, tmp_path: Path) -> None:
     rng = random.Random(14)
     config = write_config(tmp_path, broker.port, BOTH)

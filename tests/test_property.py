@@ -3,6 +3,7 @@ every tick, no card leaves its constraints, and boot ends at fair share."""
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -11,6 +12,8 @@ from powerbudgetd_sim.physics import CardSpec
 from powerbudgetd_sim.profiles import Phase, Profile
 from powerbudgetd_sim.traces import TRACES
 
+
+pytestmark = pytest.mark.slow  # hundreds of random banks: the full run (CI) covers it
 
 @st.composite
 def phases(draw, max_w):

@@ -141,6 +141,7 @@ def test_reindexed_cards_follow_nvml_and_keep_their_state():
     assert rig.truth_w() <= 750.0
 
 
+@pytest.mark.slow
 def test_case_4_a_hung_set_stalls_neither_the_loop_nor_the_other_cards(tmp_path):
     """4 cards on the wall clock; at a reclaim the set on card 0 hangs for 60 s."""
     tick_s = 0.1
