@@ -76,10 +76,6 @@ class BudgetKeeper:
         ``strict``: raise BudgetInfeasible instead of keeping the last good budget."""
         decision = self.arbiter.resolve(now)
         want_mw = budget_mw(decision.budget_w)
-        if decision.below_floor and self._said != ("budget_below_floor", int(decision.wanted_w * 1000)):
-            log.error("budget_below_floor", wanted_w=round(decision.wanted_w, 1), source=decision.source,
-                      floor_w=decision.floor_w, detail="holding the cards at their minimum limits instead")
-            self._said = ("budget_below_floor", int(decision.wanted_w * 1000))
         if want_mw != ctl.budget_mw:
             old_w = ctl.budget_mw / 1000
             try:
@@ -93,6 +89,11 @@ class BudgetKeeper:
                     self._said = ("budget_change_refused", want_mw)
                 return decision
             log.info("budget_changed", from_w=old_w, to_w=ctl.budget_mw / 1000, source=decision.source)
+        # Said only once the controller holds it: a refused budget holds nothing.
+        if decision.below_floor and self._said != ("budget_below_floor", int(decision.wanted_w * 1000)):
+            log.error("budget_below_floor", wanted_w=round(decision.wanted_w, 1), source=decision.source,
+                      floor_w=decision.floor_w, detail="holding the cards at their minimum limits instead")
+            self._said = ("budget_below_floor", int(decision.wanted_w * 1000))
         self.in_force = decision
         if not decision.below_floor:
             self._said = None
@@ -347,9 +348,19 @@ class Daemon:
             self.keeper.apply(ctl, self.clock(), reason="reload", strict=True)
         except (ConfigError, BudgetInfeasible) as exc:
             arbiter.configure(old_configured_w)
-            log.error("reload_failed", config=path, error=str(exc), kept_budget_w=old_w)
+            floor_w = arbiter.floor_w
+            if isinstance(exc, BudgetInfeasible) and floor_w is not None and floor_w < old_configured_w:
+                # The file asks for less than the cards can be held to. Keeping the old,
+                # higher budget would be further from it than the floors: hold the cards
+                # there, and count the reload as failed until the file is fixed.
+                arbiter.configure(floor_w)
+                self.keeper.apply(ctl, self.clock(), reason="reload")
+            kept_w = ctl.budget_mw / 1000
+            log.error("reload_failed", config=path, error=str(exc), kept_budget_w=kept_w,
+                      **({"held_at_floor_w": kept_w} if kept_w != old_w else {}))
             detail = "; ".join(line.strip() for line in str(exc).splitlines())
-            self._reload_note = f"reload failed, running config kept: {detail}"
+            held = f" (cards held at their floors, {kept_w:g} W)" if kept_w != old_w else ""
+            self._reload_note = f"reload failed, running config kept{held}: {detail}"
             ok = False
         else:
             old = self.settings
