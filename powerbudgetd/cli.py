@@ -305,6 +305,8 @@ def _check_config_cards(args: argparse.Namespace, settings: Settings, path: Path
         nvml.shutdown()
     floors = [(c.index, c.info.name, c.min_mw / 1000 if c.controllable else None) for c in ctl.cards]
     print(describe(settings, path, card_names=names, floors=floors, source=source))
+    for text in ctl.override_warnings:
+        print(f"warning: {text}")
     return ExitStatus.OK
 
 

@@ -125,6 +125,7 @@ class Controller:
         self._budget_reason: str | None = None  # the reason for the next tick's writes
         self._next_enumerate = float("-inf")
         self._count = -1  # NVML's device count at the last enumeration
+        self.override_warnings: list[str] = []  # [cards] settings that do nothing (see start)
 
     # -- start ----------------------------------------------------------------------
     def start(self) -> list[CardState]:
@@ -139,6 +140,7 @@ class Controller:
         self.cards = [self._card(info) for info in found]
         if not self.cards:
             raise BudgetInfeasible("no GPUs found: nothing to keep under a budget")
+        self.override_warnings = self._check_overrides()
         unknown = [c for c in self.cards if c.ledger.worst_mw <= 0]
         if unknown:
             raise CardLimitUnknown("; ".join(
@@ -149,6 +151,22 @@ class Controller:
         if not self.dry_run:
             self._check_permission()
         return self.cards
+
+    def _check_overrides(self) -> list[str]:
+        """``[cards]`` settings that do not do what they say: a key naming no card (a
+        typo in a UUID, an index past the last card) and a ``max_w`` below the card's
+        floor (the floor wins). Each logged as a warning and returned for check-config."""
+        keys = {c.uuid for c in self.cards} | {str(c.index) for c in self.cards}
+        out = [f"[cards.\"{k}\"] matches no card (UUIDs and indices here: "
+               f"{', '.join(sorted(keys))}): its settings do nothing" for k in sorted(self.overrides) if k not in keys]
+        for c in self.cards:
+            ov = self.overrides.get(c.uuid) or self.overrides.get(str(c.index))
+            if ov is not None and ov.max_w is not None and c.controllable and to_mw(ov.max_w) < c.min_mw:
+                out.append(f"[cards] max_w {ov.max_w:g} W for GPU {c.index} is below its minimum limit "
+                           f"{c.min_mw / 1000:g} W: the card is held at {c.min_mw / 1000:g} W at most")
+        for text in out:
+            log.warning("card_override_ignored", detail=text)
+        return out
 
     def _card(self, info: GpuInfo) -> CardState:
         ov = self.overrides.get(info.uuid) or self.overrides.get(str(info.index)) or CardOverride()
