@@ -196,7 +196,7 @@ def test_a_stalled_disk_drops_and_counts_records_but_never_holds_a_tick(tmp_path
     assert rig.k == 200  # no tick missed
     st = writer.stats
     due = 1 + 199  # the header, then one record every tick after the first
-    assert st.records_submitted + st.records_dropped == due
+    assert st.records_submitted + 1 + st.records_dropped == due  # the header is not counted as a record
     # In: the queue's 8, the header the writer keeps, the record stuck in write().
     assert due - 10 <= st.records_dropped <= due - 8
     gate.set()
@@ -256,7 +256,7 @@ def test_a_full_disk_is_counted_and_recording_resumes_in_a_new_file(tmp_path: Pa
         st = writer.stats
         _wait_for(lambda: st.records_lost == 9)
     warned = [e for e in logs if e["event"] == "recorder_write_failed"]
-    assert len(warned) == 1 and warned[0]["log_level"] == "warning" and warned[0]["errno"] == errno.ENOSPC
+    assert len(warned) == 1 and warned[0]["log_level"] == "error" and warned[0]["errno"] == errno.ENOSPC
     assert st.write_errors >= 1 and st.records_lost == 9 and st.records_written == 0  # samples at 0.5 .. 4.5 s
     assert "No space left" in (st.last_error or "")
     # Retried after a backoff, not on every record: one file per failure, emptied ones removed.
@@ -308,3 +308,16 @@ def test_a_short_write_leaves_the_torn_line_at_the_end_of_its_file(tmp_path: Pat
     samples, skipped = load_samples(index.files)
     assert [s.torn for s in skipped] == [True]
     assert len(samples) == writer.stats.records_written
+
+
+def test_a_configured_directory_whose_parent_is_missing_is_not_created(tmp_path: Path) -> None:
+    from powerbudgetd.powerlog.recorder import from_config
+    from powerbudgetd.service.config import RecorderConfig
+
+    typo = tmp_path / "no-such-parent" / "rec"
+    rec = from_config(RecorderConfig(dir=typo), None)
+    with capture_logs() as logs:
+        rec.writer.submit({"kind": "test"})
+        rec.writer.close()
+    assert not (tmp_path / "no-such-parent").exists()
+    assert any(e["event"] == "recorder_write_failed" and e["log_level"] == "error" for e in logs)

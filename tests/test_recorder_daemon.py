@@ -106,4 +106,4 @@ def test_an_unwritable_log_directory_warns_and_the_daemon_controls_on(tmp_path: 
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(30) == 0
     failed = [e for e in events() if e["event"] == "recorder_write_failed"]
-    assert failed[0]["level"] == "warning" and "not-a-dir" in failed[0]["error"]
+    assert failed[0]["level"] == "error" and "not-a-dir" in failed[0]["error"]

@@ -195,10 +195,12 @@ class LogWriter:
         queue_records: int = QUEUE_RECORDS,
         opener: Opener = _open_append,
         clock: Callable[[], float] = time.monotonic,
+        make_parents: bool = False,
     ) -> None:
         if max_total_bytes < 2 * max_file_bytes:
             raise ValueError("max_total_bytes must be at least twice max_file_bytes")
         self.directory = Path(directory)
+        self.make_parents = make_parents  # only for the default directory: a typo must not grow a tree
         self.max_file_bytes = max_file_bytes
         self.max_total_bytes = max_total_bytes
         self.fsync_interval_s = fsync_interval_s
@@ -225,7 +227,8 @@ class LogWriter:
         except queue.Full:
             self.stats.records_dropped += 1
             return False
-        self.stats.records_submitted += 1
+        # A header is not a record of its own: it is written at the top of each file.
+        self.stats.records_submitted += record.get("kind") != "header"
         return True
 
     def start(self) -> None:
@@ -311,7 +314,9 @@ class LogWriter:
         self._unsynced = True
 
     def _open_new(self) -> None:
-        self.directory.mkdir(parents=True, exist_ok=True, mode=0o750)
+        # A configured directory's parent must exist: a mistyped path fails here, loudly,
+        # instead of growing a tree as root.
+        self.directory.mkdir(parents=self.make_parents, exist_ok=True, mode=0o750)
         check_directory(self.directory)
         files = log_files(self.directory)
         seq = int(FILE_RE.match(files[-1].name).group(1)) + 1 if files else 1  # type: ignore[union-attr]
@@ -368,8 +373,10 @@ class LogWriter:
         self._close_file(quiet=True)
         self._retry_at = now + self._backoff.next_s()
         if now - self._warned_at >= WARN_EVERY_S:
+            # The first failure is an error: after a power event there would be no log.
+            first = self._warned_at == float("-inf")
             self._warned_at = now
-            log.warning(
+            (log.error if first else log.warning)(
                 "recorder_write_failed", error=self.stats.last_error, errno=exc.errno,
                 write_errors=self.stats.write_errors, records_lost=self.stats.records_lost,
             )
@@ -575,7 +582,7 @@ def from_config(
     directory = cfg.dir_for(backend)
     writer = LogWriter(
         directory, max_file_bytes=cfg.max_file_bytes, max_total_bytes=cfg.max_total_bytes,
-        fsync_interval_s=cfg.fsync_interval_s,
+        fsync_interval_s=cfg.fsync_interval_s, make_parents="dir" not in cfg.model_fields_set,
     )
     log.info("recorder_enabled", dir=str(directory), backend=backend, interval_s=cfg.interval_s, max_total_bytes=cfg.max_total_bytes)
     sampler = None if nvml is None else PeakSampler(nvml)
