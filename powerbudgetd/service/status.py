@@ -13,16 +13,20 @@ import ipaddress
 import json
 import shutil
 import sys
+import tomllib
 import time
 import urllib.error
 import urllib.request
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
 from powerbudgetd.errors import ConfigError
+
+if TYPE_CHECKING:
+    from powerbudgetd.service.config import MetricsConfig
 
 DEFAULT_URL = "http://127.0.0.1:19400/metrics"
 STALE_TICK_S = 30.0  # the PowerBudgetdDown alert's threshold
@@ -80,11 +84,20 @@ def default_url(config: Path | None) -> tuple[str, str]:
     path = config or default_config_path()
     try:
         settings = load_config(path, euid=-1)  # only reading: not the daemon's root check
-    except ConfigError:
-        if config is not None:
-            raise
-        return DEFAULT_URL, f"the default (no readable config at {path})"
-    m = settings.metrics
+    except ConfigError as exc:
+        # A file broken since the daemon loaded it must not hide the running daemon:
+        # its [metrics] alone (it keeps the config it had), else the default.
+        metrics = _metrics_table(path)
+        if metrics is None:
+            if config is not None:
+                raise
+            return DEFAULT_URL, f"the default (no readable config at {path})"
+        print(f"powerbudgetd: warning: {path} does not load ({str(exc).splitlines()[0]}); "
+              "reading its [metrics] alone", file=sys.stderr)
+        settings_metrics = metrics
+    else:
+        settings_metrics = settings.metrics
+    m = settings_metrics
     if not m.enabled:
         return DEFAULT_URL, f"[metrics] is disabled in {path}: the daemon serves no metrics"
     addr = ipaddress.ip_address(str(m.listen_address))
@@ -92,6 +105,18 @@ def default_url(config: Path | None) -> tuple[str, str]:
         addr = ipaddress.ip_address("::1" if addr.version == 6 else "127.0.0.1")
     host = f"[{addr}]" if addr.version == 6 else str(addr)
     return f"http://{host}:{m.port}/metrics", f"[metrics] listen_address and port in {path}"
+
+
+def _metrics_table(path: Path) -> MetricsConfig | None:
+    """``[metrics]`` of a config file that does not load as a whole, or None."""
+    from powerbudgetd.service.config import MetricsConfig
+
+    try:
+        with open(path, "rb") as fh:
+            table = tomllib.load(fh).get("metrics", {})
+        return MetricsConfig.model_validate(table)
+    except (OSError, tomllib.TOMLDecodeError, ValueError):
+        return None
 
 
 def fetch(url: str, timeout_s: float) -> str:
