@@ -35,3 +35,15 @@ def test_check_config_with_a_backend_prints_the_same_warnings(tmp_path: Path, ca
     assert main(["check-config", str(cfg), "--backend", "sim"]) == 0
     out = capsys.readouterr().out
     assert 'warning: [cards."GPU-typo"] matches no card' in out
+
+
+def test_an_excluded_card_is_a_choice_not_an_outside_over_budget_cause() -> None:
+    from conftest import busy, card, make_rig
+
+    with capture_logs() as logs:
+        rig = make_rig([card(0, busy()), card(1), card(2)], 700, overrides={"GPU-test-0": CardOverride(exclude=True)})
+        rig.run(3.0)
+    over = [e for e in logs if e["event"] == "over_budget"]
+    assert over and all(e["log_level"] == "info" for e in over)  # boot's descent only
+    assert rig.ctl.over.episodes == 1
+    assert rig.ctl.sum_bound_mw <= 700_000  # 300 W excluded + the others at 200 W

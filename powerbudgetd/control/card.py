@@ -41,6 +41,7 @@ class CardState:
     role: Role = Role.FAIR
     error: str | None = None  # why the card cannot be read now (None: readable)
     gone: bool = False  # missing from NVML's enumeration
+    excluded: bool = False  # left alone by the operator ([cards] exclude): counted, never a fault
     read_errors: dict[str, int] = field(default_factory=dict)  # failed reads by NvmlError.kind (metrics)
 
     bound_mw = _via("ledger", "bound_mw")

@@ -184,7 +184,8 @@ class Controller:
         max_mw = worst if ov.max_w is None else max(min_mw, min(worst, int(ov.max_w * 1000)))
         controllable = not ov.exclude and valid
         return CardState(info, controllable, min_mw, max_mw, CardLedger(self.timings, worst),
-                         CardAudit(self.timings), ov.priority, role=Role.FAIR if controllable else Role.FIXED)
+                         CardAudit(self.timings), ov.priority, role=Role.FAIR if controllable else Role.FIXED,
+                         excluded=ov.exclude)
 
     def _check_permission(self) -> None:
         """Write one card's current limit back to itself (a no-op, through the actuator)

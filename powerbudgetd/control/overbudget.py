@@ -51,7 +51,7 @@ class OverBudget:
                     "by an outside limit")
         if c.ledger.backoff_s:
             return "a write did not take"
-        if not c.controllable:
+        if not c.controllable and not c.excluded:  # an operator's exclusion is a choice, not a fault
             return f"not controllable, counted at {c.bound_mw / 1000:g} W"
         return None
 
