@@ -329,3 +329,22 @@ def test_a_reset_while_our_write_is_in_flight_is_corrected_within_a_tick_plus_la
     since = rig.t
     assert rig.ctl.cards[0].inflight
     assert over_budget_after(rig, 5.0, since=since) <= rig.ctl.timings.tick_s + 0.2 + 1e-9
+
+
+def test_a_donor_that_cannot_reach_its_target_is_held_so_the_bank_is_not_left_over_budget():
+    """Found by the soak: NVML refused a donor's floor value once; the card stayed above
+    the floor while the policy lent the floor's watts away. When a reset then put the
+    bank over budget (there a reset, here an outside floor on the other donor), nothing
+    lowered the recipients (their targets fit the policy's sum): 1099 W against 1000 W
+    for 45 s. A card that cannot reach its target is held
+    and counted at its bound, and the others are fitted around it."""
+    faults = [Fault("nvmlDeviceSetPowerManagementLimit", "INVALID_ARGUMENT", card=3, from_s=0.5, count=1)]
+    rig = make_rig([card(0, busy()), card(1, busy()), card(2), card(3)], 1000, faults=faults)
+    with capture_logs() as logs:
+        rig.run(45.0)  # past failsafe_hold_s: lending again, card 3 still above its floor
+        assert events(logs, "write_refused") and rig.ctl.cards[3].bound_mw > 150_000
+        assert rig.ctl.cards[0].role == Role.RECIPIENT
+        rig.bank._events = [(45.05, 0, BankEvent(45.05, 2, "floor", limit_w=300.0))]  # donor 2 held at 300 W
+        over = over_budget_after(rig, 10.0, since=45.0)
+    assert over <= 2 * rig.ctl.timings.tick_s + 0.1 + 1e-9
+    assert rig.truth_w() <= 1000.0
