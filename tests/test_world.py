@@ -46,6 +46,7 @@ def over_budget_after(rig, seconds, since):
     prev = [c.requested(rig.bank.now) for c in rig.bank.cards]
     end = rig.t + seconds
     while rig.t < end - 1e-9:
+        rig.bank.advance_to(rig.t)  # the truth the tick starts from
         truth_before = rig.bank.sum_limit_bound_mw()
         rep = rig.step()
         raised = [w for w in rep.writes if w.to_w > w.from_w and w.error is None]
@@ -311,3 +312,39 @@ def test_boot_exits_with_its_own_status_when_the_bank_cannot_be_brought_within_b
     assert line["sum_limits_w"] == 450.0 and line["budget_w"] == 400.0 and "GPU 1" in line["cause"]
     assert events(logs, "budget_infeasible_now") and not events(logs, "boot_timeout")
     assert bank.cards[0].requested_mw == 150_000  # every other card at its floor
+
+
+def test_a_reset_while_our_write_is_in_flight_is_corrected_within_a_tick_plus_lag():
+    """Found by the outside-event property test: a driver reset lands while our lowering
+    write to a donor is still unconfirmed. The reset supersedes it (the card asks for its
+    default again); waiting for our write's confirmation kept the bank over budget for
+    confirm_timeout_s."""
+    rig = make_rig([card(0), card(1, busy()), card(2), card(3)], 1000, lag_s=0.2)
+    rig.run(1.0)  # booted
+    assert rig.ctl.ready
+    while not any(w.index == 0 and w.to_w < w.from_w for w in rig.reports[-1].writes):
+        rig.step()
+        assert rig.t < 20.0, "card 0 never lent"
+    rig.bank._events = [(rig.t, 0, BankEvent(rig.t, 0, "reset"))]  # next tick: our write is in flight
+    since = rig.t
+    assert rig.ctl.cards[0].inflight
+    assert over_budget_after(rig, 5.0, since=since) <= rig.ctl.timings.tick_s + 0.2 + 1e-9
+
+
+def test_a_donor_that_cannot_reach_its_target_is_held_so_the_bank_is_not_left_over_budget():
+    """Found by the soak: NVML refused a donor's floor value once; the card stayed above
+    the floor while the policy lent the floor's watts away. When a reset then put the
+    bank over budget (there a reset, here an outside floor on the other donor), nothing
+    lowered the recipients (their targets fit the policy's sum): 1099 W against 1000 W
+    for 45 s. A card that cannot reach its target is held
+    and counted at its bound, and the others are fitted around it."""
+    faults = [Fault("nvmlDeviceSetPowerManagementLimit", "INVALID_ARGUMENT", card=3, from_s=0.5, count=1)]
+    rig = make_rig([card(0, busy()), card(1, busy()), card(2), card(3)], 1000, faults=faults)
+    with capture_logs() as logs:
+        rig.run(45.0)  # past failsafe_hold_s: lending again, card 3 still above its floor
+        assert events(logs, "write_refused") and rig.ctl.cards[3].bound_mw > 150_000
+        assert rig.ctl.cards[0].role == Role.RECIPIENT
+        rig.bank._events = [(45.05, 0, BankEvent(45.05, 2, "floor", limit_w=300.0))]  # donor 2 held at 300 W
+        over = over_budget_after(rig, 10.0, since=45.0)
+    assert over <= 2 * rig.ctl.timings.tick_s + 0.1 + 1e-9
+    assert rig.truth_w() <= 1000.0

@@ -267,6 +267,11 @@ class Controller:
         active = [c for c in self.cards if self._active(c, now)]
         for c in active:
             c.target_mw = targets[c.uuid] = c.ledger.avoid_refused(targets[c.uuid], c.min_mw)
+            if targets[c.uuid] in c.refused and targets[c.uuid] < c.bound_mw:
+                # It cannot be lowered to what it was counted at (NVML refused that value,
+                # and every one below): held, it counts at its bound from the next tick and
+                # the others are fitted around it, instead of lending watts it still holds.
+                self._hold(c, now, "write_refused", target_w=targets[c.uuid] / 1000, counted_w=c.bound_mw / 1000)
         # A new card is written even at its target: only a confirmed write of ours ends it.
         steps = [Step(c.uuid, c.bound_mw, targets[c.uuid], c.requested_mw, c.priority, busy=c.ledger.busy,
                       force=c.ledger.new) for c in active if targets[c.uuid] not in c.refused]

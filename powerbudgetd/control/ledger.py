@@ -41,6 +41,8 @@ class CardLedger:
     requested_mw: int | None = None
     enforced_mw: int | None = None
     inflight: list[tuple[int, float]] = field(default_factory=list)  # (target mW, sent at s)
+    overdue: bool = False  # a write in flight did not return in time: it may land whenever it returns
+    requested_before_mw: int | None = None  # the requested limit read before our first write in flight
     bound_mw: int = 0
     foreign_mw: int | None = None  # a raise we did not make, maybe still in flight
     foreign_since: float | None = None
@@ -62,10 +64,19 @@ class CardLedger:
         for v in (requested_mw, enforced_mw):
             if v is not None and v > self.worst_mw:
                 self.worst_mw = v
+        if (self.inflight and not self.overdue and requested_mw is not None
+                and requested_mw != self.requested_before_mw and all(requested_mw != mw for mw, _ in self.inflight)):
+            # Our writes returned, yet the card asks for something new (neither ours nor
+            # what it had): a reset or another tool wrote after us, and the latest request
+            # supersedes ours. Nothing of ours is on its way; waiting for it to be
+            # confirmed would block the correction. (A card that still reads what it had
+            # ignored the write: that expires and holds the card, as any write that did
+            # not take.)
+            self.inflight.clear()
         confirmed = self.inflight[-1][0] if self.inflight and self.confirmed(now) else None
         if confirmed is not None:
             self.inflight.clear()
-            self.new = False
+            self.new = self.overdue = False
         self._foreign(now)
         self._update_bound()
         return confirmed
@@ -121,12 +132,15 @@ class CardLedger:
     # -- what we write ---------------------------------------------------------------
     def record_write(self, to_mw: int, sent_at: float) -> None:
         """A write of ours was sent at ``sent_at``: it may be in force from now on."""
+        if not self.inflight:
+            self.requested_before_mw = self.requested_mw
         self.inflight.append((to_mw, sent_at))
         self.bound_mw = max(self.bound_mw, to_mw)
 
     def record_overdue_write(self, to_mw: int, sent_at: float) -> None:
         """A write that did not return in time may land whenever it returns: worst case."""
         self.record_write(to_mw, sent_at)
+        self.overdue = True
         self.bound_mw = max(self.bound_mw, self.worst_mw)
 
     def confirmed(self, now: float) -> bool:
@@ -147,6 +161,7 @@ class CardLedger:
         if self.inflight and now - self.inflight[-1][1] > self.timings.confirm_timeout_s:
             last = self.inflight[-1]
             self.inflight.clear()
+            self.overdue = False
             return last
         return None
 

@@ -32,6 +32,7 @@ class OverBudget:
         self.peak_w = 0.0  # the current (or last) episode's highest sum of bounds
         self._last: float | None = None
         self._infeasible = False
+        self._budget_mw: int | None = None  # the budget at the last tick
 
     @property
     def active(self) -> bool:
@@ -55,20 +56,33 @@ class OverBudget:
             return f"not controllable, counted at {c.bound_mw / 1000:g} W"
         return None
 
+    @staticmethod
+    def _raised(ctl: Controller) -> str:
+        """The cards above their share (a reset, another tool), as a cause."""
+        above = [f"GPU {c.index} at {c.bound_mw / 1000:g} W (share {c.share_mw / 1000:g} W)"
+                 for c in ctl.cards if c.share_mw is not None and c.bound_mw > c.share_mw]
+        return "limits raised behind our back (a reset or another tool): " + ", ".join(above or ["?"])
+
     def track(self, now: float, ctl: Controller, mode: Mode) -> None:
         over = ctl.sum_bound_mw > ctl.budget_mw
+        lowered = self._budget_mw is not None and ctl.budget_mw < self._budget_mw
+        self._budget_mw = ctl.budget_mw
         if self.since is not None and self._last is not None:
             self.seconds += now - self._last
         self._last = now
         if over and self.since is None:
             outside = ctl.degraded()
+            # Raised behind our back (a reset, another tool): not a card we cannot control,
+            # nor the budget: an outside episode all the same.
+            raised = not outside and mode != Mode.BOOTING and not lowered
             self.cause = "; ".join(outside) or ("boot: cards at their start-up limits" if mode == Mode.BOOTING
-                                                else "budget lowered")
+                                                else "budget lowered" if lowered else self._raised(ctl))
             # A lowered budget (UPS, wall meter, remote, reload) is our own step down, its
             # decreases under way: not an outside episode, so no alert counts it.
-            self.since, self.episodes = now, self.episodes + int(bool(outside) or mode == Mode.BOOTING)
+            outside_episode = bool(outside) or raised
+            self.since, self.episodes = now, self.episodes + int(outside_episode or mode == Mode.BOOTING)
             self.peak_w = ctl.sum_bound_mw / 1000
-            (log.error if outside else log.info)(
+            (log.error if outside_episode else log.info)(
                 "over_budget", cause=self.cause, sum_limits_w=self.peak_w, budget_w=ctl.budget_mw / 1000,
                 action="lowering the controllable cards (decreases only) until the bank fits")
         elif over:
