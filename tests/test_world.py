@@ -320,14 +320,18 @@ def test_a_reset_while_our_write_is_in_flight_is_corrected_within_a_tick_plus_la
     default again); waiting for our write's confirmation kept the bank over budget for
     confirm_timeout_s."""
     rig = make_rig([card(0), card(1, busy()), card(2), card(3)], 1000, lag_s=0.2)
-    rig.run(1.0)  # booted
-    assert rig.ctl.ready
-    while not any(w.index == 0 and w.to_w < w.from_w for w in rig.reports[-1].writes):
+    while not rig.ctl.ready:  # lending starts soon after: watch every tick from here
         rig.step()
-        assert rig.t < 20.0, "card 0 never lent"
-    rig.bank._events = [(rig.t, 0, BankEvent(rig.t, 0, "reset"))]  # next tick: our write is in flight
+
+    def donor_lowered() -> int | None:
+        return next((w.index for w in rig.reports[-1].writes if w.index != 1 and w.to_w < w.from_w), None)
+
+    while (donor := donor_lowered()) is None:
+        rig.step()
+        assert rig.t < 20.0, "no card ever lent"
+    rig.bank._events = [(rig.t, 0, BankEvent(rig.t, donor, "reset"))]  # next tick: our write is in flight
     since = rig.t
-    assert rig.ctl.cards[0].inflight
+    assert rig.ctl.cards[donor].inflight
     assert over_budget_after(rig, 5.0, since=since) <= rig.ctl.timings.tick_s + 0.2 + 1e-9
 
 
