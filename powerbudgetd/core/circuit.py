@@ -1,0 +1,238 @@
+"""One circuit shared by several hosts: seats, grants, the fair division, the fence (pure).
+
+A *circuit* (breaker, PDU branch, UPS) has a wall budget in W. Each host on it has a
+*seat*: its reserve (wall W), which it may always use. Above the reserve a host holds a
+*grant* (wall W) under its lease in the store; the store changes a grant upward only
+by a transaction that fails when any seat or grant changed since it was read, so at
+every revision::
+
+    sum(seats) + sum(grants) <= circuit budget
+
+Grants follow a max-min fair division of the pool (budget - seats - unseated
+reserves) over the hosts' *wants* (what their recipients could use, wall W), with
+hysteresis (``step_w``) and a release hold, so the circuit neither starves nor
+oscillates.
+
+*Fencing*: a grant is valid on the host only until a deadline it computes on its own
+monotonic clock from the send time of the last keepalive the store acknowledged (see
+:class:`Fence`). Past it the host is back at its reserve, confirmed, before the store
+can expire the lease and hand the watts to another host.
+
+Pure: no I/O, no clock (``now`` in s, on the caller's monotonic clock).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from powerbudgetd.core.feed import Feed
+from powerbudgetd.core.snapshot import BankSnapshot
+
+# A quartz oscillator without NTP drifts by tens of ppm; 1000 ppm is a wide allowance
+# for the host's and the store leader's clocks each.
+DEFAULT_CLOCK_RATE_ALLOWANCE = 1e-3
+
+
+@dataclass(frozen=True)
+class CircuitView:
+    """The circuit as read at one store revision. Every figure in wall W.
+
+    ``seats``: each seated host's reserve; ``grants``: each live grant (under a
+    lease); ``wants``: what each live host's recipients could use above its reserve;
+    ``pending``: reserves of hosts whose seat did not fit (they run on them anyway,
+    so the pool counts them).
+    """
+
+    budget_w: float
+    seats: Mapping[str, float] = field(default_factory=dict)
+    grants: Mapping[str, float] = field(default_factory=dict)
+    wants: Mapping[str, float] = field(default_factory=dict)
+    pending: Mapping[str, float] = field(default_factory=dict)
+    revision: int = 0
+
+    @property
+    def seats_w(self) -> float:
+        return sum(self.seats.values())
+
+    @property
+    def grants_w(self) -> float:
+        return sum(self.grants.values())
+
+    @property
+    def committed_w(self) -> float:
+        """sum(seats) + sum(grants): what the invariant bounds (W)."""
+        return self.seats_w + self.grants_w
+
+    @property
+    def pool_w(self) -> float:
+        """What grants may share: budget - seats - unseated reserves (W; may be < 0)."""
+        return self.budget_w - self.seats_w - sum(self.pending.values())
+
+    @property
+    def free_w(self) -> float:
+        """Not seated, not granted, not pending (W; < 0 when over-committed)."""
+        return self.pool_w - self.grants_w
+
+    def seat_fits(self, reserve_w: float, host: str) -> bool:
+        """Whether ``host``'s seat of ``reserve_w`` (W) fits beside every other seat and
+        grant (its own seat and grant replaced)."""
+        others = {h: w for h, w in self.seats.items() if h != host}
+        grants = sum(w for h, w in self.grants.items() if h != host)
+        return sum(others.values()) + grants + reserve_w <= self.budget_w + 1e-9
+
+    def holds(self) -> bool:
+        """The invariant at this revision: sum(seats) + sum(grants) <= budget."""
+        return self.committed_w <= self.budget_w + 1e-9
+
+
+def max_min_fair(pool_w: float, wants: Mapping[str, float]) -> dict[str, float]:
+    """Max-min fair division of ``pool_w`` (W) over ``wants`` (W each): every host gets
+    min(want, L) for the largest level L whose total fits. Returns W per host (0 for a
+    non-positive pool); the total never exceeds ``max(pool_w, 0)``."""
+    out = {host: 0.0 for host in wants}
+    left = max(0.0, pool_w)
+    open_hosts = sorted((max(0.0, w), h) for h, w in wants.items() if w > 0)
+    while open_hosts and left > 0:
+        level = left / len(open_hosts)
+        want, host = open_hosts[0]
+        if want <= level:  # the smallest want is met in full; split the rest again
+            out[host] = want
+            left -= want
+            open_hosts.pop(0)
+            continue
+        for _, h in open_hosts:
+            out[h] = level
+        left = 0.0
+        break
+    return out
+
+
+@dataclass
+class GrantPolicy:
+    """This host's grant target from one read of the circuit, with hysteresis.
+
+    ``step_w``: a change smaller than this is not worth a transaction; ``release_hold_s``:
+    a grant above the fair share (or above the want) is lowered only after it has been
+    so for this long, unless the circuit is over-committed (then at once).
+    Stateful (the hold's start), but pure: ``now`` in s is passed in.
+    """
+
+    step_w: float = 20.0
+    release_hold_s: float = 10.0
+    _above_since: float | None = None
+
+    def target_w(self, view: CircuitView, host: str, current_w: float, now: float) -> float:
+        """The grant (W) this host should hold now: a raise only within the free watts
+        of ``view``; a lowering after the hold; else ``current_w``."""
+        fair = max_min_fair(view.pool_w, view.wants).get(host, 0.0)
+        if fair > current_w:
+            self._above_since = None
+            raise_to = current_w + min(fair - current_w, max(0.0, view.free_w))
+            return raise_to if raise_to - current_w >= self.step_w else current_w
+        if current_w - fair >= min(self.step_w, current_w) and current_w > 0:
+            if view.free_w < 0:  # over-committed (a pending seat): give back now
+                self._above_since = None
+                return fair
+            if self._above_since is None:
+                self._above_since = now
+            if now - self._above_since >= self.release_hold_s:
+                self._above_since = None
+                return fair
+            return current_w
+        self._above_since = None
+        return current_w
+
+
+def raise_allowed(view: CircuitView, host: str, grant_w: float) -> bool:
+    """Whether setting ``host``'s grant to ``grant_w`` (W) keeps the invariant at
+    ``view``'s revision (the transaction then guards that nothing changed since)."""
+    if grant_w < 0 or not math.isfinite(grant_w) or host not in view.seats:
+        return False
+    others = sum(w for h, w in view.grants.items() if h != host)
+    return view.seats_w + others + grant_w <= view.budget_w + 1e-9 and grant_w <= max(0.0, view.pool_w - others) + 1e-9
+
+
+@dataclass(frozen=True)
+class Fence:
+    """When a grant stops being valid on this host, from its lease keepalives.
+
+    The store expires a lease no earlier than TTL after it received the last keepalive,
+    which is after the host sent it. Both clocks may run fast or slow by
+    ``clock_rate_allowance``. The host must be at its reserve, confirmed, ``lower_s``
+    (its own clock: tick, write, read-back) before that::
+
+        valid until = sent + TTL x (1 - r) / (1 + r) - lower_s
+
+    so that in real time, valid-until plus the time to lower ends before the earliest
+    server-side expiry. Raises ValueError when TTL leaves no validity at all.
+    """
+
+    lower_s: float
+    clock_rate_allowance: float = DEFAULT_CLOCK_RATE_ALLOWANCE
+
+    def __post_init__(self) -> None:
+        if not self.lower_s >= 0 or not 0 <= self.clock_rate_allowance < 0.1:
+            raise ValueError("lower_s must be >= 0 and clock_rate_allowance in [0, 0.1)")
+
+    def usable_s(self, ttl_s: float) -> float:
+        """How long after a keepalive's send time a grant stays valid (s; <= 0: never)."""
+        r = self.clock_rate_allowance
+        return ttl_s * (1 - r) / (1 + r) - self.lower_s
+
+    def valid_until(self, sent_s: float, ttl_s: float) -> float:
+        """The local deadline (s, the caller's monotonic clock) for a keepalive sent at
+        ``sent_s`` and acknowledged with ``ttl_s`` s to live."""
+        return sent_s + self.usable_s(ttl_s)
+
+
+def required_ttl_s(watchdog_s: float, fallback_s: float, keepalive_s: float) -> float:
+    """The shortest lease TTL (s) a host whose daemon may hang can use: a hung daemon
+    renews nothing after its last keepalive (up to ``keepalive_s`` before the hang);
+    the watchdog kills it within ``watchdog_s`` and the cards are back at the reserve
+    share within ``fallback_s`` (ExecStopPost failsafe, or restart and boot)."""
+    return watchdog_s + fallback_s + keepalive_s
+
+
+@dataclass(frozen=True)
+class HostPower:
+    """One host's conversion between its circuit figures (wall W) and board W, with the
+    one feed model: board = wall x PSU efficiency - host draw."""
+
+    feed: Feed
+    reserve_w: float
+
+    def __post_init__(self) -> None:
+        if self.feed.host_w is None:
+            raise ValueError("a circuit host needs its host draw (host_w): the circuit counts wall watts")
+        if not self.reserve_w > 0:
+            raise ValueError(f"reserve_w must be > 0 W, got {self.reserve_w!r}")
+
+    def board_w(self, wall_w: float) -> float:
+        """Board W that ``wall_w`` at the plug allows (may be <= 0)."""
+        return wall_w * self.feed.psu_efficiency - (self.feed.host_w or 0.0)
+
+    def board_budget_w(self, grant_w: float = 0.0) -> float:
+        """Board budget for the reserve plus ``grant_w`` (W)."""
+        return self.board_w(self.reserve_w + max(0.0, grant_w))
+
+    def want_w(self, snapshot: BankSnapshot, pinned_fraction: float = 0.9, margin: float = 1.15) -> float:
+        """What this host's recipients could use above its reserve (wall W, >= 0).
+
+        Per card: a pinned card (1 s average >= ``pinned_fraction`` x its bound) could
+        use its max limit; another needs its draw x ``margin`` within its constraints; a
+        card that is not controllable counts at its bound. The sum goes through the
+        feed model to the plug, less the reserve.
+        """
+        board = 0.0
+        for c in snapshot.cards:
+            lo = c.min_limit_w or 0.0
+            hi = c.max_limit_w if c.max_limit_w is not None else c.limit_bound_w
+            if not c.controllable or c.power_avg_w is None:
+                board += c.limit_bound_w
+            elif c.power_avg_w >= pinned_fraction * c.limit_bound_w:
+                board += hi
+            else:
+                board += min(hi, max(lo, c.power_avg_w * margin))
+        return max(0.0, self.feed.wall_w(board) - self.reserve_w)

@@ -1,0 +1,164 @@
+"""The circuit's pure core: the invariant at every revision, the fair division, the fence."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from powerbudgetd.core.circuit import (
+    CircuitView,
+    Fence,
+    GrantPolicy,
+    HostPower,
+    max_min_fair,
+    raise_allowed,
+    required_ttl_s,
+)
+from powerbudgetd.core.feed import Feed
+
+watts = st.floats(min_value=0, max_value=5000, allow_nan=False)
+
+
+@given(st.floats(min_value=-1000, max_value=20000, allow_nan=False), st.dictionaries(st.text("abcdef", min_size=1, max_size=3), watts, max_size=8))
+def test_max_min_fair_never_exceeds_the_pool_and_is_max_min(pool, wants):
+    out = max_min_fair(pool, wants)
+    assert set(out) == set(wants)
+    assert sum(out.values()) <= max(pool, 0) + 1e-6
+    for host, got in out.items():
+        assert 0 <= got <= wants[host] + 1e-9
+    # Max-min: a host short of its want gets at least every other host's share.
+    for host, got in out.items():
+        if got < wants[host] - 1e-6:
+            assert all(got >= other - 1e-6 for other in out.values())
+    # Nothing left on the table while someone is short.
+    if any(out[h] < wants[h] - 1e-6 for h in wants):
+        assert sum(out.values()) >= pool - 1e-6
+
+
+def test_max_min_fair_examples():
+    assert max_min_fair(1000, {"a": 100, "b": 2000, "c": 2000}) == {"a": 100, "b": 450, "c": 450}
+    assert max_min_fair(-5, {"a": 10}) == {"a": 0.0}
+    assert max_min_fair(1000, {"a": 0, "b": 300}) == {"a": 0.0, "b": 300}
+
+
+# -- the invariant over a whole history of reads, raises and lowerings ----------------
+
+@st.composite
+def histories(draw):
+    hosts = [f"h{i}" for i in range(draw(st.integers(1, 6)))]
+    seats = {h: draw(st.floats(100, 1500)) for h in hosts}
+    budget = draw(st.floats(sum(seats.values()), sum(seats.values()) + 8000))
+    steps = draw(st.lists(st.tuples(st.sampled_from(hosts), watts, st.integers(0, 3), st.booleans()), max_size=60))
+    return budget, seats, steps
+
+
+@settings(max_examples=300, deadline=None)
+@given(histories())
+def test_every_revision_keeps_seats_plus_grants_within_the_budget(h):
+    """A model of the store: each host reads (possibly a stale revision), decides with
+    its own policy, and raises only by a compare-and-swap on that revision's grants and
+    seats; lowering is unconditional. The invariant holds at every revision."""
+    budget, seats, steps = h
+    grants: dict[str, float] = {}
+    wants: dict[str, float] = {}
+    revision = 0
+    history = [(revision, dict(grants))]
+    policies = {host: GrantPolicy(step_w=10, release_hold_s=2) for host in seats}
+    now = 0.0
+    for host, want, staleness, lower in steps:
+        now += 1
+        wants[host] = want
+        revision += 1
+        history.append((revision, dict(grants)))
+        # The host read `staleness` revisions ago.
+        read_rev, read_grants = history[max(0, len(history) - 1 - staleness)]
+        view = CircuitView(budget, seats, read_grants, dict(wants), revision=read_rev)
+        current = grants.get(host, 0.0)
+        target = policies[host].target_w(view, host, read_grants.get(host, 0.0), now)
+        if lower or target < current:
+            grants[host] = min(current, target)  # lowering: no check
+        elif target > current and raise_allowed(view, host, target):
+            if read_grants == grants:  # the transaction's compare: nothing changed since the read
+                grants[host] = target
+        revision += 1
+        history.append((revision, dict(grants)))
+        assert sum(seats.values()) + sum(grants.values()) <= budget + 1e-6, (revision, grants)
+
+
+def test_policy_hysteresis_and_release_hold():
+    view = CircuitView(3000, {"a": 1000, "b": 1000}, {}, {"a": 800, "b": 0})
+    pol = GrantPolicy(step_w=50, release_hold_s=10)
+    assert pol.target_w(view, "a", 0, 0.0) == 800  # free 1000: takes its want
+    # A small increase is not worth a transaction.
+    assert pol.target_w(CircuitView(3000, {"a": 1000, "b": 1000}, {"a": 800}, {"a": 830}), "a", 800, 1.0) == 800
+    # The want drops: the grant is held for the release hold, then lowered.
+    idle = CircuitView(3000, {"a": 1000, "b": 1000}, {"a": 800}, {"a": 100})
+    assert pol.target_w(idle, "a", 800, 2.0) == 800
+    assert pol.target_w(idle, "a", 800, 11.9) == 800
+    assert pol.target_w(idle, "a", 800, 12.0) == 100
+    # b wants too: a's fair share is 500 and it gives back after the hold; b waits for free watts.
+    both = CircuitView(3000, {"a": 1000, "b": 1000}, {"a": 800}, {"a": 1000, "b": 1000})
+    pol_b = GrantPolicy(step_w=50, release_hold_s=10)
+    assert pol_b.target_w(both, "b", 0, 0.0) == 200  # only what is free
+    pol_a = GrantPolicy(step_w=50, release_hold_s=10)
+    assert pol_a.target_w(both, "a", 800, 0.0) == 800
+    assert pol_a.target_w(both, "a", 800, 10.0) == 500
+
+
+def test_over_committed_circuit_gives_back_at_once():
+    view = CircuitView(3000, {"a": 1000, "b": 1000}, {"a": 800}, {"a": 1000}, pending={"c": 1200})
+    assert view.pool_w < 0
+    assert GrantPolicy(step_w=50, release_hold_s=60).target_w(view, "a", 800, 0.0) == 0
+
+
+def test_seat_fits():
+    view = CircuitView(3000, {"a": 1000, "b": 1000}, {"a": 500})
+    assert view.seat_fits(500, "c") and not view.seat_fits(501, "c")
+    assert view.seat_fits(1500, "a")  # its own seat and grant are replaced
+
+
+# -- the fence ----------------------------------------------------------------------
+
+@settings(max_examples=500, deadline=None)
+@given(
+    ttl=st.integers(2, 120),
+    lower=st.floats(0, 1.5),
+    r=st.floats(0, 1e-3),
+    host_rate=st.floats(1 - 1e-3, 1 + 1e-3),
+    server_rate=st.floats(1 - 1e-3, 1 + 1e-3),
+    uplink=st.floats(0, 5),
+    send_real=st.floats(0, 1e6),
+)
+def test_local_validity_ends_before_the_server_can_reassign(ttl, lower, r, host_rate, server_rate, uplink, send_real):
+    """Real time: the host sends a keepalive at ``send_real``; the server receives it
+    ``uplink`` s later and expires the lease when its own clock has run TTL. The host's
+    clock runs at ``host_rate``. The host's deadline, plus its time to lower (measured
+    on its own clock), must come no later than the server's expiry."""
+    fence = Fence(lower_s=lower, clock_rate_allowance=1e-3)
+    if fence.usable_s(ttl) <= 0:
+        return
+    local_send = send_real * host_rate  # the host's monotonic clock reading at the send
+    deadline_local = fence.valid_until(local_send, ttl)
+    at_reserve_real = (deadline_local + lower) / host_rate
+    server_expiry_real = send_real + uplink + ttl / server_rate
+    assert at_reserve_real <= server_expiry_real + 1e-6
+
+
+def test_fence_numbers_and_ttl_check():
+    fence = Fence(lower_s=1.0)
+    assert fence.valid_until(100.0, 30) == pytest.approx(100 + 30 * 0.999 / 1.001 - 1.0)
+    assert fence.usable_s(1) <= 0.0
+    assert required_ttl_s(10, 10, 5) == 25
+    with pytest.raises(ValueError):
+        Fence(lower_s=-1)
+
+
+def test_host_power_uses_the_feed_model():
+    hp = HostPower(Feed(psu_efficiency=0.9, host_w=200), reserve_w=1500)
+    assert hp.board_budget_w() == pytest.approx(1500 * 0.9 - 200)
+    assert hp.board_budget_w(500) == pytest.approx(2000 * 0.9 - 200)
+    # Round trip with the feed's own wall conversion.
+    assert hp.feed.wall_w(hp.board_budget_w(500)) == pytest.approx(2000)
+    with pytest.raises(ValueError, match="host_w"):
+        HostPower(Feed(), reserve_w=100)
