@@ -1,4 +1,5 @@
-"""Command line: ``powerbudgetd simulate | probe | log report | status | run | check-config``."""
+"""Command line: ``powerbudgetd simulate | probe | log report | status | run | check-config | failsafe |
+circuit``."""
 
 from __future__ import annotations
 
@@ -198,7 +199,54 @@ def _parser() -> argparse.ArgumentParser:
         "(default: none: the floors are not checked)",
     )
     c.add_argument("--scenario", help="the simulated bank for --backend sim (default: the config's [sim] scenario)")
-    _SUBPARSERS.update(simulate=s, probe=pr, report=lr, status=st, run=r, check_config=c)
+    fs = sub.add_parser(
+        "failsafe", help="lower every card to its share of the reserve budget (decreases only)", formatter_class=fmt,
+        description="Lower every card above its share of the reserve budget ([circuit] reserve_w through the "
+        "feed model, else the configured budget) to that share, read back; never raises a limit. The unit "
+        "runs it as ExecStopPost=, so any exit leaves the cards at a share the circuit counts. Then gives "
+        "this host's circuit grant back. Not while the daemon runs.",
+    )
+    fs.add_argument("--config", type=Path, default=None,
+                    help="config file (default: $POWERBUDGETD_CONFIG or /etc/powerbudgetd/powerbudgetd.toml)")
+    fs.add_argument("--backend", choices=BACKENDS, default="nvml",
+                    help="nvml: this host's GPUs; sim: the config's [sim] bank (its state_file)")
+
+    ci = sub.add_parser(
+        "circuit", help="a circuit several hosts share through etcd: init, status, leave", formatter_class=fmt,
+        description="Create a circuit, show it, or remove a host's seat. Endpoints and name come from "
+        "--config's [circuit], or --endpoint and --name.",
+    ).add_subparsers(dest="circuit_command", required=True, metavar="SUBCOMMAND")
+    circuit_parsers = {}
+    for name, text in (("init", "create the circuit: its wall budget and lease TTL"),
+                       ("status", "members, seats, wants, grants, lease time left, sum vs budget"),
+                       ("leave", "remove a host's seat (its daemon stopped)")):
+        cp = ci.add_parser(name, help=text, description=text[0].upper() + text[1:] + ".", formatter_class=fmt)
+        cp.add_argument("--config", type=Path, default=None,
+                        help="take [circuit] from this config (default: $POWERBUDGETD_CONFIG or "
+                        "/etc/powerbudgetd/powerbudgetd.toml)")
+        cp.add_argument("--endpoint", action="append", metavar="HOST:PORT",
+                        help="an etcd endpoint, repeatable (default: the config's)")
+        cp.add_argument("--name", help="the circuit (default: the config's)")
+        circuit_parsers[name] = cp
+    ini = circuit_parsers["init"]
+    ini.add_argument("--budget-w", type=positive_float("watts"), metavar="W", help="the circuit's wall budget in W")
+    ini.add_argument("--breaker-a", type=positive_float("amperes"), metavar="A",
+                     help="instead of --budget-w: the breaker's rating (with --volts)")
+    ini.add_argument("--volts", type=positive_float("volts"), default=120.0, metavar="V", help="with --breaker-a")
+    ini.add_argument("--derating", type=positive_float("fraction", upper=1), default=0.8, metavar="F",
+                     help="with --breaker-a: continuous load share (NEC: 0.8)")
+    ini.add_argument("--ups-w", type=positive_float("watts"), metavar="W",
+                     help="with --breaker-a: a UPS's real watt rating (budgeted at 80 %%)")
+    ini.add_argument("--ttl", type=int, default=30, metavar="S",
+                     help="lease TTL in s: must exceed each host's WatchdogSec + fallback_s + TTL/6")
+    ini.add_argument("--force", action="store_true", help="replace an existing circuit's budget and TTL "
+                     "(refused when its seats and grants exceed the new budget)")
+    circuit_parsers["status"].add_argument("--json", action="store_true", help="print one JSON object")
+    lv = circuit_parsers["leave"]
+    lv.add_argument("--host", help="the host whose seat goes (default: the config's [circuit] host)")
+    lv.add_argument("--force", action="store_true", help="even while the host's lease is held")
+    _SUBPARSERS.update(simulate=s, probe=pr, report=lr, status=st, run=r, check_config=c, failsafe=fs,
+                       circuit_init=ini)
     return p
 
 
@@ -226,6 +274,14 @@ def _validate(args: argparse.Namespace) -> None:
         require(_SUBPARSERS["probe"], args, (("--scenario", "--backend sim", lambda a: a.backend == "sim"),))
     elif args.command == "check-config":
         require(_SUBPARSERS["check_config"], args, (("--scenario", "--backend sim", lambda a: a.backend == "sim"),))
+    elif args.command == "circuit" and args.circuit_command == "init":
+        ini = _SUBPARSERS["circuit_init"]
+        if (args.budget_w is None) == (args.breaker_a is None):
+            ini.error("give --budget-w or --breaker-a (with --volts), one of them")
+        if args.budget_w is not None and args.ups_w is not None:
+            ini.error("--ups-w goes with --breaker-a")
+        if not 2 <= args.ttl <= 3600:
+            ini.error(f"--ttl must be 2..3600 s, got {args.ttl}")
     elif args.command == "status":
         require(_SUBPARSERS["status"], args, (("--interval", "--watch", lambda a: a.watch),))
         refuse_conflicts(_SUBPARSERS["status"], args, (("--watch", ("--json",), "--watch redraws a terminal"),))
@@ -253,6 +309,14 @@ def _main(argv: list[str] | None) -> int:
         from powerbudgetd.service.status import command as status_command
 
         return status_command(args)
+    if args.command == "failsafe":
+        from powerbudgetd.service.circuitcmd import failsafe_command
+
+        return failsafe_command(args)
+    if args.command == "circuit":
+        from powerbudgetd.service.circuitcmd import circuit_command
+
+        return circuit_command(args)
     return _run(args)
 
 
@@ -604,6 +668,14 @@ def _run_locked(args: argparse.Namespace, settings: Settings, config_path: Path)
         daemon.register(ups)
         if recorder is not None:
             recorder.extras["ups"] = ups.record
+    if settings.circuit is not None:  # aetcd is imported only when a circuit is configured
+        from powerbudgetd.channels.circuit.channel import CircuitChannel
+
+        cc = settings.circuit
+        daemon.register(CircuitChannel(
+            cc, cc.host_power(settings.feed), daemon.arbiter, lower_s=cc.fence_lower_s(settings.control.timings()),
+            registry=registry, clock=daemon.clock,
+        ))
     server = _serve_metrics(settings, daemon, registry)
     try:
         return asyncio.run(daemon.run())

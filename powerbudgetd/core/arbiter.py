@@ -72,6 +72,7 @@ class BudgetArbiter:
         self._configured_w = _watts(configured_w, CONFIGURED)
         self._offers: dict[str, Offer] = {}
         self._floor_w: float | None = None
+        self._leases_end_s: float | None = None  # see end_leases()
 
     @property
     def configured_w(self) -> float:
@@ -104,7 +105,22 @@ class BudgetArbiter:
         _watts(budget_w, source, allow_zero=True)
         if expired_w is not None:
             _watts(expired_w, source, allow_zero=True)
+        if expires_at_s is not None and self._leases_end_s is not None:
+            expires_at_s = min(expires_at_s, self._leases_end_s)
         self._offers[source] = Offer(source, float(budget_w), now, expires_at_s, expired_w)
+
+    def end_leases(self, now: float) -> None:
+        """From ``now`` on, every offer that expires (a lease) counts as expired, and so
+        does every such offer made later: a stopping daemon falls back to what it may
+        use without any lease (the circuit's reserve) and takes no new one."""
+        self._leases_end_s = now
+        for name, offer in list(self._offers.items()):
+            if offer.expires_at_s is not None and offer.expires_at_s > now:
+                self._offers[name] = Offer(offer.source, offer.budget_w, offer.at_s, now, offer.expired_w)
+
+    @property
+    def leases_ended(self) -> bool:
+        return self._leases_end_s is not None
 
     def withdraw(self, source: str) -> None:
         """``source`` no longer constrains the budget."""

@@ -34,6 +34,7 @@ from pydantic import (
 )
 from pydantic_settings import BaseSettings, EnvSettingsSource, PydanticBaseSettingsSource, SettingsConfigDict
 
+from powerbudgetd.core.circuit import HostPower
 from powerbudgetd.core.feed import DEFAULT_DERATING, DEFAULT_PSU_EFFICIENCY, DEFAULT_UPS_MARGIN, Feed
 from powerbudgetd.core.model import CardOverride
 from powerbudgetd.core.peaks import MEASURED_TRANSIENT_FACTOR, FeedLine, binding_line, transient_factor
@@ -448,6 +449,88 @@ class MqttConfig(_Section):
         return self.base_topic or f"powerbudgetd/{self.node_id}"
 
 
+_ENDPOINT_RE = re.compile(r"^(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.-]+):(\d{1,5})$")
+
+
+class CircuitConfig(_Section):
+    """This host's place on a circuit several hosts share through etcd leases.
+
+    ``name``: the circuit (created once with ``powerbudgetd circuit init``, which also
+    stores its wall budget and lease TTL); ``endpoints``: etcd client endpoints
+    ``host:port`` (several: the next is tried when one fails); ``host``: this host's
+    seat name (default: the short host name); ``reserve_w``: the wall watts this host
+    may always use (its seat). ``psu_efficiency``/``host_w`` convert wall to board watts
+    (default: from ``[feed]``). ``password`` may come from the environment:
+    ``POWERBUDGETD_CIRCUIT__PASSWORD``. With ``tls``: ``ca_file`` (default: the
+    system's CAs), ``cert_file``/``key_file`` for a client certificate.
+
+    Timings (s): ``poll_s`` between reads of the circuit; ``request_timeout_s`` for one
+    etcd call; ``lower_s`` the time to lower the cards and confirm (default: 2 ticks
+    + ``settle_s`` + 1 s); ``fallback_s`` from a watchdog kill to the cards at the reserve
+    share (ExecStopPost failsafe), checked with ``WatchdogSec`` against the TTL;
+    ``release_hold_s`` before a grant above the fair share is given back; ``step_w``
+    (W) the smallest grant change worth a transaction.
+    """
+
+    name: str = Field(pattern=r"^[A-Za-z0-9_.-]{1,64}$")
+    endpoints: list[str] = Field(default_factory=lambda: ["127.0.0.1:2379"], min_length=1, max_length=16)
+    host: str = Field(default_factory=default_node_id, pattern=r"^[A-Za-z0-9_.-]{1,64}$")
+    reserve_w: float = Field(gt=0, le=1_000_000)
+    psu_efficiency: float | None = Field(None, gt=0.5, le=1)
+    host_w: float | None = Field(None, ge=0, le=100_000)
+    prefix: str = Field("/powerbudgetd/circuits", pattern=r"^/[A-Za-z0-9_./-]*[A-Za-z0-9_.-]$")
+    tls: bool = False
+    ca_file: Path | None = None
+    cert_file: Path | None = None
+    key_file: Path | None = None
+    username: str | None = None
+    password: SecretStr | None = None
+    poll_s: float = Field(1.0, ge=0.05, le=60)
+    request_timeout_s: float = Field(2.0, ge=0.1, le=60)
+    lower_s: float | None = Field(None, ge=0, le=300)
+    fallback_s: float = Field(10.0, ge=0, le=600)
+    release_hold_s: float = Field(10.0, ge=0, le=3600)
+    step_w: float = Field(20.0, ge=0, le=10_000)
+    clock_rate_allowance: float = Field(1e-3, ge=0, lt=0.1)
+
+    @field_validator("endpoints")
+    @classmethod
+    def _endpoints(cls, value: list[str]) -> list[str]:
+        for ep in value:
+            m = _ENDPOINT_RE.match(ep)
+            if not m or not 1 <= int(m.group(2)) <= 65535:
+                raise ValueError(f"not an etcd endpoint: {ep!r} (want host:port, such as 10.0.0.5:2379)")
+        return value
+
+    @model_validator(mode="after")
+    def _check(self) -> CircuitConfig:
+        if (self.username is None) != (self.password is None):
+            raise ValueError("give both username and password for etcd authentication, or neither")
+        if (self.cert_file is None) != (self.key_file is None):
+            raise ValueError("give both cert_file and key_file for a client certificate, or neither")
+        if not self.tls and any(v for v in (self.ca_file, self.cert_file)):
+            raise ValueError("ca_file, cert_file and key_file need tls = true")
+        for name in ("ca_file", "cert_file", "key_file"):
+            path = getattr(self, name)
+            if path is not None and not path.is_file():
+                raise ValueError(f"{name}: no such file: {path}")
+        return self
+
+    def fence_lower_s(self, timings: Timings) -> float:
+        """The time to lower the cards and confirm (s): ``lower_s``, else 2 ticks +
+        settle + 1 s."""
+        return self.lower_s if self.lower_s is not None else 2 * timings.tick_s + timings.settle_s + 1.0
+
+    def host_power(self, feed: FeedConfig | None) -> HostPower:
+        """Wall <-> board for this host: ``psu_efficiency``/``host_w`` here, else ``[feed]``'s."""
+        eff = self.psu_efficiency if self.psu_efficiency is not None else (feed.psu_efficiency if feed else None)
+        host = self.host_w if self.host_w is not None else (feed.host_w if feed else None)
+        if eff is None or host is None:
+            raise ValueError("[circuit] needs psu_efficiency and host_w (or a [feed] section with them): "
+                             "the circuit counts wall watts")
+        return HostPower(Feed(psu_efficiency=eff, host_w=host), self.reserve_w)
+
+
 class _EnvSource(EnvSettingsSource):
     """The environment, less the variables :func:`load_config` chose to ignore."""
 
@@ -573,6 +656,7 @@ class Settings(BaseSettings):
     metrics: MetricsConfig = Field(default_factory=MetricsConfig)
     mqtt: MqttConfig | None = None  # off unless configured
     ups: UpsConfig | None = None  # off unless configured
+    circuit: CircuitConfig | None = None  # off unless configured: one budget shared with other hosts
 
     @model_validator(mode="after")
     def _check(self) -> Settings:
@@ -582,6 +666,13 @@ class Settings(BaseSettings):
             raise ValueError(f"the feed leaves no board budget: {self.effective_budget_w():.0f} W")
         if self.mqtt is not None and self.mqtt.wall_meter is not None and self.feed is None:
             raise ValueError("[mqtt.wall_meter] needs a [feed] section: the plug-side limit and PSU efficiency come from it")
+        if self.circuit is not None:
+            hp = self.circuit.host_power(self.feed)
+            if hp.board_budget_w() <= 0:
+                raise ValueError(
+                    f"[circuit] reserve_w {self.circuit.reserve_w:g} W leaves no board budget: x "
+                    f"{hp.feed.psu_efficiency:g} - {hp.feed.host_w:g} W host_w = {hp.board_budget_w():g} W"
+                )
         return self
 
     def effective_budget_w(self, card_names: Sequence[str] | None = None) -> float:
@@ -589,6 +680,14 @@ class Settings(BaseSettings):
         for cards of these model names (None: not known; the highest transient factor)."""
         derived = self.feed.board_budget_w(card_names) if self.feed else None
         return min(b for b in (self.budget_w, derived) if b is not None)
+
+    def reserve_budget_w(self, card_names: Sequence[str] | None = None) -> float:
+        """The board budget this host may always use (W): the one in force, or lower
+        where a ``[circuit]`` reserve allows less (what boot and failsafe hold the cards to)."""
+        budget = self.effective_budget_w(card_names)
+        if self.circuit is not None:
+            budget = min(budget, self.circuit.host_power(self.feed).board_budget_w())
+        return budget
 
     @classmethod
     def settings_customise_sources(
@@ -790,7 +889,9 @@ def _required_fields(model: type[BaseModel]) -> list[str]:
 
 # Sections a file may leave out (the feature is then off): the environment alone cannot
 # turn them on by half.
-_OPTIONAL_SECTIONS: dict[str, type[BaseModel]] = {"mqtt": MqttConfig, "feed": FeedConfig, "ups": UpsConfig}
+_OPTIONAL_SECTIONS: dict[str, type[BaseModel]] = {
+    "mqtt": MqttConfig, "feed": FeedConfig, "ups": UpsConfig, "circuit": CircuitConfig,
+}
 
 
 @dataclasses.dataclass

@@ -51,7 +51,7 @@ log = structlog.get_logger("powerbudgetd")
 # Settings a reload cannot change in a running daemon: they shape the bank and the loop.
 RESTART_ONLY = (
     "control", "cards", "sim", "allow_monitor_only", "enable_persistence_mode", "nvml_init_attempts",
-    "nvml_init_backoff_s", "metrics", "recorder", "mqtt",
+    "nvml_init_backoff_s", "metrics", "recorder", "mqtt", "circuit",
 )
 
 
@@ -309,6 +309,10 @@ class Daemon:
             if self._stop.is_set() and stop_deadline is None:
                 log.info("stopping", reason="signal")
                 self.notifier.stopping()
+                # Lease-backed budgets (a circuit grant) end here: the cards return to
+                # the share this host may use without any lease, decreases first.
+                keeper.arbiter.end_leases(t0)
+                keeper.apply(ctl, t0, reason="stopping")
                 ctl.request_stop()
                 stop_deadline = t0 + max(5.0, 3 * ctl.timings.confirm_timeout_s)
             if stop_deadline is not None and (ctl.stopped or ctl.mode == Mode.DRY_RUN):

@@ -31,9 +31,10 @@ def make_controller(
     calls: InlineCalls | None = None,
     clock: Callable[[], float] | None = None,
 ) -> Controller:
-    """The controller ``run`` uses, at the budget in force for the cards found."""
+    """The controller ``run`` uses, at the budget in force for the cards found (with a
+    ``[circuit]``: within the reserve; a grant comes later, through the arbiter)."""
     return Controller(
-        nvml, settings.effective_budget_w(card_names(nvml, calls)), settings.control.timings(), dry_run=dry_run,
+        nvml, settings.reserve_budget_w(card_names(nvml, calls)), settings.control.timings(), dry_run=dry_run,
         overrides=settings.overrides(), allow_monitor_only=settings.allow_monitor_only, calls=calls, clock=clock,
     )
 

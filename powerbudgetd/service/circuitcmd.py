@@ -1,0 +1,197 @@
+"""``powerbudgetd circuit init | status | leave`` and ``powerbudgetd failsafe``."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from powerbudgetd.errors import ConfigError, ExitStatus, NvmlError
+from powerbudgetd.service.config import CircuitConfig, Settings, default_config_path, load_config
+
+
+def _settings(path: Path | None) -> Settings:
+    return load_config(path or default_config_path())
+
+
+def _circuit_cfg(args: argparse.Namespace) -> CircuitConfig:
+    """The [circuit] section of --config, with --endpoint/--name/--host over it; or, with
+    --endpoint and --name and no readable config, those alone."""
+    overrides: dict[str, Any] = {}
+    if getattr(args, "endpoint", None):
+        overrides["endpoints"] = args.endpoint
+    if getattr(args, "name", None):
+        overrides["name"] = args.name
+    if getattr(args, "host", None):
+        overrides["host"] = args.host
+    path = args.config or default_config_path()
+    if args.config is None and "endpoints" in overrides and "name" in overrides and not path.is_file():
+        return CircuitConfig(reserve_w=1, **overrides)  # an operator's box: no host config needed
+    settings = load_config(path)
+    if settings.circuit is None:
+        raise ConfigError(f"{path}: no [circuit] section (or give --endpoint and --name)")
+    return settings.circuit.model_copy(update=overrides)
+
+
+def circuit_command(args: argparse.Namespace) -> int:
+    from powerbudgetd.channels.circuit.channel import store_from_config
+    from powerbudgetd.channels.circuit.store import StoreUnavailable
+
+    try:
+        cfg = _circuit_cfg(args)
+    except ConfigError as exc:
+        print(f"powerbudgetd: {exc}", file=sys.stderr)
+        return ExitStatus.CONFIG
+    store = store_from_config(cfg)
+
+    async def go() -> int:
+        try:
+            if args.circuit_command == "init":
+                return await _init(store, args)
+            if args.circuit_command == "leave":
+                return await _leave(store, cfg.host, args.force)
+            return await _status(store, args.json)
+        finally:
+            await store.close()
+
+    try:
+        return asyncio.run(go())
+    except StoreUnavailable as exc:
+        print(f"powerbudgetd: etcd unavailable: {exc}\n  endpoints: {', '.join(cfg.endpoints)}", file=sys.stderr)
+        return ExitStatus.ERROR
+
+
+async def _init(store: Any, args: argparse.Namespace) -> int:
+    from powerbudgetd.core.feed import Feed
+
+    if args.budget_w is not None:
+        budget, how = args.budget_w, "as given"
+    else:
+        try:
+            feed = Feed(breaker_a=args.breaker_a, volts=args.volts, derating=args.derating, ups_w=args.ups_w)
+        except ValueError as exc:
+            print(f"powerbudgetd: circuit init: {exc}", file=sys.stderr)
+            return ExitStatus.CONFIG
+        budget = feed.wall_limit_w()
+        how = f"{args.breaker_a:g} A x {args.volts:g} V x {args.derating:g}" + (f", UPS {args.ups_w:g} W" if args.ups_w else "")
+    ok = await store.init(round(budget, 1), args.ttl, force=args.force)
+    if not ok:
+        read = await store.read()
+        if args.force:
+            print(f"powerbudgetd: circuit {store.name}: seats and grants ({read.view.committed_w:g} W) exceed "
+                  f"{budget:g} W; lower them first", file=sys.stderr)
+        else:
+            spec = read.spec
+            print(f"powerbudgetd: circuit {store.name} exists ({spec.budget_w:g} W, TTL {spec.ttl_s} s); "
+                  "--force replaces its budget and TTL" if spec else f"powerbudgetd: circuit {store.name}: not created",
+                  file=sys.stderr)
+        return ExitStatus.ERROR
+    print(f"circuit {store.name}: budget {budget:g} W at the wall ({how}), lease TTL {args.ttl} s")
+    return ExitStatus.OK
+
+
+async def _leave(store: Any, host: str, force: bool) -> int:
+    read = await store.read()
+    if host in read.leases and not force:
+        print(f"powerbudgetd: {host} is alive on circuit {store.name} (its lease is held): stop its daemon first, "
+              "or --force (its reserve would then be uncounted while it runs)", file=sys.stderr)
+        return ExitStatus.ERROR
+    await store.leave(host)
+    print(f"circuit {store.name}: {host}'s seat ({read.view.seats.get(host, 0):g} W) removed")
+    return ExitStatus.OK
+
+
+async def _status(store: Any, as_json: bool) -> int:
+    read = await store.read()
+    v = read.view
+    hosts = sorted(set(v.seats) | set(v.grants) | set(v.wants) | set(v.pending))
+    rows = []
+    for h in hosts:
+        lease = read.leases.get(h)
+        left = await store.lease_ttl_s(lease) if lease else None
+        rows.append({
+            "host": h, "seat_w": v.seats.get(h), "pending_w": v.pending.get(h), "want_w": v.wants.get(h),
+            "grant_w": v.grants.get(h, 0.0), "alive": lease is not None,
+            "lease_left_s": left if left is not None and left >= 0 else None,
+        })
+    doc = {
+        "circuit": store.name, "revision": read.revision, "initialised": read.spec is not None,
+        "budget_w": read.spec.budget_w if read.spec else None, "ttl_s": read.spec.ttl_s if read.spec else None,
+        "seats_w": v.seats_w, "grants_w": v.grants_w, "pending_w": sum(v.pending.values()),
+        "committed_w": v.committed_w, "free_w": v.free_w if read.spec else None,
+        "within_budget": v.holds() if read.spec else None, "hosts": rows,
+    }
+    if as_json:
+        print(json.dumps(doc, indent=2))
+        return ExitStatus.OK
+    if read.spec is None:
+        print(f"circuit {store.name}: not initialised (powerbudgetd circuit init --budget W)")
+        return ExitStatus.ERROR
+    print(f"circuit {store.name}: budget {v.budget_w:g} W, lease TTL {read.spec.ttl_s} s, revision {read.revision}")
+    print(f"  seats {v.seats_w:g} W + grants {v.grants_w:g} W = {v.committed_w:g} W "
+          f"({'within' if v.holds() else 'OVER'} budget; free {v.free_w:g} W)")
+    if v.pending:
+        print(f"  NOT SEATED (their seats do not fit): {', '.join(f'{h} {w:g} W' for h, w in sorted(v.pending.items()))}")
+    print(f"  {'host':<20} {'seat W':>8} {'want W':>8} {'grant W':>8} {'lease s':>8}")
+    for r in rows:
+        def f(x: float | None) -> str:
+            return "-" if x is None else f"{x:g}"
+        seat = f(r["seat_w"]) if r["seat_w"] is not None else f"({f(r['pending_w'])})"
+        print(f"  {r['host']:<20} {seat:>8} {f(r['want_w']):>8} {f(r['grant_w']):>8} {f(r['lease_left_s']):>8}")
+    return ExitStatus.OK
+
+
+def failsafe_command(args: argparse.Namespace) -> int:
+    """Lower every card to its share of the reserve budget (decreases only); then, when
+    every card is confirmed there, give this host's grant back (best effort)."""
+    from powerbudgetd.control.failsafe import failsafe
+    from powerbudgetd.service.backend import make_nvml
+
+    try:
+        settings = _settings(args.config)
+    except ConfigError as exc:
+        print(f"powerbudgetd: {exc}", file=sys.stderr)
+        return ExitStatus.CONFIG
+    try:
+        nvml = make_nvml(args.backend, settings.sim.scenario, settings.sim.seed, settings.sim.lag_s, settings.sim.state_file)
+        nvml.init()
+    except NvmlError as exc:
+        print(f"powerbudgetd: failsafe: NVML unavailable: {exc}", file=sys.stderr)
+        return ExitStatus.NVML
+    budget = settings.reserve_budget_w()
+    try:
+        result = failsafe(nvml, budget, settings.overrides(), confirm_timeout_s=settings.control.confirm_timeout_s + 2)
+    finally:
+        nvml.shutdown()
+    ok = all(r.confirmed for r in result)
+    for r in result:
+        state = "confirmed" if r.confirmed else f"NOT confirmed{f' ({r.error})' if r.error else ''}"
+        before = "unreadable" if r.before_w is None else f"{r.before_w:g} W"
+        print(f"GPU {r.index}: {before} -> share {r.share_w:g} W, {'lowered' if r.written else 'untouched'}, {state}")
+    print(f"failsafe: budget {budget:g} W ({'the circuit reserve' if settings.circuit else 'configured'}): "
+          f"{'every card within its share' if ok else 'NOT every card confirmed'}")
+    if ok and settings.circuit is not None:
+        _give_back(settings.circuit)
+    return ExitStatus.OK if ok else ExitStatus.ERROR
+
+
+def _give_back(cfg: CircuitConfig) -> None:
+    """The cards are at the reserve share: this host's grant can go (lowering needs no check)."""
+    from powerbudgetd.channels.circuit.channel import store_from_config
+    from powerbudgetd.channels.circuit.store import LeaseGone, StoreUnavailable
+
+    store = store_from_config(cfg)
+
+    async def go() -> None:
+        try:
+            await store.lower_grant(cfg.host, 0.0, 0)
+            print(f"failsafe: {cfg.host}'s grant on circuit {cfg.name} given back")
+        except (StoreUnavailable, LeaseGone) as exc:
+            print(f"failsafe: grant not given back ({exc}); it lapses with its lease", file=sys.stderr)
+        finally:
+            await store.close()
+
+    asyncio.run(go())
