@@ -29,7 +29,8 @@ def test_systemd_analyze_verify_passes(tmp_path: Path) -> None:
     text = UNIT.read_text()
     assert "ExecStart=/opt/powerbudgetd/bin/powerbudgetd " in text
     copy = tmp_path / UNIT.name
-    copy.write_text(text.replace("ExecStart=/opt/powerbudgetd/bin/powerbudgetd ", f"ExecStart={exe} "))
+    copy.write_text(text.replace("ExecStart=/opt/powerbudgetd/bin/powerbudgetd ", f"ExecStart={exe} ")
+                    .replace("ExecStopPost=/opt/powerbudgetd/bin/powerbudgetd ", f"ExecStopPost={exe} "))
     result = subprocess.run(
         ["systemd-analyze", "verify", str(copy)], capture_output=True, text=True, timeout=60
     )
@@ -56,6 +57,8 @@ def test_ordering_notify_and_hardening() -> None:
         assert d[key] == ["yes"], key
     assert d["ProtectSystem"] == ["strict"]
     assert d["ExecStart"][0].split()[1:] == ["run", "--config", "/etc/powerbudgetd/powerbudgetd.toml"]
+    # Any exit leaves the cards at the reserve share: the failsafe command runs after it.
+    assert d["ExecStopPost"][0].split()[1:] == ["failsafe", "--config", "/etc/powerbudgetd/powerbudgetd.toml"]
 
 
 def test_restart_is_prevented_for_statuses_a_restart_cannot_fix() -> None:

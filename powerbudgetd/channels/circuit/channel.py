@@ -277,7 +277,7 @@ class CircuitChannel:
             self.in_use_w = min(self.in_use_w, held)
         allowed = self.grants_ok and not self.stopping and now < self.valid_until
         target = self.policy.target_w(read.view, self.host, self.held_w, now) if allowed else 0.0
-        if target > self.held_w:
+        if target > self.held_w and self.in_use_w == self.held_w:  # no lowering under way
             if not raise_allowed(read.view, self.host, target):
                 return
             if await self.store.raise_grant(read, self.host, target, self.lease_id):
@@ -289,9 +289,9 @@ class CircuitChannel:
                 self.metrics.conflicts.inc()
             return
         if target < self.in_use_w:
-            self.in_use_w = target  # the offer first; etcd once the cards are down
-        elif self.in_use_w < self.held_w and target >= self.held_w and now < self.valid_until:
-            self.in_use_w = self.held_w  # a renewed lease after a lapse: the grant is still ours
+            # The offer first (a lapsed fence or a stop gives the whole grant back); etcd
+            # once the cards are down.
+            self.in_use_w = target
         if self.held_w > self.in_use_w and self._cards_within(self.in_use_w):
             await self.store.lower_grant(self.host, self.in_use_w, self.lease_id)
             log.info("circuit_grant_lowered", from_w=self.held_w, to_w=self.in_use_w, host=self.host)

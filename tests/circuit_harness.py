@@ -1,0 +1,449 @@
+"""Real parts for the circuit tests: etcd members, a TCP proxy that can be cut, daemon
+processes on simulated banks under a systemd-like supervisor, and a checker of the
+circuit's wall sum.
+
+- :class:`EtcdCluster`: ``n`` members of Debian's etcd on loopback ports with temporary
+  data directories (fast heartbeats, so an election takes well under a second).
+- :class:`TcpProxy`: forwards one port to another; :meth:`TcpProxy.cut` drops every
+  connection and black-holes new ones (a host cut off from etcd), :meth:`heal` ends it.
+- :class:`Host`: ``powerbudgetd run --backend sim`` with its own config, state file and
+  metrics port, started as systemd would: ``NOTIFY_SOCKET`` and ``WATCHDOG_USEC`` set;
+  a supervisor thread kills it (SIGKILL) when the watchdog pings stop (``WatchdogSec``),
+  and after any exit runs ``powerbudgetd failsafe`` (``ExecStopPost=``).
+- :class:`Checker`: every 100 ms, each host's truth (the simulated cards' limits as the
+  bank keeps them in its state file: the highest limit that may be in force per card,
+  readable even while a daemon is stopped) through the feed model to the wall; asserts
+  the circuit's sum never exceeds its budget and keeps the worst margin.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ETCD = shutil.which("etcd") or "/usr/bin/etcd"
+EXE = str(Path(sys.executable).parent / "powerbudgetd")
+PSU_EFFICIENCY = 0.9
+HOST_W = 100.0
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+# -- etcd ------------------------------------------------------------------------------
+
+@dataclass
+class Member:
+    name: str
+    client_port: int
+    peer_port: int
+    data_dir: Path
+    log: Path
+    proc: subprocess.Popen | None = None
+
+    @property
+    def endpoint(self) -> str:
+        return f"127.0.0.1:{self.client_port}"
+
+
+class EtcdCluster:
+    def __init__(self, tmp: Path, n: int = 1) -> None:
+        self.members = [
+            Member(f"m{i}", free_port(), free_port(), tmp / f"etcd-m{i}", tmp / f"etcd-m{i}.log") for i in range(n)
+        ]
+        self.initial = ",".join(f"{m.name}=http://127.0.0.1:{m.peer_port}" for m in self.members)
+
+    @property
+    def endpoints(self) -> list[str]:
+        return [m.endpoint for m in self.members]
+
+    def start(self, i: int | None = None, *, new: bool = True) -> None:
+        for m in self.members if i is None else [self.members[i]]:
+            m.data_dir.mkdir(exist_ok=True)
+            cmd = [
+                ETCD, "--name", m.name, "--data-dir", str(m.data_dir),
+                "--listen-client-urls", f"http://{m.endpoint}", "--advertise-client-urls", f"http://{m.endpoint}",
+                "--listen-peer-urls", f"http://127.0.0.1:{m.peer_port}",
+                "--initial-advertise-peer-urls", f"http://127.0.0.1:{m.peer_port}",
+                "--initial-cluster", self.initial, "--initial-cluster-state", "new",
+                "--initial-cluster-token", "powerbudgetd-test",
+                "--heartbeat-interval", "50", "--election-timeout", "500", "--logger", "zap", "--log-outputs", "stderr",
+            ]
+            m.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=open(m.log, "ab"))  # noqa: SIM115
+        self.wait_healthy()
+
+    def wait_healthy(self, timeout_s: float = 20.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            live = [m for m in self.members if m.proc is not None and m.proc.poll() is None]
+            if live and all(_health(m) for m in live):
+                return
+            time.sleep(0.1)
+        raise AssertionError("etcd did not become healthy: " + "; ".join(m.log.read_text()[-600:] for m in self.members))
+
+    def leader(self) -> int:
+        for i, m in enumerate(self.members):
+            if m.proc is not None and m.proc.poll() is None and _metric(m, "etcd_server_is_leader") == 1:
+                return i
+        raise AssertionError("no leader")
+
+    def kill(self, i: int) -> None:
+        m = self.members[i]
+        if m.proc is not None:
+            m.proc.kill()
+            m.proc.wait()
+            m.proc = None
+
+    def stop_all(self) -> None:
+        for i in range(len(self.members)):
+            self.kill(i)
+
+
+def _health(m: Member) -> bool:
+    try:
+        with urllib.request.urlopen(f"http://{m.endpoint}/health", timeout=1) as r:
+            return json.loads(r.read()).get("health") == "true"
+    except (OSError, ValueError):
+        return False
+
+
+def _metric(m: Member, name: str) -> float | None:
+    try:
+        with urllib.request.urlopen(f"http://{m.endpoint}/metrics", timeout=1) as r:
+            for line in r.read().decode().splitlines():
+                if line.startswith(name + " "):
+                    return float(line.split()[1])
+    except OSError:
+        return None
+    return None
+
+
+# -- a proxy that can be cut -----------------------------------------------------------
+
+class TcpProxy:
+    def __init__(self, target_port: int) -> None:
+        self.target = ("127.0.0.1", target_port)
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        self.cut_off = False
+        self._conns: list[socket.socket] = []
+        self._lock = threading.Lock()
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    @property
+    def endpoint(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            with self._lock:
+                self._conns.append(client)
+                if self.cut_off:
+                    continue  # black hole: accepted, never answered
+            try:
+                upstream = socket.create_connection(self.target, timeout=2)
+            except OSError:
+                client.close()
+                continue
+            with self._lock:
+                self._conns.append(upstream)
+            for a, b in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
+
+    def _pipe(self, src: socket.socket, dst: socket.socket) -> None:
+        try:
+            while not self.cut_off:
+                data = src.recv(65536)
+                if not data or self.cut_off:
+                    break
+                dst.sendall(data)
+        except OSError:
+            pass
+        for s in (src, dst):
+            try:
+                s.close()
+            except OSError:
+                pass
+
+    def cut(self) -> None:
+        with self._lock:
+            self.cut_off = True
+            for s in self._conns:
+                try:
+                    s.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+            self._conns = []
+
+    def heal(self) -> None:
+        with self._lock:
+            self.cut_off = False
+
+    def close(self) -> None:
+        self.cut()
+        self.listener.close()
+
+
+# -- hosts -----------------------------------------------------------------------------
+
+BUSY = """[[cards]]
+phases = [{ at_s = 0, kind = "constant", power_w = 300, workload = "compute" }]
+"""
+IDLE = """[[cards]]
+phases = [{ at_s = 0, kind = "idle" }]
+"""
+
+
+def scenario(path: Path, busy: int) -> Path:
+    """workstation-4's bank (4 x 150-300 W) with ``busy`` cards at 300 W, the rest idle."""
+    body = 'name = "circuit-test"\nbank = "workstation-4"\nbudget_w = 1200\nduration_s = 3600\nseed = 1\nlag_s = 0.1\n'
+    body += "".join(BUSY if i < busy else IDLE for i in range(4))
+    path.write_text(body)
+    return path
+
+
+@dataclass
+class Host:
+    name: str
+    tmp: Path
+    endpoints: list[str]
+    circuit: str
+    reserve_w: float = 800.0
+    busy: int = 4
+    watchdog_s: float = 1.5
+    extra: str = ""
+    port: int = field(default_factory=free_port)
+    proc: subprocess.Popen | None = None
+    failsafe_runs: list[tuple[float, int, str]] = field(default_factory=list)
+    killed_by_watchdog: bool = False
+    booted: bool = False
+    exited_at: float | None = None
+
+    def __post_init__(self) -> None:
+        self.dir = self.tmp / self.name
+        self.dir.mkdir()
+        self.state_file = self.dir / "limits.json"
+        self.config = self.dir / "powerbudgetd.toml"
+        self.log = self.dir / "daemon.log"
+        sc = scenario(self.dir / "scenario.toml", self.busy)
+        eps = ", ".join(f'"{e}"' for e in self.endpoints)
+        self.config.write_text(f"""budget_w = 1200
+[control]
+tick_s = 0.1
+[sim]
+scenario = "{sc}"
+state_file = "{self.state_file}"
+[metrics]
+port = {self.port}
+[recorder]
+enabled = false
+[circuit]
+name = "{self.circuit}"
+endpoints = [{eps}]
+host = "{self.name}"
+reserve_w = {self.reserve_w}
+psu_efficiency = {PSU_EFFICIENCY}
+host_w = {HOST_W}
+poll_s = 0.2
+request_timeout_s = 0.5
+fallback_s = 2.5
+release_hold_s = 2
+step_w = 10
+{self.extra}
+""")
+
+    def start(self) -> None:
+        self.notify_path = str(self.dir / "notify.sock")
+        if os.path.exists(self.notify_path):
+            os.unlink(self.notify_path)
+        self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self._sock.bind(self.notify_path)
+        self._sock.settimeout(0.05)
+        env = dict(os.environ, NOTIFY_SOCKET=self.notify_path, WATCHDOG_USEC=str(int(self.watchdog_s * 1e6)))
+        env.pop("WATCHDOG_PID", None)
+        self.ready = threading.Event()
+        self.last_ping = time.monotonic()
+        self.exited_at = None
+        self.proc = subprocess.Popen([EXE, "run", "--backend", "sim", "--config", str(self.config)], env=env,
+                                     stdout=open(self.log, "ab"), stderr=subprocess.STDOUT)  # noqa: SIM115
+        self._supervisor = threading.Thread(target=self._supervise, daemon=True)
+        self._supervisor.start()
+
+    def _supervise(self) -> None:
+        """systemd's part: WatchdogSec (kill when the pings stop), then ExecStopPost."""
+        assert self.proc is not None
+        while self.proc.poll() is None:
+            try:
+                msg = self._sock.recv(4096).decode()
+            except TimeoutError:
+                msg = ""
+            except OSError:
+                msg = ""
+            if "READY=1" in msg:
+                self.ready.set()
+                self.booted = True
+            if "WATCHDOG=1" in msg or "READY=1" in msg:
+                self.last_ping = time.monotonic()
+            if self.ready.is_set() and time.monotonic() - self.last_ping > self.watchdog_s:
+                self.killed_by_watchdog = True
+                self.proc.send_signal(signal.SIGCONT)  # systemd sends SIGABRT then SIGKILL; the result is a kill
+                self.proc.kill()
+        self.proc.wait()
+        self.exited_at = time.monotonic()
+        self.run_failsafe()
+
+    def run_failsafe(self) -> None:
+        r = subprocess.run([EXE, "failsafe", "--backend", "sim", "--config", str(self.config)],
+                           capture_output=True, text=True, timeout=60)
+        self.failsafe_runs.append((time.monotonic(), r.returncode, r.stdout + r.stderr))
+
+    def wait_ready(self, timeout_s: float = 30.0) -> None:
+        assert self.ready.wait(timeout_s), f"{self.name} not ready: {self.log.read_text()[-2000:]}"
+
+    def metric(self, name: str) -> float | None:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/metrics", timeout=1) as r:
+                for line in r.read().decode().splitlines():
+                    if line.startswith(name + " ") or line.startswith(name + "{"):
+                        return float(line.rsplit(" ", 1)[1])
+        except OSError:
+            return None
+        return None
+
+    def board_bound_w(self) -> float | None:
+        """The truth: sum over cards of the highest limit that may be in force (W).
+
+        The bank saves its state at each write, with each write still in flight as (s
+        after the save, mW): one whose time has come is the enforced limit now."""
+        try:
+            saved_at = time.time()
+            mtime = self.state_file.stat().st_mtime
+            state = json.loads(self.state_file.read_text())
+        except (OSError, ValueError):
+            return None
+        total = 0
+        for c in state["cards"]:
+            enforced = c["enforced_mw"]
+            in_flight = 0
+            for dt, mw in sorted(c["pending"]):
+                if mtime + dt <= saved_at - 0.05:  # landed (with 50 ms for the file's clock)
+                    enforced = mw
+                else:
+                    in_flight = max(in_flight, mw)
+            total += max(c["requested_mw"], enforced, in_flight)
+        return total / 1000
+
+    def wall_w(self) -> float | None:
+        board = self.board_bound_w()
+        return None if board is None else (board + HOST_W) / PSU_EFFICIENCY
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+        if getattr(self, "_supervisor", None) is not None:
+            self._supervisor.join(60)
+        try:
+            self._sock.close()
+        except (AttributeError, OSError):
+            pass
+
+    def events(self) -> list[dict]:
+        out = []
+        for line in self.log.read_text().splitlines():
+            try:
+                out.append(json.loads(line))
+            except ValueError:
+                pass
+        return out
+
+
+class Checker:
+    """Samples every host's wall power (from its truth) every ``period_s`` and records
+    the circuit's sum; :meth:`assert_within` raises on any sample above the budget."""
+
+    def __init__(self, hosts: list[Host], budget_w: float, period_s: float = 0.1) -> None:
+        self.hosts = hosts
+        self.budget_w = budget_w
+        self.period_s = period_s
+        self.samples: list[tuple[float, dict[str, float]]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> Checker:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            t = time.monotonic()
+            # A host counts from its first READY=1 on (its boot limits confirmed): before
+            # that its cards are at whatever they came up with, which nothing enforces.
+            walls = {h.name: w for h in self.hosts if h.booted and (w := h.wall_w()) is not None}
+            self.samples.append((t, walls))
+            self._stop.wait(self.period_s)
+
+    def worst_margin_w(self) -> float:
+        return min(self.budget_w - sum(w.values()) for _, w in self.samples)
+
+    def assert_within(self) -> float:
+        assert len(self.samples) > 10
+        over = [(t, w) for t, w in self.samples if sum(w.values()) > self.budget_w + 1e-3]
+        assert not over, f"circuit over budget {self.budget_w} W at {len(over)} samples, first {over[0]}"
+        return self.worst_margin_w()
+
+    def at_reserve_s(self, host: str, reserve_w: float, since: float, until: float | None = None) -> float:
+        """Time (s) ``host`` spent at or below its reserve between ``since`` and ``until``."""
+        pts = [(t, w.get(host)) for t, w in self.samples if t >= since and (until is None or t <= until)]
+        return sum(self.period_s for _, w in pts if w is not None and w <= reserve_w + 1e-3)
+
+    def wall_at(self, host: str, t: float) -> float | None:
+        best = min(self.samples, key=lambda s: abs(s[0] - t))
+        return best[1].get(host)
+
+
+def init_circuit(endpoints: list[str], name: str, budget_w: float, ttl_s: int) -> None:
+    r = subprocess.run([EXE, "circuit", "init", "--name", name, "--budget-w", str(budget_w), "--ttl", str(ttl_s),
+                        *[a for e in endpoints for a in ("--endpoint", e)]], capture_output=True, text=True, timeout=30)
+    assert r.returncode == 0, r.stderr
+
+
+def circuit_status(endpoints: list[str], name: str) -> dict:
+    r = subprocess.run([EXE, "circuit", "status", "--json", "--name", name,
+                        *[a for e in endpoints for a in ("--endpoint", e)]], capture_output=True, text=True, timeout=30)
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)
+
+
+def wait_for(pred, timeout_s: float, what: str, step_s: float = 0.1):  # noqa: ANN001
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        v = pred()
+        if v:
+            return v
+        time.sleep(step_s)
+    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
