@@ -314,8 +314,14 @@ class SimBank:
         if state_file and os.path.exists(state_file):
             with open(state_file) as fh:
                 saved = json.load(fh)
+            # Time went on between the processes (on the same monotonic clock): a write
+            # that was in flight at the save has landed since, as on a real card.
+            elapsed = 0.0
+            if clock is not None and saved.get("clock_origin_s") is not None and "now_s" in saved:
+                elapsed = max(0.0, self._origin - (saved["clock_origin_s"] + saved["now_s"]))
             for card, state in zip(self.cards, saved["cards"]):
-                card.restore_limits(state, 0.0)
+                card.restore_limits(state, -elapsed)
+                card.enforced_mw(0.0)
         # The sum of limits that may be in force when this bank (process) started, and the
         # highest it reached just after any write or event since: what a test checks.
         self.start_bound_mw = self.peak_bound_mw = self.sum_limit_bound_mw()
@@ -331,6 +337,10 @@ class SimBank:
                 "cards": [c.limit_state(self.now) for c in self.cards],
                 "start_bound_mw": self.start_bound_mw,
                 "peak_bound_mw": self.peak_bound_mw,
+                # Bank time at the save and its clock's origin: a reader on the same
+                # monotonic clock can tell which writes in flight have landed since.
+                "now_s": self.now,
+                "clock_origin_s": self._origin if self._clock else None,
             }, fh)
         os.replace(tmp, self.state_file)
 

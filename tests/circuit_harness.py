@@ -331,19 +331,19 @@ step_w = 10
         """The truth: sum over cards of the highest limit that may be in force (W).
 
         The bank saves its state at each write, with each write still in flight as (s
-        after the save, mW): one whose time has come is the enforced limit now."""
+        after the save, mW) and its clock: one whose time has come is enforced now."""
         try:
-            saved_at = time.time()
-            mtime = self.state_file.stat().st_mtime
             state = json.loads(self.state_file.read_text())
         except (OSError, ValueError):
             return None
+        now = time.monotonic()
+        saved = state["clock_origin_s"] + state["now_s"]
         total = 0
         for c in state["cards"]:
             enforced = c["enforced_mw"]
             in_flight = 0
             for dt, mw in sorted(c["pending"]):
-                if mtime + dt <= saved_at - 0.05:  # landed (with 50 ms for the file's clock)
+                if saved + dt <= now:
                     enforced = mw
                 else:
                     in_flight = max(in_flight, mw)

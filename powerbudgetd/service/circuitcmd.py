@@ -187,7 +187,7 @@ def _give_back(cfg: CircuitConfig) -> None:
 
     async def go() -> None:
         try:
-            await store.lower_grant(cfg.host, 0.0, 0)
+            await store.give_back(cfg.host)
             print(f"failsafe: {cfg.host}'s grant on circuit {cfg.name} given back")
         except (StoreUnavailable, LeaseGone) as exc:
             print(f"failsafe: grant not given back ({exc}); it lapses with its lease", file=sys.stderr)

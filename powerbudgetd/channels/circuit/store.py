@@ -317,6 +317,12 @@ class CircuitStore:
         else:
             await self._call(lambda c: c.put(key, _dumps(grant_w=grant_w), lease=lease_id))
 
+    async def give_back(self, host: str) -> None:
+        """Delete ``host``'s grant and want (a daemon that is gone: lowering, no check)."""
+        await self._call(lambda c: c.transaction(compare=[], success=[
+            c.transactions.delete(self.key(self.grants, host)), c.transactions.delete(self.key(self.wants, host)),
+        ], failure=[]))
+
     async def put_want(self, host: str, want_w: float, lease_id: int) -> None:
         await self._call(lambda c: c.put(self.key(self.wants, host), _dumps(want_w=round(want_w, 1)), lease=lease_id))
 
