@@ -1,0 +1,133 @@
+"""The circuit without etcd: config, the arbiter's lease ending, the watchdog check, failsafe."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from conftest import busy, card, idle
+from prometheus_client import CollectorRegistry
+
+from powerbudgetd.channels.circuit.channel import CircuitChannel, watchdog_s
+from powerbudgetd.control.failsafe import failsafe
+from powerbudgetd.core.arbiter import BudgetArbiter
+from powerbudgetd.errors import ConfigError
+from powerbudgetd.hw.nvml import Nvml
+from powerbudgetd.service.config import load_config
+from powerbudgetd_sim.libnvml import SimNvmlLibrary
+from powerbudgetd_sim.physics import SimBank
+
+CIRCUIT = """budget_w = 1200
+[circuit]
+name = "lab"
+endpoints = ["10.0.0.5:2379", "[::1]:2379"]
+reserve_w = 800
+psu_efficiency = 0.9
+host_w = 100
+"""
+
+
+def _cfg(tmp_path: Path, text: str):
+    p = tmp_path / "pb.toml"
+    p.write_text(text)
+    return load_config(p, euid=1000)
+
+
+def test_circuit_config_and_the_reserve_budget(tmp_path: Path) -> None:
+    s = _cfg(tmp_path, CIRCUIT)
+    assert s.circuit is not None and s.circuit.endpoints == ["10.0.0.5:2379", "[::1]:2379"]
+    assert s.reserve_budget_w() == pytest.approx(800 * 0.9 - 100)  # the feed model, board W
+    assert s.effective_budget_w() == 1200  # the ceiling stays the configured budget
+
+
+@pytest.mark.parametrize(("change", "names"), [
+    (("host_w = 100\n", ""), "host_w"),
+    (('"10.0.0.5:2379", ', '"10.0.0.5", '), "10.0.0.5"),
+    (("reserve_w = 800", "reserve_w = 100"), "leaves no board budget"),
+    (('name = "lab"', 'name = "a b"'), "circuit.name"),
+    (("reserve_w = 800", 'reserve_w = 800\nusername = "pb"'), "username and password"),
+])
+def test_bad_circuit_sections_name_what_is_wrong(tmp_path: Path, change: tuple[str, str], names: str) -> None:
+    with pytest.raises(ConfigError, match=names):
+        _cfg(tmp_path, CIRCUIT.replace(*change))
+
+
+def test_the_password_may_come_from_the_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("POWERBUDGETD_CIRCUIT__PASSWORD", "s3cret")
+    s = _cfg(tmp_path, CIRCUIT + 'username = "pb"\n')
+    assert s.circuit is not None and s.circuit.password is not None
+    assert s.circuit.password.get_secret_value() == "s3cret" and "s3cret" not in repr(s.circuit)
+
+
+def test_ending_leases_expires_every_leased_offer_now_and_later() -> None:
+    arb = BudgetArbiter(1200)
+    arb.offer("circuit", 1160, 0.0, expires_at_s=10.0, expired_w=620)
+    arb.offer("meter", 900, 0.0)  # a reading, not a lease: stays
+    assert arb.resolve(1.0).budget_w == 900
+    arb.end_leases(2.0)
+    assert dict(arb.sources(2.0))["circuit"] == 620
+    # A later offer with an expiry cannot extend past the end.
+    arb.offer("circuit", 1160, 3.0, expires_at_s=20.0, expired_w=620)
+    assert dict(arb.sources(3.0))["circuit"] == 620
+    arb.withdraw("meter")
+    assert arb.resolve(3.0).budget_w == 620 and arb.leases_ended
+
+
+def _channel(environ: dict[str, str], tmp_path: Path) -> CircuitChannel:
+    s = _cfg(tmp_path, CIRCUIT + "fallback_s = 10\n")
+    assert s.circuit is not None
+    arb = BudgetArbiter(s.effective_budget_w())
+    ch = CircuitChannel(s.circuit, s.circuit.host_power(s.feed), arb, lower_s=1.5, registry=CollectorRegistry(),
+                        environ=environ)
+    ch.seated = True
+    return ch
+
+
+def test_the_channel_offers_the_reserve_from_the_start(tmp_path: Path) -> None:
+    ch = _channel({}, tmp_path)
+    assert ch.arbiter.resolve(0.0).budget_w == pytest.approx(620)
+
+
+def test_ttl_must_outlast_the_watchdog_and_the_fallback(tmp_path: Path) -> None:
+    # WatchdogSec=10 s, fallback_s 10 s: TTL 20 s leaves no room for the last keepalive.
+    ch = _channel({"WATCHDOG_USEC": "10000000"}, tmp_path)
+    assert ch.watchdog_s == 10
+    ch._check_ttl(20)
+    assert not ch.grants_ok
+    ch._check_ttl(30)  # 10 + 10 + 30/6 = 25 <= 30
+    assert ch.grants_ok
+    # Without a watchdog a hung daemon could keep a grant's watts: no grants.
+    nowd = _channel({}, tmp_path)
+    nowd._check_ttl(600)
+    assert not nowd.grants_ok
+
+
+def test_watchdog_usec_for_another_process_is_not_ours() -> None:
+    assert watchdog_s({"WATCHDOG_USEC": "5000000", "WATCHDOG_PID": "1"}) is None
+    assert watchdog_s({"WATCHDOG_USEC": "junk"}) is None
+    assert watchdog_s({"WATCHDOG_USEC": "1500000"}) == 1.5
+
+
+def test_failsafe_only_lowers_and_confirms() -> None:
+    bank = SimBank([card(0, busy()), card(1, idle()), card(2, idle())], lag_s=0.1, seed=1)
+    lib = SimNvmlLibrary(bank, [])
+    nvml = Nvml(lib)
+    nvml.init()
+    t = [0.0]
+
+    def clock() -> float:
+        return t[0]
+
+    def sleep(dt: float) -> None:
+        t[0] += dt
+        bank.advance_to(t[0])
+
+    nvml.set_power_limit("GPU-test-1", 150)  # already below its share: left alone
+    sleep(0.2)
+    writes_before = bank.cards[1].writes
+    out = failsafe(nvml, 600, confirm_timeout_s=2, clock=clock, sleep=sleep)
+    assert [r.confirmed for r in out] == [True, True, True]
+    assert bank.cards[1].writes == writes_before and not out[1].written  # never raised
+    # Fair share of 600 W over three 150-300 W cards is 200 W each; card 1 stays at 150 W.
+    assert [r.share_w for r in out] == [200, 200, 200]
+    assert bank.sum_limit_bound_mw() == (200 + 150 + 200) * 1000
