@@ -304,7 +304,7 @@ def test_every_metric_the_issue_names_is_exposed(tmp_path: Path) -> None:
 def test_rules_pass_promtool_check_and_unit_tests() -> None:
     checked = promtool("check", "rules", "prometheus-rules.yml", cwd=CONFIG)
     assert checked.returncode == 0, checked.stdout + checked.stderr
-    assert "SUCCESS: 12 rules found" in checked.stdout
+    assert "SUCCESS: 15 rules found" in checked.stdout
     tested = promtool("test", "rules", "prometheus-rules.test.yml", cwd=CONFIG)
     assert tested.returncode == 0, tested.stdout + tested.stderr
 
@@ -318,6 +318,7 @@ def test_every_alert_has_for_severity_description_and_a_test() -> None:
         "PowerBudgetdDown", "PowerBudgetSumAboveBudget", "PowerBudgetOverBudgetRecurring", "PowerBudgetBankNearBudget",
         "PowerBudgetLimitDrift", "PowerBudgetLimitContested", "PowerBudgetFailsafe", "PowerBudgetNvmlErrors",
         "PowerBudgetUpsOnBattery", "PowerBudgetUpsLowBattery", "PowerBudgetUpsOverload", "PowerBudgetUpsDataStale",
+        "PowerBudgetCircuitGrantLost", "PowerBudgetCircuitEtcdUnreachable", "PowerBudgetCircuitSeatsExceed",
     ]
     for r in rules:
         assert r["for"] and r["labels"]["severity"] in ("critical", "warning", "info") and r["annotations"]["description"]
@@ -362,8 +363,17 @@ def ups_metric_names() -> set[str]:
     return {line.split("{")[0].split(" ")[0] for line in text.splitlines() if line and not line.startswith("#")}
 
 
+def circuit_names() -> set[str]:
+    """What the circuit channel exposes (only with a [circuit] section)."""
+    from powerbudgetd.channels.circuit.channel import CircuitMetrics  # noqa: PLC0415
+
+    registry = CollectorRegistry()
+    CircuitMetrics(registry)
+    return metric_names_in(generate_latest(registry).decode())
+
+
 def test_rules_and_dashboard_use_only_exposed_metrics(tmp_path: Path) -> None:
-    names = exposed_names(tmp_path) | CONDITIONAL | ups_metric_names()
+    names = exposed_names(tmp_path) | CONDITIONAL | ups_metric_names() | circuit_names()
     for f in ("prometheus-rules.yml", "prometheus-rules.test.yml", "grafana-dashboard.json"):
         used = metric_names_in((CONFIG / f).read_text())
         assert used and used <= names, (f, used - names)
