@@ -672,10 +672,14 @@ def _run_locked(args: argparse.Namespace, settings: Settings, config_path: Path)
         from powerbudgetd.channels.circuit.channel import CircuitChannel
 
         cc = settings.circuit
-        daemon.register(CircuitChannel(
+        circuit = CircuitChannel(
             cc, cc.host_power(settings.feed), daemon.arbiter, lower_s=cc.fence_lower_s(settings.control.timings()),
             registry=registry, clock=daemon.clock,
-        ))
+        )
+        daemon.register(circuit)
+        daemon.circuit_status = circuit.status
+        if recorder is not None:
+            recorder.extras["circuit"] = lambda: circuit.status(daemon.clock()).fields()
     server = _serve_metrics(settings, daemon, registry)
     try:
         return asyncio.run(daemon.run())

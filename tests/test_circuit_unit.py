@@ -131,3 +131,41 @@ def test_failsafe_only_lowers_and_confirms() -> None:
     # Fair share of 600 W over three 150-300 W cards is 200 W each; card 1 stays at 150 W.
     assert [r.share_w for r in out] == [200, 200, 200]
     assert bank.sum_limit_bound_mw() == (200 + 150 + 200) * 1000
+
+
+def _snapshot_with_circuit():
+    import dataclasses
+
+    from conftest import make_rig
+
+    from powerbudgetd.core.snapshot import CircuitStatus
+
+    rig = make_rig([card(0, busy()), card(1, idle())], 500)
+    rep = rig.step()
+    status = CircuitStatus("lab", 3000.0, 800.0, 200.0, 200.0, 2.5, True, True, True)
+    return dataclasses.replace(rep, snapshot=dataclasses.replace(rep.snapshot, circuit=status))
+
+
+def test_mqtt_state_and_recorder_samples_carry_the_circuit(tmp_path: Path) -> None:
+    import json
+
+    from powerbudgetd.channels.mqtt.discovery import bank_state
+    from powerbudgetd.powerlog.reader import log_files
+    from powerbudgetd.powerlog.recorder import LogWriter, Recorder
+
+    rep = _snapshot_with_circuit()
+    state = bank_state(rep.snapshot)
+    assert state["circuit"] == "lab" and state["circuit_budget_w"] == 3000.0 and state["circuit_reserve_w"] == 800.0
+    assert state["circuit_grant_w"] == 200.0 and state["circuit_lease_left_s"] == 2.5
+    assert state["circuit_etcd_reachable"] is True
+    writer = LogWriter(tmp_path, queue_records=100)
+    rec = Recorder(writer, interval_s=0.1, feed=None, wall_clock=lambda: 1.7e9)
+    import dataclasses
+
+    for k in range(3):
+        rec.on_tick(dataclasses.replace(rep, now=k * 0.1, snapshot=dataclasses.replace(rep.snapshot, now=k * 0.1)))
+    writer.close()
+    samples = [json.loads(line) for p in log_files(tmp_path) for line in p.read_text().splitlines()
+               if '"sample"' in line]
+    assert samples and samples[-1]["circuit"]["circuit_grant_w"] == 200.0
+    assert samples[-1]["circuit"]["circuit_lease_left_s"] == 2.5

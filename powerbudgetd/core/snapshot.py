@@ -59,10 +59,37 @@ class CardSnapshot:
 
 
 @dataclass(frozen=True)
+class CircuitStatus:
+    """This host on a shared circuit (wall W, s): the circuit's budget, this host's
+    reserve, the grant in use (and as etcd holds it), how long the grant stays valid
+    without a renewal, whether etcd answers, whether the seat fits and grants are
+    allowed (seat, TTL vs watchdog)."""
+
+    name: str
+    budget_w: float | None
+    reserve_w: float
+    grant_w: float
+    held_w: float
+    lease_left_s: float
+    etcd_reachable: bool
+    seat_fits: bool
+    grants_allowed: bool
+
+    def fields(self) -> dict[str, object]:
+        """Flat ``circuit_*`` fields for state payloads and records."""
+        return {
+            "circuit": self.name, "circuit_budget_w": self.budget_w, "circuit_reserve_w": self.reserve_w,
+            "circuit_grant_w": round(self.grant_w, 1), "circuit_grant_held_w": round(self.held_w, 1),
+            "circuit_lease_left_s": round(self.lease_left_s, 2), "circuit_etcd_reachable": self.etcd_reachable,
+            "circuit_seat_fits": self.seat_fits, "circuit_grants_allowed": self.grants_allowed,
+        }
+
+
+@dataclass(frozen=True)
 class BankSnapshot:
     """The bank. ``budget_w``: the budget in force (W) and ``budget_source`` the source
     that set it (see ``core.arbiter``); ``sources``: every budget source's current value
-    (W). ``sum_limit_bound_w``: the sum over cards of the highest limit that may be in
+    (W); ``circuit``: this host on a shared circuit, when it has one. ``sum_limit_bound_w``: the sum over cards of the highest limit that may be in
     force; ``floor_w``: the lowest budget the bank can be held to (controllable cards at
     their minimum limits, the others at their bounds). ``sum_power_avg_w``: the summed
     1 s average over the cards that report one; ``power_complete``: every card did.
@@ -86,6 +113,7 @@ class BankSnapshot:
     over_budget_cause: str | None = None
     over_budget_episodes: int = 0
     over_budget_s: float = 0.0
+    circuit: CircuitStatus | None = None  # with a [circuit]: this host's place on it
 
     @property
     def headroom_w(self) -> float:

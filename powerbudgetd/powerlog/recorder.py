@@ -49,6 +49,10 @@ Record kinds (schema version ``v`` = 1; watts rounded to 0.1 W; ``null`` = unkno
   (not the sum of the card peaks); ``null`` when a card's instant is unknown;
   ``bank.limit_w``: sum of enforced limits; ``wall_w`` / ``wall_peak_w``: (board + the
   feed's ``host_w``) / ``psu_efficiency``, ``null`` without a ``[feed]``.
+- ``circuit`` (only with a ``[circuit]``): ``circuit`` (its name), ``circuit_budget_w``,
+  ``circuit_reserve_w``, ``circuit_grant_w`` (in use), ``circuit_grant_held_w`` (in
+  etcd), ``circuit_lease_left_s`` (validity left without a renewal),
+  ``circuit_etcd_reachable``, ``circuit_seat_fits``, ``circuit_grants_allowed``.
 - ``dropped``: records lost so far in this run (queue full); ``n`` counts the run's
   samples, dropped ones included, so a gap shows.
 - ``mono_s``: CLOCK_MONOTONIC (s since boot, as in the journal); ``utc``: wall clock.

@@ -36,6 +36,7 @@ from powerbudgetd.core.backoff import Backoff
 from powerbudgetd.core.units import budget_mw, opt_w
 from powerbudgetd.channels.protocol import SideChannel
 from powerbudgetd.core.arbiter import BudgetArbiter, Decision
+from powerbudgetd.core.snapshot import CircuitStatus
 from powerbudgetd.service.config import Settings, load_config, ups_on_reload
 from powerbudgetd.control.controller import Controller
 from powerbudgetd.errors import BudgetInfeasible, CardLimitUnknown, ConfigError, ExitStatus, NvmlError, NvmlNoPermission
@@ -127,6 +128,9 @@ class Daemon:
         self.keeper: BudgetKeeper | None = None if self.arbiter is None else BudgetKeeper(self.arbiter)
         # Side channels (metrics, MQTT, recorder): see channels.protocol.
         self.channels: list[SideChannel] = []
+        # With a [circuit]: this host's place on it (at a monotonic time), for every
+        # tick's snapshot, so every channel sees the same account.
+        self.circuit_status: Callable[[float], CircuitStatus] | None = None
         self.controller: Controller | None = None
         self._stop = asyncio.Event()
         self._wake = asyncio.Event()  # a signal arrived: end the wait between ticks
@@ -273,6 +277,8 @@ class Daemon:
             keeper.apply(ctl, t0)  # between ticks: what the sources reported since the last one
             report = await asyncio.to_thread(ctl.tick, t0)
             snapshot = report.snapshot.with_budget(keeper.in_force)
+            if self.circuit_status is not None:
+                snapshot = dataclasses.replace(snapshot, circuit=self.circuit_status(t0))
             report = dataclasses.replace(report, snapshot=snapshot)
             keeper.arbiter.set_floor(snapshot.floor_w)
             for channel in self.channels:

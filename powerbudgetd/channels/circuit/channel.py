@@ -32,6 +32,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 from powerbudgetd.channels.circuit.store import CircuitStore, LeaseGone, Read, StoreUnavailable, Tls
 from powerbudgetd.core.arbiter import BudgetArbiter
 from powerbudgetd.core.circuit import Fence, GrantPolicy, HostPower, raise_allowed, required_ttl_s
+from powerbudgetd.core.snapshot import CircuitStatus
 
 if TYPE_CHECKING:
     from powerbudgetd.control.controller import TickReport
@@ -135,6 +136,17 @@ class CircuitChannel:
         self.metrics.reserve.set(power.reserve_w)
         # From the first tick: the reserve, whatever etcd says (or does not).
         self.arbiter.offer(SOURCE, power.board_budget_w(), clock())
+
+    def status(self, now: float) -> CircuitStatus:
+        """This host's place on the circuit at ``now`` (the daemon's clock, s)."""
+        read = self.last_read
+        valid = self.in_use_w > 0 and now < self.valid_until
+        return CircuitStatus(
+            name=self.store.name, budget_w=None if read is None or read.spec is None else read.spec.budget_w,
+            reserve_w=self.power.reserve_w, grant_w=self.in_use_w if valid else 0.0, held_w=self.held_w,
+            lease_left_s=max(0.0, self.valid_until - now) if self.lease_id is not None else 0.0,
+            etcd_reachable=self.reachable, seat_fits=self.seated, grants_allowed=self.grants_ok,
+        )
 
     # -- SideChannel --------------------------------------------------------------------
     def on_tick(self, report: TickReport) -> None:

@@ -22,14 +22,16 @@ def card_state(card: CardSnapshot) -> dict[str, Any]:
 
 def bank_state(snap: BankSnapshot, **extra: Any) -> dict[str, Any]:
     """``state``: the bank, with the budget in force and its source, plus ``extra``
-    (configured budget, wall meter and remote budget fields)."""
+    (configured budget, wall meter and remote budget fields); with a circuit, its
+    ``circuit_*`` fields (:meth:`CircuitStatus.fields`)."""
     return {
         "budget_w": snap.budget_w, "sum_limits_w": snap.sum_limit_bound_w,
         "sum_power_w": round(snap.sum_power_avg_w, 1), "mode": snap.mode, "ready": snap.ready,
         "gpus": len(snap.cards), "budget_source": snap.budget_source,  # of the budget in force
         "floor_w": snap.floor_w, "over_budget": snap.over_budget,
         "over_budget_cause": snap.over_budget_cause if snap.over_budget else None,
-        "over_budget_episodes": snap.over_budget_episodes, "over_budget_s": snap.over_budget_s, **extra,
+        "over_budget_episodes": snap.over_budget_episodes, "over_budget_s": snap.over_budget_s,
+        **({} if snap.circuit is None else snap.circuit.fields()), **extra,
     }
 
 
