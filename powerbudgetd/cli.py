@@ -115,6 +115,9 @@ def _parser() -> argparse.ArgumentParser:
         "--fidelity", action="store_true",
         help="replay each recorded trace into a simulated card: real vs simulated peaks, overshoot, rise time",
     )
+    s.add_argument("--circuit", metavar="A,B,...",
+                   help="several hosts (one packaged scenario each) on one circuit: static reserves vs sharing "
+                   "through a lease store vs oracle grants, and sharing through a 30 s etcd outage")
 
     pr = sub.add_parser(
         "probe", help="read every card's limits and draw (read-only)", formatter_class=fmt,
@@ -254,9 +257,12 @@ _SUBPARSERS: dict[str, argparse.ArgumentParser] = {}
 
 # Options that cannot go together, and options that need another: checked before any work.
 _SIMULATE_CONFLICTS = (
-    ("--list", ("--scenario", "--replay", "--policy", "--suite", "--plot", "--budget", "--duration", "--json"),
+    ("--list", ("--scenario", "--replay", "--policy", "--suite", "--plot", "--budget", "--duration", "--json",
+                "--circuit"),
      "--list only lists the scenarios"),
     ("--replay", ("--scenario",), "the replayed log is the scenario"),
+    ("--circuit", ("--scenario", "--replay", "--policy", "--suite", "--plot", "--budget", "--seed", "--fidelity"),
+     "the circuit runs each host's packaged scenario under each way of splitting the circuit"),
     ("--suite", ("--scenario", "--replay", "--policy", "--plot", "--budget"),
      "the suite runs every packaged scenario under every policy at its own budget"),
     ("--fidelity", ("--scenario", "--replay", "--policy", "--suite", "--plot", "--budget", "--duration", "--list"),
@@ -387,6 +393,8 @@ def _simulate(args: argparse.Namespace) -> int:
         return _suite(args)
     if args.fidelity:
         return _fidelity(args)
+    if args.circuit:
+        return _circuit_sim(args)
     try:
         if args.replay:
             from powerbudgetd_sim.replay import load_replay
@@ -435,6 +443,23 @@ def _simulate(args: argparse.Namespace) -> int:
         print(format_report(result.report))
         if args.plot:
             print(f"plot written to {args.plot}")
+    return ExitStatus.OK
+
+
+def _circuit_sim(args: argparse.Namespace) -> int:
+    from powerbudgetd_sim.circuit import compare, format_compare
+    from powerbudgetd_sim.scenario import ScenarioError
+
+    hosts = [h.strip() for h in args.circuit.split(",") if h.strip()]
+    if len(hosts) < 2:
+        print("powerbudgetd: --circuit needs two hosts or more (A,B,...)", file=sys.stderr)
+        return ExitStatus.CONFIG
+    try:
+        result = compare(hosts, duration_s=args.duration or 300.0)
+    except (ScenarioError, ValueError, BudgetInfeasible) as exc:
+        print(f"powerbudgetd: --circuit: {exc}", file=sys.stderr)
+        return ExitStatus.CONFIG
+    print(json.dumps(result, indent=2) if args.json else format_compare(result))
     return ExitStatus.OK
 
 

@@ -1,0 +1,330 @@
+"""A circuit of simulated hosts on virtual time: static reserves vs sharing vs an oracle.
+
+N hosts, each a packaged scenario's bank under the real controller, hang off one circuit
+(wall W). Three ways to split it:
+
+- ``static``: each host holds its share of the circuit for good (proportional to its
+  scenario's own budget at the wall);
+- ``circuit``: each host has a seat (``reserve_fraction`` of its static share) and
+  shares the rest through :class:`LeaseStore`, a model of etcd with the same lease TTL
+  and compare-on-revision transactions, using the product's own pure parts
+  (``GrantPolicy``, ``Fence``, ``HostPower``, ``raise_allowed``); the client follows the
+  daemon's rules (raise in the store first; lower the offer first and the store once
+  the cards are down; the fence from the last acknowledged keepalive);
+- ``oracle``: the same seats, and each host's grant every tick is its max-min fair
+  share of the pool over the hosts' true wants (clairvoyant, no lease, no hysteresis,
+  writes land at once): the best the sharing rule itself can do, not a work-optimal
+  split (static shares can beat it where they happen to follow the demand).
+
+An etcd outage (``outage_at_s``, ``outage_s``): the store answers nothing; hosts fall to
+their reserves at their fences; reported: work, and seconds each host spent at its
+reserve from the outage's start until its grant was in use again.
+
+This model is the simulator's, never the product's: the daemon talks to a real etcd.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from powerbudgetd.control.controller import Controller
+from powerbudgetd.core.circuit import CircuitView, Fence, GrantPolicy, HostPower, max_min_fair, raise_allowed
+from powerbudgetd.core.fairshare import fair_shares
+from powerbudgetd.core.feed import Feed
+from powerbudgetd.core.model import Timings
+from powerbudgetd.errors import BudgetInfeasible
+from powerbudgetd.hw.nvml import Nvml
+from powerbudgetd_sim.feed import feed_from_dict
+from powerbudgetd_sim.libnvml import SimNvmlLibrary
+from powerbudgetd_sim.meters import BankMeters
+from powerbudgetd_sim.physics import SimBank
+from powerbudgetd_sim.scenario import Scenario, load_scenario
+
+POLICIES = ("static", "circuit", "oracle")
+
+
+@dataclass
+class LeaseStore:
+    """etcd as the circuit uses it: seats (persistent), grants and wants (leased), one
+    revision counter, leases that expire TTL after their last keepalive, and outages
+    during which nothing answers."""
+
+    budget_w: float
+    ttl_s: float
+    outages: list[tuple[float, float]] = field(default_factory=list)
+    revision: int = 1
+    seats: dict[str, float] = field(default_factory=dict)
+    grants: dict[str, tuple[float, int]] = field(default_factory=dict)  # host: (W, lease)
+    wants: dict[str, tuple[float, int]] = field(default_factory=dict)
+    leases: dict[int, float] = field(default_factory=dict)  # id: expires at (s)
+    changed_rev: int = 1  # the last revision that changed a seat or a grant
+    max_committed_w: float = 0.0
+    _next_lease: int = 1
+
+    def up(self, t: float) -> bool:
+        return not any(a <= t < a + d for a, d in self.outages)
+
+    def expire(self, t: float) -> None:
+        """Leases past their TTL take their keys (the server side, on its own clock)."""
+        dead = {lid for lid, exp in self.leases.items() if exp <= t}
+        if not dead:
+            return
+        for lid in dead:
+            del self.leases[lid]
+        for table in (self.grants, self.wants):
+            for host in [h for h, (_, lid) in table.items() if lid in dead]:
+                del table[host]
+                self.revision += 1
+                if table is self.grants:
+                    self.changed_rev = self.revision
+
+    def grant(self, t: float) -> int:
+        lid, self._next_lease = self._next_lease, self._next_lease + 1
+        self.leases[lid] = t + self.ttl_s
+        return lid
+
+    def keepalive(self, t: float, lid: int) -> bool:
+        if lid not in self.leases:
+            return False
+        self.leases[lid] = t + self.ttl_s
+        return True
+
+    def view(self) -> tuple[CircuitView, int]:
+        return CircuitView(self.budget_w, dict(self.seats), {h: w for h, (w, _) in self.grants.items()},
+                           {h: w for h, (w, _) in self.wants.items()}, revision=self.revision), self.revision
+
+    def _bump(self, grant_or_seat: bool) -> None:
+        self.revision += 1
+        if grant_or_seat:
+            self.changed_rev = self.revision
+        committed = sum(self.seats.values()) + sum(w for w, _ in self.grants.values())
+        self.max_committed_w = max(self.max_committed_w, committed)
+
+    def seat(self, host: str, reserve_w: float) -> None:
+        self.seats[host] = reserve_w
+        self._bump(True)
+
+    def put_want(self, host: str, want_w: float, lid: int) -> bool:
+        if lid not in self.leases:
+            return False
+        self.wants[host] = (want_w, lid)
+        self._bump(False)
+        return True
+
+    def raise_grant(self, read_rev: int, host: str, grant_w: float, lid: int) -> bool:
+        """The transaction: fails when a seat or grant changed since ``read_rev``."""
+        if self.changed_rev > read_rev or lid not in self.leases:
+            return False
+        self.grants[host] = (grant_w, lid)
+        self._bump(True)
+        return True
+
+    def lower_grant(self, host: str, grant_w: float, lid: int) -> None:
+        if grant_w <= 0:
+            self.grants.pop(host, None)
+        elif lid in self.leases:
+            self.grants[host] = (grant_w, lid)
+        self._bump(True)
+
+
+@dataclass
+class SimHost:
+    """One host: its bank, controller and meters; its circuit client's state."""
+
+    name: str
+    sc: Scenario
+    power: HostPower
+    static_w: float
+    bank: SimBank
+    ctl: Controller
+    meters: BankMeters
+    policy: GrantPolicy
+    lease: int | None = None
+    valid_until: float = float("-inf")
+    held_w: float = 0.0
+    in_use_w: float = 0.0
+    next_poll: float = 0.0
+    last_keepalive: float = float("-inf")
+    at_reserve_since: float | None = None
+    reserve_spells: list[tuple[float, float]] = field(default_factory=list)
+
+    def want_w(self, t: float) -> float:
+        """True demand above the reserve (wall W): what each card would draw unlimited."""
+        board = sum(min(c.max_mw / 1000, max(c.min_mw / 1000, c.spec.profile.demand_w(t, c.spec.idle_w, c.spec.board_tgp_w)))
+                    for c in self.bank.cards)
+        return max(0.0, self.power.feed.wall_w(board) - self.power.reserve_w)
+
+    def seen_want_w(self) -> float:
+        """What the daemon can see: the controller's own account (as ``HostPower.want_w``)."""
+        from powerbudgetd.control.controller import bank_snapshot
+
+        return self.power.want_w(bank_snapshot(self.ctl, self.bank.now))
+
+
+def _host(name: str, sc: Scenario, share_w: float, reserve_fraction: float, timings: Timings, seed: int,
+          policy: str, release_hold_s: float, step_w: float) -> SimHost:
+    feed = feed_from_dict(sc.feed) if sc.feed else Feed(psu_efficiency=0.9, host_w=300.0)
+    if feed.host_w is None:
+        feed = Feed(psu_efficiency=feed.psu_efficiency, host_w=300.0)
+    # The oracle's bank applies writes at once (as the single-host oracle's does).
+    bank = SimBank(list(sc.cards), lag_s=0.0 if policy == "oracle" else sc.lag_s, seed=seed, events=list(sc.events))
+    # A seat holds at least the bank's floor (every card at its minimum limit).
+    floor_wall = feed.wall_w(sum(c.min_mw for c in bank.cards) / 1000) + 1.0
+    reserve = share_w if policy == "static" else max(floor_wall, share_w * reserve_fraction)
+    power = HostPower(feed, reserve)
+    nvml = Nvml(SimNvmlLibrary(bank, []))
+    nvml.init()
+    ctl = Controller(nvml, power.board_budget_w(), timings)
+    ctl.start()
+    shares = fair_shares(int(power.board_budget_w() * 1000), [c.min_mw for c in bank.cards],
+                         [c.max_mw for c in bank.cards]) or [c.min_mw for c in bank.cards]
+    meters = BankMeters(bank, power.board_budget_w(), shares, None).attach()
+    return SimHost(name, sc, power, share_w, bank, ctl, meters, GrantPolicy(step_w, release_hold_s))
+
+
+def run_circuit(
+    scenarios: list[str],
+    *,
+    policy: str = "circuit",
+    duration_s: float = 300.0,
+    tightness: float = 0.85,
+    reserve_fraction: float = 0.6,
+    ttl_s: float = 10.0,
+    poll_s: float = 1.0,
+    lower_s: float = 2.2,
+    release_hold_s: float = 10.0,
+    step_w: float = 20.0,
+    outage_at_s: float | None = None,
+    outage_s: float = 0.0,
+    seed: int = 1,
+) -> dict[str, Any]:
+    """Run ``scenarios`` (one host each) on one circuit under ``policy`` for
+    ``duration_s`` virtual s. The circuit's budget is ``tightness`` x the sum of the
+    scenarios' own budgets at the wall. Returns work (TGP-s), the worst wall sum of
+    limits against the budget, and the outage's time at reserve per host."""
+    if policy not in POLICIES:
+        raise ValueError(f"policy must be one of {', '.join(POLICIES)}")
+    scs = [load_scenario(s) for s in scenarios]
+    timings = Timings(tick_s=0.1)
+    walls = []
+    for sc in scs:
+        feed = feed_from_dict(sc.feed) if sc.feed else Feed(psu_efficiency=0.9, host_w=300.0)
+        walls.append(feed.wall_w(sc.budget_w) if feed.host_w is not None else (sc.budget_w + 300) / 0.9)
+    budget_w = tightness * sum(walls)
+    shares = [budget_w * w / sum(walls) for w in walls]
+    hosts = [_host(f"h{i}-{sc.name}", sc, share, reserve_fraction, timings, seed + i, policy, release_hold_s, step_w)
+             for i, (sc, share) in enumerate(zip(scs, shares))]
+    store = LeaseStore(budget_w, ttl_s, [(outage_at_s, outage_s)] if outage_at_s is not None else [])
+    for h in hosts:
+        store.seat(h.name, h.power.reserve_w)
+    fence = Fence(lower_s=lower_s)
+    worst_wall = 0.0
+    k = 0
+    while (t := round(k * timings.tick_s, 9)) <= duration_s:
+        store.expire(t)
+        if policy == "oracle":
+            pool = budget_w - sum(h.power.reserve_w for h in hosts)
+            fair = max_min_fair(pool, {h.name: h.want_w(t) for h in hosts})
+        for h in hosts:
+            h.bank.advance_to(t)
+            if policy == "circuit":
+                _client_round(h, store, fence, t, poll_s)
+                grant = h.in_use_w if t < h.valid_until else 0.0
+            elif policy == "oracle":
+                grant = fair[h.name]
+            else:
+                grant = 0.0
+            _track_reserve(h, t, grant, outage_at_s)
+            try:
+                h.ctl.set_budget(h.power.board_budget_w(grant), reason="circuit")
+            except BudgetInfeasible:
+                pass
+            h.ctl.tick(t)
+        wall = sum(h.power.feed.wall_w(h.bank.sum_limit_bound_mw() / 1000) for h in hosts if h.ctl.ready)
+        worst_wall = max(worst_wall, wall)
+        k += 1
+    for h in hosts:
+        if h.at_reserve_since is not None:
+            h.reserve_spells.append((h.at_reserve_since, duration_s))
+    work = sum(sum(h.meters.work) for h in hosts)
+    after = {}
+    if outage_at_s is not None:
+        for h in hosts:
+            spell = next(((a, b) for a, b in h.reserve_spells if a <= outage_at_s + 1e-9 < b or a >= outage_at_s), None)
+            after[h.name] = None if spell is None else round(spell[1] - max(spell[0], outage_at_s), 1)
+    return {
+        "policy": policy, "hosts": [h.name for h in hosts], "budget_w": round(budget_w, 1),
+        "seats_w": round(sum(h.power.reserve_w for h in hosts), 1), "work_tgp_s": round(work, 1),
+        "worst_wall_w": round(worst_wall, 1), "within_budget": worst_wall <= budget_w + 1e-6,
+        "store_max_committed_w": round(store.max_committed_w, 1),
+        "at_reserve_after_outage_s": after,
+    }
+
+
+def _client_round(h: SimHost, store: LeaseStore, fence: Fence, t: float, poll_s: float) -> None:
+    """The daemon's circuit round on virtual time (see ``channels.circuit.channel``)."""
+    if t < h.next_poll:
+        return
+    h.next_poll = t + poll_s
+    if not store.up(t):
+        return
+    if h.lease is None or h.lease not in store.leases:
+        if h.lease is not None:  # gone: the grant with it
+            h.held_w = h.in_use_w = 0.0
+        h.lease = store.grant(t)
+        h.valid_until = fence.valid_until(t, store.ttl_s)
+        h.last_keepalive = t
+    if t - h.last_keepalive >= store.ttl_s / 6:
+        store.keepalive(t, h.lease)
+        h.last_keepalive = t
+        h.valid_until = fence.valid_until(t, store.ttl_s)
+    store.put_want(h.name, round(h.seen_want_w() / 5) * 5.0, h.lease)
+    view, rev = store.view()
+    allowed = t < h.valid_until
+    target = h.policy.target_w(view, h.name, h.held_w, t) if allowed else 0.0
+    if target > h.held_w and h.in_use_w == h.held_w:
+        if raise_allowed(view, h.name, target) and store.raise_grant(rev, h.name, target, h.lease):
+            h.held_w = h.in_use_w = target
+        return
+    if target < h.in_use_w:
+        h.in_use_w = target
+    if h.held_w > h.in_use_w and h.bank.sum_limit_bound_mw() / 1000 <= h.power.board_budget_w(h.in_use_w) + 1e-6:
+        store.lower_grant(h.name, h.in_use_w, h.lease)
+        h.held_w = h.in_use_w
+
+
+def _track_reserve(h: SimHost, t: float, grant_w: float, outage_at_s: float | None) -> None:
+    if grant_w <= 0 and h.at_reserve_since is None:
+        h.at_reserve_since = t
+    elif grant_w > 0 and h.at_reserve_since is not None:
+        h.reserve_spells.append((h.at_reserve_since, t))
+        h.at_reserve_since = None
+
+
+def compare(scenarios: list[str], **kw: Any) -> dict[str, Any]:
+    """Every policy on the same hosts; the circuit also with an etcd outage."""
+    out = {p: run_circuit(scenarios, policy=p, **kw) for p in POLICIES}
+    oracle = out["oracle"]["work_tgp_s"]
+    for r in out.values():
+        r["work_vs_oracle"] = round(r["work_tgp_s"] / oracle, 3) if oracle else None
+    duration = kw.get("duration_s", 300.0)
+    outage = run_circuit(scenarios, policy="circuit", outage_at_s=duration / 2, outage_s=30.0, **kw)
+    outage["work_vs_oracle"] = round(outage["work_tgp_s"] / oracle, 3) if oracle else None
+    out["circuit_outage_30s"] = outage
+    return out
+
+
+def format_compare(result: dict[str, Any]) -> str:
+    """The comparison as a table: work, against the oracle grants, the worst wall sum."""
+    first = next(iter(result.values()))
+    lines = [f"circuit {first['budget_w']:g} W at the wall, hosts: {', '.join(first['hosts'])}",
+             f"  {'split':<20} {'seats W':>8} {'work TGP-s':>11} {'vs oracle':>9} {'worst wall W':>12}"]
+    for name, r in result.items():
+        lines.append(f"  {name:<20} {r['seats_w']:>8g} {r['work_tgp_s']:>11g} {r['work_vs_oracle']:>9} "
+                     f"{r['worst_wall_w']:>12g}{'' if r['within_budget'] else '  OVER'}")
+    outage = result.get("circuit_outage_30s", {}).get("at_reserve_after_outage_s")
+    if outage:
+        lines.append("  after a 30 s etcd outage, s at reserve per host: "
+                     + ", ".join(f"{h} {s:g}" for h, s in outage.items() if s is not None))
+    return "\n".join(lines)
