@@ -162,6 +162,10 @@ def test_mqtt_state_and_recorder_samples_carry_the_circuit(tmp_path: Path) -> No
     rec = Recorder(writer, interval_s=0.1, feed=None, wall_clock=lambda: 1.7e9)
     import dataclasses
 
+    status = rep.snapshot.circuit
+    assert status is not None
+    rec.extras["circuit"] = status.fields  # as the daemon wires it (run: recorder.extras)
+
     for k in range(3):
         rec.on_tick(dataclasses.replace(rep, now=k * 0.1, snapshot=dataclasses.replace(rep.snapshot, now=k * 0.1)))
     writer.close()
@@ -169,3 +173,42 @@ def test_mqtt_state_and_recorder_samples_carry_the_circuit(tmp_path: Path) -> No
                if '"sample"' in line]
     assert samples and samples[-1]["circuit"]["circuit_grant_w"] == 200.0
     assert samples[-1]["circuit"]["circuit_lease_left_s"] == 2.5
+
+
+def test_the_etcd_password_from_a_file_or_a_systemd_credential(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    secret = tmp_path / "etcd.pw"
+    secret.write_text("from-file\n")
+    secret.chmod(0o600)
+    s = _cfg(tmp_path, CIRCUIT + f'username = "pb"\npassword_file = "{secret}"\n')
+    assert s.circuit is not None and s.circuit.password is not None
+    assert s.circuit.password.get_secret_value() == "from-file"
+    creds = tmp_path / "creds"
+    creds.mkdir()
+    (creds / "etcd-password").write_text("from-credential")
+    (creds / "etcd-password").chmod(0o600)
+    monkeypatch.setenv("CREDENTIALS_DIRECTORY", str(creds))
+    s = _cfg(tmp_path, CIRCUIT + 'username = "pb"\n')
+    assert s.circuit is not None and s.circuit.password is not None
+    assert s.circuit.password.get_secret_value() == "from-credential"
+    with pytest.raises(ConfigError, match="password or password_file"):
+        _cfg(tmp_path, CIRCUIT + f'username = "pb"\npassword = "x"\npassword_file = "{secret}"\n')
+
+
+def test_failsafe_refuses_while_the_daemon_holds_the_instance_lock(tmp_path: Path, capsys) -> None:  # noqa: ANN001
+    from powerbudgetd.cli import main
+    from powerbudgetd.errors import ExitStatus
+    from powerbudgetd.service.instance import InstanceLock
+
+    state = tmp_path / "limits.json"
+    cfg = tmp_path / "pb.toml"
+    cfg.write_text(f'budget_w = 1000\n[sim]\nscenario = "workstation-4"\nstate_file = "{state}"\n')
+    lock = InstanceLock(Path(f"{state}.lock")).acquire()
+    try:
+        assert main(["failsafe", "--backend", "sim", "--config", str(cfg)]) == ExitStatus.ALREADY_RUNNING
+        assert "the daemon is running" in capsys.readouterr().err
+    finally:
+        lock.release()
+    # Without a circuit: the configured budget's fair share (4 x 250 W), decreases only.
+    assert main(["failsafe", "--backend", "sim", "--config", str(cfg)]) == ExitStatus.OK
+    out = capsys.readouterr().out
+    assert out.count("-> share 250 W, lowered, confirmed") == 4 and "budget 1000 W (configured)" in out

@@ -147,14 +147,38 @@ async def _status(store: Any, as_json: bool) -> int:
 def failsafe_command(args: argparse.Namespace) -> int:
     """Lower every card to its share of the reserve budget (decreases only); then, when
     every card is confirmed there, give this host's grant back (best effort)."""
-    from powerbudgetd.control.failsafe import failsafe
-    from powerbudgetd.service.backend import make_nvml
 
     try:
         settings = _settings(args.config)
     except ConfigError as exc:
         print(f"powerbudgetd: {exc}", file=sys.stderr)
         return ExitStatus.CONFIG
+    # The daemon's instance lock: failsafe runs after the daemon, never beside it.
+    from powerbudgetd.errors import AlreadyRunning
+    from powerbudgetd.service.instance import InstanceLock, lock_path
+
+    path = lock_path(args.backend, False, settings.sim.state_file)
+    lock = None
+    if path is not None:
+        try:
+            lock = InstanceLock(path).acquire()
+        except AlreadyRunning as exc:
+            print(f"powerbudgetd: failsafe: the daemon is running ({exc}); it keeps the budget itself",
+                  file=sys.stderr)
+            return ExitStatus.ALREADY_RUNNING
+        except OSError:
+            lock = None  # no runtime directory (not under the unit): go on, lowering is always safe
+    try:
+        return _failsafe(args, settings)
+    finally:
+        if lock is not None:
+            lock.release()
+
+
+def _failsafe(args: argparse.Namespace, settings: Settings) -> int:
+    from powerbudgetd.control.failsafe import failsafe
+    from powerbudgetd.service.backend import make_nvml
+
     try:
         nvml = make_nvml(args.backend, settings.sim.scenario, settings.sim.seed, settings.sim.lag_s, settings.sim.state_file)
         nvml.init()

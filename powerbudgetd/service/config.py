@@ -348,6 +348,7 @@ class RemoteBudgetConfig(_Section):
 
 
 MQTT_PASSWORD_CREDENTIAL = "mqtt-password"
+CIRCUIT_PASSWORD_CREDENTIAL = "etcd-password"
 MAX_SECRET_BYTES = 4096
 
 
@@ -460,9 +461,11 @@ class CircuitConfig(_Section):
     ``host:port`` (several: the next is tried when one fails); ``host``: this host's
     seat name (default: the short host name); ``reserve_w``: the wall watts this host
     may always use (its seat). ``psu_efficiency``/``host_w`` convert wall to board watts
-    (default: from ``[feed]``). ``password`` may come from the environment:
-    ``POWERBUDGETD_CIRCUIT__PASSWORD``. With ``tls``: ``ca_file`` (default: the
-    system's CAs), ``cert_file``/``key_file`` for a client certificate.
+    (default: from ``[feed]``). The etcd password, as for MQTT, first found wins:
+    ``password``, ``POWERBUDGETD_CIRCUIT__PASSWORD``, ``password_file`` (mode 0600), or
+    the systemd credential ``etcd-password`` (``LoadCredential=etcd-password:...``).
+    With ``tls``: ``ca_file`` (default: the system's CAs), ``cert_file``/``key_file``
+    for a client certificate.
 
     Timings (s): ``poll_s`` between reads of the circuit; ``request_timeout_s`` for one
     etcd call; ``lower_s`` the time to lower the cards and confirm (default: 2 ticks
@@ -485,6 +488,7 @@ class CircuitConfig(_Section):
     key_file: Path | None = None
     username: str | None = None
     password: SecretStr | None = None
+    password_file: Path | None = None  # a file holding only the password (mode 0600)
     poll_s: float = Field(1.0, ge=0.05, le=60)
     request_timeout_s: float = Field(2.0, ge=0.1, le=60)
     lower_s: float | None = Field(None, ge=0, le=300)
@@ -504,6 +508,12 @@ class CircuitConfig(_Section):
 
     @model_validator(mode="after")
     def _check(self) -> CircuitConfig:
+        if self.password is not None and self.password_file is not None:
+            raise ValueError("give password or password_file, not both")
+        if self.password is None and self.username is not None:
+            source = self.password_file or credential_path(CIRCUIT_PASSWORD_CREDENTIAL)
+            if source is not None:
+                self.password = SecretStr(read_secret(source))
         if (self.username is None) != (self.password is None):
             raise ValueError("give both username and password for etcd authentication, or neither")
         if (self.cert_file is None) != (self.key_file is None):
@@ -728,7 +738,7 @@ def load_config(path: str | Path, *, euid: int | None = None) -> Settings:
             raise ConfigError(
                 f"{path}: holds {', '.join(secrets)} but is open to group or others "
                 f"(mode {stat.S_IMODE(mode):04o}); fix: chmod 600 {path}, or move the secret out of the file "
-                "(password_file, or systemd LoadCredential=mqtt-password:...)"
+                "(password_file, or systemd LoadCredential=mqtt-password:... / etcd-password:...)"
             )
     env = classify_env()
     warnings = [f"{name} is not a powerbudgetd setting and is ignored" + (f": did you mean {hint}?" if hint else "")
