@@ -212,3 +212,52 @@ def test_failsafe_refuses_while_the_daemon_holds_the_instance_lock(tmp_path: Pat
     assert main(["failsafe", "--backend", "sim", "--config", str(cfg)]) == ExitStatus.OK
     out = capsys.readouterr().out
     assert out.count("-> share 250 W, lowered, confirmed") == 4 and "budget 1000 W (configured)" in out
+
+
+def test_a_lease_gone_under_a_put_drops_the_grant_and_the_channel_goes_on(tmp_path: Path) -> None:
+    import asyncio
+
+    from powerbudgetd.channels.circuit.store import LeaseGone, Read, Spec
+    from powerbudgetd.core.circuit import CircuitView
+
+    class Store:
+        name, endpoint = "lab", "fake:1"
+        leases = 0
+
+        async def read(self) -> Read:
+            view = CircuitView(3000, {"vm": 800}, {"vm": 300}, {}, revision=5)
+            return Read(Spec(3000, 30), view, 5)
+
+        async def grant_lease(self, ttl_s: int) -> tuple[int, int]:
+            self.leases += 1
+            return self.leases, ttl_s
+
+        async def keepalive(self, lease_id: int) -> int:
+            return 30
+
+        async def put_want(self, host: str, want_w: float, lease_id: int) -> None:
+            raise LeaseGone("etcdserver: requested lease not found")
+
+        async def close(self) -> None:
+            pass
+
+    s = _cfg(tmp_path, CIRCUIT.replace('name = "lab"', 'name = "lab"\nhost = "vm"\npoll_s = 0.05'))
+    assert s.circuit is not None
+    arb = BudgetArbiter(s.effective_budget_w())
+    store = Store()
+    ch = CircuitChannel(s.circuit, s.circuit.host_power(s.feed), arb, lower_s=1.0, store=store,  # type: ignore[arg-type]
+                        registry=CollectorRegistry(), environ={"WATCHDOG_USEC": "1000000"})
+    ch.seated, ch.held_w, ch.in_use_w = True, 300.0, 300.0
+
+    async def go() -> None:
+        task = asyncio.create_task(ch.run())
+        await asyncio.sleep(0.3)
+        assert not task.done()  # still running
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+    asyncio.run(go())
+    assert store.leases >= 2  # a new lease after each loss
+    assert ch.held_w == 0 and ch.in_use_w == 0
+    assert ch.metrics.lost._value.get() >= 1
+    assert arb.resolve(0.0).budget_w == pytest.approx(620)

@@ -171,6 +171,13 @@ class CircuitChannel:
                     self._set_reachable(True)
                 except StoreUnavailable as exc:
                     self._set_reachable(False, str(exc))
+                except LeaseGone:  # a put under a lease etcd no longer has
+                    self._set_reachable(True)
+                    self._lease_lost()
+                except Exception:  # noqa: BLE001 - never die: log, keep the reserve, retry
+                    log.exception("circuit_round_failed", host=self.host)
+                    self.in_use_w = 0.0
+                    self._offer()
                 await asyncio.sleep(self._next_wait_s())
         except asyncio.CancelledError:
             await self._leave_cleanly()
@@ -367,3 +374,5 @@ class CircuitChannel:
             log.info("circuit_left", host=self.host, lease=f"{self.lease_id:x}")
         except (StoreUnavailable, LeaseGone):
             pass
+        except Exception:  # noqa: BLE001 - on the way out: the lease lapses on its own
+            log.exception("circuit_leave_failed", host=self.host)
