@@ -117,7 +117,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     s.add_argument("--circuit", metavar="A,B,...",
                    help="several hosts (one packaged scenario each) on one circuit: static reserves vs sharing "
-                   "through a lease store vs oracle grants, and sharing through a 30 s etcd outage")
+                   "through a lease store vs oracle grants, and sharing through a 30 s etcd outage (default: none)")
 
     pr = sub.add_parser(
         "probe", help="read every card's limits and draw (read-only)", formatter_class=fmt,

@@ -29,17 +29,18 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from powerbudgetd.control.controller import Controller
+from powerbudgetd.core.arbiter import BudgetArbiter
 from powerbudgetd.core.circuit import CircuitView, Fence, GrantPolicy, HostPower, max_min_fair, raise_allowed
 from powerbudgetd.core.fairshare import fair_shares
 from powerbudgetd.core.feed import Feed
 from powerbudgetd.core.model import Timings
-from powerbudgetd.errors import BudgetInfeasible
 from powerbudgetd.hw.nvml import Nvml
 from powerbudgetd_sim.feed import feed_from_dict
 from powerbudgetd_sim.libnvml import SimNvmlLibrary
 from powerbudgetd_sim.meters import BankMeters
 from powerbudgetd_sim.physics import SimBank
 from powerbudgetd_sim.scenario import Scenario, load_scenario
+from powerbudgetd.service.daemon import BudgetKeeper
 
 POLICIES = ("static", "circuit", "oracle")
 
@@ -140,6 +141,7 @@ class SimHost:
     ctl: Controller
     meters: BankMeters
     policy: GrantPolicy
+    keeper: BudgetKeeper
     lease: int | None = None
     valid_until: float = float("-inf")
     held_w: float = 0.0
@@ -180,7 +182,8 @@ def _host(name: str, sc: Scenario, share_w: float, reserve_fraction: float, timi
     shares = fair_shares(int(power.board_budget_w() * 1000), [c.min_mw for c in bank.cards],
                          [c.max_mw for c in bank.cards]) or [c.min_mw for c in bank.cards]
     meters = BankMeters(bank, power.board_budget_w(), shares, None).attach()
-    return SimHost(name, sc, power, share_w, bank, ctl, meters, GrantPolicy(step_w, release_hold_s))
+    keeper = BudgetKeeper(BudgetArbiter(power.board_budget_w() if policy == "static" else 1e6))
+    return SimHost(name, sc, power, share_w, bank, ctl, meters, GrantPolicy(step_w, release_hold_s), keeper)
 
 
 def run_circuit(
@@ -228,18 +231,20 @@ def run_circuit(
             fair = max_min_fair(pool, {h.name: h.want_w(t) for h in hosts})
         for h in hosts:
             h.bank.advance_to(t)
+            reserve_board = h.power.board_budget_w()
             if policy == "circuit":
                 _client_round(h, store, fence, t, poll_s)
                 grant = h.in_use_w if t < h.valid_until else 0.0
+                # As the daemon: the grant is an offer that lapses to the reserve at the fence.
+                h.keeper.arbiter.offer("circuit", h.power.board_budget_w(h.in_use_w), t,
+                                       expires_at_s=h.valid_until, expired_w=reserve_board)
             elif policy == "oracle":
                 grant = fair[h.name]
+                h.keeper.arbiter.offer("circuit", h.power.board_budget_w(grant), t)
             else:
                 grant = 0.0
             _track_reserve(h, t, grant, outage_at_s)
-            try:
-                h.ctl.set_budget(h.power.board_budget_w(grant), reason="circuit")
-            except BudgetInfeasible:
-                pass
+            h.keeper.apply(h.ctl, t)
             h.ctl.tick(t)
         wall = sum(h.power.feed.wall_w(h.bank.sum_limit_bound_mw() / 1000) for h in hosts if h.ctl.ready)
         worst_wall = max(worst_wall, wall)
