@@ -232,14 +232,14 @@ def _parser() -> argparse.ArgumentParser:
         cp.add_argument("--name", help="the circuit (default: the config's)")
         circuit_parsers[name] = cp
     ini = circuit_parsers["init"]
-    ini.add_argument("--budget-w", type=positive_float("watts"), metavar="W", help="the circuit's wall budget in W")
+    ini.add_argument("--budget-w", type=positive_float("watts"), metavar="W", help="the circuit's wall budget in W (default: none, give it or --breaker-a)")
     ini.add_argument("--breaker-a", type=positive_float("amperes"), metavar="A",
-                     help="instead of --budget-w: the breaker's rating (with --volts)")
+                     help="instead of --budget-w: the breaker's rating (with --volts; default: none)")
     ini.add_argument("--volts", type=positive_float("volts"), default=120.0, metavar="V", help="with --breaker-a")
     ini.add_argument("--derating", type=positive_float("fraction", upper=1), default=0.8, metavar="F",
                      help="with --breaker-a: continuous load share (NEC: 0.8)")
     ini.add_argument("--ups-w", type=positive_float("watts"), metavar="W",
-                     help="with --breaker-a: a UPS's real watt rating (budgeted at 80 %%)")
+                     help="with --breaker-a: a UPS's real watt rating, budgeted at 80 %% (default: no UPS)")
     ini.add_argument("--ttl", type=int, default=30, metavar="S",
                      help="lease TTL in s: must exceed each host's WatchdogSec + fallback_s + TTL/6")
     ini.add_argument("--force", action="store_true", help="replace an existing circuit's budget and TTL "
