@@ -215,13 +215,14 @@ def _parser() -> argparse.ArgumentParser:
                     help="nvml: this host's GPUs; sim: the config's [sim] bank (its state_file)")
 
     ci = sub.add_parser(
-        "circuit", help="a circuit several hosts share through etcd: init, status, leave", formatter_class=fmt,
-        description="Create a circuit, show it, or remove a host's seat. Endpoints and name come from "
+        "circuit", help="a circuit several hosts share through etcd: init, status, join, leave", formatter_class=fmt,
+        description="Create a circuit, show it, register or remove a host's seat. Endpoints and name come from "
         "--config's [circuit], or --endpoint and --name.",
     ).add_subparsers(dest="circuit_command", required=True, metavar="SUBCOMMAND")
     circuit_parsers = {}
     for name, text in (("init", "create the circuit: its wall budget and lease TTL"),
                        ("status", "members, seats, wants, grants, lease time left, sum vs budget"),
+                       ("join", "register this host's seat (its reserve_w) before its daemon first runs"),
                        ("leave", "remove a host's seat (its daemon stopped)")):
         cp = ci.add_parser(name, help=text, description=text[0].upper() + text[1:] + ".", formatter_class=fmt)
         cp.add_argument("--config", type=Path, default=None,
@@ -245,6 +246,7 @@ def _parser() -> argparse.ArgumentParser:
     ini.add_argument("--force", action="store_true", help="replace an existing circuit's budget and TTL "
                      "(refused when its seats and grants exceed the new budget)")
     circuit_parsers["status"].add_argument("--json", action="store_true", help="print one JSON object")
+    circuit_parsers["join"].add_argument("--host", help="the host to seat (default: the config's [circuit] host)")
     lv = circuit_parsers["leave"]
     lv.add_argument("--host", help="the host whose seat goes (default: the config's [circuit] host)")
     lv.add_argument("--force", action="store_true", help="even while the host's lease is held")

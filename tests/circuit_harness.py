@@ -269,6 +269,12 @@ step_w = 10
 {self.extra}
 """)
 
+    def join(self) -> None:
+        """``circuit join``: the seat registered before the daemon first runs."""
+        r = subprocess.run([EXE, "circuit", "join", "--config", str(self.config)], capture_output=True, text=True,
+                           timeout=30)
+        assert r.returncode == 0, r.stdout + r.stderr
+
     def start(self) -> None:
         self.notify_path = str(self.dir / "notify.sock")
         if os.path.exists(self.notify_path):

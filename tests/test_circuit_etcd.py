@@ -59,6 +59,10 @@ def _granted(hosts: list[Host], at_least: int) -> bool:
 
 
 def _start(hosts: list[Host]) -> None:
+    # The set-up step: each host's seat registered before its daemon first runs (else
+    # a host booting while another holds the pool runs on a reserve not yet counted).
+    for h in hosts:
+        h.join()
     for h in hosts:
         h.start()
     for h in hosts:
@@ -243,7 +247,9 @@ def test_a_host_whose_seat_does_not_fit_takes_no_grant_and_says_so(etcd1: EtcdCl
     try:
         _start(hosts)
         wait_for(lambda: _granted(hosts, 2), 20, "grants on the seated hosts")
-        late.start()
+        with pytest.raises(AssertionError, match="does not fit"):
+            late.join()  # the set-up step says so first
+        late.start()  # started anyway: the daemon says so too, and takes nothing
         late.wait_ready()
         wait_for(lambda: late.metric("powerbudgetd_circuit_pending_watts") == 1500, 10, "the late host's pending seat")
         assert late.metric("powerbudgetd_circuit_seat_fits") == 0

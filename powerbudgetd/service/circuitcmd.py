@@ -28,7 +28,8 @@ def _circuit_cfg(args: argparse.Namespace) -> CircuitConfig:
     if getattr(args, "host", None):
         overrides["host"] = args.host
     path = args.config or default_config_path()
-    if args.config is None and "endpoints" in overrides and "name" in overrides and not path.is_file():
+    operator_box = args.circuit_command != "join"  # join seats this host's reserve_w: its config is needed
+    if operator_box and args.config is None and "endpoints" in overrides and "name" in overrides and not path.is_file():
         return CircuitConfig(reserve_w=1, **overrides)  # an operator's box: no host config needed
     settings = load_config(path)
     if settings.circuit is None:
@@ -53,6 +54,8 @@ def circuit_command(args: argparse.Namespace) -> int:
                 return await _init(store, args)
             if args.circuit_command == "leave":
                 return await _leave(store, cfg.host, args.force)
+            if args.circuit_command == "join":
+                return await _join(store, cfg.host, cfg.reserve_w)
             return await _status(store, args.json)
         finally:
             await store.close()
@@ -91,6 +94,31 @@ async def _init(store: Any, args: argparse.Namespace) -> int:
         return ExitStatus.ERROR
     print(f"circuit {store.name}: budget {budget:g} W at the wall ({how}), lease TTL {args.ttl} s")
     return ExitStatus.OK
+
+
+async def _join(store: Any, host: str, reserve_w: float) -> int:
+    """Register ``host``'s seat before its daemon first runs: from then on its reserve is
+    counted, so no other host's grant can stand in its way when it boots."""
+    for _ in range(20):  # a compare that fails only means something changed: read again
+        read = await store.read()
+        if read.spec is None:
+            print(f"powerbudgetd: circuit {store.name} is not initialised (powerbudgetd circuit init)", file=sys.stderr)
+            return ExitStatus.ERROR
+        if read.view.seats.get(host) == reserve_w:
+            print(f"circuit {store.name}: {host} already seated with {reserve_w:g} W")
+            return ExitStatus.OK
+        if not read.view.seat_fits(reserve_w, host):
+            v = read.view
+            print(f"powerbudgetd: circuit {store.name}: {host}'s seat of {reserve_w:g} W does not fit: other seats "
+                  f"{v.seats_w - v.seats.get(host, 0):g} W + grants {v.grants_w - v.grants.get(host, 0):g} W of "
+                  f"{v.budget_w:g} W (grants are given back within a release hold: try again, or lower reserve_w)",
+                  file=sys.stderr)
+            return ExitStatus.ERROR
+        if await store.register_seat(read, host, reserve_w):
+            print(f"circuit {store.name}: {host} seated with {reserve_w:g} W")
+            return ExitStatus.OK
+    print(f"powerbudgetd: circuit {store.name}: the circuit kept changing; try again", file=sys.stderr)
+    return ExitStatus.ERROR
 
 
 async def _leave(store: Any, host: str, force: bool) -> int:
