@@ -124,3 +124,17 @@ def test_refused_values_step_down_and_holds_double():
     assert led.hold(0.0) and not led.hold(1.0)
     assert led.backoff_s == 2 * T.retry_backoff_s and led.held(5.0)
     assert led.release() and not led.held(5.0)
+
+
+def test_a_reset_to_the_old_value_after_our_write_was_read_back_supersedes_it():
+    """Found by the outside-event property test: a card re-plugged (back at its 74 W
+    default) just after our 50 W write was read back in requested. The card asks for
+    what it had before our write, but we saw ours: the reset is news, not a write that
+    did not take, so nothing of ours is in flight and the correction is not blocked."""
+    led = CardLedger(T, 75_000)
+    led.observe(0.0, 74_000, 74_000)
+    led.record_write(50_000, 0.0)
+    led.observe(0.1, 50_000, 74_000)  # ours read back, not yet enforced
+    assert led.inflight
+    led.observe(0.2, 74_000, 74_000)  # re-plugged at its default
+    assert not led.inflight and led.bound_mw == 74_000

@@ -43,6 +43,7 @@ class CardLedger:
     inflight: list[tuple[int, float]] = field(default_factory=list)  # (target mW, sent at s)
     overdue: bool = False  # a write in flight did not return in time: it may land whenever it returns
     requested_before_mw: int | None = None  # the requested limit read before our first write in flight
+    seen_ours: bool = False  # our write in flight has been read back in requested
     bound_mw: int = 0
     foreign_mw: int | None = None  # a raise we did not make, maybe still in flight
     foreign_since: float | None = None
@@ -64,10 +65,14 @@ class CardLedger:
         for v in (requested_mw, enforced_mw):
             if v is not None and v > self.worst_mw:
                 self.worst_mw = v
-        if (self.inflight and not self.overdue and requested_mw is not None
-                and requested_mw != self.requested_before_mw and all(requested_mw != mw for mw, _ in self.inflight)):
+        ours = [mw for mw, _ in self.inflight]
+        if requested_mw is not None and requested_mw in ours:
+            self.seen_ours = True  # our write reached the card: whatever replaces it is news
+        if (self.inflight and not self.overdue and requested_mw is not None and requested_mw not in ours
+                and (requested_mw != self.requested_before_mw or self.seen_ours)):
             # Our writes returned, yet the card asks for something new (neither ours nor
-            # what it had): a reset or another tool wrote after us, and the latest request
+            # what it had, or what it had after ours was read back: a re-plug or reset to
+            # the same default): a reset or another tool wrote after us, and the latest request
             # supersedes ours. Nothing of ours is on its way; waiting for it to be
             # confirmed would block the correction. (A card that still reads what it had
             # ignored the write: that expires and holds the card, as any write that did
@@ -134,6 +139,7 @@ class CardLedger:
         """A write of ours was sent at ``sent_at``: it may be in force from now on."""
         if not self.inflight:
             self.requested_before_mw = self.requested_mw
+            self.seen_ours = False
         self.inflight.append((to_mw, sent_at))
         self.bound_mw = max(self.bound_mw, to_mw)
 
