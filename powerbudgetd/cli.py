@@ -31,6 +31,7 @@ from powerbudgetd.service.output import Progress, pipe_safe
 POLICY_NAMES = ("static", "slurm", "reactive", "powerbudgetd", "oracle", "causal")  # simulate.POLICIES
 BACKENDS = ("nvml", "sim")  # service.backend.BACKENDS (imported lazily: it loads the simulator)
 DEFAULT_METRICS_PORT = 19400  # channels.metrics.DEFAULT_PORT
+SIM_MIN_DURATION_S, SIM_MAX_DURATION_S = 1.0, 7 * 86400.0  # powerbudgetd_sim.scenario.MIN/MAX_DURATION_S
 
 if TYPE_CHECKING:
     from wsgiref.simple_server import WSGIServer
@@ -92,8 +93,9 @@ def _parser() -> argparse.ArgumentParser:
     )
     s.add_argument("--scenario", metavar="NAME_OR_FILE",
                    help="a packaged scenario name (see --list) or a TOML file (default: workstation-4)")
-    s.add_argument("--duration", type=positive_float("seconds"), metavar="S",
-                   help="simulated seconds, > 0 (default: the scenario's)")
+    s.add_argument("--duration", type=positive_float("seconds", lower=SIM_MIN_DURATION_S, upper=SIM_MAX_DURATION_S),
+                   metavar="S", help=f"simulated seconds, {SIM_MIN_DURATION_S:g} to {SIM_MAX_DURATION_S:g} (7 days) "
+                   "(default: the scenario's)")
     s.add_argument("--seed", type=int, help="random seed (default: the scenario's)")
     s.add_argument("--json", action="store_true", help="print one JSON object instead of the text report")
     s.add_argument("--plot", metavar="FILE.png", type=writable_plot,
@@ -110,7 +112,8 @@ def _parser() -> argparse.ArgumentParser:
         help="the policy to run, or all of them side by side (default: powerbudgetd)",
     )
     s.add_argument("--suite", action="store_true",
-                   help="every packaged scenario under every policy: the scoreboard (takes a minute)")
+                   help="every packaged scenario under every policy: the scoreboard; exits 1 when a target is not met "
+                   "(takes minutes)")
     s.add_argument(
         "--fidelity", action="store_true",
         help="replay each recorded trace into a simulated card: real vs simulated peaks, overshoot, rise time",
@@ -296,7 +299,15 @@ def _validate(args: argparse.Namespace) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    return pipe_safe(lambda: _main(argv))
+    """Run one command; its exit status. Ctrl-C (SIGINT) stops any command with one line
+    and 130, the status a shell gives a program killed by SIGINT (``run`` handles SIGINT
+    itself: a clean stop)."""
+    try:
+        return pipe_safe(lambda: _main(argv))
+    except KeyboardInterrupt:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C during clean-up stays quiet
+        print("powerbudgetd: interrupted", file=sys.stderr)
+        return ExitStatus.INTERRUPTED
 
 
 def _main(argv: list[str] | None) -> int:
@@ -386,6 +397,9 @@ def _simulate(args: argparse.Namespace) -> int:
     from powerbudgetd_sim.simulate import format_report, plot, plot_compare, run_policies, run_scenario
     from powerbudgetd_sim.scenario import ScenarioError, list_scenarios, load_scenario
 
+    from powerbudgetd_sim.libnvml import on_sigint
+
+    signal.signal(signal.SIGINT, on_sigint)  # never a KeyboardInterrupt inside a simulated NVML call
     configure_logging(level="warning", stream=sys.stderr)
     if args.list:
         for name, desc in list_scenarios():
@@ -418,33 +432,45 @@ def _simulate(args: argparse.Namespace) -> int:
 
         results = run_policies(sc, duration_s=args.duration, seed=args.seed, keep_series=bool(args.plot))
         reports = {p: r.report for p, r in results.items()}
-        if args.plot:
-            plot_compare(results, sc.budget_w, args.plot, f"{sc.name}: {sc.description}")
         if args.json:
             print(json.dumps(reports, indent=2))
-            return ExitStatus.OK
-        any_r = reports["powerbudgetd"]
-        print(f"scenario {sc.name} (seed {any_r['seed']}): {len(any_r['cards'])} cards, budget {sc.budget_w:g} W, "
-              f"{any_r['duration_s']:g} s simulated")
-        print(format_table(reports))
-        for c in check_targets(sc, reports, args.duration):
-            print(f"  [{_MARK[c.met]}] {c.target}: {c.detail}")
-        if args.plot:
-            print(f"plot written to {args.plot}")
+        else:
+            any_r = reports["powerbudgetd"]
+            print(f"scenario {sc.name} (seed {any_r['seed']}): {len(any_r['cards'])} cards, budget {sc.budget_w:g} W, "
+                  f"{any_r['duration_s']:g} s simulated")
+            print(format_table(reports))
+            for c in check_targets(sc, reports, args.duration):
+                print(f"  [{_MARK[c.met]}] {c.target}: {c.detail}")
+        if args.plot:  # after the report: a plot that fails at the end loses nothing else
+            return _save_plot(plot_compare, results, sc.budget_w, args.plot, sc, quiet=args.json)
         return ExitStatus.OK
     result = run_scenario(
         sc, duration_s=args.duration, seed=args.seed, keep_series=bool(args.plot), policy=args.policy or "powerbudgetd"
     )
-    if args.plot:
-        plot(result, sc.budget_w, args.plot, f"{sc.name}: {sc.description}")
     if args.json:
         print(json.dumps(result.report, indent=2))
     else:
         if args.replay:  # what the log cannot tell (demand above a cap) is said here
             print(sc.description)
         print(format_report(result.report))
-        if args.plot:
-            print(f"plot written to {args.plot}")
+    if args.plot:
+        return _save_plot(plot, result, sc.budget_w, args.plot, sc, quiet=args.json)
+    return ExitStatus.OK
+
+
+def _save_plot(draw: Any, result: Any, budget_w: float, path: str, sc: Scenario, quiet: bool) -> int:
+    """Draw and save the plot (after the report is printed); one line on stderr and
+    ExitStatus.ERROR when the file cannot be written after all (checked before the run,
+    but a disk fills and a directory goes)."""
+    sys.stdout.flush()
+    try:
+        draw(result, budget_w, path, f"{sc.name}: {sc.description}")
+    except OSError as exc:
+        print(f"powerbudgetd: --plot {path}: cannot write the plot: {exc.strerror or exc} "
+              "(the report above is complete)", file=sys.stderr)
+        return ExitStatus.ERROR
+    if not quiet:
+        print(f"plot written to {path}")
     return ExitStatus.OK
 
 
@@ -512,7 +538,8 @@ def _suite(args: argparse.Namespace) -> int:
     suite = run_suite(names, duration_s=args.duration, seed=args.seed, on_scenario=on_scenario)
     progress.done()
     print(json.dumps(suite, indent=2) if args.json else format_suite_footer(suite))
-    return ExitStatus.OK
+    # A miss fails the command, as --fidelity does: scripts and CI see it in the status.
+    return ExitStatus.OK if suite["all_met"] else ExitStatus.ERROR
 
 
 def _fidelity(args: argparse.Namespace) -> int:

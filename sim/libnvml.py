@@ -235,6 +235,14 @@ class _Dispatcher:
 
     def _route(self, symbol: str) -> Callable[..., int]:
         def routed(*args: Any) -> int:
+            global _callback_depth
+            _callback_depth += 1
+            try:
+                return _serve(symbol, args)
+            finally:
+                _callback_depth -= 1
+
+        def _serve(symbol: str, args: tuple[Any, ...]) -> int:
             lib = _BOUND.get()
             if lib is not None:
                 return lib.serve(symbol, args)
@@ -250,6 +258,31 @@ class _Dispatcher:
 
 
 _attach_lock = threading.Lock()
+
+# Ctrl-C inside a ctypes callback cannot become a KeyboardInterrupt there: ctypes prints
+# "Exception ignored" and the C caller goes on (or crashes). While a callback runs, the
+# SIGINT handler below only notes the interrupt; check_interrupt() raises it later from
+# ordinary Python code (the simulation loop calls it every tick).
+_callback_depth = 0
+_interrupt_pending = False
+
+
+def on_sigint(signum: int, frame: Any) -> None:
+    """A SIGINT handler (install with ``signal.signal``): KeyboardInterrupt at once,
+    or, inside a simulated NVML call, at the next :func:`check_interrupt`."""
+    global _interrupt_pending
+    if _callback_depth:
+        _interrupt_pending = True
+        return
+    raise KeyboardInterrupt
+
+
+def check_interrupt() -> None:
+    """Raise the KeyboardInterrupt that :func:`on_sigint` deferred, if any."""
+    global _interrupt_pending
+    if _interrupt_pending:
+        _interrupt_pending = False
+        raise KeyboardInterrupt
 
 
 def attach(module: Any) -> None:

@@ -21,11 +21,13 @@ from __future__ import annotations
 import bisect
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from powerbudgetd.powerlog.reader import LogError, clock_steps, load_samples, scan_log, timeline_s
 from powerbudgetd_sim.physics import CardSpec
 from powerbudgetd_sim.profiles import Profile
-from powerbudgetd_sim.scenario import Scenario, ScenarioError
+from powerbudgetd_sim.feed import FEED_KEYS, feed_from_dict
+from powerbudgetd_sim.scenario import MIN_DURATION_S, Scenario, ScenarioError
 
 DRAWS = ("avg", "peak")
 PINNED_FRACTION = 0.95  # a 1 s average at or above this x the limit: the cap was binding
@@ -122,8 +124,13 @@ def _load_replay(path: str | Path, draw: str, budget_w: float | None, tick_s: fl
     for u in order:
         recorded = [c for s in samples for c in s.cards if c.uuid == u]
         cards.append(_card_spec(u, headers.get(u, {}), recorded, ReplayProfile(times=tuple(times), watts=tuple(watts[u]))))
+    if times[-1] < MIN_DURATION_S:
+        raise ScenarioError(f"{path}: the records cover only {times[-1]:g} s: too short to replay "
+                            f"(at least {MIN_DURATION_S:g} s)")
     budget = budget_w if budget_w is not None else samples[-1].budget_w
     share = 100.0 * pinned / seen if seen else 0.0
+    simulated = [r for r in log.runs if r.simulated and r.has_samples]
+    feed, feed_note = _recorded_feed(log.runs)
     return Scenario(
         name=f"replay:{Path(path).name}",
         budget_w=float(budget),
@@ -132,14 +139,46 @@ def _load_replay(path: str | Path, draw: str, budget_w: float | None, tick_s: fl
         seed=seed,
         lag_s=lag_s,
         tick_s=tick_s,
+        feed=feed,
         description=(
-            f"replay of {len(samples)} records ({draw} draw), recorded at budget "
-            f"{samples[-1].budget_w:g} W; {share:.0f} % of card-seconds at their cap (demand above it unknown)"
+            (f"SIMULATED: {len(simulated)} of {sum(r.has_samples for r in log.runs)} recorded run(s) came from "
+             "--backend sim, not real cards; " if simulated else "")
+            + f"replay of {len(samples)} records ({draw} draw), {_budgets(samples)}; replayed at "
+            f"{budget:g} W{'' if budget_w is None else ' (--budget)'}; "
+            f"{share:.0f} % of card-seconds at their cap (demand above it unknown)"
+            + feed_note
             + (f"; the wall clock stepped {len(steps)} time(s): timed by the monotonic clock" if steps else "")
             + (f"; {adjusted} gap(s) between runs implausible or over {MAX_GAP_S:g} s, replayed as {MAX_GAP_S:g} s"
                if adjusted else "")
         ),
     )
+
+
+def _budgets(samples: list[Any]) -> str:
+    """The budget(s) in force while recording: one figure, or the range and the changes."""
+    changes = sum(1 for a, b in zip(samples, samples[1:]) if a.budget_w != b.budget_w)
+    low, high = min(s.budget_w for s in samples), max(s.budget_w for s in samples)
+    if not changes:
+        return f"recorded at budget {low:g} W"
+    return (f"recorded at budgets from {low:g} to {high:g} W ({changes} change(s); "
+            f"{samples[-1].budget_w:g} W at the end)")
+
+
+def _recorded_feed(runs: list[Any]) -> tuple[dict[str, float], str]:
+    """The ``[feed]`` recorded in the newest header that has one, as a scenario's feed
+    table (the host's draw counted as 0 W where it was not stated), and a note on it."""
+    for run in reversed(runs):
+        recorded = (run.header or {}).get("feed")
+        if not isinstance(recorded, dict) or recorded.get("breaker_a") is None:
+            continue
+        feed = {k: float(v) for k, v in recorded.items() if k in FEED_KEYS and v is not None}
+        note = "; feed as recorded in the log's header"
+        if "host_w" not in feed:
+            feed["host_w"] = 0.0
+            note += " (host draw not stated: counted as 0 W)"
+        feed_from_dict(feed)  # validate: ValueError becomes "not a usable power log"
+        return feed, note
+    return {}, ""
 
 
 def _card_spec(uuid: str, header: dict, recorded: list, profile: ReplayProfile) -> CardSpec:

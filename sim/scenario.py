@@ -162,6 +162,21 @@ def load_scenario(name_or_path: str | Path) -> Scenario:
         raise ScenarioError(f"{path}: {exc}") from None
 
 
+# A run shorter than a few ticks reports nothing meaningful (the controller has not
+# even booted); one longer than a week of simulated time is a typo that runs for hours.
+MIN_DURATION_S = 1.0
+MAX_DURATION_S = 7 * 86400.0
+
+
+def check_duration(duration_s: float, what: str = "duration_s") -> float:
+    """``duration_s`` when within [MIN_DURATION_S, MAX_DURATION_S]; else ScenarioError
+    naming ``what`` and the bounds."""
+    if not MIN_DURATION_S <= duration_s <= MAX_DURATION_S:
+        raise ScenarioError(f"{what} {duration_s:g} s is out of range: simulate between {MIN_DURATION_S:g} s "
+                            f"and {MAX_DURATION_S:g} s (7 days)")
+    return duration_s
+
+
 def parse_scenario(data: dict[str, Any], default_name: str = "scenario") -> Scenario:
     unknown = set(data) - _TOP_KEYS
     if unknown:
@@ -206,7 +221,7 @@ def parse_scenario(data: dict[str, Any], default_name: str = "scenario") -> Scen
         name=data.get("name", default_name),
         budget_w=float(budget_w),
         cards=cards,
-        duration_s=float(data.get("duration_s", 300.0)),
+        duration_s=check_duration(float(data.get("duration_s", 300.0))),
         seed=int(data.get("seed", 1)),
         lag_s=float(data.get("lag_s", 0.1)),
         tick_s=float(data.get("tick_s", 0.1)),

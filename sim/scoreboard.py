@@ -30,9 +30,10 @@ fair share of the budget in force.
 from __future__ import annotations
 
 import dataclasses
+import multiprocessing
 import os
+import signal
 from collections.abc import Callable
-from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -153,7 +154,8 @@ def check_targets(sc: Scenario, reports: dict[str, dict[str, Any]], duration_s: 
         TARGETS[7], not flap["flapping"],
         f"at most {flap['max_reversals']} reversals in {flap['window_s']:g} s"
         + (f" (GPU {', '.join(str(i) for i in flap['flapping'])} over {MAX_REVERSALS})" if flap["flapping"] else "")
-        + f"; {wpm['mean']:g} writes per card per minute (busiest card {wpm['max']:g})",
+        + (f"; {wpm['mean']:g} writes per card per minute (busiest card {wpm['max']:g})"
+           if wpm["mean"] is not None else ""),
     ))
     return out
 
@@ -213,6 +215,15 @@ def score_scenario(name: str, duration_s: float | None = None, seed: int | None 
     }
 
 
+def _ignore_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def _score_one(job: tuple[str, float | None, int | None]) -> tuple[str, dict[str, Any]]:
+    name, duration_s, seed = job
+    return name, score_scenario(name, duration_s, seed)
+
+
 def run_suite(
     scenarios: list[str] | None = None,
     *,
@@ -233,11 +244,11 @@ def run_suite(
             if on_scenario:
                 on_scenario(n, done[n])
     else:
-        with ProcessPoolExecutor(jobs) as pool:
-            futures = {pool.submit(score_scenario, n, duration_s, seed): n for n in names}
-            for fut in as_completed(futures):
-                n = futures[fut]
-                done[n] = fut.result()
+        # Ctrl-C is the parent's to handle: the workers ignore SIGINT (no traceback from
+        # each), and leaving the ``with`` block early terminates them.
+        with multiprocessing.Pool(jobs, initializer=_ignore_sigint) as pool:
+            for n, scored in pool.imap_unordered(_score_one, [(n, duration_s, seed) for n in names]):
+                done[n] = scored
                 if on_scenario:
                     on_scenario(n, done[n])
     scored = [done[n] for n in names]
@@ -269,10 +280,14 @@ def format_table(reports: dict[str, dict[str, Any]]) -> str:
         lines.append(
             f"  {p:<18}{r['work']:>11.1f}{wvo:>10}{wvc:>10}{r['violation_ticks']:>11}{r['draw_over_budget_s']:>10.1f} s"
             f"{wall:>10}{trips:>16}{reclaim:>23}{r['cap_changes']:>8}"
-            f"{r['writes_per_card_per_min']['max']:>10.1f}{r['flapping']['max_reversals']:>6}"
+            f"{_per_min(r['writes_per_card_per_min']['max']):>10}{r['flapping']['max_reversals']:>6}"
             + (f"{battery_left(r.get('battery')):>15}" if battery else "")
         )
     return "\n".join(lines)
+
+
+def _per_min(rate: float | None) -> str:
+    return "-" if rate is None else f"{rate:.1f}"
 
 
 def battery_left(b: dict[str, Any] | None) -> str:

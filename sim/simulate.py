@@ -30,7 +30,7 @@ from powerbudgetd.hw.nvml import Nvml
 from powerbudgetd.service.daemon import BudgetKeeper
 from powerbudgetd_sim.baselines import CausalOraclePolicy, OraclePolicy, ReactivePolicy, SlurmPolicy, StaticPolicy
 from powerbudgetd_sim.feed import feed_from_dict
-from powerbudgetd_sim.libnvml import SimNvmlLibrary
+from powerbudgetd_sim.libnvml import SimNvmlLibrary, check_interrupt
 from powerbudgetd_sim.mains import SimUps
 from powerbudgetd_sim.meters import BankMeters
 from powerbudgetd_sim.physics import SimBank
@@ -38,6 +38,7 @@ from powerbudgetd_sim.scenario import Scenario
 
 POLICIES = ("static", "slurm", "reactive", "powerbudgetd", "oracle", "causal")
 ORACLES = ("oracle", "causal")  # no fair share to return to: reclaims are not counted
+RATE_MIN_S = 10.0  # s: the shortest run whose limit writes are given per minute
 
 
 @dataclass
@@ -216,6 +217,7 @@ def run_scenario(
     cap_changes = 0
     k = 0
     while (t := round(k * timings.tick_s, 9)) <= duration:
+        check_interrupt()
         bank.advance_to(t)
         requested = [c.requested(t) for c in bank.cards]
         cap_changes += pol.tick(t)
@@ -251,7 +253,7 @@ def run_scenario(
         k += 1
     meters.close()
 
-    span = max(bank.now, 1e-9)
+    span = bank.now  # s simulated; 0 only for a run too short to have ticked past boot
     cards = []
     for c in bank.cards:
         cards.append(
@@ -261,7 +263,7 @@ def run_scenario(
                 "name": c.spec.name,
                 "min_w": c.min_mw / 1000,
                 "max_w": c.max_mw / 1000,
-                "mean_power_w": round((c.energy_mj - energy_start[c.index]) / 1000 / span, 1),
+                "mean_power_w": round((c.energy_mj - energy_start[c.index]) / 1000 / span, 1) if span > 0 else None,
                 "final_limit_w": c.enforced_mw(bank.now) / 1000,
                 "final_role": pol.role(c.index),
                 "limit_writes": c.writes,
@@ -277,8 +279,10 @@ def run_scenario(
         causal_work = work
     elif causal_work is None and compare:
         causal_work = run_scenario(sc, duration_s=duration, seed=seed, policy="causal", compare=False).report["work"]
-    minutes = max(duration, 1e-9) / 60
-    per_card = [c.writes / minutes for c in bank.cards]
+    # Boot writes every card once or twice: over a run shorter than RATE_MIN_S that
+    # alone reads as a storm of writes per minute, so no rate is given (only the count).
+    minutes = span / 60
+    per_card = [c.writes / minutes for c in bank.cards] if span >= RATE_MIN_S else []
     report = {
         "scenario": sc.name,
         "policy": policy,
@@ -298,8 +302,8 @@ def run_scenario(
         "work": round(work, 3),
         "work_vs_oracle": round(work / oracle_work, 4) if oracle_work else None,
         "work_vs_causal": round(work / causal_work, 4) if causal_work else None,
-        "writes_per_card_per_min": {"mean": round(sum(per_card) / len(per_card), 2) if per_card else 0.0,
-                                    "max": round(max(per_card, default=0.0), 2)},
+        "writes_per_card_per_min": {"mean": round(sum(per_card) / len(per_card), 2) if per_card else None,
+                                    "max": round(max(per_card), 2) if per_card else None},
         "flapping": meters.flapping_summary(),
         "reclaim_latency_s": meters.reclaim_summary(),
         "over_budget_s": round(over_s, 3),
@@ -365,9 +369,11 @@ def format_report(r: dict[str, Any]) -> str:
         flap = r["flapping"]
         lines += [
             f"  work                 {r['work']:g} TGP-s ({wvo} of the oracle's, {wvc} of the causal oracle's)",
-            f"  limit writes         {r['writes_per_card_per_min']['mean']:g} per card per minute "
-            f"(busiest card {r['writes_per_card_per_min']['max']:g}); at most {flap['max_reversals']} "
-            f"reversals of a card's limit in {flap['window_s']:g} s",
+            (f"  limit writes         {r['writes_per_card_per_min']['mean']:g} per card per minute "
+             f"(busiest card {r['writes_per_card_per_min']['max']:g}); " if r['writes_per_card_per_min']['mean'] is not None
+             else f"  limit writes         {sum(c['limit_writes'] for c in r['cards'])} in all (under {RATE_MIN_S:g} s "
+             "simulated: too short for a per-minute rate); ")
+            + f"at most {flap['max_reversals']} reversals of a card's limit in {flap['window_s']:g} s",
             f"  limits over budget   {r['over_budget_s']:g} s in {r['over_budget_episodes']} episodes (boot included)",
             f"  draw over budget     {r['draw_over_budget_s']:g} s (summed 1 s average draw above the budget)",
             "  reclaim latency      " + (
@@ -391,6 +397,9 @@ def format_report(r: dict[str, Any]) -> str:
     for c in r["cards"]:
         lines.append(
             f"  {c['index']:>4}  {c['min_w']:g}-{c['max_w']:g} W  {c['mean_power_w']:>7.1f} W  "
+            f"{c['final_limit_w']:>9.1f} W  {c['final_role']}"
+            if c["mean_power_w"] is not None else
+            f"  {c['index']:>4}  {c['min_w']:g}-{c['max_w']:g} W        - W  "
             f"{c['final_limit_w']:>9.1f} W  {c['final_role']}"
         )
     return "\n".join(lines)

@@ -9,15 +9,15 @@ from __future__ import annotations
 
 import argparse
 import math
-import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
 PLOT_SUFFIXES = (".png", ".svg", ".pdf")
 
 
-def positive_float(what: str, *, upper: float | None = None) -> Callable[[str], float]:
-    """An argparse ``type``: a finite number > 0 (and <= ``upper``); ``what`` names the unit."""
+def positive_float(what: str, *, lower: float | None = None, upper: float | None = None) -> Callable[[str], float]:
+    """An argparse ``type``: a finite number > 0 (and >= ``lower``, <= ``upper``); ``what``
+    names the unit."""
 
     def parse(text: str) -> float:
         try:
@@ -26,6 +26,8 @@ def positive_float(what: str, *, upper: float | None = None) -> Callable[[str], 
             raise argparse.ArgumentTypeError(f"not a number: {text!r} (give {what})") from None
         if not math.isfinite(value) or value <= 0:
             raise argparse.ArgumentTypeError(f"must be a positive number of {what}, got {text!r}")
+        if lower is not None and value < lower:
+            raise argparse.ArgumentTypeError(f"must be at least {lower:g} {what}, got {text!r}")
         if upper is not None and value > upper:
             raise argparse.ArgumentTypeError(f"must be at most {upper:g} {what}, got {text!r}")
         return value
@@ -55,8 +57,19 @@ def writable_plot(text: str) -> str:
         raise argparse.ArgumentTypeError(f"{text}: no such directory: {parent}")
     if path.is_dir():
         raise argparse.ArgumentTypeError(f"{text}: is a directory")
-    if not os.access(parent, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
-        raise argparse.ArgumentTypeError(f"{text}: not writable by this user")
+    # Write for real: permission bits do not tell about /proc, /sys, a read-only mount
+    # or a full disk. A file that was not there before is removed again.
+    existed = path.exists()
+    try:
+        with open(path, "ab"):
+            pass
+    except OSError as exc:
+        raise argparse.ArgumentTypeError(f"{text}: cannot write it: {exc.strerror or exc}") from None
+    if not existed:
+        try:
+            path.unlink()
+        except OSError:
+            pass
     try:
         import matplotlib  # noqa: F401
     except ImportError:
