@@ -100,6 +100,9 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--json", action="store_true", help="print one JSON object instead of the text report")
     s.add_argument("--plot", metavar="FILE.png", type=writable_plot,
                    help="draw each card's draw and cap over time (.png, .svg or .pdf; needs matplotlib; default: no plot)")
+    s.add_argument("--log-level", choices=("debug", "info", "warning", "error"),
+                   help="also print the controller's log lines (JSON, on stderr) from this level up "
+                   "(default: none: the report summarises them)")
     s.add_argument("--list", action="store_true", help="list the packaged scenarios and exit")
     s.add_argument("--replay", metavar="DIR_OR_FILE",
                    help="replay a recorded power log as demand (instead of --scenario; default: none)")
@@ -400,7 +403,9 @@ def _simulate(args: argparse.Namespace) -> int:
     from powerbudgetd_sim.libnvml import on_sigint
 
     signal.signal(signal.SIGINT, on_sigint)  # never a KeyboardInterrupt inside a simulated NVML call
-    configure_logging(level="warning", stream=sys.stderr)
+    # The controller's log lines are summarised in the report; stderr carries only
+    # progress (on a terminal) unless --log-level asks for them.
+    configure_logging(level=args.log_level or "off", stream=sys.stderr)
     if args.list:
         for name, desc in list_scenarios():
             print(f"{name:<20} {desc}")

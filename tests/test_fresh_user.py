@@ -1,0 +1,174 @@
+"""A fresh user's findings: Ctrl-C, an unwritable plot, absurd durations, the suite's
+exit status, log lines on stderr, the README's keys, replay's header, and the smaller
+messages. Each asserts the exit status, no traceback, and the message naming what was
+wrong.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from powerbudgetd.cli import SIM_MAX_DURATION_S, SIM_MIN_DURATION_S, main
+from powerbudgetd.errors import ExitStatus
+
+from test_logreport import header, sample
+from test_operator_edges import cli, no_traceback
+
+REPO = Path(__file__).resolve().parent.parent
+T0 = 1_750_000_000.0
+
+
+# -- 1. Ctrl-C stops quietly, 130 ------------------------------------------------------
+
+
+def interrupt(args: list[str], after_s: float, started: str | None = None) -> subprocess.CompletedProcess[str]:
+    """Run ``powerbudgetd ARGS`` in its own process group and send SIGINT to the whole
+    group, as a terminal's Ctrl-C does (the suite's worker processes get it too):
+    ``after_s`` after start, or after ``started`` appears on stdout."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("POWERBUDGETD_")}
+    proc = subprocess.Popen([sys.executable, "-m", "powerbudgetd", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env, start_new_session=True)
+    assert proc.stdout is not None
+    if started is not None:
+        line = proc.stdout.readline()
+        assert started in line, line
+    time.sleep(after_s)
+    assert proc.poll() is None, "finished before the interrupt: the test needs a longer run"
+    os.killpg(proc.pid, signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    return subprocess.CompletedProcess(args, proc.returncode, out, err)
+
+
+@pytest.mark.parametrize(
+    "args, started",
+    [
+        (["simulate", "--policy", "all", "--duration", "3600"], None),
+        (["simulate", "--duration", "86400"], None),
+        (["simulate", "--suite"], "Targets:"),
+    ],
+)
+def test_1_ctrl_c_stops_simulate_with_one_line_and_130(args, started):
+    p = interrupt(args, after_s=3.0 if started is None else 1.5, started=started)
+    no_traceback(p)
+    assert p.returncode == ExitStatus.INTERRUPTED == 130
+    assert p.stderr == "powerbudgetd: interrupted\n"  # the suite's workers say nothing
+
+
+# -- 2. an unwritable plot is refused before any work ----------------------------------
+
+
+@pytest.mark.parametrize("path", ["/proc/powerbudgetd-x.png", "/sys/powerbudgetd-x.png"])
+def test_2_plot_into_a_pseudo_filesystem_is_refused_up_front(path):
+    t0 = time.monotonic()
+    p = cli("simulate", "--plot", path)
+    no_traceback(p)
+    assert p.returncode == 2 and "--plot" in p.stderr and path in p.stderr and "cannot write it" in p.stderr
+    assert time.monotonic() - t0 < 30  # refused before the run (which takes far longer)
+    assert not Path(path).exists()
+
+
+def test_2_the_writability_check_leaves_no_file_behind(tmp_path):
+    from powerbudgetd.service.cliargs import writable_plot
+
+    target = tmp_path / "bank.png"
+    assert writable_plot(str(target)) == str(target) and not target.exists()
+    target.write_bytes(b"keep")
+    assert writable_plot(str(target)) == str(target) and target.read_bytes() == b"keep"
+
+
+def test_2_a_plot_that_fails_at_save_time_is_one_line_after_the_report(tmp_path, monkeypatch, capsys):
+    import powerbudgetd_sim.simulate as simulate
+
+    def full_disk(*_a: object, **_k: object) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(simulate, "plot", full_disk)
+    status = main(["simulate", "--scenario", "ada-2", "--duration", "5", "--plot", str(tmp_path / "x.png")])
+    out, err = capsys.readouterr()
+    assert status == ExitStatus.ERROR
+    assert "violation ticks" in out  # the report came first and is whole
+    assert "--plot" in err and "No space left on device" in err and "Traceback" not in err
+
+
+# -- 3. durations bounded; no nonsense from a short run ----------------------------------
+
+
+@pytest.mark.parametrize("value, words", [("0.01", ["--duration", "at least 1"]), ("1e9", ["--duration", "at most 604800"])])
+def test_3_durations_out_of_range_are_refused(value, words):
+    p = cli("simulate", "--duration", value)
+    no_traceback(p)
+    assert p.returncode == 2 and all(w in p.stderr for w in words), p.stderr
+
+
+def test_3_the_cli_bounds_are_the_simulators():
+    from powerbudgetd_sim.scenario import MAX_DURATION_S, MIN_DURATION_S
+
+    assert (SIM_MIN_DURATION_S, SIM_MAX_DURATION_S) == (MIN_DURATION_S, MAX_DURATION_S)
+
+
+def test_3_a_scenario_file_with_an_absurd_duration_is_refused(tmp_path):
+    f = tmp_path / "s.toml"
+    f.write_text('bank = "ada-2"\nduration_s = 1e9\n')
+    p = cli("simulate", "--scenario", str(f))
+    no_traceback(p)
+    assert p.returncode == 2 and "duration_s" in p.stderr and "7 days" in p.stderr
+
+
+def test_3_a_short_run_reports_no_absurd_figures(capsys):
+    assert main(["simulate", "--scenario", "ada-2", "--duration", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "NEVER READY" not in out and "too short for a per-minute rate" in out
+    from powerbudgetd_sim.scenario import load_scenario
+    from powerbudgetd_sim.simulate import format_report, run_scenario
+
+    r = run_scenario(load_scenario("ada-2"), duration_s=0.0).report  # the API allows it: guarded, not absurd
+    assert all(c["mean_power_w"] is None for c in r["cards"]) and r["writes_per_card_per_min"]["mean"] is None
+    text = format_report(r)
+    assert "e+" not in text and "- W" in text
+
+
+# -- 5. the controller's log lines stay off stderr --------------------------------------
+
+
+def test_5_simulate_keeps_the_controllers_logs_off_stderr():
+    p = cli("simulate", "--scenario", "power-event", "--policy", "all", "--duration", "60")
+    no_traceback(p)
+    assert p.returncode == 0 and p.stderr == ""  # budget_below_floor would be logged here
+    v = cli("simulate", "--scenario", "power-event", "--duration", "60", "--log-level", "warning")
+    assert v.returncode == 0 and '"event": "budget_below_floor"' in v.stderr
+
+
+# -- 7. replay: the budgets and the feed recorded, simulated runs marked ----------------
+
+
+def write_log(directory: Path, budgets: list[float], backend: str = "nvml") -> None:
+    recs = [header("r1", T0, backend=backend)]
+    for n, b in enumerate(budgets, start=1):
+        rec = sample(n, T0 + n, (200.0, 180.0), (210.0, 190.0), 400.0)
+        rec["budget_w"] = b
+        recs.append(rec)
+    (directory / "power-00000001-20250615T000000Z.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+
+
+def test_7_replay_says_the_budgets_recorded_and_uses_the_recorded_feed(tmp_path, capsys):
+    write_log(tmp_path, [996.0] * 20 + [800.0] * 20 + [650.0] * 20)
+    assert main(["simulate", "--replay", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "recorded at budgets from 650 to 996 W (2 change(s); 650 W at the end)" in out
+    assert "feed as recorded" in out and "none stated" not in out and "SIMULATED" not in out
+
+
+def test_7_replay_marks_simulated_runs(tmp_path, capsys):
+    write_log(tmp_path, [500.0] * 30, backend="sim")
+    assert main(["simulate", "--replay", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "SIMULATED: 1 of 1 recorded run(s) came from --backend sim" in out
+    assert "recorded at budget 500 W;" in out
