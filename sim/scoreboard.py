@@ -258,13 +258,14 @@ def run_suite(
 
 
 def format_table(reports: dict[str, dict[str, Any]]) -> str:
-    """One line per policy: work (against both oracles), violations, draw above budget,
+    """One line per policy: work (against both oracles), violations, draw above budget
+    (``draw>budget``: ``draw_over_budget_s``, the summed 1 s average draw, not the limits),
     trips, reclaim, writes (all, and per card per minute), the most reversals of a card's
     limit in the flapping window; with a mains loss, the runtime the policy leaves on
     the UPS battery."""
     battery = any(r.get("battery") is not None for r in reports.values())
     lines = [
-        f"  {'policy':<18}{'work TGP-s':>11}{'vs oracle':>10}{'vs causal':>10}{'viol.ticks':>11}{'over budget':>12}"
+        f"  {'policy':<18}{'work TGP-s':>11}{'vs oracle':>10}{'vs causal':>10}{'viol.ticks':>11}{'draw>budget':>12}"
         f"{'max wall':>10}{'trips':>16}{'reclaim p50/p99/max s':>23}{'writes':>8}{'/card/min':>10}{'flips':>6}"
         + (f"{'battery left':>15}" if battery else "")
     ]

@@ -172,3 +172,57 @@ def test_7_replay_marks_simulated_runs(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "SIMULATED: 1 of 1 recorded run(s) came from --backend sim" in out
     assert "recorded at budget 500 W;" in out
+
+
+# -- 4. the suite's status says what its footer says ------------------------------------
+
+
+def test_4_the_suite_exits_1_on_a_miss(monkeypatch, capsys):
+    import powerbudgetd_sim.scoreboard as scoreboard
+
+    def one_miss(names, **_kw):
+        check = {"target": scoreboard.TARGETS[2], "met": False, "detail": "0.9"}
+        return {"targets": list(scoreboard.TARGETS), "all_met": False,
+                "scenarios": {"ada-2": {"description": "", "reports": {}, "checks": [check]}}}
+
+    monkeypatch.setattr(scoreboard, "run_suite", one_miss)
+    assert main(["simulate", "--suite", "--json"]) == ExitStatus.ERROR
+    assert json.loads(capsys.readouterr().out)["all_met"] is False
+    assert main(["simulate", "--suite"]) == ExitStatus.ERROR
+    assert "1 target(s) NOT MET" in capsys.readouterr().out
+
+
+def test_4_the_readme_states_the_suites_exit_status_and_time_honestly():
+    readme = (REPO / "README.md").read_text()
+    row = next(line for line in readme.splitlines() if line.startswith("| `powerbudgetd simulate --suite"))
+    assert "exit 1 when any target is NOT MET" in row and "about a minute" not in row
+
+
+# -- 6. the README's keys are the report's ----------------------------------------------
+
+
+def test_6_the_readme_documents_the_over_budget_keys_and_the_table_says_which():
+    from powerbudgetd_sim.scenario import load_scenario
+    from powerbudgetd_sim.scoreboard import format_table
+    from powerbudgetd_sim.simulate import run_scenario
+
+    readme = (REPO / "README.md").read_text()
+    para = readme[readme.index("`simulate --json` prints one object"):]
+    para = para[:para.index("\n\n")]
+    report = run_scenario(load_scenario("ada-2"), duration_s=5, compare=False).report
+    for key in ("over_budget_s", "draw_over_budget_s", "ready_s", "over_budget_episodes"):
+        assert f"`{key}`" in para and key in report
+    assert "sum of *limits*" in para and "*draw*" in para
+    assert "draw>budget" in format_table({"powerbudgetd": report}).splitlines()[0]
+    assert "`draw_over_budget_s`" in readme[readme.index("*draw>budget* column"):][:200]
+
+
+def test_6_the_readme_says_what_simulate_incident_does():
+    readme = (REPO / "README.md").read_text()
+    inc = readme[readme.index("- `incident`: at the operator's 1000 W"):]
+    inc = inc[:inc.index("\n- ")]
+    assert "UPS tripped at\n  90 s" in inc and "powerbudgetd@feed" in inc
+    p = cli("simulate", "--scenario", "incident", "--json")
+    assert p.returncode == 0
+    r = json.loads(p.stdout)
+    assert r["budget_w"] == 1000 and r["trips"]["ups"] is True and r["trip_at_s"]["ups"] == 90.0
