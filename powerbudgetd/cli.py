@@ -42,7 +42,7 @@ if TYPE_CHECKING:
     from powerbudgetd.hw.nvml import GpuInfo, Nvml
     from powerbudgetd_sim.scenario import Scenario
 
-    from powerbudgetd.service.config import Settings
+    from powerbudgetd.service.config import RecorderConfig, Settings
     from powerbudgetd.service.daemon import Daemon
 
 
@@ -88,7 +88,8 @@ def _parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser(
         "simulate", help="run the controller against a simulated bank (virtual time)", formatter_class=fmt,
-        description="Run the real controller against a simulated bank on virtual time (an hour in seconds) "
+        description="Run the real controller against a simulated bank on virtual time (the scenario's duration, "
+        "300 s for the packaged ones, in a few seconds) "
         "and report violation ticks, sums of limits and draw, cap changes and each card's role. No GPU needed.",
     )
     s.add_argument("--scenario", metavar="NAME_OR_FILE",
@@ -152,7 +153,7 @@ def _parser() -> argparse.ArgumentParser:
         "it, and the UPS and circuit those peaks need.",
     )
     lr.add_argument("--last", default="10m", type=duration, metavar="DURATION",
-                    help="the window before the stop: 90s, 10m, 2h (default: 10m)")
+                    help="the window before the stop, with its unit: 90s, 10m, 2h, 1d (default: 10m)")
     lr.add_argument("--dir", type=Path,
                     help="a recorder directory or one file (default: --config's [recorder] dir, else "
                     "$STATE_DIRECTORY or /var/lib/powerbudgetd)")
@@ -207,7 +208,8 @@ def _parser() -> argparse.ArgumentParser:
         help="also read the cards (read-only) and check the budget against their floors, as run does "
         "(default: none: the floors are not checked)",
     )
-    c.add_argument("--scenario", help="the simulated bank for --backend sim (default: the config's [sim] scenario)")
+    c.add_argument("--scenario", metavar="NAME_OR_FILE",
+                   help="the simulated bank for --backend sim (default: the config's [sim] scenario)")
     fs = sub.add_parser(
         "failsafe", help="lower every card to its share of the reserve budget (decreases only)", formatter_class=fmt,
         description="Lower every card above its share of the reserve budget ([circuit] reserve_w through the "
@@ -313,9 +315,29 @@ def main(argv: list[str] | None = None) -> int:
         return ExitStatus.INTERRUPTED
 
 
+# Options taking a number or a duration: ``--last -5m`` reaches argparse as an option
+# ("expected one argument"); joined as ``--last=-5m`` the value's own check names it.
+_VALUE_OPTIONS = ("--last", "--duration", "--budget", "--interval", "--timeout", "--seed")
+
+
+def _join_negative_values(argv: list[str]) -> list[str]:
+    out: list[str] = []
+    i = 0
+    while i < len(argv):
+        word = argv[i]
+        nxt = argv[i + 1] if i + 1 < len(argv) else ""
+        if word in _VALUE_OPTIONS and len(nxt) > 1 and nxt[0] == "-" and (nxt[1].isdigit() or nxt[1] == "."):
+            out.append(f"{word}={nxt}")
+            i += 2
+            continue
+        out.append(word)
+        i += 1
+    return out
+
+
 def _main(argv: list[str] | None) -> int:
     try:  # argparse exits on --help and on usage errors: hand its status back as ours
-        args = _parser().parse_args(argv)
+        args = _parser().parse_args(_join_negative_values(sys.argv[1:] if argv is None else list(argv)))
         _validate(args)
     except SystemExit as exc:
         return exc.code if isinstance(exc.code, int) else ExitStatus.CONFIG
@@ -374,7 +396,7 @@ def _check_config_cards(args: argparse.Namespace, settings: Settings, path: Path
         print(f"powerbudgetd: {'--scenario' if args.scenario else '[sim] scenario'}: {exc}", file=sys.stderr)
         return ExitStatus.CONFIG
     except NvmlError as exc:
-        print(f"powerbudgetd: NVML unavailable: {exc}", file=sys.stderr)
+        print(_nvml_unavailable(exc, f"check-config {path} --backend sim"), file=sys.stderr)
         return ExitStatus.NVML
     source = f"the simulated bank {scenario!r}" if args.backend == "sim" else "NVML"
     try:
@@ -556,7 +578,6 @@ def _fidelity(args: argparse.Namespace) -> int:
 
 
 def _probe(args: argparse.Namespace) -> int:
-    from powerbudgetd.hw.nvml import init_advice
     from powerbudgetd.hw.probe import format_compare, format_probe, probe
 
     configure_logging(level="warning", stream=sys.stderr)
@@ -577,9 +598,8 @@ def _probe(args: argparse.Namespace) -> int:
         print(f"powerbudgetd: {exc}", file=sys.stderr)
         return ExitStatus.CONFIG
     except NvmlError as exc:
-        print(f"powerbudgetd: NVML unavailable: {exc}\n"
-              f"  {init_advice(exc.code)}\n"
-              f"  no GPU here? `powerbudgetd probe --backend sim` probes a simulated bank", file=sys.stderr)
+        print(_nvml_unavailable(exc, "probe --compare-sim --backend sim" if args.compare_sim else "probe --backend sim"),
+              file=sys.stderr)
         return ExitStatus.NVML
     try:
         if args.compare_sim:
@@ -589,6 +609,15 @@ def _probe(args: argparse.Namespace) -> int:
     finally:
         nvml.shutdown()
     return ExitStatus.OK
+
+
+def _nvml_unavailable(exc: NvmlError, sim_command: str) -> str:
+    """The lines every command prints when NVML cannot start: the error, what to do
+    about it, and the same command on a simulated bank."""
+    from powerbudgetd.hw.nvml import init_advice
+
+    return (f"powerbudgetd: NVML unavailable: {exc}\n  {init_advice(exc.code)}\n"
+            f"  no GPU here? `powerbudgetd {sim_command}` runs it on a simulated bank")
 
 
 def _compare_sim(nvml: Nvml, preset: str | None) -> dict[str, Any]:
@@ -615,17 +644,30 @@ def _log_report(args: argparse.Namespace) -> int:
         return ExitStatus.CONFIG
     recorder = settings.recorder if settings else RecorderConfig()
     directory = args.dir or recorder.dir
+    if not Path(directory).exists():  # a wrong path is an argument error, as for simulate --replay
+        print(f"powerbudgetd: {directory}: no such file or directory{_log_dir_hint(args, recorder)}", file=sys.stderr)
+        return ExitStatus.CONFIG
     try:
         result = summarize(scan_log(directory), args.last, settings.feed if settings else None, str(args.config))
     except (LogError, ValueError) as exc:
-        hint = ""
-        if args.dir is None and isinstance(exc, LogError):
-            hint = ("\n  give --dir DIR (a copied recorder directory), or --config FILE to use its [recorder] dir;"
-                    " simulated runs record under " + str(recorder.dir_for("sim")))
+        hint = _log_dir_hint(args, recorder) if isinstance(exc, LogError) else ""
         print(f"powerbudgetd: {exc}{hint}", file=sys.stderr)
         return ExitStatus.ERROR
     print(json.dumps(result, indent=2) if args.json else format_summary(result))
     return ExitStatus.OK
+
+
+def _log_dir_hint(args: argparse.Namespace, recorder: RecorderConfig) -> str:
+    """Where else to look, not repeating what was given."""
+    if args.dir is not None:
+        return ""
+    if args.config is not None:
+        source = (f"that is {args.config}'s [recorder] dir" if "dir" in recorder.model_fields_set
+                  else f"{args.config} sets no [recorder] dir: that is the default")
+        return (f"\n  {source}; give --dir DIR (a copied recorder directory); simulated runs record under "
+                f"{recorder.dir_for('sim')}")
+    return ("\n  give --dir DIR (a copied recorder directory), or --config FILE to use its [recorder] dir;"
+            " simulated runs record under " + str(recorder.dir_for("sim")))
 
 
 def _run(args: argparse.Namespace) -> int:

@@ -247,8 +247,8 @@ def run_suite(
         # Ctrl-C is the parent's to handle: the workers ignore SIGINT (no traceback from
         # each), and leaving the ``with`` block early terminates them.
         with multiprocessing.Pool(jobs, initializer=_ignore_sigint) as pool:
-            for n, scored in pool.imap_unordered(_score_one, [(n, duration_s, seed) for n in names]):
-                done[n] = scored
+            for n, result in pool.imap_unordered(_score_one, [(n, duration_s, seed) for n in names]):
+                done[n] = result
                 if on_scenario:
                     on_scenario(n, done[n])
     scored = [done[n] for n in names]

@@ -226,3 +226,199 @@ def test_6_the_readme_says_what_simulate_incident_does():
     assert p.returncode == 0
     r = json.loads(p.stdout)
     assert r["budget_w"] == 1000 and r["trips"]["ups"] is True and r["trip_at_s"]["ups"] == 90.0
+
+
+# -- 8. the smaller findings --------------------------------------------------------
+
+
+def config(tmp_path: Path, text: str, mode: int = 0o600) -> Path:
+    path = tmp_path / "pb.toml"
+    path.write_text(text)
+    path.chmod(mode)
+    return path
+
+
+@pytest.mark.parametrize(
+    "text, words",
+    [
+        ("ups_w = 900\n", ["ups_w", "is a key of [feed]", "move it there"]),
+        ("budget_w = 900\ntick_s = 0.1\n", ["tick_s", "[control]"]),
+        ("budgetw = 1000\n", ["did you mean 'budget_w'"]),  # a typo still gets its did-you-mean
+    ],
+)
+def test_8_a_key_of_another_section_is_pointed_there(tmp_path, text, words):
+    p = cli("check-config", str(config(tmp_path, text)))
+    no_traceback(p)
+    assert p.returncode == 2 and all(w in p.stderr for w in words), p.stderr
+    assert "did you mean 'ups'" not in p.stderr
+
+
+@pytest.mark.parametrize(
+    "text, name",
+    [
+        ('budget_w = "900"\n', "budget_w"),
+        ('budget_w = 900\n[feed]\nhost_w = 250\nbreaker_a = 15\nups_w = "900"\n', "feed.ups_w"),
+        ('budget_w = 900\n[cards."0"]\nmax_w = "200"\n', "cards.0.max_w"),
+        ('budget_w = 900\n[control]\ntick_s = "0.1"\n', "control.tick_s"),
+    ],
+)
+def test_8_a_number_written_as_a_string_is_refused(tmp_path, text, name):
+    p = cli("check-config", str(config(tmp_path, text)))
+    no_traceback(p)
+    assert p.returncode == 2 and f"{name}: a number, not a string" in p.stderr and "without quotes" in p.stderr
+
+
+def test_8_a_number_from_the_environment_is_still_a_string_and_fine(tmp_path):
+    p = cli("check-config", str(config(tmp_path, "budget_w = 900\n")), env={"POWERBUDGETD_BUDGET_W": "800"})
+    assert p.returncode == 0 and "800" in p.stdout
+
+
+def test_8_check_config_on_a_directory_says_so(tmp_path):
+    p = cli("check-config", str(tmp_path))
+    no_traceback(p)
+    assert p.returncode == 2 and "is a directory" in p.stderr and "no such config file" not in p.stderr
+
+
+@pytest.mark.parametrize(
+    "args, words",
+    [
+        (["--last", "10"], ["--last", "give a unit", "10s", "10m"]),
+        (["--last", "-5m"], ["--last", "must be a positive duration", "'-5m'"]),
+        (["--last=-5m"], ["--last", "must be a positive duration"]),
+    ],
+)
+def test_8_log_report_last_needs_a_unit_and_a_positive_value(tmp_path, args, words):
+    p = cli("log", "report", "--dir", str(tmp_path), *args)
+    no_traceback(p)
+    assert p.returncode == 2 and all(w in p.stderr for w in words), p.stderr
+    assert "expected one argument" not in p.stderr
+
+
+def test_8_a_negative_simulate_duration_names_the_value():
+    p = cli("simulate", "--duration", "-5")
+    no_traceback(p)
+    assert p.returncode == 2 and "--duration" in p.stderr and "'-5'" in p.stderr
+
+
+def test_8_a_missing_path_is_exit_2_for_log_report_and_replay(tmp_path):
+    missing = str(tmp_path / "nonexistent")
+    for args in (["log", "report", "--dir", missing], ["simulate", "--replay", missing]):
+        p = cli(*args)
+        no_traceback(p)
+        assert p.returncode == ExitStatus.CONFIG == 2 and f"{missing}: no such file or directory" in p.stderr
+
+
+def test_8_log_report_with_a_config_without_a_recorder_dir_does_not_suggest_config(tmp_path):
+    cfg = config(tmp_path, "budget_w = 900\n")
+    p = cli("log", "report", "--config", str(cfg), env={"STATE_DIRECTORY": str(tmp_path / "state")})
+    no_traceback(p)
+    assert p.returncode == 2 and f"{cfg} sets no [recorder] dir" in p.stderr
+    assert "--config FILE" not in p.stderr and "--dir DIR" in p.stderr
+
+
+def nvml_missing() -> bool:
+    try:
+        from powerbudgetd.hw.nvml import load_pynvml
+
+        load_pynvml().nvmlInit()
+    except Exception:
+        return True
+    return False
+
+
+@pytest.mark.parametrize(
+    "args, hint",
+    [
+        (["check-config", "CFG", "--backend", "nvml"], "`powerbudgetd check-config CFG --backend sim`"),
+        (["probe", "--compare-sim"], "`powerbudgetd probe --compare-sim --backend sim`"),
+        (["probe"], "`powerbudgetd probe --backend sim`"),
+    ],
+)
+def test_8_without_nvml_every_command_gives_the_same_hint(tmp_path, args, hint):
+    if not nvml_missing():
+        pytest.fail("this test needs a host without a working NVML")  # never true on CI hosts
+    cfg = str(config(tmp_path, "budget_w = 900\n"))
+    p = cli(*[cfg if a == "CFG" else a for a in args])
+    no_traceback(p)
+    assert p.returncode == ExitStatus.NVML and "NVML unavailable" in p.stderr
+    assert hint.replace("CFG", cfg) in p.stderr and "install the NVIDIA driver" in p.stderr
+
+
+@pytest.mark.parametrize(
+    "text, advice, wrong",
+    [
+        ('budget_w = 900\n[ups]\nname = "ups"\npassword = "s3cret"\n', "POWERBUDGETD_UPS__PASSWORD", "mqtt-password"),
+        ('budget_w = 900\n[mqtt]\nhost = "b"\npassword = "s3cret"\n', "LoadCredential=mqtt-password", "UPS"),
+    ],
+)
+def test_8_a_secret_in_an_open_file_gets_its_own_sections_advice(tmp_path, text, advice, wrong):
+    from powerbudgetd.service.config import _secret_advice, parse_toml, secret_keys
+
+    path = config(tmp_path, text, mode=0o644)
+    advice_lines = " ".join(_secret_advice(secret_keys(parse_toml(path))))
+    assert advice in advice_lines and wrong not in advice_lines
+    if os.geteuid() == 0:  # the check applies to root (the daemon's user) only
+        tmp_path.chmod(0o755)
+        p = cli("check-config", str(path))
+        no_traceback(p)
+        assert p.returncode == 2 and advice in p.stderr and wrong not in p.stderr and "s3cret" not in p.stderr
+
+
+def test_8_help_texts_and_metavars_agree():
+    from powerbudgetd.cli import _parser
+
+    parser = _parser()
+    sub = next(a for a in parser._actions if isinstance(a, __import__("argparse")._SubParsersAction))
+    simulate_help = sub.choices["simulate"].format_help()
+    assert "an hour" not in simulate_help and "300 s" in simulate_help
+    for command in ("simulate", "probe", "check-config"):
+        scenario = next(a for a in sub.choices[command]._actions if "--scenario" in a.option_strings)
+        assert scenario.metavar == "NAME_OR_FILE", command
+
+
+def test_8_probe_prints_na_without_a_unit():
+    from powerbudgetd.hw.probe import format_probe
+
+    gpu = {"index": 0, "name": "Card", "uuid": "GPU-0", "min_limit_w": 150.0, "max_limit_w": 300.0,
+           "default_limit_w": 300.0, "requested_limit_w": 250.0, "enforced_limit_w": 250.0,
+           "power_avg_w": 100.0, "power_instant_w": None, "persistence_mode": True, "mig_mode": None}
+    text = format_probe({"driver": "580", "gpus": [gpu]})
+    assert "n/a (instant)" in text and "n/a W" not in text and "100.0 W (1 s average)" in text
+    assert "150.0 W - 300.0 W (default 300.0 W)" in text
+
+
+def test_8_the_metrics_endpoint_serves_metrics_and_404_elsewhere():
+    import urllib.error
+    import urllib.request
+
+    from prometheus_client import CollectorRegistry, Gauge
+
+    from powerbudgetd.channels.metrics import serve
+
+    registry = CollectorRegistry()
+    Gauge("powerbudgetd_test_gauge", "a test", registry=registry).set(1)
+    server = serve(registry, "127.0.0.1", 0)
+    base = f"http://127.0.0.1:{server.server_port}"
+    try:
+        with urllib.request.urlopen(f"{base}/metrics", timeout=5) as resp:
+            assert resp.status == 200 and b"powerbudgetd_test_gauge 1.0" in resp.read()
+        with urllib.request.urlopen(f"{base}/", timeout=5) as resp:
+            assert resp.status == 200 and b"/metrics" in resp.read()
+        for path in ("/nope", "/metrics/x", "/favicon.ico"):
+            with pytest.raises(urllib.error.HTTPError) as err:
+                urllib.request.urlopen(f"{base}{path}", timeout=5)
+            assert err.value.code == 404 and path.encode() in err.value.read()
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_8_every_source_path_the_docs_name_exists():
+    import re
+
+    docs = [REPO / "README.md", *sorted((REPO / "config").glob("*.toml"))]
+    named = {(doc.name, m) for doc in docs
+             for m in re.findall(r"\b((?:powerbudgetd|sim)/[\w/]+\.py)\b", doc.read_text())}
+    assert named, "the pattern finds nothing: the test cannot fail"
+    missing = [(doc, m) for doc, m in named if not (REPO / m).is_file()]
+    assert not missing

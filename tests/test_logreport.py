@@ -190,7 +190,7 @@ def test_log_report_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> N
     assert f"the log stops at {utc_iso(T0 + 900).replace('T', ' ').replace('Z', ' UTC')}" in out
     assert "sizing: a UPS of at least" in out and "configured UPS 3000 W: held" in out
     assert "configured circuit 20 A" in out
-    assert main(["log", "report", "--dir", str(tmp_path / "nothing")]) == 1
+    assert main(["log", "report", "--dir", str(tmp_path / "nothing")]) == 2  # a wrong path: an argument error
     assert "no such file or directory" in capsys.readouterr().err
     assert main(["log", "report", "--dir", str(tmp_path), "--last", "soon"]) == 2
     assert "not a duration" in capsys.readouterr().err

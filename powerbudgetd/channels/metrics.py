@@ -17,12 +17,15 @@ from __future__ import annotations
 
 import asyncio
 import platform
+import socket
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
-from typing import TYPE_CHECKING
-from wsgiref.simple_server import WSGIServer
+from socketserver import ThreadingMixIn
+from typing import TYPE_CHECKING, Any
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, make_wsgi_app
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -338,10 +341,48 @@ class _StateCollector(Collector):
 
 
 def serve(registry: CollectorRegistry, address: str, port: int) -> WSGIServer:
-    """Serve ``registry`` on ``http://address:port/metrics`` from a daemon thread.
+    """Serve ``registry`` on ``http://address:port/metrics`` from a daemon thread; ``/``
+    answers with a pointer to it, any other path 404 (a scraper or a person with a
+    wrong path learns so instead of getting metrics anyway).
 
     Returns the server (``shutdown()`` it to stop). Raises OSError when the address
     cannot be bound (port in use, address not on this host).
     """
-    httpd, _thread = start_http_server(port, addr=address, registry=registry)
+
+    class Server(ThreadingMixIn, WSGIServer):
+        daemon_threads = True  # a stuck scraper never holds up the daemon's exit
+
+    family, _, _, _, sockaddr = socket.getaddrinfo(address, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
+    Server.address_family = family  # an IPv6 listen_address binds as IPv6
+    httpd = make_server(str(sockaddr[0]), port, metrics_app(registry), Server, handler_class=_QuietHandler)
+    threading.Thread(target=httpd.serve_forever, name="metrics-http", daemon=True).start()
     return httpd
+
+
+def metrics_app(registry: CollectorRegistry) -> Callable[[dict[str, Any], Any], Iterable[bytes]]:
+    """The WSGI app :func:`serve` runs: ``/metrics`` (Prometheus' exposition, as
+    ``prometheus_client`` serves it), ``/`` (a pointer to it), 404 otherwise."""
+    exposition = make_wsgi_app(registry)
+
+    def app(environ: dict[str, Any], start_response: Any) -> Iterable[bytes]:
+        path = environ.get("PATH_INFO") or "/"
+        if path == METRICS_PATH:
+            return exposition(environ, start_response)
+        if path == "/":
+            body, status = f"powerbudgetd {__version__}: metrics at {METRICS_PATH}\n", "200 OK"
+        else:
+            body, status = f"not found: {path} (powerbudgetd serves {METRICS_PATH})\n", "404 Not Found"
+        start_response(status, [("Content-Type", "text/plain; charset=utf-8")])
+        return [body.encode()]
+
+    return app
+
+
+METRICS_PATH = "/metrics"
+
+
+class _QuietHandler(WSGIRequestHandler):
+    """No access log line per scrape (the daemon's own log is for events)."""
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the stdlib's name
+        pass

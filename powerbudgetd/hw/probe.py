@@ -55,7 +55,8 @@ MIG_TEXT = {
 
 def format_probe(result: dict[str, Any]) -> str:
     def w(v: float | None) -> str:
-        return "n/a" if v is None else f"{v:.1f}"
+        """A figure in W with its unit, or ``n/a`` alone (no unit on an absent value)."""
+        return "n/a" if v is None else f"{v:.1f} W"
 
     lines = [f"driver {result['driver'] or 'unknown'}, {len(result['gpus'])} GPU(s)"]
     for g in result["gpus"]:
@@ -65,9 +66,9 @@ def format_probe(result: dict[str, Any]) -> str:
             continue
         pm = {True: "on", False: "OFF (limits are lost when the driver unloads)", None: "n/a"}[g["persistence_mode"]]
         lines += [
-            f"  limit constraints  {w(g['min_limit_w'])} - {w(g['max_limit_w'])} W (default {w(g['default_limit_w'])} W)",
-            f"  limit              requested {w(g['requested_limit_w'])} W, enforced {w(g['enforced_limit_w'])} W",
-            f"  board power        {w(g['power_avg_w'])} W (1 s average), {w(g['power_instant_w'])} W (instant)",
+            f"  limit constraints  {w(g['min_limit_w'])} - {w(g['max_limit_w'])} (default {w(g['default_limit_w'])})",
+            f"  limit              requested {w(g['requested_limit_w'])}, enforced {w(g['enforced_limit_w'])}",
+            f"  board power        {w(g['power_avg_w'])} (1 s average), {w(g['power_instant_w'])} (instant)",
             f"  persistence mode   {pm}",
             f"  MIG mode           {MIG_TEXT[g.get('mig_mode')]}",
         ]

@@ -36,13 +36,20 @@ def positive_float(what: str, *, lower: float | None = None, upper: float | None
 
 
 def duration(text: str) -> float:
-    """An argparse ``type``: ``90``, ``90s``, ``10m``, ``2h``, ``1d`` to seconds (> 0)."""
+    """An argparse ``type``: ``90s``, ``10m``, ``2h``, ``1d`` to seconds (> 0). The unit is
+    required: a bare ``10`` could mean seconds or minutes, and a wrong guess reads the
+    wrong window of a power log."""
     from powerbudgetd.powerlog.report import parse_duration
 
+    if text.strip().startswith("-"):
+        raise argparse.ArgumentTypeError(f"must be a positive duration, got {text!r} (like 90s, 10m, 2h, 1d)")
     try:
-        return parse_duration(text)
+        seconds = parse_duration(text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
+    if text.strip()[-1].isdigit():
+        raise argparse.ArgumentTypeError(f"give a unit: {text}s, {text}m, {text}h or {text}d, got {text!r}")
+    return seconds
 
 
 def writable_plot(text: str) -> str:

@@ -723,6 +723,8 @@ def load_config(path: str | Path, *, euid: int | None = None) -> Settings:
     process's) 0 also refuses a file others could change (see :func:`unsafe_mode`).
     """
     path = Path(path)
+    if path.is_dir():
+        raise ConfigError(f"{path}: is a directory, not a config file (give the file, e.g. {path / 'powerbudgetd.toml'})")
     if not path.is_file():
         raise ConfigError(f"{path}: no such config file (see config/powerbudgetd.toml for an example)")
     if (os.geteuid() if euid is None else euid) == 0:
@@ -738,8 +740,13 @@ def load_config(path: str | Path, *, euid: int | None = None) -> Settings:
             raise ConfigError(
                 f"{path}: holds {', '.join(secrets)} but is open to group or others "
                 f"(mode {stat.S_IMODE(mode):04o}); fix: chmod 600 {path}, or move the secret out of the file "
-                "(password_file, or systemd LoadCredential=mqtt-password:... / etcd-password:...)"
+                f"({'; '.join(_secret_advice(secrets))})"
             )
+    quoted = quoted_numbers(data)
+    if quoted:
+        raise ConfigError(f"{path}: invalid configuration\n" + "\n".join(
+            f"  {name}: a number, not a string (got {value!r}): write {name.rsplit('.', 1)[-1]} = {value.strip()} "
+            "without quotes" for name, value in quoted))
     env = classify_env()
     warnings = [f"{name} is not a powerbudgetd setting and is ignored" + (f": did you mean {hint}?" if hint else "")
                 for name, hint in env.unknown]
@@ -853,8 +860,12 @@ def format_validation_error(path: Path, exc: ValidationError) -> str:
             known = _field_names_at(loc[:-1])
             close = difflib.get_close_matches(loc[-1], known, n=1, cutoff=0.6) if loc else []
             where = ".".join(loc[:-1])
-            msg = f"unknown key{' in [' + where + ']' if where else ''}" + (
-                f": did you mean {close[0]!r}?" if close else f" (known: {', '.join(sorted(known))})"
+            # A key of another section (``ups_w`` at the top: it is [feed]'s) beats a
+            # name that merely looks alike (the section [ups]).
+            homes = [h for h in _sections_with(loc[-1]) if h != where] if loc else []
+            msg = f"unknown key{' in [' + where + ']' if where else ' at the top level'}" + (
+                f": {loc[-1]!r} is a key of {' and '.join(f'[{h}]' for h in homes)}: move it there" if homes
+                else f": did you mean {close[0]!r}?" if close else f" (known: {', '.join(sorted(known))})"
             )
         lines.append(f"  {field}: {msg}{shown}")
     return "\n".join(lines)
@@ -886,6 +897,73 @@ def _unwrap(annotation: Any) -> Any:
 def _dict_value_model(annotation: Any) -> type[BaseModel] | None:
     args = typing.get_args(annotation)
     return _unwrap(args[1]) if len(args) == 2 else None
+
+
+def _sections_with(key: str, model: type[BaseModel] | None = None, prefix: str = "") -> list[str]:
+    """Dotted names of the sections (not ``[cards."N"]``'s kind) that have ``key``."""
+    found: list[str] = []
+    for name, field in (model or Settings).model_fields.items():
+        sub = _unwrap(field.annotation)
+        if sub is None or sub is dict:
+            continue
+        dotted = f"{prefix}{name}"
+        if key in sub.model_fields:
+            found.append(dotted)
+        found += _sections_with(key, sub, dotted + ".")
+    return found
+
+
+_SECRET_ADVICE = {
+    "mqtt": f"[mqtt] password_file, or systemd LoadCredential={MQTT_PASSWORD_CREDENTIAL}:...",
+    "circuit": f"[circuit] password_file, or systemd LoadCredential={CIRCUIT_PASSWORD_CREDENTIAL}:...",
+    "ups": "[ups]: POWERBUDGETD_UPS__PASSWORD in the environment, e.g. from a root-only EnvironmentFile=",
+}
+
+
+def _secret_advice(secrets: list[str]) -> list[str]:
+    """Where each section's secret can live instead of the config file."""
+    sections = dict.fromkeys(name.split(".", 1)[0] for name in secrets)
+    return [_SECRET_ADVICE.get(sec, f"[{sec}]: an environment variable POWERBUDGETD_{sec.upper()}__...")
+            for sec in sections]
+
+
+def quoted_numbers(data: Any, model: type[BaseModel] | None = None, prefix: str = "") -> list[tuple[str, str]]:
+    """(dotted name, value) for each number written as a TOML string (``budget_w =
+    "900"``): pydantic would turn it into a number without a word; a config file says
+    what it means. (Environment variables are strings by nature and are not checked.)"""
+    found: list[tuple[str, str]] = []
+    if not isinstance(data, dict):
+        return found
+    model = model or Settings
+    for key, value in data.items():
+        field = model.model_fields.get(key)
+        if field is None:
+            continue
+        sub = _unwrap(field.annotation)
+        if sub is dict:
+            inner = _dict_value_model(field.annotation)
+            if inner is not None and isinstance(value, dict):
+                for k, v in value.items():
+                    found += quoted_numbers(v, inner, f"{prefix}{key}.{k}.")
+        elif sub is not None:
+            found += quoted_numbers(value, sub, f"{prefix}{key}.")
+        elif isinstance(value, str) and _numeric(field.annotation) and _parses_as_number(value):
+            found.append((f"{prefix}{key}", value))  # "lots" is left to pydantic: not a number at all
+    return found
+
+
+def _parses_as_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
+def _numeric(annotation: Any) -> bool:
+    """A field that takes only numbers (float or int, optionally None)."""
+    args = [a for a in typing.get_args(annotation) if a is not type(None)] or [annotation]
+    return all(a in (int, float) for a in args)
 
 
 def _field_names_at(loc: list[str]) -> list[str]:
