@@ -18,11 +18,14 @@ from powerbudgetd.powerlog.recorder import LogWriter, _open_append, check_direct
 from test_logreport import T0, header, sample
 
 MAX_RSS_MB = 250  # the interpreter, the package and the simulator are ~100 MB of it
+# The peak of this process's own memory: VmHWM starts afresh at exec, while ru_maxrss
+# keeps the high-water mark of the forked parent (a large pytest process late in a run).
 RUN = (
-    "import resource, sys\n"
+    "import sys\n"
     "from powerbudgetd.cli import main\n"
     "rc = main(sys.argv[1:])\n"
-    "print('MAXRSS_KB', resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, file=sys.stderr)\n"
+    "hwm = next(l.split()[1] for l in open('/proc/self/status') if l.startswith('VmHWM:'))\n"
+    "print('MAXRSS_KB', hwm, file=sys.stderr)\n"
     "sys.exit(rc)\n"
 )
 
