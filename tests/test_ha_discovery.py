@@ -139,15 +139,6 @@ def test_lost_cards_read_unavailable_and_a_vanished_card_stays_known(ctl: Contro
     assert [c.index for c in entities.cards] == [0, 1, 2, 3]  # GPU 3 stays, unavailable, in this run
 
 
-def test_over_budget_from_the_snapshot(ctl: Controller) -> None:
-    bridge = bridge_for(MqttConfig(host="127.0.0.1", node_id="box"))
-    loop = Loop(ctl, bridge)
-    loop.boot()
-    snap = bridge._latest
-    assert snap is not None and not ha.over_budget(snap) and snap.sum_limit_bound_w <= 1000
-    assert ha.over_budget(dataclasses.replace(snap, budget_w=snap.sum_limit_bound_w - 1))
-
-
 def test_only_our_retained_topics_that_are_gone_get_cleared() -> None:
     layout = ha.Layout(node_id="box", base="powerbudgetd/box")
     assert layout.is_ours("homeassistant/sensor/powerbudgetd_box/GPU-3_power/config")
@@ -238,4 +229,26 @@ def test_the_state_payloads_round_draw_and_energy(ctl: Controller) -> None:
     card = ha.card_state(dataclasses.replace(snap.cards[0], power_avg_w=31.23456), energy_kwh=1.234567)
     assert (card["power_avg_w"], card["energy_kwh"]) == (31.2, 1.2346)
     state = json.loads(json.dumps(bridge.bank_state(snap)))
-    assert state["over_budget"] is True and state["mode"] == "booting"  # the cards still at 300 W: 1200 W
+    assert state["over_budget"] is snap.over_budget and state["lost_gpus"] == []
+
+
+def test_a_ups_shows_its_state_and_on_battery(ctl: Controller) -> None:
+    bridge = bridge_for(MqttConfig(host="127.0.0.1", node_id="box"))
+    record: dict[str, Any] = {"state": "ok", "status": "OL"}
+    bridge.attach_ups(lambda: record)
+    Loop(ctl, bridge).tick(0.0)
+    snap = bridge._latest
+    assert snap is not None
+    ids = {p["unique_id"] for _, p in bridge.discovery(snap)}
+    assert {"powerbudgetd_box_ups", "powerbudgetd_box_on_battery"} <= ids
+    assert (bridge.bank_state(snap)["ups"], bridge.bank_state(snap)["on_battery"]) == ("ok", False)
+    record.update(status="DISCHRG OB")
+    assert bridge.bank_state(snap)["on_battery"] is True
+    record.update(state="stale", status=None)  # its data silent: unknown, not the last answer
+    assert (bridge.bank_state(snap)["ups"], bridge.bank_state(snap)["on_battery"]) == ("stale", None)
+
+    def broken() -> dict[str, Any]:
+        raise RuntimeError("a bug in the UPS channel")
+
+    bridge.attach_ups(broken)  # costs the UPS fields, never the state
+    assert bridge.bank_state(snap)["on_battery"] is None and bridge.bank_state(snap)["budget_w"] == snap.budget_w
