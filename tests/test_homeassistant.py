@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from homeassistant import HomeAssistant, ha_venv
+from ha_harness import HomeAssistant, ha_venv
 from test_mqtt_broker import Mosquitto, free_port, publish, tasmota, watching
 
 NODE = "hatest"
