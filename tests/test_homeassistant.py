@@ -133,6 +133,7 @@ def ours(hass: HomeAssistant) -> dict[str, dict[str, Any]]:
     return hass.states(E)
 
 
+@pytest.mark.slow  # (a Home Assistant install on first use)
 async def test_home_assistant_sees_the_bank_truthfully(tmp_path: Path, venv: Path) -> None:
     broker = Mosquitto(tmp_path)
     broker.start()
