@@ -758,10 +758,12 @@ def _run_locked(args: argparse.Namespace, settings: Settings, config_path: Path)
         recorder = from_config(settings.recorder, feed, backend=args.backend, nvml=nvml)
         daemon.register(recorder)
     registry = CollectorRegistry()  # what /metrics serves, MQTT's metrics included
+    bridge = None
     if settings.mqtt is not None:  # aiomqtt is imported only when MQTT is configured
         from powerbudgetd.channels.mqtt.session import MqttBridge
 
-        daemon.register(MqttBridge(settings.mqtt, daemon.arbiter, feed, registry=registry))
+        bridge = MqttBridge(settings.mqtt, daemon.arbiter, feed, registry=registry, energy_j=daemon.nvml.energy_j)
+        daemon.register(bridge)
     if settings.ups is not None:  # aionut is imported only when a UPS is configured
         from powerbudgetd.channels.ups import UpsChannel
 
@@ -769,6 +771,8 @@ def _run_locked(args: argparse.Namespace, settings: Settings, config_path: Path)
         daemon.register(ups)
         if recorder is not None:
             recorder.extras["ups"] = ups.record
+        if bridge is not None:  # Home Assistant's UPS sensor and "on battery"
+            bridge.attach_ups(ups.record)
     if settings.circuit is not None:  # aetcd is imported only when a circuit is configured
         from powerbudgetd.channels.circuit.channel import CircuitChannel
 
@@ -782,6 +786,10 @@ def _run_locked(args: argparse.Namespace, settings: Settings, config_path: Path)
         if recorder is not None:
             recorder.extras["circuit"] = lambda: circuit.status(daemon.clock()).fields()
     server = _serve_metrics(settings, daemon, registry)
+    if bridge is not None and server is not None:  # Home Assistant's device page links to /metrics
+        from powerbudgetd.channels.metrics import endpoint_url
+
+        bridge.configuration_url = endpoint_url(str(settings.metrics.listen_address), server.server_port)
     try:
         return asyncio.run(daemon.run())
     finally:

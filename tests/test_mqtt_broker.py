@@ -219,11 +219,18 @@ async def test_state_discovery_and_the_last_will_on_sigkill(broker: Mosquitto, t
             card = await w.wait_for(lambda: (c := w.last_json(f"{BASE}/gpu/3")) and c["limit_w"] == 250 and c)
             assert card["index"] == 3 and card["uuid"].startswith("GPU-") and card["min_limit_w"] == 150
             assert 20 < card["power_avg_w"] < 40  # an idle card
-            configs = [m for m in w.messages if str(m.topic).startswith("homeassistant/sensor/powerbudgetd_testbox/")]
-            assert len(configs) == 3 + 2 * 4 and all(m.retain is False for m in configs)  # live, not replayed
+            # 8 sensors of the bank (budget, configured budget, sum of limits, floor, sum of
+            # draw, energy, mode, budget source), 3 a card (limit, draw, energy).
+            configs = await w.wait_for(lambda: len(c := [
+                m for m in w.messages if str(m.topic).startswith("homeassistant/sensor/powerbudgetd_testbox/")
+            ]) >= 8 + 3 * 4 and c)
+            assert len(configs) == 8 + 3 * 4 and all(m.retain is False for m in configs)  # live, not replayed
             sensors = {json.loads(m.payload)["unique_id"]: json.loads(m.payload) for m in configs}  # type: ignore[arg-type]
-            assert {s["device"]["identifiers"][0] for s in sensors.values()} == {"powerbudgetd_testbox"}
-            assert all(s["device_class"] == "power" and s["unit_of_measurement"] == "W" for s in sensors.values())
+            assert sensors["powerbudgetd_testbox_budget"]["device"]["identifiers"] == ["powerbudgetd_testbox"]
+            card_devices = {s["device"]["identifiers"][0] for s in sensors.values() if "via_device" in s["device"]}
+            assert len(card_devices) == 4
+            assert all(s["device_class"] == "power" and s["unit_of_measurement"] == "W"
+                       for s in sensors.values() if s["unique_id"].endswith(("_power", "_limit", "_limits", "_budget")))
             assert sensors["powerbudgetd_testbox_budget"]["state_topic"] == f"{BASE}/state"
             exposition = await asyncio.to_thread(scrape, metrics_port)  # one /metrics, ours included
             assert "powerbudgetd_mqtt_connected 1.0" in exposition and "powerbudgetd_budget_watts 1000.0" in exposition
@@ -238,7 +245,7 @@ async def test_state_discovery_and_the_last_will_on_sigkill(broker: Mosquitto, t
             assert late.last_json(f"{BASE}/state")["budget_w"] == 1000  # type: ignore[index]
             replayed = len(late.messages)
             await publish(broker.port, "homeassistant/status", "online")
-            await late.wait_for(lambda: sum(1 for m in late.messages[replayed:] if "/config" in str(m.topic)) >= 11)
+            await late.wait_for(lambda: sum(1 for m in late.messages[replayed:] if "/config" in str(m.topic)) >= 20)
 
         proc.send_signal(signal.SIGKILL)
         proc.wait(timeout=5)

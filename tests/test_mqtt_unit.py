@@ -306,23 +306,6 @@ def test_a_reload_sets_the_configured_budget_in_the_arbiter(ctl: Controller) -> 
     assert "above the configured budget (800 W)" in bridge.remote_command(b"950")["error"]
 
 
-def test_discovery_groups_every_sensor_under_one_device(ctl: Controller) -> None:
-    cfg = MqttConfig(host="127.0.0.1", node_id="box", wall_meter=TASMOTA)
-    bridge = bridge_for(cfg, feed=FEED)
-    Loop(ctl, bridge).tick(0.0)
-    entries = bridge.discovery(bridge._latest)  # type: ignore[arg-type]
-    assert len(entries) == 4 + 2 * 4  # budget, sum of caps, sum of draw, wall + cap and draw per card
-    assert len({p["unique_id"] for _, p in entries}) == len(entries)
-    assert len({json.dumps(p["device"], sort_keys=True) for _, p in entries}) == 1
-    for topic, p in entries:
-        assert topic.startswith("homeassistant/sensor/powerbudgetd_box/") and topic.endswith("/config")
-        assert (p["device_class"], p["unit_of_measurement"], p["state_class"]) == ("power", "W", "measurement")
-        assert p["availability_topic"] == "powerbudgetd/box/availability"
-    card0 = ctl.cards[0]
-    limit = next(p for _, p in entries if p["unique_id"] == f"powerbudgetd_box_{card0.uuid}_limit")
-    assert limit["state_topic"] == "powerbudgetd/box/gpu/0" and "limit_w" in limit["value_template"]
-
-
 def test_state_carries_the_over_budget_state_and_publishes_on_its_change(ctl: Controller) -> None:
     from powerbudgetd.channels.mqtt.discovery import limits_key
 

@@ -16,6 +16,7 @@ but nothing for a scrape every 15 s.
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import platform
 import socket
 import threading
@@ -47,6 +48,27 @@ ERROR_KINDS = tuple(dict.fromkeys([NvmlError.kind] + [cls.kind for cls in NvmlEr
 # Tick durations: a tick is a few NVML reads (~2 us each) plus the occasional write
 # (~0.2 ms); the upper buckets catch a stalled driver against the 100 ms period.
 TICK_BUCKETS_S = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+
+
+def endpoint_url(address: str, port: int) -> str | None:
+    """The URL of ``/metrics`` served on ``address:port`` as another host reaches it: an
+    unspecified address (all interfaces) becomes this host's name. None on a loopback
+    address: no other host can follow that link."""
+    ip = ipaddress.ip_address(address) if _is_ip(address) else None
+    if ip is not None and ip.is_loopback:
+        return None
+    host = socket.getfqdn() if ip is not None and ip.is_unspecified else address
+    if ":" in host:  # IPv6 literal
+        host = f"[{host}]"
+    return f"http://{host}:{port}/metrics"
+
+
+def _is_ip(text: str) -> bool:
+    try:
+        ipaddress.ip_address(text)
+    except ValueError:
+        return False
+    return True
 
 
 def card_labels(c: CardSnapshot) -> tuple[str, str, str]:
