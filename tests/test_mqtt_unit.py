@@ -16,11 +16,11 @@ import pytest
 from prometheus_client import CollectorRegistry
 from structlog.testing import capture_logs
 
+from powerbudgetd.core.feed import next_wall_budget_w
 from powerbudgetd.channels.mqtt import (
     MqttMetrics,
     ReadingError,
     WallMeter,
-    next_meter_budget_w,
     parse_budget_command,
     parse_power_w,
 )
@@ -115,22 +115,22 @@ def test_allowed_board_budget_follows_the_brief() -> None:
 
 def test_hysteresis_drops_at_once_and_rises_only_a_band_later() -> None:
     h, cfg = 20.0, 1000.0
-    assert next_meter_budget_w(None, 1100, cfg, h) is None  # the meter allows more: not limiting
-    assert next_meter_budget_w(None, 995, cfg, h) == 975  # drop, with one band of margin
-    assert next_meter_budget_w(975, 990, cfg, h) == 975  # noise inside the band: no rewrite
-    assert next_meter_budget_w(975, 970, cfg, h) == 950  # below what is in force: drop again
-    assert next_meter_budget_w(950, 980, cfg, h) == 950
-    assert next_meter_budget_w(950, 991, cfg, h) == 971  # two bands above: rise
-    assert next_meter_budget_w(971, 1019, cfg, h) == 999
-    assert next_meter_budget_w(999, 1020, cfg, h) is None  # a band above the configured budget
-    assert next_meter_budget_w(None, -50, cfg, h) == 0.0  # never negative (the floor clamps later)
+    assert next_wall_budget_w(None, 1100, cfg, h) is None  # the meter allows more: not limiting
+    assert next_wall_budget_w(None, 995, cfg, h) == 975  # drop, with one band of margin
+    assert next_wall_budget_w(975, 990, cfg, h) == 975  # noise inside the band: no rewrite
+    assert next_wall_budget_w(975, 970, cfg, h) == 950  # below what is in force: drop again
+    assert next_wall_budget_w(950, 980, cfg, h) == 950
+    assert next_wall_budget_w(950, 991, cfg, h) == 971  # two bands above: rise
+    assert next_wall_budget_w(971, 1019, cfg, h) == 999
+    assert next_wall_budget_w(999, 1020, cfg, h) is None  # a band above the configured budget
+    assert next_wall_budget_w(None, -50, cfg, h) == 0.0  # never negative (the floor clamps later)
     # A lower configured budget (after a reload) caps what is in force.
-    assert next_meter_budget_w(975, 890, 880, h) == 975  # inside the band: 880 stays in force
-    assert next_meter_budget_w(975, 900, 880, h) is None
-    assert next_meter_budget_w(None, 2000, cfg, 0) is None
+    assert next_wall_budget_w(975, 890, 880, h) == 975  # inside the band: 880 stays in force
+    assert next_wall_budget_w(975, 900, 880, h) is None
+    assert next_wall_budget_w(None, 2000, cfg, 0) is None
     budget = None
     for allowed in [1500, 990, 1005, 985, 1001, 992, 999]:  # a noisy meter around 995 W
-        budget = next_meter_budget_w(budget, allowed, cfg, h)
+        budget = next_wall_budget_w(budget, allowed, cfg, h)
     assert budget == 970  # one drop to 970 (985 - 20), then nothing
 
 

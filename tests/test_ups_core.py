@@ -6,12 +6,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from powerbudgetd.core.feed import next_wall_budget_w
 from powerbudgetd.core.ups import (
     BOUNDS,
     REASONS,
     UpsGuard,
     UpsParams,
-    next_measured_budget_w,
     parse_status,
     parse_vars,
 )
@@ -171,13 +171,13 @@ def test_measured_load_is_wall_truth_like_a_meter() -> None:
     assert budget(g, 0.0) == (None, None)
 
 
-def test_next_measured_budget_w_band() -> None:
-    assert next_measured_budget_w(None, 1200, 1000, 20) is None
-    assert next_measured_budget_w(None, 900, 1000, 20) == 880
-    assert next_measured_budget_w(880, 905, 1000, 20) == 880  # inside the band: no change
-    assert next_measured_budget_w(880, 925, 1000, 20) == 905  # a full band more: rise
-    assert next_measured_budget_w(880, 1025, 1000, 20) is None  # configured + band: stop limiting
-    assert next_measured_budget_w(880, 1010, 1000, 20) == 990
+def test_next_wall_budget_w_band() -> None:
+    assert next_wall_budget_w(None, 1200, 1000, 20) is None
+    assert next_wall_budget_w(None, 900, 1000, 20) == 880
+    assert next_wall_budget_w(880, 905, 1000, 20) == 880  # inside the band: no change
+    assert next_wall_budget_w(880, 925, 1000, 20) == 905  # a full band more: rise
+    assert next_wall_budget_w(880, 1025, 1000, 20) is None  # configured + band: stop limiting
+    assert next_wall_budget_w(880, 1010, 1000, 20) == 990
 
 
 def test_params_reject_nonsense() -> None:

@@ -128,3 +128,22 @@ class Feed:
             raise ValueError("the feed has neither a breaker nor a UPS: no plug-side limit")
         non_gpu_w = self.non_gpu_wall_w(wall_w, board_w)
         return non_gpu_w, (limit - non_gpu_w) * self.psu_efficiency
+
+
+def next_wall_budget_w(current_w: float | None, allowed_w: float, configured_w: float, hysteresis_w: float) -> float | None:
+    """The budget a wall-power reading allows, after one reading (board W); None when it
+    does not limit. One rule for every plug-side truth: a wall meter, a UPS's measured load.
+
+    Below what is in force: drop to ``allowed - hysteresis`` at once (protection
+    first, and one dead band of margin so noise does not trigger the next drop). Rise
+    only once the meter allows a full band more; give up limiting once it allows the
+    configured budget plus a band. Never above ``configured_w``.
+    """
+    in_force = configured_w if current_w is None else min(current_w, configured_w)
+    if allowed_w < in_force:
+        return max(0.0, allowed_w - hysteresis_w)
+    if current_w is None or allowed_w >= configured_w + hysteresis_w:
+        return None
+    if allowed_w >= current_w + 2 * hysteresis_w:
+        return allowed_w - hysteresis_w
+    return current_w

@@ -29,6 +29,8 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from powerbudgetd.core.feed import next_wall_budget_w
+
 # ups.status flags NUT defines. Anything else is unknown: shown, never acted on.
 KNOWN_FLAGS = frozenset({
     "OL", "OB", "LB", "HB", "RB", "CHRG", "DISCHRG", "BYPASS", "CAL", "OFF", "OVER", "TRIM", "BOOST", "FSD",
@@ -278,7 +280,7 @@ class UpsGuard:
         # carries no more than its limit (the rest of the host is taken as it is).
         allowed = board_w + (limit - wall_w) * self.params.psu_efficiency
         self.allowed_w = allowed
-        self.meter_w = next_measured_budget_w(self.meter_w, allowed, configured_w, self.params.hysteresis_w)
+        self.meter_w = next_wall_budget_w(self.meter_w, allowed, configured_w, self.params.hysteresis_w)
 
     # -- output -----------------------------------------------------------------------
     def evaluate(self, now: float, configured_w: float, floor_w: float | None) -> UpsConstraint:
@@ -301,21 +303,3 @@ class UpsGuard:
         if self.silent:
             reason = "ups_stale"  # a value kept (or set) through a silence
         return UpsConstraint(max(0.0, budget_w), reason)
-
-
-def next_measured_budget_w(current_w: float | None, allowed_w: float, configured_w: float, hysteresis_w: float) -> float | None:
-    """The measured-load budget after a reading (board W); None when it does not limit.
-
-    Below what is in force: drop to ``allowed - hysteresis`` at once (protection first,
-    with a band of margin so noise does not trigger the next drop). Rise only once the
-    load allows a full band more; stop limiting once it allows the configured budget
-    plus a band. Never above ``configured_w``, never below 0.
-    """
-    in_force = configured_w if current_w is None else min(current_w, configured_w)
-    if allowed_w < in_force:
-        return max(0.0, allowed_w - hysteresis_w)
-    if current_w is None or allowed_w >= configured_w + hysteresis_w:
-        return None
-    if allowed_w >= current_w + 2 * hysteresis_w:
-        return min(configured_w, allowed_w - hysteresis_w)
-    return current_w

@@ -18,14 +18,14 @@ from typing import TYPE_CHECKING, Any
 
 from powerbudgetd.channels.mqtt.metrics import READING_ERRORS, MqttMetrics
 from powerbudgetd.channels.mqtt.remote import RemoteBudget, parse_budget_command
-from powerbudgetd.channels.mqtt.wallmeter import ReadingError, WallMeter, next_meter_budget_w, parse_power_w
+from powerbudgetd.channels.mqtt.wallmeter import ReadingError, WallMeter, parse_power_w
 
 if TYPE_CHECKING:
     from powerbudgetd.channels.mqtt.session import MqttBridge
 
 __all__ = [
     "READING_ERRORS", "MqttBridge", "MqttMetrics", "ReadingError", "RemoteBudget", "WallMeter",
-    "next_meter_budget_w", "parse_budget_command", "parse_power_w",
+    "parse_budget_command", "parse_power_w",
 ]
 
 

@@ -6,7 +6,7 @@ From each reading and the GPUs' board power (``core.feed``)::
     non-GPU wall draw = wall power - board power / PSU efficiency
     board budget      = (plug-side limit - non-GPU wall draw) x PSU efficiency
 
-with hysteresis against a noisy meter (:func:`next_meter_budget_w`). Clock-free: ``now``
+with hysteresis against a noisy meter (:func:`powerbudgetd.core.feed.next_wall_budget_w`). Clock-free: ``now``
 (s) is passed in.
 """
 
@@ -18,6 +18,7 @@ from typing import Any
 
 import structlog
 
+from powerbudgetd.core.feed import next_wall_budget_w
 from powerbudgetd.channels.mqtt._text import finite_number, shown
 from powerbudgetd.channels.mqtt.metrics import READING_ERRORS, MqttMetrics
 from powerbudgetd.core.arbiter import BudgetArbiter
@@ -28,7 +29,7 @@ log = structlog.get_logger("powerbudgetd")
 
 SOURCE = "wall_meter"  # its name at the budget arbiter
 
-__all__ = ["READING_ERRORS", "SOURCE", "ReadingError", "WallMeter", "next_meter_budget_w", "parse_power_w"]
+__all__ = ["READING_ERRORS", "SOURCE", "ReadingError", "WallMeter", "parse_power_w"]
 
 
 class ReadingError(ValueError):
@@ -64,24 +65,6 @@ def parse_power_w(payload: bytes, path: Sequence[str]) -> float:
     if watts < 0:
         raise ReadingError("negative", f"negative wall power: {watts:g} W")
     return watts
-
-
-def next_meter_budget_w(current_w: float | None, allowed_w: float, configured_w: float, hysteresis_w: float) -> float | None:
-    """The meter's budget after a reading (W); None when the meter does not limit.
-
-    Below what is in force: drop to ``allowed - hysteresis`` at once (protection
-    first, and one dead band of margin so noise does not trigger the next drop). Rise
-    only once the meter allows a full band more; give up limiting once it allows the
-    configured budget plus a band. Never above ``configured_w``.
-    """
-    in_force = configured_w if current_w is None else min(current_w, configured_w)
-    if allowed_w < in_force:
-        return max(0.0, allowed_w - hysteresis_w)
-    if current_w is None or allowed_w >= configured_w + hysteresis_w:
-        return None
-    if allowed_w >= current_w + 2 * hysteresis_w:
-        return allowed_w - hysteresis_w
-    return current_w
 
 
 class WallMeter:
@@ -146,7 +129,7 @@ class WallMeter:
             self._set_state(exc.reason, str(exc))
             return
         self.wall_w, self.non_gpu_w, self.allowed_w = wall_w, non_gpu_w, allowed_w
-        self.budget_w = next_meter_budget_w(self.budget_w, allowed_w, configured_w, self.cfg.hysteresis_w)
+        self.budget_w = next_wall_budget_w(self.budget_w, allowed_w, configured_w, self.cfg.hysteresis_w)
         self.last_ok_at = now
         if self.arbiter is not None:
             if self.budget_w is None:
