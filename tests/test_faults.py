@@ -128,7 +128,8 @@ def test_constraints_that_lie_mark_the_card_not_controllable_with_backoff():
     assert rig.enforced_w(1) == 365.0
     assert len(events(logs, "write_unconfirmed")) == 1  # one line per state change
     # retries back off (5, 10, 20, 40 s ...): a handful of writes in two minutes, not 1200
-    assert 2 <= rig.bank.cards[0].writes <= 6
+    # (the first write not read back is resent once: it may have met a reset)
+    assert 2 <= rig.bank.cards[0].writes <= 8
 
 
 def test_constraints_with_min_above_max_are_rejected_not_used():

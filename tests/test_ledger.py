@@ -57,12 +57,13 @@ class Card:
 def test_the_bound_covers_whatever_may_be_in_force(default_mw, lag_s, script):
     card = Card(default_mw, lag_s)
     led = CardLedger(T, MAX_MW)
-    now = 0.0
+    now = sent_at = 0.0
     led.observe(now, card.requested, card.enforced(now))
     for op, arg in script:
         if op == "write" and not led.busy:
             card.write(now, arg)
             led.record_write(arg, now)
+            sent_at = now
         elif op == "outside":
             card.write(now, arg)
             confirmed = led.observe(now, card.requested, card.enforced(now))
@@ -79,9 +80,9 @@ def test_the_bound_covers_whatever_may_be_in_force(default_mw, lag_s, script):
                 req = None if arg == "no_requested" else card.requested
                 enf = None if arg == "no_enforced" else card.enforced(now)
                 confirmed = led.observe(now, req, enf)
-                if confirmed is not None:  # our write is in force (or a tighter limiter holds it lower)
+                if confirmed is not None:  # our write is in force, or settled under other limiters
                     assert card.requested == confirmed
-                    assert card.enforced(now) <= confirmed
+                    assert card.enforced(now) == confirmed or now - sent_at >= T.settle_s
             # Right after a read, the bound covers the truth of that instant.
             assert led.bound_mw >= card.bound(now), (led, card.__dict__)
         # A write of ours counts from the moment it is sent.
@@ -138,3 +139,36 @@ def test_a_reset_to_the_old_value_after_our_write_was_read_back_supersedes_it():
     assert led.inflight
     led.observe(0.2, 74_000, 74_000)  # re-plugged at its default
     assert not led.inflight and led.bound_mw == 74_000
+
+
+def test_a_decrease_held_up_by_a_floor_settles_as_held_above():
+    """Our decrease is read back in requested, but a floor elsewhere keeps enforced above
+    it: after settle_s it is ours (no write fault, no hold) and the card is held above,
+    counted at its enforced limit, like a floor that was there before we wrote."""
+    led = CardLedger(T, 400_000)
+    led.observe(0.0, 300_000, 300_000)
+    led.record_write(200_000, 0.0)
+    assert led.observe(0.5, 200_000, 300_000) is None and led.inflight
+    assert led.observe(T.settle_s, 200_000, 300_000) == 200_000
+    assert not led.inflight and led.held_above and led.bound_mw == 300_000
+    assert led.expire(T.confirm_timeout_s + 1) is None
+
+
+def test_a_write_not_read_back_is_news_once_and_an_ignored_write_twice():
+    """NVML sets requested before the write returns: a card that reads what it had right
+    after ours returned met a reset (news: nothing of ours is in flight, resend at once)
+    or ignores writes. The second such write in a row expires at once and holds the card;
+    after the hold one more miss holds it again; a confirmed write forgets the misses."""
+    led = CardLedger(T, 300_000)
+    led.observe(0.0, 300_000, 300_000)
+    led.record_write(200_000, 0.0)
+    led.observe(0.1, 300_000, 300_000)  # a reset to the same default, or ignored
+    assert not led.inflight and led.expire(0.1) is None
+    led.record_write(200_000, 0.1)
+    led.observe(0.2, 300_000, 300_000)  # ignored again
+    assert led.expire(0.2) == (200_000, 0.1) and led.bound_mw == 300_000
+    led.record_write(200_000, 5.0)  # retried after the hold
+    led.observe(5.1, 300_000, 300_000)
+    assert led.expire(5.1) == (200_000, 5.0)
+    led.record_write(200_000, 10.0)
+    assert led.observe(10.1, 200_000, 200_000) == 200_000 and led.unread == 0

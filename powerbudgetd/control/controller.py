@@ -125,6 +125,7 @@ class Controller:
         self._budget_reason: str | None = None  # the reason for the next tick's writes
         self._next_enumerate = float("-inf")
         self._count = -1  # NVML's device count at the last enumeration
+        self._over = False  # the sum of bounds read this tick is above the budget
         self.override_warnings: list[str] = []  # [cards] settings that do nothing (see start)
 
     # -- start ----------------------------------------------------------------------
@@ -249,6 +250,7 @@ class Controller:
     def tick(self, now: float) -> TickReport:
         self._enumerate(now)
         faults = self._observe_all(now) + self._expire(now)
+        self._over = self.sum_bound_mw > self.budget_mw
         if faults and not self.dry_run:
             self._failsafe_until = now + self.timings.failsafe_hold_s
         mode = self._mode(now)
@@ -316,8 +318,12 @@ class Controller:
 
     def _active(self, c: CardState, now: float) -> bool:
         """Controlled right now: controllable, readable, not held after a failed write, and
-        not held above its requested limit by an outside floor (writing cannot lower it)."""
-        return c.controllable and c.readable and not c.ledger.held(now) and not c.ledger.held_above
+        not held above its requested limit by an outside floor (writing cannot lower it).
+        Over budget, a card whose enforced limit is above its requested one (our decrease
+        still biting, or a floor that came in under it) is counted where it is, so the
+        others are lowered around it this tick instead of once the write settles."""
+        return (c.controllable and c.readable and not c.ledger.held(now) and not c.ledger.held_above
+                and not (self._over and c.ledger.above_requested))
 
     # -- observe --------------------------------------------------------------------
     def _read(self, uuid: str) -> PowerReading | None:

@@ -44,6 +44,7 @@ class CardLedger:
     overdue: bool = False  # a write in flight did not return in time: it may land whenever it returns
     requested_before_mw: int | None = None  # the requested limit read before our first write in flight
     seen_ours: bool = False  # our write in flight has been read back in requested
+    unread: int = 0  # writes in a row never read back while the card kept what it had
     bound_mw: int = 0
     foreign_mw: int | None = None  # a raise we did not make, maybe still in flight
     foreign_since: float | None = None
@@ -68,20 +69,22 @@ class CardLedger:
         ours = [mw for mw, _ in self.inflight]
         if requested_mw is not None and requested_mw in ours:
             self.seen_ours = True  # our write reached the card: whatever replaces it is news
-        if (self.inflight and not self.overdue and requested_mw is not None and requested_mw not in ours
-                and (requested_mw != self.requested_before_mw or self.seen_ours)):
-            # Our writes returned, yet the card asks for something new (neither ours nor
-            # what it had, or what it had after ours was read back: a re-plug or reset to
-            # the same default): a reset or another tool wrote after us, and the latest request
-            # supersedes ours. Nothing of ours is on its way; waiting for it to be
-            # confirmed would block the correction. (A card that still reads what it had
-            # ignored the write: that expires and holds the card, as any write that did
-            # not take.)
-            self.inflight.clear()
+        if self.inflight and not self.overdue and requested_mw is not None and requested_mw not in ours:
+            # Our writes returned (NVML sets requested before it returns), yet the card
+            # asks for something else: a reset or another tool wrote after us, and the
+            # latest request supersedes ours. Nothing of ours is on its way; waiting for
+            # a confirmation would block the correction. Still reading what it had, and
+            # never ours, it may instead have ignored the write: once is news (resent),
+            # twice in a row a card that ignores us (expire() then holds it).
+            if requested_mw == self.requested_before_mw and not self.seen_ours:
+                self.unread += 1
+            if self.unread < 2:
+                self.inflight.clear()
         confirmed = self.inflight[-1][0] if self.inflight and self.confirmed(now) else None
         if confirmed is not None:
             self.inflight.clear()
             self.new = self.overdue = False
+            self.unread = 0
         self._foreign(now)
         self._update_bound()
         return confirmed
@@ -128,11 +131,17 @@ class CardLedger:
         return r is not None and e is not None and r > e
 
     @property
+    def above_requested(self) -> bool:
+        """Enforced above requested, whatever is in flight: a decrease still biting (the
+        lag), or a floor elsewhere. Either way writing lower cannot bring it down now."""
+        r, e = self.requested_mw, self.enforced_mw
+        return r is not None and e is not None and e > r
+
+    @property
     def held_above(self) -> bool:
         """Enforced above requested with nothing of ours in flight: a floor set elsewhere
         (firmware, a BMC, another limiter). Writing lower cannot bring the card down."""
-        r, e = self.requested_mw, self.enforced_mw
-        return not self.inflight and r is not None and e is not None and e > r
+        return not self.inflight and self.above_requested
 
     # -- what we write ---------------------------------------------------------------
     def record_write(self, to_mw: int, sent_at: float) -> None:
@@ -150,24 +159,25 @@ class CardLedger:
         self.bound_mw = max(self.bound_mw, self.worst_mw)
 
     def confirmed(self, now: float) -> bool:
-        """The last write is in force: requested reads it back and enforced equals it
-        (or, ``settle_s`` after it was sent, sits below it: another limiter is tighter)."""
+        """The last write is in force: requested reads it back and enforced equals it; or,
+        ``settle_s`` after it was sent, enforced is what other limiters make of it: below
+        (a tighter limiter) or above (a floor held elsewhere: the card is then held above)."""
         if not self.inflight:
             return True
         target, sent_at = self.inflight[-1]
         if self.requested_mw != target or self.enforced_mw is None:
             return False
-        return self.enforced_mw == target or (
-            self.enforced_mw < target and now - sent_at >= self.timings.settle_s
-        )
+        return self.enforced_mw == target or now - sent_at >= self.timings.settle_s
 
     def expire(self, now: float) -> tuple[int, float] | None:
-        """The last write, if it is still unconfirmed ``confirm_timeout_s`` after it was
-        sent (the in-flight list is then dropped: the card counts at what it reads)."""
-        if self.inflight and now - self.inflight[-1][1] > self.timings.confirm_timeout_s:
+        """The last write, if it did not take: still unconfirmed ``confirm_timeout_s``
+        after it was sent, or the second in a row the card ignored (the in-flight list is
+        then dropped: the card counts at what it reads)."""
+        if self.inflight and (now - self.inflight[-1][1] > self.timings.confirm_timeout_s or self.unread >= 2):
             last = self.inflight[-1]
             self.inflight.clear()
             self.overdue = False
+            self.unread = min(self.unread, 1)  # after the hold, one more miss holds it again
             return last
         return None
 
