@@ -22,7 +22,8 @@ import time
 from prometheus_client import CollectorRegistry
 
 from powerbudgetd.service.config import FeedConfig, MqttConfig, WallMeterConfig
-from powerbudgetd.control.controller import Controller, bank_snapshot
+from powerbudgetd.control.controller import Controller
+from powerbudgetd.control.report import bank_snapshot
 from powerbudgetd.core.arbiter import BudgetArbiter
 from powerbudgetd.service.daemon import BudgetKeeper
 from powerbudgetd.service.logs import configure_logging

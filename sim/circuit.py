@@ -159,7 +159,7 @@ class SimHost:
 
     def seen_want_w(self) -> float:
         """What the daemon can see: the controller's own account (as ``HostPower.want_w``)."""
-        from powerbudgetd.control.controller import bank_snapshot
+        from powerbudgetd.control.report import bank_snapshot
 
         return self.power.want_w(bank_snapshot(self.ctl, self.bank.now))
 

@@ -35,7 +35,7 @@ from powerbudgetd.errors import NvmlError
 from powerbudgetd.core.model import Mode, Role
 
 if TYPE_CHECKING:
-    from powerbudgetd.control.controller import TickReport
+    from powerbudgetd.control.report import TickReport
     from powerbudgetd.core.snapshot import BankSnapshot, CardSnapshot
     from powerbudgetd.hw.nvml import Nvml
     from powerbudgetd.service.config import Settings

@@ -41,7 +41,7 @@ from powerbudgetd.core.ups import BOUNDS, KNOWN_FLAGS, REASONS, UpsConstraint, U
 from powerbudgetd.service.config import UpsConfig
 
 if TYPE_CHECKING:
-    from powerbudgetd.control.controller import TickReport
+    from powerbudgetd.control.report import TickReport
     from powerbudgetd.service.config import Settings
 
 log = structlog.get_logger("powerbudgetd")

@@ -5,11 +5,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+import structlog
+
 from powerbudgetd.control.audit import CardAudit
 from powerbudgetd.control.ledger import CardLedger
 from powerbudgetd.core.model import Role
 from powerbudgetd.hw.nvml import GpuInfo, PowerReading
 
+log = structlog.get_logger("powerbudgetd")
 
 def _via(part: str, name: str) -> Any:
     """A property reading and writing ``self.<part>.<name>``."""
@@ -79,3 +82,11 @@ class CardState:
 
     def last_written(self) -> tuple[int, float] | None:
         return self.ledger.inflight[-1] if self.ledger.inflight else None
+
+    def hold(self, now: float, event: str, **fields: object) -> None:
+        """Leave the card alone for a doubling backoff after a write that did not take; it
+        counts at its bound. Logged as ``event`` when it stops being controllable only."""
+        if self.ledger.hold(now):
+            log.error(event, index=self.index, uuid=self.uuid, **fields,
+                      action="card counted at its read-back limit and retried with backoff")
+        self.role = Role.FIXED

@@ -8,6 +8,7 @@ numbers, and the state the metrics, the status line and MQTT export.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import structlog
@@ -92,7 +93,7 @@ class OverBudget:
                      sum_limits_w=ctl.sum_bound_mw / 1000, budget_w=ctl.budget_mw / 1000)
             self.since = None
 
-    def infeasible(self, pool_mw: int, active: list[CardState], infeasible: bool) -> None:
+    def infeasible(self, pool_mw: int, active: Sequence[CardState], infeasible: bool) -> None:
         """The cards we cannot lower leave less than the others' floors: say so loudly
         (once per episode); the others are then held at their floors."""
         if infeasible and not self._infeasible:

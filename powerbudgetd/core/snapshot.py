@@ -1,6 +1,6 @@
 """The bank as one tick left it, in watts: what every side channel consumes.
 
-Built once per tick (``control.controller.bank_snapshot``) and carried by the tick's
+Built once per tick (``control.report.bank_snapshot``) and carried by the tick's
 report; metrics, MQTT and the flight recorder read it and nothing else of the
 controller. Frozen: a side channel cannot change what another one sees.
 

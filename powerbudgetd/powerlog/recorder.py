@@ -95,7 +95,7 @@ from powerbudgetd.core.backoff import Backoff
 from powerbudgetd import __version__
 
 if TYPE_CHECKING:
-    from powerbudgetd.control.controller import TickReport
+    from powerbudgetd.control.report import TickReport
     from powerbudgetd.core.feed import Feed
     from powerbudgetd.core.snapshot import BankSnapshot
     from powerbudgetd.service.config import RecorderConfig, Settings

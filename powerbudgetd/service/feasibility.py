@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from powerbudgetd.control.controller import START_TIMEOUT_S, Controller
+from powerbudgetd.control.cardset import START_TIMEOUT_S
+from powerbudgetd.control.controller import Controller
 from powerbudgetd.hw.calls import InlineCalls
 from powerbudgetd.hw.nvml import Nvml
 from powerbudgetd.service.config import Settings

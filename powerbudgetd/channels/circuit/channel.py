@@ -35,7 +35,7 @@ from powerbudgetd.core.circuit import Fence, GrantPolicy, HostPower, raise_allow
 from powerbudgetd.core.snapshot import CircuitStatus
 
 if TYPE_CHECKING:
-    from powerbudgetd.control.controller import TickReport
+    from powerbudgetd.control.report import TickReport
     from powerbudgetd.core.snapshot import BankSnapshot
     from powerbudgetd.service.config import CircuitConfig, Settings
 

@@ -60,7 +60,7 @@ from powerbudgetd.errors import NvmlError
 from powerbudgetd.service.config import MqttConfig
 
 if TYPE_CHECKING:
-    from powerbudgetd.control.controller import TickReport
+    from powerbudgetd.control.report import TickReport
     from powerbudgetd.service.config import Settings
 
 log = structlog.get_logger("powerbudgetd")

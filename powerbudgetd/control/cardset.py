@@ -1,0 +1,172 @@
+"""The bank's cards as NVML enumerates them: found at start, followed at runtime by UUID.
+
+Each card is built with its constraints, its ``[cards]`` settings and a ledger that
+counts it at its worst case (the largest limit read or stated, else the operator's
+``max_w``). At runtime the device set is read again every ``enumerate_s``, at once when
+the device count (read every tick, microseconds) changes, and after a lookup error: a
+card that appears or comes back counts at its worst case until a write of ours is
+confirmed on it; a card gone is reserved at its bound until it returns.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import structlog
+
+from powerbudgetd.control.audit import CardAudit
+from powerbudgetd.control.card import CardState
+from powerbudgetd.control.ledger import CardLedger
+from powerbudgetd.core.model import CardOverride, Role, Timings
+from powerbudgetd.core.units import to_mw
+from powerbudgetd.errors import BudgetInfeasible, CardLimitUnknown, NvmlError
+from powerbudgetd.hw.calls import InlineCalls
+from powerbudgetd.hw.nvml import GpuInfo, Nvml, PowerReading
+
+log = structlog.get_logger("powerbudgetd")
+
+START_TIMEOUT_S = 30.0  # enumeration at start (outside the loop) may be slow while a driver wakes
+
+
+class CardSet:
+    """Every card of the bank, in NVML's order of first sight, keyed by UUID (limits mW)."""
+
+    def __init__(self, nvml: Nvml, timings: Timings, calls: InlineCalls,
+                 overrides: Mapping[str, CardOverride]) -> None:
+        self.nvml, self.timings, self.calls = nvml, timings, calls
+        self.overrides = dict(overrides)
+        self.cards: list[CardState] = []
+        self._next_enumerate = float("-inf")
+        self._count = -1  # NVML's device count at the last enumeration
+
+    def start(self) -> list[str]:
+        """Enumerate the cards; return the ``[cards]`` settings that do nothing (each
+        logged as a warning). Raises BudgetInfeasible when there is no card, and
+        CardLimitUnknown naming each card with no limit read or stated."""
+        found = self.calls.call("bank", self.nvml.devices, timeout_s=START_TIMEOUT_S)
+        self.cards = [self.build(info) for info in found]
+        if not self.cards:
+            raise BudgetInfeasible("no GPUs found: nothing to keep under a budget")
+        warnings = self._override_warnings()
+        unknown = [c for c in self.cards if c.ledger.worst_mw <= 0]
+        if unknown:
+            raise CardLimitUnknown("; ".join(
+                f"GPU {c.index} ({c.uuid}, {c.info.name}): NVML gives none of its limit constraints, default, "
+                f"requested or enforced limit, so it cannot be counted at its worst case. Set [cards.\"{c.uuid}\"] "
+                "max_w to the highest limit it may have" for c in unknown))
+        return warnings
+
+    def read(self, uuid: str) -> PowerReading | None:
+        try:
+            return self.calls.call(uuid, self.nvml.read, uuid)
+        except NvmlError:
+            return None
+
+    def _override(self, info: GpuInfo) -> CardOverride | None:
+        return self.overrides.get(info.uuid) or self.overrides.get(str(info.index))
+
+    def build(self, info: GpuInfo) -> CardState:
+        """A card as first seen: constraints checked, counted at its worst case."""
+        ov = self._override(info) or CardOverride()
+        lo, hi = info.min_limit_w, info.max_limit_w
+        valid = lo is not None and hi is not None and 0 < lo <= hi
+        if lo is not None and hi is not None and not valid:
+            log.error("invalid_constraints", index=info.index, uuid=info.uuid, min_w=lo, max_w=hi,
+                      action="card left alone and counted at its enforced limit")
+        r = self.read(info.uuid)
+        known = [v for v in (hi, info.default_limit_w) + ((r.requested_limit_w, r.enforced_limit_w) if r else ())
+                 if v is not None]
+        # The worst case: the largest limit read or stated, else the operator's max.
+        worst = to_mw(max(known)) if known else to_mw(ov.max_w) if ov.max_w is not None else 0
+        min_mw = to_mw(lo) if valid else 0  # type: ignore[arg-type]
+        max_mw = worst if ov.max_w is None else max(min_mw, min(worst, int(ov.max_w * 1000)))
+        controllable = not ov.exclude and valid
+        return CardState(info, controllable, min_mw, max_mw, CardLedger(self.timings, worst),
+                         CardAudit(self.timings), ov.priority, role=Role.FAIR if controllable else Role.FIXED,
+                         excluded=ov.exclude)
+
+    def _override_warnings(self) -> list[str]:
+        """``[cards]`` settings that do not do what they say: a key naming no card (a
+        typo in a UUID, an index past the last card) and a ``max_w`` below the card's
+        floor (the floor wins)."""
+        keys = {c.uuid for c in self.cards} | {str(c.index) for c in self.cards}
+        out = [f"[cards.\"{k}\"] matches no card (UUIDs and indices here: "
+               f"{', '.join(sorted(keys))}): its settings do nothing" for k in sorted(self.overrides) if k not in keys]
+        for c in self.cards:
+            ov = self._override(c.info)
+            if ov is not None and ov.max_w is not None and c.controllable and to_mw(ov.max_w) < c.min_mw:
+                out.append(f"[cards] max_w {ov.max_w:g} W for GPU {c.index} is below its minimum limit "
+                           f"{c.min_mw / 1000:g} W: the card is held at {c.min_mw / 1000:g} W at most")
+        for text in out:
+            log.warning("card_override_ignored", detail=text)
+        return out
+
+    def check_feasible(self, budget_mw: int) -> None:
+        """Raise BudgetInfeasible, with each card's floor against its share, when the
+        minimum limits of the cards we control plus what the others hold exceed
+        ``budget_mw``."""
+        ctl = [c for c in self.cards if c.controllable]
+        fixed_mw = 0
+        for c in self.cards:
+            if not c.controllable:
+                r = self.read(c.uuid)
+                known = [v for v in ((r.enforced_limit_w, r.requested_limit_w) if r else ()) if v is not None]
+                fixed_mw += to_mw(max(known)) if len(known) == 2 else c.ledger.worst_mw
+        floor_mw = sum(c.min_mw for c in ctl) + fixed_mw
+        if floor_mw > budget_mw:
+            share = (budget_mw - fixed_mw) / max(len(ctl), 1) / 1000.0
+            detail = "; ".join(f"GPU {c.index} ({c.info.name}) floor {c.min_mw / 1000:g} W vs share {share:g} W" for c in ctl)
+            raise BudgetInfeasible(
+                f"budget {budget_mw / 1000:g} W is below what the cards can be held to: "
+                f"minimum limits sum to {sum(c.min_mw for c in ctl) / 1000:g} W"
+                + (f" plus {fixed_mw / 1000:g} W on cards we cannot control = {floor_mw / 1000:g} W" if fixed_mw else "")
+                + f". {detail}"
+            )
+
+    def look_again(self, now: float) -> None:
+        """A lookup failed: enumerate again at the next :meth:`follow`."""
+        self._next_enumerate = min(self._next_enumerate, now)
+
+    def _device_count(self) -> int:
+        try:
+            return self.calls.call("bank", self.nvml.device_count)
+        except NvmlError:
+            return -1
+
+    def follow(self, now: float) -> None:
+        """Follow NVML's device set: every ``enumerate_s``, after a lookup error, and at
+        once when the device count changes."""
+        if now < self._next_enumerate and self._device_count() == self._count:
+            return
+        self._next_enumerate = now + self.timings.enumerate_s
+        self._count = self._device_count()
+        try:
+            found = self.calls.call("bank", self.nvml.devices, True)
+        except NvmlError as exc:
+            log.warning("enumeration_failed", error=str(exc), retry_in_s=self.timings.enumerate_s)
+            return
+        by_id = {c.uuid: c for c in self.cards}
+        for info in found:
+            c = by_id.get(info.uuid)
+            if c is None:
+                c = self.build(info)
+                self.cards.append(c)
+                log.warning("card_appeared", index=info.index, uuid=info.uuid, name=info.name,
+                            counted_w=c.ledger.worst_mw / 1000, controllable=c.controllable,
+                            action="counted at its maximum and capped before anything else is raised")
+            elif c.gone:
+                log.warning("card_returned", index=info.index, uuid=info.uuid, counted_w=c.ledger.worst_mw / 1000)
+            elif c.info.index != info.index:
+                log.info("card_reindexed", uuid=info.uuid, old_index=c.info.index, new_index=info.index)
+            if (c.gone or c.uuid not in by_id) and c.controllable:
+                c.ledger.appeared()
+            if not c.controllable and info.min_limit_w is None:  # keep constraints once read
+                info = GpuInfo(info.index, info.uuid, info.name, c.info.min_limit_w, c.info.max_limit_w,
+                               c.info.default_limit_w, info.mig_mode)
+            c.info, c.gone = info, False
+        present = {i.uuid for i in found}
+        for c in self.cards:
+            if c.uuid not in present and not c.gone:
+                c.gone = True
+                log.error("card_gone", index=c.index, uuid=c.uuid, reserved_w=c.bound_mw / 1000,
+                          action="reserved at its bound until it returns; the others keep lending")

@@ -1,0 +1,58 @@
+"""Each controlled card's target limit for this tick, and the reason for its write.
+
+The cards we do not control right now (fixed, lost, held, gone) are reserved at their
+bounds; the controlled ones share what is left: fair shares outside dynamic mode, the
+lending policy's targets in it (:mod:`powerbudgetd.core.policy`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from powerbudgetd.control.card import CardState
+from powerbudgetd.control.overbudget import OverBudget
+from powerbudgetd.core.fairshare import fair_shares
+from powerbudgetd.core.model import Mode, Role
+from powerbudgetd.core.policy import CardView, LendingPolicy
+from powerbudgetd.core.units import opt_mw
+
+MODE_REASON = {Mode.BOOTING: "boot", Mode.FAILSAFE: "fail_static", Mode.STOPPING: "shutdown"}
+
+Targets = tuple[dict[str, int], dict[str, str]]  # (mW, reason) by UUID
+
+
+def targets(cards: Sequence[CardState], active: Sequence[CardState], budget_mw: int, mode: Mode,
+            policy: LendingPolicy, over: OverBudget, now: float, dry_run: bool = False,
+            settling: bool = False) -> Targets:
+    """Targets (mW) and reasons, by UUID, for the ``active`` cards among ``cards``; sets
+    each card's fair share and role, and tells ``over`` whether the shares fit (not while
+    ``settling``: a card reserved only until its decrease bites is not outside our control)."""
+    for c in cards:
+        if c.readable and c not in active:
+            c.role = Role.FIXED
+    pool = budget_mw - sum(c.bound_mw for c in cards if c not in active)
+    shares = fair_shares(pool, [c.min_mw for c in active], [c.max_mw for c in active])
+    over.infeasible(pool, active, shares is None and not settling)
+    for c, share in zip(active, shares or [c.min_mw for c in active]):
+        c.share_mw = share
+    drift = {c.uuid: "drift" for c in active if c.requested_mw != c.expected_mw and c.audit.drifted_at(now)}
+    # Held below its requested limit from outside: it cannot use what it is counted at.
+    outside = {c.uuid for c in active if c.ledger.held_below and not c.ledger.busy}
+    if mode != Mode.DYNAMIC:
+        policy.reset()
+        for c in active:
+            c.role = Role.FAIR
+        reason = MODE_REASON[mode]
+        return {c.uuid: c.share_mw for c in active}, {c.uuid: drift.get(c.uuid, reason) for c in active}  # type: ignore[misc]
+    views = [CardView(c.uuid, c.share_mw, c.min_mw, c.max_mw,  # type: ignore[arg-type]
+                      c.bound_mw if dry_run or c.enforced_mw is None else c.enforced_mw,
+                      None if c.uuid in outside else opt_mw(c.reading.power_avg_w if c.reading else None),
+                      None if c.uuid in outside else opt_mw(c.reading.power_instant_w if c.reading else None),
+                      c.priority) for c in active]
+    decided = policy.decide(now, views, pool)
+    tick_reason = next((r for r in ("reclaim", "release", "lend") if any(t.reason == r for t in decided.values())), "lend")
+    for c in active:
+        c.role = decided[c.uuid].role
+    return ({u: t.limit_mw for u, t in decided.items()},
+            {u: drift.get(u) or ("outside_limit" if u in outside and t.reason else t.reason) or tick_reason
+             for u, t in decided.items()})

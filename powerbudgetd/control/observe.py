@@ -1,0 +1,67 @@
+"""One card's read, every tick, taken into its ledger and audit.
+
+Every read is an audit, not only those after our own writes: an unreadable card counts
+at the highest limit it may have; a readable one has its power readings checked
+(impossible, frozen), its limits taken into the ledger (which confirms our writes by
+read-back) and its limit checked for drift. A write that was not confirmed in time
+holds the card.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import structlog
+
+from powerbudgetd.control.card import CardState
+from powerbudgetd.core.model import Role
+from powerbudgetd.core.units import opt_mw, opt_w
+from powerbudgetd.errors import NvmlError
+from powerbudgetd.hw.nvml import PowerReading
+
+log = structlog.get_logger("powerbudgetd")
+
+
+def observe(c: CardState, r: PowerReading | NvmlError, now: float,
+            energy_j: Callable[[], float | None]) -> str | None:
+    """Take one read of ``c`` (or the error reading it) into its ledger and audit;
+    ``energy_j`` reads its energy counter (J), asked only while a reading looks frozen.
+    Returns a fault description the first time the card cannot be read, else None."""
+    if isinstance(r, NvmlError):
+        c.read_errors[r.kind] = c.read_errors.get(r.kind, 0) + 1
+        first = c.error is None
+        c.error, c.reading = f"{r.kind}: {r}", None
+        c.audit.lost()
+        if c.controllable:
+            c.role = Role.LOST
+        c.ledger.observe_unknown()  # counted at the highest limit it may have or come back with
+        if not first:
+            return None  # one fault per episode: a card gone for good does not stop lending forever
+        log.warning("card_unreadable", index=c.index, uuid=c.uuid, error=c.error, counted_w=c.bound_mw / 1000)
+        return f"GPU {c.index} unreadable ({r.kind})"
+    if c.error is not None:
+        log.info("card_readable_again", index=c.index, uuid=c.uuid, was=c.error)
+        c.error = None
+        c.role = Role.FAIR if c.controllable else Role.FIXED
+        if c.controllable:
+            c.ledger.appeared()  # whatever it came back with is not ours until a write confirms
+    r = c.audit.check_power(r, c.ledger.worst_mw, c.index, c.uuid)
+    c.reading = r = c.audit.check_frozen(now, r, energy_j, c.index, c.uuid)
+    confirmed = c.ledger.observe(now, opt_mw(r.requested_limit_w), opt_mw(r.enforced_limit_w))
+    if confirmed is not None:
+        c.audit.confirmed(confirmed)
+        if c.ledger.release():
+            log.info("card_controllable_again", index=c.index, uuid=c.uuid)
+    c.audit.audit(c.ledger, r, c.target_mw, now, c.index, c.uuid)
+    return None
+
+
+def expire(c: CardState, now: float) -> str | None:
+    """Hold ``c`` when its last write did not take (see CardLedger.expire); returns the
+    fault description, else None."""
+    last = c.ledger.expire(now) if c.readable else None
+    if not last:
+        return None
+    c.hold(now, "write_unconfirmed", target_w=last[0] / 1000,
+           requested_w=opt_w(c.requested_mw), enforced_w=opt_w(c.enforced_mw))
+    return f"GPU {c.index} write of {last[0] / 1000:g} W unconfirmed"
