@@ -33,26 +33,38 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from pydantic import ValidationError
+
 from powerbudgetd.core.feed import Feed
+from powerbudgetd_sim.tables import Builds, Number, problems
 
-FEED_KEYS = {"host_w", "psu_efficiency", "breaker_a", "volts", "ups_w"}
 
-__all__ = ["FEED_KEYS", "Breaker", "Feed", "Ups", "feed_from_dict"]
+class FeedTable(Builds):
+    """A scenario's ``[feed]`` table (W, A, V; see above); it builds the :class:`Feed`,
+    whose own checks give the ranges."""
+
+    host_w: Number
+    breaker_a: Number
+    volts: Number
+    psu_efficiency: Number | None = None
+    ups_w: Number | None = None
+
+    def build(self) -> Feed:
+        return Feed(**{k: float(v) for k, v in self.given().items() if k in FEED_KEYS})
+
+
+FEED_KEYS = set(FeedTable.model_fields)
+
+__all__ = ["FEED_KEYS", "Breaker", "Feed", "FeedTable", "Ups", "feed_from_dict"]
 
 
 def feed_from_dict(data: dict[str, Any]) -> Feed:
     """The feed (``powerbudgetd.core.feed.Feed``, the one model every part uses) from a
-    scenario's ``[feed]`` table. Raises ValueError naming the key."""
-    unknown = set(data) - FEED_KEYS
-    if unknown:
-        raise ValueError(f"feed: unknown key(s) {', '.join(sorted(unknown))}")
-    missing = {"host_w", "breaker_a", "volts"} - set(data)
-    if missing:
-        raise ValueError(f"feed: missing {', '.join(sorted(missing))}")
-    for key, value in data.items():
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ValueError(f"feed.{key} must be a number, got {value!r}")
-    return Feed(**{k: float(v) for k, v in data.items()})
+    scenario's ``[feed]`` table. Raises ValueError naming each bad key ("; " between them)."""
+    try:
+        return FeedTable.model_validate(data).built
+    except ValidationError as exc:
+        raise ValueError("; ".join(problems(exc, FeedTable, "feed"))) from None
 
 
 BREAKER_K = 120.0 * (2.0**2 - 1.0)  # s: 200 % trips in 2 min

@@ -63,21 +63,29 @@ Faults and misbehaviours, so a case can be scripted without writing Python::
     # reported_min_w = 5; reported_max_w = 95; ignores_writes = true
     # present = false                # not on the bus at start (an "appear" event brings it)
     # mig_devices = 2                # MIG mode on, with 2 MIG devices (their own handles)
+
+Every table is checked as it is read (``scenario_tables``: pydantic, as the daemon's
+config is): an unknown key, a value of the wrong type (``"300"`` is not a number), a key
+that a phase's ``kind`` or an event's ``action`` needs and lacks or has no use for, is a
+ScenarioError naming the file, the table, its index and the key, one line per problem.
 """
 
 from __future__ import annotations
 
 import tomllib
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from powerbudgetd_sim.feed import feed_from_dict
+from pydantic import ValidationError
+
 from powerbudgetd_sim.libnvml import Fault
 from powerbudgetd_sim.mains import MAINS_KEYS, Mains
 from powerbudgetd_sim.physics import BankEvent, CardSpec
 from powerbudgetd_sim.profiles import Phase, Profile
+from powerbudgetd_sim.scenario_tables import CardTable, ScenarioTable
+from powerbudgetd_sim.tables import problems
 
 # Card models. Limits from the brief's reference banks; idle draws: H200 measured
 # (80-125 W), the workstation cards' assumed (not measured).
@@ -100,19 +108,9 @@ BANKS: dict[str, tuple[str, int, float]] = {
     "hgx-8": ("h200", 8, 4400.0),
 }
 
-_CARD_KEYS = {
-    "model", "name", "min_w", "max_w", "default_w", "idle_w", "tgp_w", "has_instant", "phases", "uuid",
-    "reported_min_w", "reported_max_w", "ignores_writes", "persistence_mode", "present",
-    "mig_devices",
-}
-_TOP_KEYS = {
-    "name", "description", "bank", "budget_w", "duration_s", "seed", "lag_s", "tick_s", "cards", "faults",
-    "events", "feed",
-}
-
 
 class ScenarioError(ValueError):
-    """A scenario file is invalid; the message names the file and the key."""
+    """A scenario file is invalid; the message names the file and the key, one line per problem."""
 
 
 @dataclass(frozen=True)
@@ -158,8 +156,8 @@ def load_scenario(name_or_path: str | Path) -> Scenario:
         raise ScenarioError(f"{path}: not valid TOML: {exc}") from None
     try:
         return parse_scenario(data, default_name=path.stem)
-    except (ValueError, TypeError) as exc:
-        raise ScenarioError(f"{path}: {exc}") from None
+    except ScenarioError as exc:
+        raise ScenarioError("\n".join(f"{path}: {line}" for line in str(exc).splitlines())) from None
 
 
 # A run shorter than a few ticks reports nothing meaningful (the controller has not
@@ -178,80 +176,63 @@ def check_duration(duration_s: float, what: str = "duration_s") -> float:
 
 
 def parse_scenario(data: dict[str, Any], default_name: str = "scenario") -> Scenario:
-    unknown = set(data) - _TOP_KEYS
-    if unknown:
-        raise ScenarioError(f"unknown key(s) {', '.join(sorted(unknown))}")
-    bank = data.get("bank")
-    card_tables = data.get("cards", [])
-    if bank is not None:
-        if bank not in BANKS:
-            raise ScenarioError(f"bank {bank!r} is not one of {', '.join(BANKS)}")
-        model, count, budget = BANKS[bank]
-        if len(card_tables) > count:
-            raise ScenarioError(f"bank {bank} has {count} cards, {len(card_tables)} given")
-        tables = [{"model": model, **(card_tables[i] if i < len(card_tables) else {})} for i in range(count)]
-    else:
-        if not card_tables:
-            raise ScenarioError("give a preset 'bank' or at least one [[cards]] table")
-        tables, budget = list(card_tables), None
-    cards = tuple(_card(i, t) for i, t in enumerate(tables))
-    budget_w = data.get("budget_w", budget)
-    if budget_w is None or budget_w <= 0:
-        raise ScenarioError(f"budget_w must be a positive number of watts, got {budget_w!r}")
-    faults = tuple(Fault(**f) for f in data.get("faults", []))
-    events = tuple(BankEvent(**{**e, **({"order": tuple(e["order"])} if "order" in e else {})})
-                   for e in data.get("events", []))
-    for e in events:
-        if not 0 <= e.card < len(cards):
-            raise ScenarioError(f"events: card {e.card} is not in this {len(cards)}-card bank")
-    feed = data.get("feed", {})
-    if not isinstance(feed, dict):
-        raise ScenarioError(f"feed must be a table, got {feed!r}")
+    """The scenario a parsed TOML file describes. Raises ScenarioError, one line per problem."""
+    try:
+        top = ScenarioTable.model_validate(data)
+    except ValidationError as exc:
+        raise ScenarioError("\n".join(problems(exc, ScenarioTable))) from None
+    tables, budget, model = list(top.cards), top.budget_w, None
+    if top.bank is not None:
+        if top.bank not in BANKS:
+            raise ScenarioError(f"bank: {top.bank!r} is not one of {', '.join(BANKS)}")
+        model, count, budget = BANKS[top.bank]
+        if len(tables) > count:
+            raise ScenarioError(f"cards: bank {top.bank} has {count} cards, {len(tables)} given")
+        tables += [CardTable() for _ in range(count - len(tables))]
+        budget = top.budget_w if top.budget_w is not None else budget
+    elif not tables:
+        raise ScenarioError("give a preset 'bank' or at least one [[cards]] table")
+    if budget is None or budget <= 0:
+        raise ScenarioError(f"budget_w must be a positive number of watts, got {budget!r}")
+    cards = tuple(_card(i, t, model) for i, t in enumerate(tables))
+    for what, indices in (("faults", [f.card for f in top.faults]), ("events", [e.card for e in top.events])):
+        for i, card in enumerate(indices):
+            if card is not None and not 0 <= card < len(cards):
+                raise ScenarioError(f"{what}[{i}].card: card {card} is not in this {len(cards)}-card bank")
+    feed = dict(data.get("feed", {}))  # as the file orders it: validated above
     try:
         mains = Mains.from_feed(feed)
     except ValueError as exc:
         raise ScenarioError(str(exc)) from None
-    feed = {k: v for k, v in feed.items() if k not in MAINS_KEYS}
-    if feed:
-        try:
-            feed_from_dict(feed)  # validate; consumers build their own Feed from the dict
-        except ValueError as exc:
-            raise ScenarioError(str(exc)) from None
     return Scenario(
-        name=data.get("name", default_name),
-        budget_w=float(budget_w),
+        name=top.name if top.name is not None else default_name,
+        budget_w=float(budget),
         cards=cards,
-        duration_s=check_duration(float(data.get("duration_s", 300.0))),
-        seed=int(data.get("seed", 1)),
-        lag_s=float(data.get("lag_s", 0.1)),
-        tick_s=float(data.get("tick_s", 0.1)),
-        description=data.get("description", ""),
-        faults=faults,
-        events=events,
-        feed=dict(feed),
+        duration_s=check_duration(float(top.duration_s)),
+        seed=top.seed,
+        lag_s=float(top.lag_s),
+        tick_s=float(top.tick_s),
+        description=top.description,
+        faults=tuple(f.built for f in top.faults),
+        events=tuple(e.built for e in top.events),
+        feed={k: v for k, v in feed.items() if k not in MAINS_KEYS},
         mains=mains,
     )
 
 
-def _card(index: int, table: dict[str, Any]) -> CardSpec:
-    unknown = set(table) - _CARD_KEYS
-    if unknown:
-        raise ScenarioError(f"cards[{index}]: unknown key(s) {', '.join(sorted(unknown))}")
-    base: dict[str, Any] = {}
-    if "model" in table:
-        if table["model"] not in MODELS:
-            raise ScenarioError(f"cards[{index}].model {table['model']!r} is not one of {', '.join(MODELS)}")
-        base = dict(MODELS[table["model"]])
-    base.update({k: v for k, v in table.items() if k not in ("model", "phases")})
+def _card(index: int, table: CardTable, bank_model: str | None) -> CardSpec:
+    """Card ``index``: its model's preset (a preset bank's by default) under the keys given."""
+    given = table.given()
+    model, phases = given.pop("model", bank_model), given.pop("phases", None)
+    if model is not None and model not in MODELS:
+        raise ScenarioError(f"cards[{index}].model: {model!r} is not one of {', '.join(MODELS)}")
+    base = {**(MODELS[model] if model else {}), **given}
     missing = {"name", "min_w", "max_w", "default_w", "idle_w"} - set(base)
     if missing:
         raise ScenarioError(f"cards[{index}]: missing {', '.join(sorted(missing))} (or give a model)")
-    phase_keys = {f.name for f in fields(Phase)}
-    phases = []
-    for j, ph in enumerate(table.get("phases", [{"at_s": 0.0, "kind": "idle"}])):
-        bad = set(ph) - phase_keys
-        if bad:
-            raise ScenarioError(f"cards[{index}].phases[{j}]: unknown key(s) {', '.join(sorted(bad))}")
-        phases.append(Phase(**ph))
     base.setdefault("uuid", f"GPU-5151{index:04d}-0000-4000-8000-{index:012d}")
-    return CardSpec(profile=Profile(tuple(phases)), **base)
+    try:
+        return CardSpec(profile=Profile(tuple(p.built for p in phases) if phases is not None else (Phase(0.0, "idle"),)),
+                        **base)
+    except ValueError as exc:
+        raise ScenarioError(f"cards[{index}]: {exc}") from None

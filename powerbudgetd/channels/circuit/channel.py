@@ -43,6 +43,7 @@ log = structlog.get_logger("powerbudgetd.circuit")
 
 SOURCE = "circuit"  # the arbiter's name for this budget source
 KEEPALIVES_PER_TTL = 6  # renew six times per TTL: five may be lost before the fence
+PREFIX = "powerbudgetd_circuit_"  # of every metric here
 
 
 def watchdog_s(environ: dict[str, str] | None = None) -> float | None:
@@ -71,26 +72,24 @@ class CircuitMetrics:
     """The circuit's gauges, in the registry ``/metrics`` serves."""
 
     def __init__(self, registry: CollectorRegistry) -> None:
-        p = "powerbudgetd_circuit_"
-        self.budget = Gauge(p + "budget_watts", "The circuit's wall budget (W), as etcd holds it", registry=registry)
-        self.reserve = Gauge(p + "reserve_watts", "This host's reserve: wall W it may always use", registry=registry)
-        self.grant = Gauge(p + "grant_watts", "This host's grant in use above its reserve (wall W)", registry=registry)
-        self.grant_held = Gauge(p + "grant_held_watts", "This host's grant as etcd holds it (wall W)", registry=registry)
-        self.want = Gauge(p + "want_watts", "What this host's recipients could use above its reserve (wall W)",
-                          registry=registry)
-        self.lease_left = Gauge(p + "lease_valid_seconds", "Seconds the grant stays valid here without a renewal "
-                                "(the fence: before the lease can expire in etcd)", registry=registry)
-        self.reachable = Gauge(p + "etcd_reachable", "1 when the last etcd call answered", registry=registry)
-        self.seated = Gauge(p + "seat_fits", "1 when this host's seat is registered (fits the circuit)",
-                            registry=registry)
-        self.seats = Gauge(p + "seats_watts", "Sum of every seat (wall W)", registry=registry)
-        self.committed = Gauge(p + "committed_watts", "Sum of seats and grants (wall W)", registry=registry)
-        self.pending = Gauge(p + "pending_watts", "Reserves of hosts whose seat did not fit (wall W)",
-                             registry=registry)
-        self.grants_ok = Gauge(p + "grants_allowed", "1 when this host may take grants (seat fits, TTL long "
-                               "enough for the watchdog)", registry=registry)
-        self.lost = Counter(p + "grant_lost", "Grants lost: the lease expired before a renewal", registry=registry)
-        self.conflicts = Counter(p + "txn_conflicts", "Raise transactions that failed their compare", registry=registry)
+        def gauge(name: str, doc: str) -> Gauge:
+            return Gauge(PREFIX + name, doc, registry=registry)
+
+        self.budget = gauge("budget_watts", "The circuit's wall budget (W), as etcd holds it")
+        self.reserve = gauge("reserve_watts", "This host's reserve: wall W it may always use")
+        self.grant = gauge("grant_watts", "This host's grant in use above its reserve (wall W)")
+        self.grant_held = gauge("grant_held_watts", "This host's grant as etcd holds it (wall W)")
+        self.want = gauge("want_watts", "What this host's recipients could use above its reserve (wall W)")
+        self.lease_left = gauge("lease_valid_seconds", "Seconds the grant stays valid here without a renewal "
+                                "(the fence: before the lease can expire in etcd)")
+        self.reachable = gauge("etcd_reachable", "1 when the last etcd call answered")
+        self.seated = gauge("seat_fits", "1 when this host's seat is registered (fits the circuit)")
+        self.seats = gauge("seats_watts", "Sum of every seat (wall W)")
+        self.committed = gauge("committed_watts", "Sum of seats and grants (wall W)")
+        self.pending = gauge("pending_watts", "Reserves of hosts whose seat did not fit (wall W)")
+        self.grants_ok = gauge("grants_allowed", "1 when this host may take grants (seat fits, TTL long enough for the watchdog)")
+        self.lost = Counter(PREFIX + "grant_lost", "Grants lost: the lease expired before a renewal", registry=registry)
+        self.conflicts = Counter(PREFIX + "txn_conflicts", "Raise transactions that failed their compare", registry=registry)
 
 
 class CircuitChannel:
