@@ -67,8 +67,8 @@ PATTERN_MEMORY_S = 60.0  # quiet spells that ended this recently make a card's p
 PATTERN_SPELLS = 16  # ... at most this many of them
 LEND_RESIDUAL_S = 2.0  # lend early when a quiet spell is expected to last this much longer
 WANT_GAP_S = 5.0  # gaps between bursts this short do not restart a card's recipient hold
-USE_MEMORY_S = 10.0
-CEILING_STEP_MW = 25_000  # ... rounded up to whole steps of this  # a recipient's raise is held to what it drew in this long
+USE_MEMORY_S = 10.0  # a recipient's raise is held to what it drew in this long ...
+CEILING_STEP_MW = 25_000  # ... rounded up to whole steps of this
 FLAP_WINDOW_S = 10.0  # no card's limit reverses direction more than ...
 MAX_REVERSALS = 2  # ... this many times in any window this long
 _FLAP_MARGIN_S = 0.5  # the limit lag and a tick or two between a target and the card
@@ -144,13 +144,42 @@ class LendingPolicy:
         is donor or recipient, never both, so the targets sum to at most ``pool_mw``
         (a property test holds this for any timings :class:`Timings` accepts).
         """
+        reasons = self._returns(now, cards)
+        by_id = {c.uuid: c for c in cards}
+        tracks = {c.uuid: self._tracks[c.uuid] for c in cards}
+        recipients = self._recipients(now, by_id, tracks, reasons)
+        self._donors(now, by_id, tracks, reasons, recipients)
+        extras = self._extras(now, pool_mw, by_id, tracks, reasons, recipients)
+        min_step = int(self.timings.min_step_w * 1000)
+        out: dict[str, Target] = {}
+        for c in cards:
+            t = tracks[c.uuid]
+            if c.uuid in extras:
+                if t.role != Role.RECIPIENT:
+                    t.role, reasons[c.uuid] = Role.RECIPIENT, "lend"
+                    t.idle_since = None  # its release hold starts now, not before it borrowed
+                limit = c.share_mw + extras[c.uuid]
+                # Hysteresis on raises: a few watts more are not worth a write.
+                if t.limit_mw is not None and t.limit_mw < limit < t.limit_mw + min_step:
+                    limit = t.limit_mw
+            elif t.role == Role.DONOR:
+                limit = c.min_mw
+            else:
+                limit = c.share_mw
+            self._moved(t, limit, now)
+            out[c.uuid] = Target(limit, t.role, reasons.get(c.uuid, ""))
+        return out
+
+    def _returns(self, now: float, cards: Sequence[CardView]) -> dict[str, str]:
+        """Take each card's readings in; return to fair share the donors that woke
+        (reclaim), the recipients idle for ``release_hold_s`` (release) and the cards
+        whose power is unknown. Returns the reasons so far, by UUID."""
         tm = self.timings
         reasons: dict[str, str] = {}
         for c in cards:
             tr = self._tracks.setdefault(c.uuid, _Track())
             self._update(tr, c, now)
-            draw = _draw(c, tr)
-            if draw is None:  # power unknown: neither donor nor recipient
+            if _draw(c, tr) is None:  # power unknown: neither donor nor recipient
                 if tr.role != Role.FAIR:
                     reasons[c.uuid] = "power_unknown"
                 tr.role = Role.FAIR
@@ -158,41 +187,50 @@ class LendingPolicy:
                 tr.role, reasons[c.uuid] = Role.FAIR, "reclaim"
             elif tr.role == Role.RECIPIENT and _held(tr.idle_since, now, tm.release_hold_s):
                 tr.role, reasons[c.uuid] = Role.FAIR, "release"
+        return reasons
 
-        by_id = {c.uuid: c for c in cards}
-        tracks = {c.uuid: self._tracks[c.uuid] for c in cards}
+    def _recipients(self, now: float, by_id: dict[str, CardView], tracks: dict[str, _Track],
+                    reasons: dict[str, str]) -> list[str]:
+        """The recipients: those that are, and the fair cards that have wanted more for
+        ``recipient_hold_s`` (at once where donors' watts are free and unused)."""
         recipients = [u for u, t in tracks.items() if t.role == Role.RECIPIENT]
         # Watts already lent and not taken go at once to a card at its cap now.
         unused = any(t.role == Role.DONOR for t in tracks.values()) and all(
             (tracks[u].limit_mw or 0) >= by_id[u].max_mw for u in recipients)
         for u, t in tracks.items():
-            held = _held(t.wants_since, now, tm.recipient_hold_s) or (unused and t.wants_now)
+            held = _held(t.wants_since, now, self.timings.recipient_hold_s) or (unused and t.wants_now)
             if t.role == Role.FAIR and u not in reasons and held and self._may_move(t, by_id[u], now, up=True):
                 recipients.append(u)
         if any(by_id[u].max_mw > by_id[u].share_mw for u in recipients):
             self._last_borrow = now  # a card that can take more wants it
-        lending = self._last_borrow is not None and now - self._last_borrow < tm.release_hold_s
-        if lending:
-            for u, t in tracks.items():
-                c = by_id[u]
-                if (t.role == Role.FAIR and u not in reasons and u not in recipients and c.min_mw < c.share_mw
-                        and self._quiet_lasts(t, now) and self._may_move(t, c, now, up=False)):
-                    t.role, reasons[u] = Role.DONOR, "lend"
-        else:
-            for u, t in tracks.items():
-                if t.role == Role.DONOR:
-                    t.role, reasons[u] = Role.FAIR, "no_recipient"
+        return recipients
 
-        # What is left for recipients once everyone else has its target.
-        fixed_mw = sum(c.min_mw if tracks[c.uuid].role == Role.DONOR else c.share_mw for c in cards)
+    def _donors(self, now: float, by_id: dict[str, CardView], tracks: dict[str, _Track],
+                reasons: dict[str, str], recipients: list[str]) -> None:
+        """While some card has borrowed within ``release_hold_s``, the fair cards whose
+        quiet is likely to last become donors; otherwise every donor returns."""
+        lending = self._last_borrow is not None and now - self._last_borrow < self.timings.release_hold_s
+        for u, t in tracks.items():
+            c = by_id[u]
+            if not lending and t.role == Role.DONOR:
+                t.role, reasons[u] = Role.FAIR, "no_recipient"
+            elif (lending and t.role == Role.FAIR and u not in reasons and u not in recipients
+                    and c.min_mw < c.share_mw and self._quiet_lasts(t, now) and self._may_move(t, c, now, up=False)):
+                t.role, reasons[u] = Role.DONOR, "lend"
+
+    def _extras(self, now: float, pool_mw: int, by_id: dict[str, CardView], tracks: dict[str, _Track],
+                reasons: dict[str, str], recipients: list[str]) -> dict[str, int]:
+        """What each recipient gets above its fair share (mW): the pool left once every
+        other card has its target, by priority, within what each has shown it can use,
+        and without a raise or a cut that would flap."""
+        fixed_mw = sum(c.min_mw if tracks[u].role == Role.DONOR else c.share_mw for u, c in by_id.items())
         spare = pool_mw - fixed_mw
-        min_step = int(tm.min_step_w * 1000)
-        if recipients and spare < min_step:
+        if recipients and spare < int(self.timings.min_step_w * 1000):
             # Nothing worth lending: recipients-to-be stay at fair share.
             for u in recipients:
                 if tracks[u].role == Role.RECIPIENT:
                     tracks[u].role, reasons[u] = Role.FAIR, "nothing_to_lend"
-            recipients = []
+            return {}
         ceilings = {u: self._ceiling(tracks[u], by_id[u], now) for u in recipients}
         for u in recipients:  # a raise that would flap waits: the card keeps what it has
             t, c = tracks[u], by_id[u]
@@ -212,25 +250,7 @@ class LendingPolicy:
         if keep and sum(keep.values()) <= spare:
             rest = [by_id[u] for u in recipients if u not in keep]
             extras = {**_by_priority(spare - sum(keep.values()), rest, ceilings), **keep}
-
-        out: dict[str, Target] = {}
-        for c in cards:
-            t = tracks[c.uuid]
-            if c.uuid in extras:
-                if t.role != Role.RECIPIENT:
-                    t.role, reasons[c.uuid] = Role.RECIPIENT, "lend"
-                    t.idle_since = None  # its release hold starts now, not before it borrowed
-                limit = c.share_mw + extras[c.uuid]
-                # Hysteresis on raises: a few watts more are not worth a write.
-                if t.limit_mw is not None and t.limit_mw < limit < t.limit_mw + min_step:
-                    limit = t.limit_mw
-            elif t.role == Role.DONOR:
-                limit = c.min_mw
-            else:
-                limit = c.share_mw
-            self._moved(t, limit, now)
-            out[c.uuid] = Target(limit, t.role, reasons.get(c.uuid, ""))
-        return out
+        return extras
 
     # -- what the readings say --------------------------------------------------------
     def _update(self, tr: _Track, c: CardView, now: float) -> None:
