@@ -18,7 +18,7 @@ import time
 import pytest
 from structlog.testing import capture_logs
 
-from conftest import Fault, Phase, busy, card, idle, make_rig
+from support.rig import Fault, Phase, busy, card, idle, make_rig
 from powerbudgetd.errors import BudgetInfeasible, NvmlNoPermission
 from powerbudgetd.core.model import Mode, Role, Timings
 from powerbudgetd_sim.physics import BankEvent

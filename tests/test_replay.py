@@ -9,16 +9,13 @@ from statistics import fmean
 import pytest
 
 from powerbudgetd.cli import main
-from powerbudgetd.control.controller import Controller
 from powerbudgetd.core.model import Timings
-from powerbudgetd.hw.nvml import Nvml
 from powerbudgetd.powerlog.recorder import LogWriter, Recorder
 from powerbudgetd.powerlog.reader import load_samples, scan_log
 from powerbudgetd_sim.simulate import run_scenario
-from powerbudgetd_sim.libnvml import SimNvmlLibrary
-from powerbudgetd_sim.physics import SimBank
 from powerbudgetd_sim.replay import ReplayProfile, load_replay
-from powerbudgetd_sim.scenario import ScenarioError, load_scenario
+from powerbudgetd_sim.scenario import ScenarioError
+from support.rig import scenario_rig
 
 T0 = 1_750_000_000.0
 # Lending off: every card stays at fair share, the caps a static split would set.
@@ -27,19 +24,11 @@ STATIC = Timings(tick_s=0.1, donor_hold_s=1e9, recipient_hold_s=1e9)
 
 def record(directory: Path, scenario: str, duration_s: float, timings: Timings = STATIC) -> None:
     """Run ``scenario`` under the controller on virtual time with the recorder on."""
-    sc = load_scenario(scenario)
-    bank = SimBank(list(sc.cards), lag_s=sc.lag_s, seed=sc.seed)
-    nvml = Nvml(SimNvmlLibrary(bank))
-    nvml.init()
-    ctl = Controller(nvml, sc.budget_w, timings)
-    ctl.start()
+    rig = scenario_rig(scenario, timings)
     writer = LogWriter(directory, queue_records=100_000)
-    rec = Recorder(writer, interval_s=1.0, wall_clock=lambda: T0 + bank.now)
-    k = 0
-    while (t := round(k * timings.tick_s, 9)) <= duration_s:
-        bank.advance_to(t)
-        rec.on_tick(ctl.tick(t))
-        k += 1
+    rec = Recorder(writer, interval_s=1.0, wall_clock=lambda: T0 + rig.bank.now)
+    rig.listen(rec.on_tick)
+    rig.ticks(round(duration_s / timings.tick_s) + 1)  # t = 0 .. duration_s
     writer.submit(rec.end_record())
     writer.close()
 

@@ -11,7 +11,7 @@ import time
 import pytest
 from structlog.testing import capture_logs
 
-from conftest import Fault, busy, card, idle, make_rig
+from support.rig import Fault, busy, card, idle, make_rig
 from powerbudgetd.control.controller import Controller
 from powerbudgetd.core.model import CardOverride, Mode, Role, Timings
 from powerbudgetd.errors import CardLimitUnknown, ExitStatus
