@@ -4,10 +4,15 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
 
 import pytest
 
 from powerbudgetd.service.logs import configure_logging
+from support.daemon import DaemonProcess, Launch, NotifySocket
+from support.wait import reap
 
 
 _DEVNULL = open(os.devnull, "w")  # noqa: SIM115 - lives as long as the test session
@@ -26,3 +31,26 @@ def _state_directory(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pyte
     # The flight recorder defaults to $STATE_DIRECTORY: a daemon started by a test
     # (here or as a subprocess) records into a temporary directory, never /var/lib.
     monkeypatch.setenv("STATE_DIRECTORY", str(tmp_path_factory.mktemp("state")))
+
+
+@pytest.fixture
+def notify() -> Iterator[NotifySocket]:
+    """A NOTIFY_SOCKET of the test's own, as systemd's."""
+    with NotifySocket() as sock:
+        yield sock
+
+
+@pytest.fixture
+def launch() -> Iterator[Launch]:
+    """``launch(config, *args, **kw)``: a :class:`DaemonProcess`, stopped and reaped at
+    the end of the test whatever happened."""
+    started: list[DaemonProcess] = []
+
+    def start(config: Path, *args: str, **kw: Any) -> DaemonProcess:
+        started.append(DaemonProcess(config, *args, **kw))
+        return started[-1]
+
+    yield start
+    for daemon in started:
+        reap(daemon.proc)
+

@@ -6,7 +6,6 @@ import errno
 import json
 import sys
 import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -17,6 +16,7 @@ from powerbudgetd.service.logs import configure_logging
 from powerbudgetd.powerlog.recorder import LogWriter, Recorder, log_files
 from powerbudgetd.powerlog.reader import load_samples, scan_log
 from support.rig import Rig, scenario_rig
+from support.wait import wait_until
 
 T0 = 1_750_000_000.0  # epoch s at virtual time 0
 
@@ -180,7 +180,7 @@ def test_a_stalled_disk_drops_and_counts_records_but_never_holds_a_tick(tmp_path
     # In: the queue's 8, the header the writer keeps, the record stuck in write().
     assert due - 10 <= st.records_dropped <= due - 8
     gate.set()
-    _wait_for(writer.queue.empty)  # the backlog drains before the next records are made
+    wait_until(writer.queue.empty, 30, "the backlog to drain", step_s=0.01)  # before the next records are made
     assert _run_in_thread(rig, 20)
     writer.close()
     samples = [r for r in records(tmp_path) if r["kind"] == "sample"]
@@ -188,13 +188,6 @@ def test_a_stalled_disk_drops_and_counts_records_but_never_holds_a_tick(tmp_path
     # Every record says how many were lost before it, and its n shows the gap.
     assert [s["n"] - s["dropped"] for s in samples] == list(range(1, len(samples) + 1))
     assert samples[-1]["dropped"] >= due - 10
-
-
-def _wait_for(cond, timeout_s: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not cond():
-        assert time.monotonic() < deadline, "the writer thread never got there"
-        time.sleep(0.01)
 
 
 class FullDisk:
@@ -234,7 +227,7 @@ def test_a_full_disk_is_counted_and_recording_resumes_in_a_new_file(tmp_path: Pa
     with capture_logs() as logs:
         assert _run_in_thread(rig, 50)
         st = writer.stats
-        _wait_for(lambda: st.records_lost == 9)
+        wait_until(lambda: st.records_lost == 9, 30, "9 records lost", step_s=0.01)
     warned = [e for e in logs if e["event"] == "recorder_write_failed"]
     assert len(warned) == 1 and warned[0]["log_level"] == "error" and warned[0]["errno"] == errno.ENOSPC
     assert st.write_errors >= 1 and st.records_lost == 9 and st.records_written == 0  # samples at 0.5 .. 4.5 s
