@@ -12,6 +12,7 @@ import pytest
 
 from powerbudgetd.service.logs import configure_logging
 from support.daemon import DaemonProcess, Launch, NotifySocket
+from support.mqtt import Mosquitto
 from support.wait import reap
 
 
@@ -54,3 +55,19 @@ def launch() -> Iterator[Launch]:
     for daemon in started:
         reap(daemon.proc)
 
+
+@pytest.fixture
+def broker(tmp_path: Path) -> Iterator[Mosquitto]:
+    """A Mosquitto of the test's own, running."""
+    b = Mosquitto(tmp_path)
+    b.start()
+    yield b
+    b.kill()
+
+
+@pytest.fixture
+def stopped_broker(tmp_path: Path) -> Iterator[Mosquitto]:
+    """A Mosquitto of the test's own, not started yet."""
+    b = Mosquitto(tmp_path)
+    yield b
+    b.kill()

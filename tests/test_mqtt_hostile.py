@@ -17,11 +17,8 @@ from structlog.testing import capture_logs
 
 from powerbudgetd.service.config import load_config
 
-from test_mqtt_broker import (
-    BASE, METER, REMOTE, Mosquitto, broker, publish, running, tasmota, watching, write_config,
-)
-
-__all__ = ["broker"]  # the fixture, re-exported for pytest
+from support.mqtt import Mosquitto, publish, watching
+from test_mqtt_broker import BASE, METER, REMOTE, running, tasmota, write_config
 
 DEEP_METER = b"[" * 8000 + b"]" * 8000  # under the 16 KiB meter cap: a RecursionError in json
 DEEP_HUGE = b"[" * 100_000 + b"]" * 100_000
