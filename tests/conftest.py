@@ -10,9 +10,13 @@ from typing import Any
 
 import pytest
 
+from powerbudgetd.control.controller import Controller
+from powerbudgetd.core.model import Timings
+from powerbudgetd.service.backend import make_nvml
 from powerbudgetd.service.logs import configure_logging
 from support.daemon import DaemonProcess, Launch, NotifySocket
 from support.mqtt import Mosquitto
+from support.scenarios import idle_4
 from support.wait import reap
 
 
@@ -71,3 +75,14 @@ def stopped_broker(tmp_path: Path) -> Iterator[Mosquitto]:
     b = Mosquitto(tmp_path)
     yield b
     b.kill()
+
+
+@pytest.fixture
+def ctl(tmp_path: Path) -> Controller:
+    """Four idle 150-300 W cards under 1000 W on the wall clock, started (their boot
+    writes not yet confirmed)."""
+    nvml = make_nvml("sim", str(idle_4(tmp_path)))
+    nvml.init()
+    c = Controller(nvml, 1000, Timings())
+    c.start()
+    return c

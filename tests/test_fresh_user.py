@@ -20,7 +20,7 @@ from powerbudgetd.cli import SIM_MAX_DURATION_S, SIM_MIN_DURATION_S, main
 from powerbudgetd.errors import ExitStatus
 
 from test_logreport import header, sample
-from test_operator_edges import cli, no_traceback
+from support.daemon import clean_env, cli, no_traceback
 
 REPO = Path(__file__).resolve().parent.parent
 T0 = 1_750_000_000.0
@@ -33,9 +33,8 @@ def interrupt(args: list[str], after_s: float, started: str | None = None) -> su
     """Run ``powerbudgetd ARGS`` in its own process group and send SIGINT to the whole
     group, as a terminal's Ctrl-C does (the suite's worker processes get it too):
     ``after_s`` after start, or after ``started`` appears on stdout."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("POWERBUDGETD_")}
     proc = subprocess.Popen([sys.executable, "-m", "powerbudgetd", *args], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=env, start_new_session=True)
+                            stderr=subprocess.PIPE, text=True, env=clean_env(), start_new_session=True)
     assert proc.stdout is not None
     if started is not None:
         line = proc.stdout.readline()

@@ -7,14 +7,13 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from powerbudgetd.powerlog.recorder import LogWriter, _open_append, check_directory, utc_iso
 
+from support.daemon import cli as run_cli
 from test_logreport import T0, header, sample
 
 MAX_RSS_MB = 250  # the interpreter, the package and the simulator are ~100 MB of it
@@ -32,7 +31,7 @@ RUN = (
 
 def cli(*args: str, timeout: float = 120) -> tuple[int, str, str, float]:
     """(exit status, stdout, stderr, peak RSS in MB) of one CLI command in a fresh process."""
-    p = subprocess.run([sys.executable, "-c", RUN, *args], capture_output=True, text=True, timeout=timeout)
+    p = run_cli(*args, timeout=timeout, python=("-c", RUN))
     rss = [int(line.split()[1]) for line in p.stderr.splitlines() if line.startswith("MAXRSS_KB")]
     assert "Traceback" not in p.stderr, p.stderr[-3000:]
     assert rss, p.stderr[-3000:]

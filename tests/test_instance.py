@@ -13,9 +13,7 @@ import pytest
 from powerbudgetd.errors import AlreadyRunning, ExitStatus
 from powerbudgetd.service.instance import InstanceLock, lock_path
 from support.daemon import DaemonProcess
-
-BANK = 'name = "idle-4"\nbank = "workstation-4"\nbudget_w = 1000\n'
-
+from support.scenarios import idle_4
 
 def test_lock_path_by_backend(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("RUNTIME_DIRECTORY", str(tmp_path / "run"))
@@ -53,8 +51,7 @@ def test_lock_file_that_is_a_symlink_is_refused(tmp_path: Path) -> None:
 
 
 def _config(tmp_path: Path) -> Path:
-    scenario = tmp_path / "idle-4.toml"
-    scenario.write_text(BANK)
+    scenario = idle_4(tmp_path)
     cfg = tmp_path / "pb.toml"
     cfg.write_text(
         f"budget_w = 1000\n[metrics]\nenabled = false\n[recorder]\nenabled = false\n"

@@ -1,4 +1,5 @@
-"""``powerbudgetd run`` as a subprocess on a simulated bank, as systemd runs it.
+"""powerbudgetd as a subprocess: one command run to its end (:func:`cli`), or the daemon
+on a simulated bank as systemd runs it.
 
 :class:`DaemonProcess` starts ``powerbudgetd run --backend sim --config FILE`` with its
 stdout (the JSON log) and stderr in files of their own, optionally a ``NOTIFY_SOCKET``
@@ -33,9 +34,31 @@ _NOT_INHERITED = ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID")
 
 def clean_env(**extra: str) -> dict[str, str]:
     """This process's environment without systemd's variables and POWERBUDGETD_*
-    settings, plus ``extra``; output unbuffered."""
+    settings, plus ``extra``."""
     env = {k: v for k, v in os.environ.items() if k not in _NOT_INHERITED and not k.startswith("POWERBUDGETD_")}
-    return {**env, "PYTHONUNBUFFERED": "1", **extra}
+    return {**env, **extra}
+
+
+def cli(*args: str, env: dict[str, str] | None = None, cwd: Path | None = None, timeout: float = 120,
+        closed_stdout: bool = False, python: tuple[str, ...] = ("-m", "powerbudgetd")) -> subprocess.CompletedProcess[str]:
+    """``powerbudgetd ARGS`` in a fresh interpreter, as a user runs it (``python``: what
+    the interpreter runs instead of the package). ``closed_stdout``: stdout is a pipe
+    whose reader has already gone (``| head`` that stopped reading)."""
+    cmd = [sys.executable, *python, *args]
+    full_env = clean_env(**(env or {}))
+    if not closed_stdout:
+        return subprocess.run(cmd, capture_output=True, text=True, env=full_env, cwd=cwd, timeout=timeout)
+    r, w = os.pipe()
+    os.close(r)  # the reader is gone before the command writes a byte
+    try:
+        proc = subprocess.run(cmd, stdout=w, stderr=subprocess.PIPE, text=True, env=full_env, cwd=cwd, timeout=timeout)
+    finally:
+        os.close(w)
+    return subprocess.CompletedProcess(cmd, proc.returncode, "", proc.stderr)
+
+
+def no_traceback(p: subprocess.CompletedProcess[str]) -> None:
+    assert "Traceback" not in p.stderr and "Exception ignored" not in p.stderr, p.stderr
 
 
 def json_lines(text: str) -> list[dict[str, Any]]:

@@ -42,7 +42,7 @@ def wait_until(predicate: Callable[[], T | None], timeout_s: float, what: str, *
     exceptions in ``ignore`` count as a false answer (the last is named on timeout)."""
     deadline = time.monotonic() + timeout_s
     last: Exception | None = None
-    while True:
+    while time.monotonic() < deadline:  # never asked after the deadline: a timeout may be a bound
         if proc is not None and proc.poll() is not None:
             raise AssertionError(f"waiting for {what}: the process exited ({proc.returncode}) first\n{log_tail(log)}")
         try:
@@ -51,10 +51,9 @@ def wait_until(predicate: Callable[[], T | None], timeout_s: float, what: str, *
             value, last = None, exc
         if value:
             return value
-        if time.monotonic() >= deadline:
-            seen = "" if last is None else f" (last: {last!r})"
-            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}{seen}\n{log_tail(log)}".rstrip())
         time.sleep(step_s)
+    seen = "" if last is None else f" (last: {last!r})"
+    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}{seen}\n{log_tail(log)}".rstrip())
 
 
 def reap(proc: subprocess.Popen | None, timeout_s: float = 10.0) -> None:
@@ -74,8 +73,8 @@ async def wait_until_async(predicate: Callable[[], T | None], timeout_s: float, 
     """:func:`wait_until` inside an event loop: sleeps with ``asyncio.sleep`` so that the
     loop's other tasks (a daemon under test) run meanwhile."""
     deadline = time.monotonic() + timeout_s
-    while not (value := predicate()):
-        if time.monotonic() >= deadline:
-            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}\n{log_tail(log)}".rstrip())
+    while time.monotonic() < deadline:
+        if value := predicate():
+            return value
         await asyncio.sleep(step_s)
-    return value
+    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}\n{log_tail(log)}".rstrip())
