@@ -1,5 +1,7 @@
-"""Fixtures for every test: quiet logs and a temporary state directory. Support code
-(the rig, waiting, the daemon as a subprocess) is in ``support/``."""
+"""Fixtures for the tests (quiet logs and a temporary state directory for each; a NOTIFY
+socket, the daemon launcher, brokers, an idle-bank controller on request) and the quick
+profile's Hypothesis settings. Support code (the rig, waiting, the daemon as a
+subprocess) is in ``support/``."""
 
 from __future__ import annotations
 
@@ -9,15 +11,28 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import settings
 
 from powerbudgetd.control.controller import Controller
 from powerbudgetd.core.model import Timings
 from powerbudgetd.service.backend import make_nvml
 from powerbudgetd.service.logs import configure_logging
 from support.daemon import DaemonProcess, Launch, NotifySocket
+from support.examples import QUICK_EXAMPLES
 from support.mqtt import Mosquitto
 from support.scenarios import idle_4
 from support.wait import reap
+
+
+settings.register_profile("quick", max_examples=QUICK_EXAMPLES)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # The quick profile (README, Tests): `-m "not slow"` runs the property tests with a
+    # tenth of their examples (support/examples.py) unless a Hypothesis profile is named.
+    quick = " ".join((config.option.markexpr or "").split()) == "not slow"
+    if quick and not config.getoption("hypothesis_profile", None):
+        settings.load_profile("quick")
 
 
 _DEVNULL = open(os.devnull, "w")  # noqa: SIM115 - lives as long as the test session
