@@ -22,6 +22,8 @@ import pytest
 from circuit_harness import Checker, EtcdCluster, Host, TcpProxy, circuit_status, init_circuit
 from support.wait import wait_until
 
+pytestmark = pytest.mark.slow  # real etcd members and daemons: the full run (CI) covers it
+
 BUDGET_W = 3000.0
 RESERVE_W = 800.0
 TTL_S = 5
@@ -185,7 +187,6 @@ def test_one_host_cut_off_while_the_others_keep_going(etcd1: EtcdCluster, tmp_pa
         proxy.close()
 
 
-@pytest.mark.slow
 def test_sigstopped_daemon_is_killed_by_the_watchdog_and_the_failsafe_lowers_it(etcd1: EtcdCluster, tmp_path: Path) -> None:
     init_circuit(etcd1.endpoints, "lab", BUDGET_W, TTL_S)
     hosts = _hosts(tmp_path, etcd1.endpoints)
@@ -212,7 +213,6 @@ def test_sigstopped_daemon_is_killed_by_the_watchdog_and_the_failsafe_lowers_it(
         _stop(hosts)
 
 
-@pytest.mark.slow
 def test_kill_9_mid_grant_then_failsafe_as_systemd_runs_it(etcd1: EtcdCluster, tmp_path: Path) -> None:
     init_circuit(etcd1.endpoints, "lab", BUDGET_W, TTL_S)
     hosts = _hosts(tmp_path, etcd1.endpoints)

@@ -85,6 +85,7 @@ def test_probe_compare_sim_against_another_preset(capsys):
     assert main(["probe", "--backend", "sim", "--preset", "h200"]) == 2
 
 
+@pytest.mark.slow  # the daemon as a subprocess
 def test_run_dry_run_writes_nothing(tmp_path, launch):
     cfg = tmp_path / "pb.toml"
     cfg.write_text("budget_w = 1000\n[control]\ndonor_hold_s = 1.0\nrecipient_hold_s = 0.5\n[sim]\nscenario = 'one-busy'\n")

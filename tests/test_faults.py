@@ -79,6 +79,7 @@ def test_writes_refused_with_monitor_only_allowed_watch_and_say_so():
     assert "NOT enforced" in events(logs, "monitor_only")[0]["action"]
 
 
+@pytest.mark.slow  # the daemon as a subprocess
 def test_writes_refused_daemon_exits_5_naming_the_capability(tmp_path):
     faults = '[[faults]]\ncall = "nvmlDeviceSetPowerManagementLimit"\nerror = "NO_PERMISSION"\n'
     rc, logs, err = run_daemon(tmp_path, faults, budget=500)
@@ -240,6 +241,7 @@ def test_a_card_off_the_bus_is_reserved_and_capped_first_on_return():
 
 
 # 10 ------------------------------------------------------------------------------------
+@pytest.mark.slow  # the daemon as a subprocess
 def test_nvml_init_retries_then_starts(tmp_path):
     faults = '[[faults]]\ncall = "nvmlInit"\nerror = "LIB_RM_VERSION_MISMATCH"\ncount = 2\n'
     # 500 W: the boot writes (2 x 250 W) come after the failed inits. (At 1000 W both
@@ -253,6 +255,7 @@ def test_nvml_init_retries_then_starts(tmp_path):
     assert first_write > max(i for i, e in enumerate(logs) if e["event"] == "nvml_init_failed")
 
 
+@pytest.mark.slow  # the daemon as a subprocess
 @pytest.mark.parametrize(
     ("error", "advice"),
     [("DRIVER_NOT_LOADED", "lsmod"), ("LIBRARY_NOT_FOUND", "libnvidia-ml.so.1"), ("LIB_RM_VERSION_MISMATCH", "reboot")],

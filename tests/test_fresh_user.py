@@ -46,6 +46,7 @@ def interrupt(args: list[str], after_s: float, started: str | None = None) -> su
     return subprocess.CompletedProcess(args, proc.returncode, out, err)
 
 
+@pytest.mark.slow  # long simulations in a subprocess
 @pytest.mark.parametrize(
     "args, started",
     [
@@ -137,6 +138,7 @@ def test_3_a_short_run_reports_no_absurd_figures(capsys):
 # -- 5. the controller's log lines stay off stderr --------------------------------------
 
 
+@pytest.mark.slow  # simulations in a subprocess
 def test_5_simulate_keeps_the_controllers_logs_off_stderr():
     p = cli("simulate", "--scenario", "power-event", "--policy", "all", "--duration", "60")
     no_traceback(p)
@@ -216,6 +218,7 @@ def test_6_the_readme_documents_the_over_budget_keys_and_the_table_says_which():
     assert "`draw_over_budget_s`" in readme[readme.index("*draw>budget* column"):][:200]
 
 
+@pytest.mark.slow  # a simulation in a subprocess
 def test_6_the_readme_says_what_simulate_incident_does():
     readme = (REPO / "README.md").read_text()
     inc = readme[readme.index("- `incident`: at the operator's 1000 W"):]

@@ -61,6 +61,7 @@ def _config(tmp_path: Path) -> Path:
     return cfg
 
 
+@pytest.mark.slow  # four daemons as subprocesses
 def test_second_daemon_on_the_same_cards_exits_naming_the_first(tmp_path: Path) -> None:
     cfg = _config(tmp_path)
     with DaemonProcess(cfg, log=tmp_path / "first.log") as first:

@@ -32,6 +32,8 @@ from support.mqtt import Mosquitto, publish, watching
 from support.scenarios import idle_4
 from support.wait import free_port
 
+pytestmark = pytest.mark.slow  # a real Mosquitto: the full run (CI) covers it
+
 
 @pytest.fixture(autouse=True)
 def _every_log_level(_quiet_logs: None) -> None:

@@ -20,6 +20,8 @@ from powerbudgetd.service.config import load_config
 from support.mqtt import Mosquitto, publish, watching
 from test_mqtt_broker import BASE, METER, REMOTE, running, tasmota, write_config
 
+pytestmark = pytest.mark.slow  # a real Mosquitto: the full run (CI) covers it
+
 DEEP_METER = b"[" * 8000 + b"]" * 8000  # under the 16 KiB meter cap: a RecursionError in json
 DEEP_HUGE = b"[" * 100_000 + b"]" * 100_000
 BOTH = METER.replace("max_age_s = 1.5", "max_age_s = 60") + REMOTE
@@ -237,7 +239,6 @@ def rss_kb() -> int:
         return int(fh.read().split()[1]) * (os.sysconf("SC_PAGE_SIZE") // 1024)
 
 
-@pytest.mark.slow
 async def test_fuzz_every_subscribed_topic(broker: Mosquitto, tmp_path: Path) -> None:
     rng = random.Random(14)
     config = write_config(tmp_path, broker.port, BOTH)

@@ -59,6 +59,7 @@ def test_1_sim_runs_record_apart_and_the_report_tells_them_from_real_runs(tmp_pa
     assert "SIMULATED" in text and "no run on real cards" in text
 
 
+@pytest.mark.slow  # the daemon on the wall clock
 def test_1_run_backend_sim_writes_the_backend_into_the_header(tmp_path):
     import asyncio
 

@@ -6,10 +6,14 @@ import json
 import time
 from pathlib import Path
 
+import pytest
+
 from powerbudgetd.powerlog.report import Host, summarize
 from powerbudgetd.powerlog.recorder import log_files
 from powerbudgetd.powerlog.reader import load_samples, scan_log
 from support.daemon import DaemonProcess
+
+pytestmark = pytest.mark.slow  # the daemon as a subprocess: the full run (CI) covers it
 
 
 def _config(tmp_path: Path, recorder_dir: Path) -> Path:

@@ -12,8 +12,12 @@ import time
 from datetime import datetime
 from pathlib import Path
 
+import pytest
+
 
 from support.daemon import DaemonProcess, NotifySocket
+
+pytestmark = pytest.mark.slow  # the daemon as a subprocess: the full run (CI) covers it
 
 LAG_S = 0.5  # the simulated bank applies a new limit this long after the write
 WATCHDOG_S = 1.0

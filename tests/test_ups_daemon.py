@@ -20,6 +20,8 @@ from support.inprocess import Running, running_daemon
 from support.scenarios import idle_4
 from support.wait import free_port
 
+pytestmark = pytest.mark.slow  # a real upsd and its driver: the full run (CI) covers it
+
 POLL_S = 0.3
 TICK_S = 0.1
 

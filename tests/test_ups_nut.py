@@ -18,6 +18,8 @@ from powerbudgetd.core.arbiter import BudgetArbiter
 from powerbudgetd.core.feed import Feed
 from powerbudgetd.service.config import UpsConfig
 
+pytestmark = pytest.mark.slow  # a real upsd and its driver: the full run (CI) covers it
+
 CONF_W = 1000.0
 FLOOR_W = 600.0
 POLL_S = 0.3
