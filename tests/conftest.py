@@ -17,6 +17,7 @@ from powerbudgetd.control.controller import Controller
 from powerbudgetd.core.model import Timings
 from powerbudgetd.service.backend import make_nvml
 from powerbudgetd.service.logs import configure_logging
+from nut import Nut
 from support.daemon import DaemonProcess, Launch, NotifySocket
 from support.examples import QUICK_EXAMPLES
 from support.mqtt import Mosquitto
@@ -90,6 +91,16 @@ def stopped_broker(tmp_path: Path) -> Iterator[Mosquitto]:
     b = Mosquitto(tmp_path)
     yield b
     b.kill()
+
+
+@pytest.fixture
+def nut(tmp_path: Path) -> Iterator[Nut]:
+    """A real upsd serving one dummy UPS (user ``gpu``, password ``s3cret``)."""
+    server = Nut(tmp_path / "nut", users={"gpu": "s3cret"}).start()
+    try:
+        yield server
+    finally:
+        server.close()
 
 
 @pytest.fixture

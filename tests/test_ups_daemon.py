@@ -8,7 +8,7 @@ import asyncio
 import contextlib
 import json
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import pytest
@@ -24,15 +24,6 @@ pytestmark = pytest.mark.slow  # a real upsd and its driver: the full run (CI) c
 
 POLL_S = 0.3
 TICK_S = 0.1
-
-
-@pytest.fixture
-def nut(tmp_path: Path) -> Iterator[Nut]:
-    server = Nut(tmp_path / "nut").start()
-    try:
-        yield server
-    finally:
-        server.close()
 
 
 def write_config(tmp_path: Path, nut: Nut, ups_extra: str = "") -> Path:
