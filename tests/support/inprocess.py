@@ -23,6 +23,19 @@ from support.wait import wait_until_async
 ChannelFactory = Callable[[Settings, Daemon, CollectorRegistry], Any]
 
 
+class OnTick:
+    """A side channel that only listens: ``listener(report)`` after every tick."""
+
+    def __init__(self, listener: Callable[[TickReport], object]) -> None:
+        self.on_tick = listener
+
+    def on_reload(self, ok: bool, settings: Any) -> None:
+        pass
+
+    async def run(self) -> None:
+        pass
+
+
 class Running:
     """A running daemon: its ``ticks`` as (time.monotonic, TickReport), its side channels
     by the names they were given (``r.bridge``), their metrics in ``registry``.
@@ -58,18 +71,11 @@ class Running:
         ctl = self.daemon.controller
         return "no controller yet" if ctl is None else f"budget {ctl.budget_mw / 1000} W, {len(self.ticks)} ticks"
 
-    # -- the side channel that records the ticks ---------------------------------------
-    def on_tick(self, report: TickReport) -> None:
+    def _record(self, report: TickReport) -> None:
         self.ticks.append((time.monotonic(), report))
         if self.set_budget_w is not None:
             self.daemon.arbiter.configure(self.set_budget_w)  # type: ignore[union-attr]
             self.set_budget_w, self.budget_set_at = None, len(self.ticks)
-
-    def on_reload(self, ok: bool, settings: Any) -> None:
-        pass
-
-    async def run(self) -> None:
-        pass
 
 
 @contextlib.asynccontextmanager
@@ -86,7 +92,7 @@ async def running_daemon(config: Path, **channels: ChannelFactory) -> AsyncItera
     daemon = Daemon(nvml, factory, notifier=Notifier(""), config_path=config, settings=settings)
     assert daemon.arbiter is not None
     r = Running(daemon, CollectorRegistry())
-    daemon.register(r)
+    daemon.register(OnTick(r._record))
     for name, make in channels.items():
         r.channels[name] = make(settings, daemon, r.registry)
         daemon.register(r.channels[name])
