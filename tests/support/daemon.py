@@ -134,8 +134,10 @@ class DaemonProcess:
             extra["WATCHDOG_USEC"] = str(int(watchdog_s * 1e6))
         mode = "ab" if append else "wb"
         with self.log.open(mode) as out, self.stderr_log.open(mode) as err:
-            self.proc = subprocess.Popen([sys.executable, "-m", "powerbudgetd", "run", "--backend", "sim", "--config", str(config), *args],
-                                         stdout=out, stderr=err, env=clean_env(**extra))
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "powerbudgetd", "run", "--backend", "sim", "--config", str(config), *args],
+                stdout=out, stderr=err, env=clean_env(**extra),
+            )
 
     @property
     def pid(self) -> int:
@@ -163,10 +165,6 @@ class DaemonProcess:
     def wait_for(self, predicate: Callable[[], T | None], what: str, timeout_s: float = 30.0, **kw: Any) -> T:
         """:func:`wait_until`, failing at once (with its output) should the daemon exit."""
         return wait_until(predicate, timeout_s, what, proc=self.proc, log=self.tail, **kw)
-
-    def wait_event(self, name: str, timeout_s: float = 30.0) -> dict[str, Any]:
-        """The first log line named ``name``, once it has been written."""
-        return self.wait_for(lambda: self.events(name)[:1], f"the {name!r} log line", timeout_s)[0]
 
     def send(self, sig: int) -> None:
         self.proc.send_signal(sig)
@@ -197,7 +195,6 @@ class DaemonProcess:
 
     def __exit__(self, *exc: object) -> None:
         reap(self.proc)
-
 
 
 # What the ``launch`` fixture gives: launch(config, *args, **kw) -> DaemonProcess.
