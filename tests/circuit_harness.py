@@ -31,16 +31,13 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from support.daemon import DaemonProcess, json_lines, metric
+from support.wait import free_port, reap, wait_until
+
 ETCD = shutil.which("etcd") or "/usr/bin/etcd"
 EXE = str(Path(sys.executable).parent / "powerbudgetd")
 PSU_EFFICIENCY = 0.9
 HOST_W = 100.0
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 # -- etcd ------------------------------------------------------------------------------
@@ -86,17 +83,16 @@ class EtcdCluster:
         self.wait_healthy()
 
     def wait_healthy(self, timeout_s: float = 20.0) -> None:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
+        def healthy() -> bool:
             live = [m for m in self.members if m.proc is not None and m.proc.poll() is None]
-            if live and all(_health(m) for m in live):
-                return
-            time.sleep(0.1)
-        raise AssertionError("etcd did not become healthy: " + "; ".join(m.log.read_text()[-600:] for m in self.members))
+            return bool(live) and all(_health(m) for m in live)
+
+        wait_until(healthy, timeout_s, "etcd to become healthy", step_s=0.1,
+                   log=lambda: "; ".join(m.log.read_text()[-600:] for m in self.members))
 
     def leader(self) -> int:
         for i, m in enumerate(self.members):
-            if m.proc is not None and m.proc.poll() is None and _metric(m, "etcd_server_is_leader") == 1:
+            if m.proc is not None and m.proc.poll() is None and metric(m.client_port, "etcd_server_is_leader") == 1:
                 return i
         raise AssertionError("no leader")
 
@@ -118,17 +114,6 @@ def _health(m: Member) -> bool:
             return json.loads(r.read()).get("health") == "true"
     except (OSError, ValueError):
         return False
-
-
-def _metric(m: Member, name: str) -> float | None:
-    try:
-        with urllib.request.urlopen(f"http://{m.endpoint}/metrics", timeout=1) as r:
-            for line in r.read().decode().splitlines():
-                if line.startswith(name + " "):
-                    return float(line.split()[1])
-    except OSError:
-        return None
-    return None
 
 
 # -- a proxy that can be cut -----------------------------------------------------------
@@ -282,13 +267,12 @@ step_w = 10
         self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         self._sock.bind(self.notify_path)
         self._sock.settimeout(0.05)
-        env = dict(os.environ, NOTIFY_SOCKET=self.notify_path, WATCHDOG_USEC=str(int(self.watchdog_s * 1e6)))
-        env.pop("WATCHDOG_PID", None)
         self.ready = threading.Event()
         self.last_ping = time.monotonic()
         self.exited_at = None
-        self.proc = subprocess.Popen([EXE, "run", "--backend", "sim", "--config", str(self.config)], env=env,
-                                     stdout=open(self.log, "ab"), stderr=subprocess.STDOUT)  # noqa: SIM115
+        self.daemon = DaemonProcess(self.config, log=self.log, notify=self.notify_path, watchdog_s=self.watchdog_s,
+                                    append=True)
+        self.proc = self.daemon.proc
         self._supervisor = threading.Thread(target=self._supervise, daemon=True)
         self._supervisor.start()
 
@@ -321,17 +305,10 @@ step_w = 10
         self.failsafe_runs.append((time.monotonic(), r.returncode, r.stdout + r.stderr))
 
     def wait_ready(self, timeout_s: float = 30.0) -> None:
-        assert self.ready.wait(timeout_s), f"{self.name} not ready: {self.log.read_text()[-2000:]}"
+        assert self.ready.wait(timeout_s), f"{self.name} not ready: {self.daemon.tail(2000)}"
 
     def metric(self, name: str) -> float | None:
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/metrics", timeout=1) as r:
-                for line in r.read().decode().splitlines():
-                    if line.startswith(name + " ") or line.startswith(name + "{"):
-                        return float(line.rsplit(" ", 1)[1])
-        except OSError:
-            return None
-        return None
+        return metric(self.port, name)
 
     def board_bound_w(self) -> float | None:
         """The truth: sum over cards of the highest limit that may be in force (W).
@@ -361,12 +338,7 @@ step_w = 10
         return None if board is None else (board + HOST_W) / PSU_EFFICIENCY
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
+        reap(self.proc, 15)
         if getattr(self, "_supervisor", None) is not None:
             self._supervisor.join(60)
         try:
@@ -375,13 +347,7 @@ step_w = 10
             pass
 
     def events(self) -> list[dict]:
-        out = []
-        for line in self.log.read_text().splitlines():
-            try:
-                out.append(json.loads(line))
-            except ValueError:
-                pass
-        return out
+        return json_lines(self.log.read_text())
 
 
 class Checker:
@@ -444,12 +410,3 @@ def circuit_status(endpoints: list[str], name: str) -> dict:
     assert r.returncode == 0, r.stderr
     return json.loads(r.stdout)
 
-
-def wait_for(pred, timeout_s: float, what: str, step_s: float = 0.1):  # noqa: ANN001
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        v = pred()
-        if v:
-            return v
-        time.sleep(step_s)
-    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")

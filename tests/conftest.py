@@ -1,19 +1,39 @@
-"""Shared helpers: build a simulated bank, the production NVML layer on it, a controller."""
+"""Fixtures for the tests (quiet logs and a temporary state directory for each; a NOTIFY
+socket, the daemon launcher, brokers, an idle-bank controller on request) and the quick
+profile's Hypothesis settings. Support code (the rig, waiting, the daemon as a
+subprocess) is in ``support/``."""
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
 
 import pytest
+from hypothesis import settings
 
-from powerbudgetd.control.controller import Controller, TickReport
-from powerbudgetd.service.logs import configure_logging
+from powerbudgetd.control.controller import Controller
 from powerbudgetd.core.model import Timings
-from powerbudgetd.hw.nvml import Nvml
-from powerbudgetd_sim.libnvml import Fault, SimNvmlLibrary
-from powerbudgetd_sim.physics import CardSpec, SimBank
-from powerbudgetd_sim.profiles import Phase, Profile
+from powerbudgetd.service.backend import make_nvml
+from powerbudgetd.service.logs import configure_logging
+from nut import Nut
+from support.daemon import DaemonProcess, Launch, NotifySocket
+from support.examples import QUICK_EXAMPLES
+from support.mqtt import Mosquitto
+from support.scenarios import idle_4
+from support.wait import reap
+
+
+settings.register_profile("quick", max_examples=QUICK_EXAMPLES)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # The quick profile (README, Tests): `-m "not slow"` runs the property tests with a
+    # tenth of their examples (support/examples.py) unless a Hypothesis profile is named.
+    quick = " ".join((config.option.markexpr or "").split()) == "not slow"
+    if quick and not config.getoption("hypothesis_profile", None):
+        settings.load_profile("quick")
 
 
 _DEVNULL = open(os.devnull, "w")  # noqa: SIM115 - lives as long as the test session
@@ -34,71 +54,61 @@ def _state_directory(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pyte
     monkeypatch.setenv("STATE_DIRECTORY", str(tmp_path_factory.mktemp("state")))
 
 
-def card(i: int, *phases: Phase, min_w=150.0, max_w=300.0, default_w=None, idle_w=30.0, **kw) -> CardSpec:
-    """A workstation-like card (150-300 W) with the given demand phases (default idle)."""
-    return CardSpec(
-        uuid=f"GPU-test-{i}",
-        name="Test GPU",
-        min_w=min_w,
-        max_w=max_w,
-        default_w=max_w if default_w is None else default_w,
-        idle_w=idle_w,
-        profile=Profile(tuple(phases) or (Phase(0.0),)),
-        **kw,
-    )
+@pytest.fixture
+def notify() -> Iterator[NotifySocket]:
+    """A NOTIFY_SOCKET of the test's own, as systemd's."""
+    with NotifySocket() as sock:
+        yield sock
 
 
-def busy(at_s: float = 0.0, power_w: float = 300.0) -> Phase:
-    return Phase(at_s, "constant", power_w=power_w)
+@pytest.fixture
+def launch() -> Iterator[Launch]:
+    """``launch(config, *args, **kw)``: a :class:`DaemonProcess`, stopped and reaped at
+    the end of the test whatever happened."""
+    started: list[DaemonProcess] = []
+
+    def start(config: Path, *args: str, **kw: Any) -> DaemonProcess:
+        started.append(DaemonProcess(config, *args, **kw))
+        return started[-1]
+
+    yield start
+    for daemon in started:
+        reap(daemon.proc)
 
 
-def idle(at_s: float = 0.0) -> Phase:
-    return Phase(at_s, "idle")
+@pytest.fixture
+def broker(tmp_path: Path) -> Iterator[Mosquitto]:
+    """A Mosquitto of the test's own, running."""
+    b = Mosquitto(tmp_path)
+    b.start()
+    yield b
+    b.kill()
 
 
-FAST = Timings(donor_hold_s=1.0, recipient_hold_s=0.5, release_hold_s=2.0)
+@pytest.fixture
+def stopped_broker(tmp_path: Path) -> Iterator[Mosquitto]:
+    """A Mosquitto of the test's own, not started yet."""
+    b = Mosquitto(tmp_path)
+    yield b
+    b.kill()
 
 
-@dataclass
-class Rig:
-    """A bank, the simulated NVML library, the real bindings and NVML layer and a controller, on virtual time."""
-
-    bank: SimBank
-    lib: SimNvmlLibrary
-    nvml: Nvml
-    ctl: Controller
-    t: float = 0.0
-    reports: list | None = None
-
-    def step(self) -> TickReport:
-        self.bank.advance_to(self.t)
-        rep = self.ctl.tick(self.t)
-        self.reports.append(rep)
-        self.t = round(self.t + self.ctl.timings.tick_s, 9)
-        return rep
-
-    def run(self, seconds: float, check=None) -> None:
-        end = self.t + seconds
-        while self.t < end - 1e-9:
-            self.step()
-            if check:
-                check(self)
-
-    def truth_w(self) -> float:
-        return self.bank.sum_limit_bound_mw() / 1000
-
-    def enforced_w(self, i: int) -> float:
-        return self.bank.cards[i].enforced_mw(self.bank.now) / 1000
+@pytest.fixture
+def nut(tmp_path: Path) -> Iterator[Nut]:
+    """A real upsd serving one dummy UPS (user ``gpu``, password ``s3cret``)."""
+    server = Nut(tmp_path / "nut", users={"gpu": "s3cret"}).start()
+    try:
+        yield server
+    finally:
+        server.close()
 
 
-def make_rig(specs, budget_w, timings=FAST, lag_s=0.1, seed=1, faults=(), **ctl_kw) -> Rig:
-    bank = SimBank(list(specs), lag_s=lag_s, seed=seed)
-    lib = SimNvmlLibrary(bank, list(faults))
-    nvml = Nvml(lib)
+@pytest.fixture
+def ctl(tmp_path: Path) -> Controller:
+    """Four idle 150-300 W cards under 1000 W on the wall clock, started (their boot
+    writes not yet confirmed)."""
+    nvml = make_nvml("sim", str(idle_4(tmp_path)))
     nvml.init()
-    ctl = Controller(nvml, budget_w, timings, **ctl_kw)
-    ctl.start()
-    return Rig(bank, lib, nvml, ctl, reports=[])
-
-
-__all__ = ["card", "busy", "idle", "make_rig", "Rig", "FAST", "Fault", "Phase"]
+    c = Controller(nvml, 1000, Timings())
+    c.start()
+    return c

@@ -19,7 +19,6 @@ client run by Home Assistant's own Python (its venv has aiohttp; ours need not).
 from __future__ import annotations
 
 import base64
-import contextlib
 import hashlib
 import hmac
 import json
@@ -31,6 +30,8 @@ import urllib.request
 import uuid
 from pathlib import Path
 from typing import Any
+
+from support.wait import reap, wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
 HA_VENV_SCRIPT = ROOT / "scripts" / "ha-venv"
@@ -133,22 +134,13 @@ class HomeAssistant:
                 [str(self.venv / "bin" / "hass"), "-c", str(self.config), "--skip-pip"],
                 stdout=out, stderr=subprocess.STDOUT,
             )
-        while True:
-            assert self.proc.poll() is None, f"Home Assistant exited:\n{self.output()[-4000:]}"
-            with contextlib.suppress(OSError, urllib.error.URLError):
-                if self.get("/api/").get("message") == "API running.":
-                    return time.monotonic() - t0
-            assert time.monotonic() - t0 < START_TIMEOUT_S, f"Home Assistant did not start:\n{self.output()[-4000:]}"
-            time.sleep(0.3)
+        wait_until(lambda: self.get("/api/").get("message") == "API running.", START_TIMEOUT_S,
+                   "Home Assistant to start", step_s=0.3, proc=self.proc, log=self.output,
+                   ignore=(OSError,))
+        return time.monotonic() - t0
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        reap(self.proc, 30)
 
     def output(self) -> str:
         """Everything it logged (its console output and its own log file)."""
@@ -205,13 +197,8 @@ class HomeAssistant:
 
     def wait(self, what: str, pred: Any, timeout: float = 30.0) -> Any:
         """Poll ``pred()`` until it returns something true; fail naming ``what``."""
-        deadline = time.monotonic() + timeout
-        last: Any = None
         t0 = time.monotonic()
-        while time.monotonic() < deadline:
-            with contextlib.suppress(urllib.error.URLError, KeyError, TypeError):
-                if last := pred():
-                    print(f"{time.strftime('%H:%M:%S')} {what}: {time.monotonic() - t0:.1f} s")
-                    return last
-            time.sleep(0.25)
-        raise AssertionError(f"Home Assistant: timed out waiting for {what} (last: {last!r})")
+        value = wait_until(pred, timeout, f"Home Assistant: {what}", step_s=0.25,
+                           ignore=(urllib.error.URLError, KeyError, TypeError))
+        print(f"{time.strftime('%H:%M:%S')} {what}: {time.monotonic() - t0:.1f} s")
+        return value

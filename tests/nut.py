@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import subprocess
 import time
 from pathlib import Path
+
+from support.wait import free_port, reap, wait_until
 
 LIBDIRS = ("/lib/nut", "/usr/lib/nut", "/usr/libexec/nut")
 
@@ -26,12 +27,6 @@ def nut_binary(name: str) -> str:
         if path.is_file() and os.access(path, os.X_OK):
             return str(path)
     raise AssertionError(f"NUT's {name} is missing: run scripts/install-test-deps (Debian package nut-server)")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class Nut:
@@ -100,15 +95,8 @@ class Nut:
         self._wait(lambda: self.query("ups.status") is not None, "upsd to serve the UPS", self.upsd)
 
     def _wait(self, ok, what: str, proc: subprocess.Popen[bytes]) -> None:  # type: ignore[no-untyped-def]
-        deadline = time.monotonic() + 15
-        while time.monotonic() < deadline:
-            if proc.poll() is not None:
-                break
-            if ok():
-                return
-            time.sleep(0.05)
-        logs = "\n".join(p.read_text(errors="replace") for p in self.dir.glob("*.log"))
-        raise AssertionError(f"waiting for {what} failed (exit {proc.poll()}):\n{logs}")
+        wait_until(ok, 15, what, proc=proc,
+                   log=lambda: "\n".join(p.read_text(errors="replace") for p in self.dir.glob("*.log")))
 
     def query(self, var: str) -> str | None:
         """``upsc``'s answer for one variable, None when upsd gives none."""
@@ -119,12 +107,9 @@ class Nut:
 
     def wait_for(self, var: str, value: str, timeout_s: float = 10.0) -> float:
         """Wait until upsd serves ``var`` = ``value``; returns when (time.monotonic)."""
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.query(var) == value:
-                return time.monotonic()
-            time.sleep(0.05)
-        raise AssertionError(f"upsd never served {var} = {value!r} (last: {self.query(var)!r})")
+        wait_until(lambda: self.query(var) == value, timeout_s, f"upsd to serve {var} = {value!r}",
+                   log=lambda: f"last: {self.query(var)!r}")
+        return time.monotonic()
 
     def remove_ups(self) -> None:
         """Take the UPS out of ups.conf and have upsd reload it (SIGHUP)."""
@@ -133,24 +118,14 @@ class Nut:
         self.upsd.send_signal(1)
 
     def stop_upsd(self) -> None:
-        _stop(self.upsd)
+        reap(self.upsd, 5)
         self.upsd = None
 
     def stop_driver(self) -> None:
-        _stop(self.driver)
+        reap(self.driver, 5)
         self.driver = None
 
     def close(self) -> None:
         self.stop_upsd()
         self.stop_driver()
 
-
-def _stop(proc: subprocess.Popen[bytes] | None) -> None:
-    if proc is None or proc.poll() is not None:
-        return
-    proc.terminate()
-    try:
-        proc.wait(timeout=5)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()

@@ -25,6 +25,7 @@ from powerbudgetd.service.notify import Notifier
 from powerbudgetd_sim.libnvml import SimNvmlLibrary
 from powerbudgetd_sim.physics import SimBank
 from powerbudgetd_sim.scenario import load_scenario
+from support.examples import examples
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -159,7 +160,7 @@ def _config(path: Path, budget_w: int) -> Path:
     return path
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=examples(60), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(st.sampled_from(FILE_BUDGETS[1:]), st.lists(ACTION, min_size=1, max_size=30))
 def test_no_interleaving_leaves_the_budget_above_the_files(tmp_path: Path, first_w: int, actions: list) -> None:
     path = _config(tmp_path / "powerbudgetd.toml", first_w)

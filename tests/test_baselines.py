@@ -12,6 +12,7 @@ from powerbudgetd_sim.libnvml import SimNvmlLibrary
 from powerbudgetd_sim.physics import SimBank
 from powerbudgetd_sim.scenario import load_scenario
 from powerbudgetd_sim.work import work_rate
+from support.examples import examples
 
 
 def _work(cards, alloc):
@@ -26,7 +27,7 @@ card = st.builds(
 )
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(st.lists(card, min_size=1, max_size=8), st.floats(0, 1))
 def test_allocate_keeps_the_budget_and_beats_fair_share(cards, frac):
     lo = sum(c.min_mw for c in cards)

@@ -38,7 +38,7 @@ def test_check_config_with_a_backend_prints_the_same_warnings(tmp_path: Path, ca
 
 
 def test_an_excluded_card_is_a_choice_not_an_outside_over_budget_cause() -> None:
-    from conftest import busy, card, make_rig
+    from support.rig import busy, card, make_rig
 
     with capture_logs() as logs:
         rig = make_rig([card(0, busy()), card(1), card(2)], 700, overrides={"GPU-test-0": CardOverride(exclude=True)})

@@ -3,18 +3,14 @@ own config, and the example config with its [feed] block switched on."""
 
 from __future__ import annotations
 
-import json
-import os
-import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
 
 from powerbudgetd.cli import main
 from powerbudgetd_sim.scenario import list_scenarios, load_scenario
+from support.daemon import DaemonProcess, Launch
+from support.wait import wait_until
 from test_check_config import EXAMPLE, FEED_KEYS, uncomment
 
 
@@ -37,47 +33,27 @@ def configs() -> dict[str, str]:
     return out
 
 
-def run_outcome(proc: subprocess.Popen[str], timeout_s: float = 60.0) -> int | str:
+def run_outcome(daemon: DaemonProcess, timeout_s: float = 60.0) -> int | str:
     """'started' once run logs that it is starting (the floors passed), else its exit status."""
-    assert proc.stdout is not None
-    deadline = time.monotonic() + timeout_s
-    for line in proc.stdout:
-        try:
-            event = json.loads(line).get("event")
-        except ValueError:
-            continue
-        if event == "starting":
-            proc.send_signal(signal.SIGTERM)
-            proc.wait(timeout=30)
-            return "started"
-        if time.monotonic() > deadline:
-            break
-    return proc.wait(timeout=30)
+    wait_until(lambda: daemon.events("starting") or daemon.returncode is not None, timeout_s, "starting, or an exit")
+    if daemon.events("starting"):
+        daemon.stop(30)
+        return "started"
+    return daemon.wait(30)
 
 
 @pytest.mark.slow
-def test_check_config_agrees_with_run_on_feasibility(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("POWERBUDGETD_")}
+def test_check_config_agrees_with_run_on_feasibility(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                     launch: Launch) -> None:
     # many daemons at once: no /metrics port or recorder directory to share
-    env.update(POWERBUDGETD_METRICS__ENABLED="false", POWERBUDGETD_RECORDER__ENABLED="false")
-    procs, paths = {}, {}
+    env = {"POWERBUDGETD_METRICS__ENABLED": "false", "POWERBUDGETD_RECORDER__ENABLED": "false"}
+    daemons, paths = {}, {}
     for i, (what, text) in enumerate(configs().items()):
         path = tmp_path / f"c{i}.toml"
         path.write_text(text)
         paths[what] = path
-        procs[what] = subprocess.Popen(
-            [sys.executable, "-m", "powerbudgetd", "run", "--backend", "sim", "--dry-run", "--config", str(path)],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-        )
-    outcomes = {}
-    try:
-        for what, proc in procs.items():
-            outcomes[what] = run_outcome(proc)
-    finally:
-        for proc in procs.values():
-            if proc.poll() is None:
-                proc.kill()
-            proc.wait()
+        daemons[what] = launch(path, "--dry-run", env=env)
+    outcomes = {what: run_outcome(daemon) for what, daemon in daemons.items()}
     seen = set()
     for what, path in paths.items():
         rc = main(["check-config", str(path), "--backend", "sim"])

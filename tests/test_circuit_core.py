@@ -16,6 +16,7 @@ from powerbudgetd.core.circuit import (
     required_ttl_s,
 )
 from powerbudgetd.core.feed import Feed
+from support.examples import examples
 
 watts = st.floats(min_value=0, max_value=5000, allow_nan=False)
 
@@ -53,7 +54,7 @@ def histories(draw):
     return budget, seats, steps
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(histories())
 def test_every_revision_keeps_seats_plus_grants_within_the_budget(h):
     """A model of the store: each host reads (possibly a stale revision), decides with
@@ -120,7 +121,7 @@ def test_seat_fits():
 
 # -- the fence ----------------------------------------------------------------------
 
-@settings(max_examples=500, deadline=None)
+@settings(max_examples=examples(500), deadline=None)
 @given(
     ttl=st.integers(2, 120),
     lower=st.floats(0, 1.5),

@@ -19,7 +19,10 @@ from pathlib import Path
 
 import pytest
 
-from circuit_harness import Checker, EtcdCluster, Host, TcpProxy, circuit_status, init_circuit, wait_for
+from circuit_harness import Checker, EtcdCluster, Host, TcpProxy, circuit_status, init_circuit
+from support.wait import wait_until
+
+pytestmark = pytest.mark.slow  # real etcd members and daemons: the full run (CI) covers it
 
 BUDGET_W = 3000.0
 RESERVE_W = 800.0
@@ -80,7 +83,7 @@ def test_hosts_share_the_pool_and_stay_within_the_circuit(etcd1: EtcdCluster, tm
     try:
         with Checker(hosts, BUDGET_W) as checker:
             _start(hosts)
-            wait_for(lambda: _granted(hosts, 3), 20, "a grant on every host")
+            wait_until(lambda: _granted(hosts, 3), 20, "a grant on every host")
             time.sleep(3)
             status = circuit_status(etcd1.endpoints, "lab")
         margin = checker.assert_within()
@@ -107,7 +110,7 @@ def test_all_of_etcd_stopped_every_host_back_to_reserve_before_any_lease_could_e
     try:
         with Checker(hosts, BUDGET_W) as checker:
             _start(hosts)
-            wait_for(lambda: _granted(hosts, 3), 20, "a grant on every host")
+            wait_until(lambda: _granted(hosts, 3), 20, "a grant on every host")
             last_ack = time.monotonic()
             etcd1.stop_all()
             stopped = time.monotonic()
@@ -115,12 +118,12 @@ def test_all_of_etcd_stopped_every_host_back_to_reserve_before_any_lease_could_e
             # could have expired a lease: the last keepalive any host sent + TTL. That is
             # after `last_ack - TTL/6`; hold them to `stopped + TTL - TTL/6 - 0.2`.
             bound = stopped + TTL_S - TTL_S / 6 - 0.2
-            wait_for(lambda: all((h.wall_w() or 1e9) <= RESERVE_W + 1e-3 for h in hosts), TTL_S, "every host at reserve")
+            wait_until(lambda: all((h.wall_w() or 1e9) <= RESERVE_W + 1e-3 for h in hosts), TTL_S, "every host at reserve")
             back = time.monotonic()
             assert back <= bound, (back - stopped, bound - stopped)
             time.sleep(1.0)
             etcd1.start(new=False)
-            wait_for(lambda: _granted(hosts, 3), 30, "grants again after etcd is back")
+            wait_until(lambda: _granted(hosts, 3), 30, "grants again after etcd is back")
             regranted = time.monotonic()
         margin = checker.assert_within()
         for h in hosts:
@@ -140,12 +143,12 @@ def test_leader_killed_in_a_three_member_cluster(etcd3: EtcdCluster, tmp_path: P
     try:
         with Checker(hosts, BUDGET_W) as checker:
             _start(hosts)
-            wait_for(lambda: _granted(hosts, 3), 20, "a grant on every host")
+            wait_until(lambda: _granted(hosts, 3), 20, "a grant on every host")
             leader = etcd3.leader()
             killed = time.monotonic()
             etcd3.kill(leader)
             time.sleep(TTL_S + 1)  # past a whole TTL: the grants must have survived (renewed elsewhere)
-            wait_for(lambda: _granted(hosts, 3), 15, "every host granted after the election")
+            wait_until(lambda: _granted(hosts, 3), 15, "every host granted after the election")
             lost = sum(h.metric("powerbudgetd_circuit_grant_lost_total") or 0 for h in hosts)
         margin = checker.assert_within()
         reserve_s = {h.name: round(checker.at_reserve_s(h.name, RESERVE_W, killed), 2) for h in hosts}
@@ -162,20 +165,20 @@ def test_one_host_cut_off_while_the_others_keep_going(etcd1: EtcdCluster, tmp_pa
     try:
         with Checker(hosts, BUDGET_W) as checker:
             _start(hosts)
-            wait_for(lambda: _granted(hosts, 3), 20, "a grant on every host")
+            wait_until(lambda: _granted(hosts, 3), 20, "a grant on every host")
             cut = time.monotonic()
             proxy.cut()
             # h0 falls back to its reserve on its own, before its lease can expire ...
-            wait_for(lambda: (hosts[0].wall_w() or 1e9) <= RESERVE_W + 1e-3, TTL_S, "h0 at its reserve")
+            wait_until(lambda: (hosts[0].wall_w() or 1e9) <= RESERVE_W + 1e-3, TTL_S, "h0 at its reserve")
             h0_back = time.monotonic() - cut
             assert h0_back < TTL_S - TTL_S / 6
             # ... and once etcd expires it, the others share the whole pool (300 W each).
-            wait_for(lambda: all((h.metric("powerbudgetd_circuit_grant_watts") or 0) >= 290 for h in hosts[1:]),
+            wait_until(lambda: all((h.metric("powerbudgetd_circuit_grant_watts") or 0) >= 290 for h in hosts[1:]),
                      TTL_S + 15, "h1 and h2 take h0's share")
             others = time.monotonic() - cut
             assert hosts[0].metric("powerbudgetd_circuit_etcd_reachable") == 0
             proxy.heal()
-            wait_for(lambda: _granted(hosts[:1], 1), 30, "h0 granted again after the cut heals")
+            wait_until(lambda: _granted(hosts[:1], 1), 30, "h0 granted again after the cut heals")
         margin = checker.assert_within()
         _figures("host cut off", worst_margin_w=round(margin, 1), cut_host_at_reserve_after_s=round(h0_back, 2),
                  others_regranted_after_s=round(others, 2))
@@ -184,26 +187,25 @@ def test_one_host_cut_off_while_the_others_keep_going(etcd1: EtcdCluster, tmp_pa
         proxy.close()
 
 
-@pytest.mark.slow
 def test_sigstopped_daemon_is_killed_by_the_watchdog_and_the_failsafe_lowers_it(etcd1: EtcdCluster, tmp_path: Path) -> None:
     init_circuit(etcd1.endpoints, "lab", BUDGET_W, TTL_S)
     hosts = _hosts(tmp_path, etcd1.endpoints)
     try:
         with Checker(hosts, BUDGET_W) as checker:
             _start(hosts)
-            wait_for(lambda: _granted(hosts, 3), 20, "a grant on every host")
+            wait_until(lambda: _granted(hosts, 3), 20, "a grant on every host")
             assert hosts[0].proc is not None
             frozen = time.monotonic()
             os.kill(hosts[0].proc.pid, signal.SIGSTOP)
             # Stopped past its TTL: the supervisor's watchdog kills it, ExecStopPost lowers
             # its cards; only then may etcd hand its grant to the others.
-            wait_for(lambda: hosts[0].failsafe_runs, TTL_S + 10, "the failsafe after the watchdog kill")
+            wait_until(lambda: hosts[0].failsafe_runs, TTL_S + 10, "the failsafe after the watchdog kill")
             assert hosts[0].killed_by_watchdog
             at, rc, out = hosts[0].failsafe_runs[0]
             assert rc == 0, out
             assert at - frozen < TTL_S, "the failsafe must finish before the lease can expire"
             assert (hosts[0].wall_w() or 1e9) <= RESERVE_W + 1e-3
-            wait_for(lambda: all((h.metric("powerbudgetd_circuit_grant_watts") or 0) >= 290 for h in hosts[1:]),
+            wait_until(lambda: all((h.metric("powerbudgetd_circuit_grant_watts") or 0) >= 290 for h in hosts[1:]),
                      TTL_S + 15, "the others take the dead host's share")
         margin = checker.assert_within()
         _figures("SIGSTOP + watchdog", worst_margin_w=round(margin, 1), failsafe_done_after_s=round(at - frozen, 2))
@@ -211,26 +213,25 @@ def test_sigstopped_daemon_is_killed_by_the_watchdog_and_the_failsafe_lowers_it(
         _stop(hosts)
 
 
-@pytest.mark.slow
 def test_kill_9_mid_grant_then_failsafe_as_systemd_runs_it(etcd1: EtcdCluster, tmp_path: Path) -> None:
     init_circuit(etcd1.endpoints, "lab", BUDGET_W, TTL_S)
     hosts = _hosts(tmp_path, etcd1.endpoints)
     try:
         with Checker(hosts, BUDGET_W) as checker:
             _start(hosts)
-            wait_for(lambda: _granted(hosts, 3), 20, "a grant on every host")
+            wait_until(lambda: _granted(hosts, 3), 20, "a grant on every host")
             assert hosts[0].proc is not None
             # Mid-grant: its cards use it.
-            wait_for(lambda: (hosts[0].wall_w() or 0) > RESERVE_W + 150, 5, "h0's cards raised with its grant")
+            wait_until(lambda: (hosts[0].wall_w() or 0) > RESERVE_W + 150, 5, "h0's cards raised with its grant")
             killed = time.monotonic()
             hosts[0].proc.kill()
-            wait_for(lambda: hosts[0].failsafe_runs, 20, "ExecStopPost's failsafe")
+            wait_until(lambda: hosts[0].failsafe_runs, 20, "ExecStopPost's failsafe")
             at, rc, out = hosts[0].failsafe_runs[0]
             assert rc == 0, out
             assert "given back" in out
             assert (hosts[0].wall_w() or 1e9) <= RESERVE_W + 1e-3
             # The grant went back with the failsafe: the others take it without waiting for the TTL.
-            wait_for(lambda: all((h.metric("powerbudgetd_circuit_grant_watts") or 0) >= 290 for h in hosts[1:]),
+            wait_until(lambda: all((h.metric("powerbudgetd_circuit_grant_watts") or 0) >= 290 for h in hosts[1:]),
                      TTL_S + 10, "the others take the killed host's share")
             regrant = time.monotonic() - killed
         margin = checker.assert_within()
@@ -246,17 +247,17 @@ def test_a_host_whose_seat_does_not_fit_takes_no_grant_and_says_so(etcd1: EtcdCl
     late = Host("late", tmp_path, etcd1.endpoints, "lab", reserve_w=1500.0)
     try:
         _start(hosts)
-        wait_for(lambda: _granted(hosts, 2), 20, "grants on the seated hosts")
+        wait_until(lambda: _granted(hosts, 2), 20, "grants on the seated hosts")
         with pytest.raises(AssertionError, match="does not fit"):
             late.join()  # the set-up step says so first
         late.start()  # started anyway: the daemon says so too, and takes nothing
         late.wait_ready()
-        wait_for(lambda: late.metric("powerbudgetd_circuit_pending_watts") == 1500, 10, "the late host's pending seat")
+        wait_until(lambda: late.metric("powerbudgetd_circuit_pending_watts") == 1500, 10, "the late host's pending seat")
         assert late.metric("powerbudgetd_circuit_seat_fits") == 0
         assert late.metric("powerbudgetd_circuit_grants_allowed") == 0
         assert any(e.get("event") == "circuit_seat_does_not_fit" for e in late.events())
         # The seated hosts give their grants back at once: the circuit is over-committed.
-        wait_for(lambda: all(h.metric("powerbudgetd_circuit_grant_watts") == 0 for h in hosts), 10,
+        wait_until(lambda: all(h.metric("powerbudgetd_circuit_grant_watts") == 0 for h in hosts), 10,
                  "grants given back")
         status = circuit_status(etcd1.endpoints, "lab")
         assert status["pending_w"] == 1500 and "late" not in [r["host"] for r in status["hosts"] if r["seat_w"]]

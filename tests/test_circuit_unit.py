@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from conftest import busy, card, idle
+from support.rig import busy, card, idle
 from prometheus_client import CollectorRegistry
 
 from powerbudgetd.channels.circuit.channel import CircuitChannel, watchdog_s
@@ -136,7 +136,7 @@ def test_failsafe_only_lowers_and_confirms() -> None:
 def _snapshot_with_circuit():
     import dataclasses
 
-    from conftest import make_rig
+    from support.rig import make_rig
 
     from powerbudgetd.core.snapshot import CircuitStatus
 

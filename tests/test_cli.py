@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import json
-import signal
-import subprocess
-import sys
 import time
 
 import pytest
@@ -88,25 +85,14 @@ def test_probe_compare_sim_against_another_preset(capsys):
     assert main(["probe", "--backend", "sim", "--preset", "h200"]) == 2
 
 
-def test_run_dry_run_writes_nothing(tmp_path):
-    scenario = tmp_path / "one-busy.toml"
-    scenario.write_text(
-        'bank = "workstation-4"\n[[cards]]\nphases = [{ at_s = 0, kind = "constant", power_w = 300 }]\n'
-    )
+@pytest.mark.slow  # the daemon as a subprocess
+def test_run_dry_run_writes_nothing(tmp_path, launch):
     cfg = tmp_path / "pb.toml"
-    cfg.write_text(
-        f"budget_w = 1000\n[control]\ndonor_hold_s = 1.0\nrecipient_hold_s = 0.5\n"
-        f"[sim]\nscenario = '{scenario}'\n"
-    )
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "powerbudgetd", "run", "--config", str(cfg), "--backend", "sim", "--dry-run"],
-        stdout=subprocess.PIPE, text=True,
-    )
+    cfg.write_text("budget_w = 1000\n[control]\ndonor_hold_s = 1.0\nrecipient_hold_s = 0.5\n[sim]\nscenario = 'one-busy'\n")
+    daemon = launch(cfg, "--dry-run")
     time.sleep(4)
-    proc.send_signal(signal.SIGTERM)
-    out, _ = proc.communicate(timeout=20)
-    assert proc.returncode == 0
-    events = [json.loads(line) for line in out.splitlines()]
+    assert daemon.stop(20) == 0
+    events = [json.loads(line) for line in daemon.output().splitlines()]
     names = [e["event"] for e in events]
     assert "power_limit_set" not in names
     would = [e for e in events if e["event"] == "power_limit_would_set"]

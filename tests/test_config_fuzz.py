@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from powerbudgetd.service.config import Settings, load_config
 from powerbudgetd.errors import ConfigError
+from support.examples import examples
 
 KEYS = {
     "": ["budget_w", "log_level", "allow_monitor_only", "nvml_init_attempts", "enable_persistence_mode", "bogus"],
@@ -56,7 +57,7 @@ def documents(draw):
     return "\n".join(lines) + "\n"
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=examples(300), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(st.one_of(documents(), st.text(max_size=200)))
 def test_any_file_gives_settings_or_a_config_error_naming_it(tmp_path, text):
     path = tmp_path / "fuzz.toml"

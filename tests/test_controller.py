@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import Fault, Phase, busy, card, idle, make_rig
+from support.rig import Fault, Phase, busy, card, idle, make_rig
 from powerbudgetd.errors import BudgetInfeasible
 from powerbudgetd.core.model import Mode, Role, Timings
 

@@ -8,21 +8,17 @@ real daemon as a subprocess.
 from __future__ import annotations
 
 import json
-import os
 import signal
-import subprocess
-import sys
-import tempfile
 import time
 
 import pytest
 from structlog.testing import capture_logs
 
-from conftest import Fault, Phase, busy, card, idle, make_rig
+from support.rig import Fault, Phase, busy, card, idle, make_rig
 from powerbudgetd.errors import BudgetInfeasible, NvmlNoPermission
 from powerbudgetd.core.model import Mode, Role, Timings
 from powerbudgetd_sim.physics import BankEvent
-from test_service import NotifySocket
+from support.daemon import DaemonProcess, NotifySocket
 
 T = Timings(donor_hold_s=1.0, recipient_hold_s=0.5, release_hold_s=2.0, failsafe_hold_s=5.0)
 
@@ -83,6 +79,7 @@ def test_writes_refused_with_monitor_only_allowed_watch_and_say_so():
     assert "NOT enforced" in events(logs, "monitor_only")[0]["action"]
 
 
+@pytest.mark.slow  # the daemon as a subprocess
 def test_writes_refused_daemon_exits_5_naming_the_capability(tmp_path):
     faults = '[[faults]]\ncall = "nvmlDeviceSetPowerManagementLimit"\nerror = "NO_PERMISSION"\n'
     rc, logs, err = run_daemon(tmp_path, faults, budget=500)
@@ -244,6 +241,7 @@ def test_a_card_off_the_bus_is_reserved_and_capped_first_on_return():
 
 
 # 10 ------------------------------------------------------------------------------------
+@pytest.mark.slow  # the daemon as a subprocess
 def test_nvml_init_retries_then_starts(tmp_path):
     faults = '[[faults]]\ncall = "nvmlInit"\nerror = "LIB_RM_VERSION_MISMATCH"\ncount = 2\n'
     # 500 W: the boot writes (2 x 250 W) come after the failed inits. (At 1000 W both
@@ -257,6 +255,7 @@ def test_nvml_init_retries_then_starts(tmp_path):
     assert first_write > max(i for i, e in enumerate(logs) if e["event"] == "nvml_init_failed")
 
 
+@pytest.mark.slow  # the daemon as a subprocess
 @pytest.mark.parametrize(
     ("error", "advice"),
     [("DRIVER_NOT_LOADED", "lsmod"), ("LIBRARY_NOT_FOUND", "libnvidia-ml.so.1"), ("LIB_RM_VERSION_MISMATCH", "reboot")],
@@ -293,7 +292,7 @@ def test_another_tool_fighting_over_a_limit_is_marked_contested():
 
 
 # Also ----------------------------------------------------------------------------------
-def run_daemon(tmp_path, scenario_extra, budget=1000, stop_after=None, extra_config="", env=None, timeout=30):
+def run_daemon(tmp_path, scenario_extra, budget=1000, stop_after=None, extra_config="", timeout=30, **daemon_kw):
     """Run ``powerbudgetd run --backend sim`` on a 2-card bank with ``scenario_extra``
     (TOML: faults, events); return (exit status, JSON log events, stderr)."""
     scenario = tmp_path / "bank.toml"
@@ -306,29 +305,19 @@ def run_daemon(tmp_path, scenario_extra, budget=1000, stop_after=None, extra_con
         f"[control]\ndonor_hold_s = 1.0\nrecipient_hold_s = 0.5\n[sim]\nscenario = '{scenario}'\n"
     )
     cfg.chmod(0o600)
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "powerbudgetd", "run", "--config", str(cfg), "--backend", "sim"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, **(env or {})},
-    )
-    if stop_after is not None:
-        time.sleep(stop_after)
-        proc.send_signal(signal.SIGTERM)
-    out, err = proc.communicate(timeout=timeout)
-    return proc.returncode, [json.loads(line) for line in out.splitlines() if line.startswith("{")], err
+    with DaemonProcess(cfg, **daemon_kw) as daemon:
+        if stop_after is not None:
+            time.sleep(stop_after)
+            daemon.send(signal.SIGTERM)
+        rc = daemon.wait(timeout)
+    return rc, daemon.events(), daemon.errors()
 
 
 @pytest.mark.slow
 def test_slow_nvml_does_not_freeze_the_watchdog(tmp_path):
     faults = '[[faults]]\ncall = "nvmlDeviceGetPowerUsage"\nerror = "SLOW"\ndelay_s = 2.5\nfrom_s = 2.0\ncount = 1\n'
-    with tempfile.TemporaryDirectory() as d:  # a short path: unix socket names are limited
-        notify = NotifySocket(os.path.join(d, "notify"))
-        try:
-            rc, logs, _ = run_daemon(
-                tmp_path, faults, stop_after=10.0,
-                env={"NOTIFY_SOCKET": notify.path, "WATCHDOG_USEC": "6000000"},
-            )
-        finally:
-            notify.close()
+    with NotifySocket() as notify:
+        rc, logs, _ = run_daemon(tmp_path, faults, stop_after=10.0, notify=notify, watchdog_s=6.0)
     assert rc == 0
     pings = [t for t, m in notify.messages if m.get("WATCHDOG") == "1"]
     gaps = [b - a for a, b in zip(pings, pings[1:])]
@@ -360,28 +349,18 @@ def test_kill_9_mid_lend_restarts_into_a_safe_state(tmp_path):
     )
     cfg.chmod(0o600)
     for attempt in range(4):
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "powerbudgetd", "run", "--config", str(cfg), "--backend", "sim"],
-            stdout=subprocess.PIPE, text=True,
-        )
-        time.sleep(rng.uniform(2.0, 4.5))
-        proc.kill()
-        out, _ = proc.communicate(timeout=10)
-        logs = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
-        assert_safe_boot(logs, budget=1000.0)
+        with DaemonProcess(cfg) as daemon:
+            time.sleep(rng.uniform(2.0, 4.5))
+            daemon.kill()
+        assert_safe_boot(daemon.events(), budget=1000.0)
         if not state.exists():  # killed before its first write (a slow start)
             continue
         saved = json.loads(state.read_text())
         if saved["start_bound_mw"] <= 1_000_000:  # (the first run starts from the 4 x 300 W defaults)
             assert saved["peak_bound_mw"] <= 1_000_000, (attempt, saved)
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "powerbudgetd", "run", "--config", str(cfg), "--backend", "sim"],
-        stdout=subprocess.PIPE, text=True,
-    )
-    time.sleep(1.5)
-    proc.send_signal(signal.SIGTERM)
-    out, _ = proc.communicate(timeout=10)
-    assert proc.returncode == 0
+    with DaemonProcess(cfg) as daemon:
+        time.sleep(1.5)
+        assert daemon.stop(10) == 0
     saved = json.loads(state.read_text())
     assert [c["requested_mw"] for c in saved["cards"]] == [250_000] * 4
     assert saved["peak_bound_mw"] <= 1_000_000

@@ -20,7 +20,7 @@ from powerbudgetd.cli import SIM_MAX_DURATION_S, SIM_MIN_DURATION_S, main
 from powerbudgetd.errors import ExitStatus
 
 from test_logreport import header, sample
-from test_operator_edges import cli, no_traceback
+from support.daemon import clean_env, cli, no_traceback
 
 REPO = Path(__file__).resolve().parent.parent
 T0 = 1_750_000_000.0
@@ -33,9 +33,8 @@ def interrupt(args: list[str], after_s: float, started: str | None = None) -> su
     """Run ``powerbudgetd ARGS`` in its own process group and send SIGINT to the whole
     group, as a terminal's Ctrl-C does (the suite's worker processes get it too):
     ``after_s`` after start, or after ``started`` appears on stdout."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("POWERBUDGETD_")}
     proc = subprocess.Popen([sys.executable, "-m", "powerbudgetd", *args], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=env, start_new_session=True)
+                            stderr=subprocess.PIPE, text=True, env=clean_env(), start_new_session=True)
     assert proc.stdout is not None
     if started is not None:
         line = proc.stdout.readline()
@@ -47,6 +46,7 @@ def interrupt(args: list[str], after_s: float, started: str | None = None) -> su
     return subprocess.CompletedProcess(args, proc.returncode, out, err)
 
 
+@pytest.mark.slow  # long simulations in a subprocess
 @pytest.mark.parametrize(
     "args, started",
     [
@@ -138,6 +138,7 @@ def test_3_a_short_run_reports_no_absurd_figures(capsys):
 # -- 5. the controller's log lines stay off stderr --------------------------------------
 
 
+@pytest.mark.slow  # simulations in a subprocess
 def test_5_simulate_keeps_the_controllers_logs_off_stderr():
     p = cli("simulate", "--scenario", "power-event", "--policy", "all", "--duration", "60")
     no_traceback(p)
@@ -217,6 +218,7 @@ def test_6_the_readme_documents_the_over_budget_keys_and_the_table_says_which():
     assert "`draw_over_budget_s`" in readme[readme.index("*draw>budget* column"):][:200]
 
 
+@pytest.mark.slow  # a simulation in a subprocess
 def test_6_the_readme_says_what_simulate_incident_does():
     readme = (REPO / "README.md").read_text()
     inc = readme[readme.index("- `incident`: at the operator's 1000 W"):]

@@ -9,33 +9,19 @@ import asyncio
 import contextlib
 import dataclasses
 import json
-from pathlib import Path
 from typing import Any
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from test_mqtt_unit import FEED, IDLE_BANK, TASMOTA, Loop, bridge_for, tasmota
+from test_mqtt_unit import FEED, TASMOTA, Loop, bridge_for, tasmota
 
 from powerbudgetd.channels import metrics as prom
 from powerbudgetd.channels.mqtt import discovery as ha
 from powerbudgetd.channels.mqtt import session
 from powerbudgetd.control.controller import Controller
-from powerbudgetd.core.model import Mode, Timings
-from powerbudgetd.service.backend import make_nvml
+from powerbudgetd.core.model import Mode
 from powerbudgetd.service.config import MqttConfig
-
-
-@pytest.fixture
-def ctl(tmp_path: Path) -> Controller:
-    """Four idle 150-300 W cards, started (their boot writes not yet confirmed)."""
-    scenario = tmp_path / "idle-4.toml"
-    scenario.write_text(IDLE_BANK)
-    nvml = make_nvml("sim", str(scenario))
-    nvml.init()
-    c = Controller(nvml, 1000, Timings())
-    c.start()
-    return c
 
 
 def by_unique_id(entries: list[tuple[str, dict[str, Any]]]) -> dict[str, tuple[str, dict[str, Any]]]:

@@ -19,18 +19,16 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import signal
 import socket
-import subprocess
-import sys
-import urllib.request
 from pathlib import Path
 from typing import Any
 
 import pytest
 from ha_harness import HomeAssistant, ha_venv
-from test_mqtt_broker import Mosquitto, free_port, publish, tasmota, watching
+from support.daemon import DaemonProcess, Launch, metric
+from support.mqtt import Mosquitto, publish, watching
+from support.wait import free_port
+from test_mqtt_broker import tasmota
 
 NODE = "hatest"
 BASE = f"powerbudgetd/{NODE}"
@@ -98,32 +96,6 @@ enabled = true
     return path
 
 
-def start_daemon(config: Path, log: Path) -> subprocess.Popen[bytes]:
-    env = {k: v for k, v in os.environ.items() if k not in ("NOTIFY_SOCKET", "WATCHDOG_USEC")}
-    with log.open("ab") as out:
-        return subprocess.Popen(
-            [sys.executable, "-m", "powerbudgetd", "run", "--backend", "sim", "--config", str(config)],
-            stdout=out, stderr=subprocess.STDOUT, env=env,
-        )
-
-
-def stop_daemon(proc: subprocess.Popen[bytes], log: Path) -> None:
-    proc.send_signal(signal.SIGTERM)
-    try:
-        assert proc.wait(timeout=20) == 0, log.read_text()[-4000:]
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-
-
-def metric(port: int, name: str) -> float | None:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
-        for line in resp.read().decode().splitlines():
-            if line.startswith(name + " "):
-                return float(line.split()[1])
-    return None
-
-
 def value(hass: HomeAssistant, entity_id: str) -> str | None:
     s = hass.state(entity_id)
     return None if s is None else str(s["state"])
@@ -134,33 +106,30 @@ def ours(hass: HomeAssistant) -> dict[str, dict[str, Any]]:
 
 
 @pytest.mark.slow  # (a Home Assistant install on first use)
-async def test_home_assistant_sees_the_bank_truthfully(tmp_path: Path, venv: Path) -> None:
-    broker = Mosquitto(tmp_path)
-    broker.start()
+async def test_home_assistant_sees_the_bank_truthfully(tmp_path: Path, venv: Path, broker: Mosquitto,
+                                                      launch: Launch) -> None:
     hass = HomeAssistant(venv, tmp_path, broker.port, free_port(), AUTOMATION)
     daemon_log = tmp_path / "daemon.log"
-    proc: subprocess.Popen[bytes] | None = None
     try:
         started_s = await asyncio.to_thread(hass.start)
         print(f"Home Assistant answered after {started_s:.1f} s")
         metrics_port = free_port()
-        proc = start_daemon(write_config(tmp_path, "four", broker.port, metrics_port, 4), daemon_log)
-        await asyncio.to_thread(run_four_cards, hass, broker, proc, daemon_log, metrics_port)
-        await asyncio.to_thread(stop_daemon, proc, daemon_log)
+        daemon = launch(write_config(tmp_path, "four", broker.port, metrics_port, 4), log=daemon_log)
+        await asyncio.to_thread(run_four_cards, hass, broker, daemon, metrics_port)
+        assert await asyncio.to_thread(daemon.stop) == 0, daemon.tail()
         await asyncio.to_thread(all_unavailable, hass, 4)
 
         # Restarted with two cards, the second lost 6 s in (bank time).
         lost = '[[faults]]\ncall = "*"\nerror = "GPU_IS_LOST"\ncard = 1\nfrom_s = 6\n'
         metrics_port = free_port()
-        proc = start_daemon(write_config(tmp_path, "two", broker.port, metrics_port, 2, lost), daemon_log)
+        daemon = launch(write_config(tmp_path, "two", broker.port, metrics_port, 2, lost), log=daemon_log, append=True)
         await asyncio.to_thread(run_two_cards, hass)
         # What the broker still holds of GPU 2 and 3: nothing (cleared, not left frozen).
         gone = ("GPU-51510002", "GPU-51510003", f"{BASE}/gpu/2", f"{BASE}/gpu/3")
         async with watching(broker.port, [f"{BASE}/gpu/#", f"homeassistant/+/{E}/+/config"]) as w:
             held = {str(m.topic): m.payload for m in w.messages}
         assert f"{BASE}/gpu/1" in held and not [t for t in held if any(g in t for g in gone)], sorted(held)
-        proc.kill()  # a crash this time: the last will marks everything unavailable
-        proc.wait(timeout=10)
+        daemon.kill()  # a crash this time: the last will marks everything unavailable
         await asyncio.to_thread(all_unavailable, hass, 2)
 
         log = hass.output()
@@ -170,16 +139,12 @@ async def test_home_assistant_sees_the_bank_truthfully(tmp_path: Path, venv: Pat
         not_increasing = [ln for ln in log.splitlines() if "not strictly increasing" in ln]
         assert not not_increasing, not_increasing
     finally:
-        if proc is not None and proc.poll() is None:
-            proc.kill()
         hass.stop()
-        broker.kill()
 
 
-def run_four_cards(hass: HomeAssistant, broker: Mosquitto, proc: subprocess.Popen[bytes], log: Path,
-                   metrics_port: int) -> None:
+def run_four_cards(hass: HomeAssistant, broker: Mosquitto, daemon: DaemonProcess, metrics_port: int) -> None:
     def ready() -> dict[str, dict[str, Any]] | None:
-        assert proc.poll() is None, log.read_text()[-4000:]
+        assert daemon.returncode is None, daemon.tail(4000)
         states = ours(hass)
         wanted = [f"sensor.{E}_gpu{i}_{k}" for i in range(4) for k in ("power", "limit", "energy")]
         if all(e in states and states[e]["state"] not in ("unknown", "unavailable") for e in wanted) and \

@@ -7,14 +7,13 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from powerbudgetd.powerlog.recorder import LogWriter, _open_append, check_directory, utc_iso
 
+from support.daemon import cli as run_cli
 from test_logreport import T0, header, sample
 
 MAX_RSS_MB = 250  # the interpreter, the package and the simulator are ~100 MB of it
@@ -30,9 +29,10 @@ RUN = (
 )
 
 
+# The tests that run commands are marked slow: each starts fresh interpreters (~1 s).
 def cli(*args: str, timeout: float = 120) -> tuple[int, str, str, float]:
     """(exit status, stdout, stderr, peak RSS in MB) of one CLI command in a fresh process."""
-    p = subprocess.run([sys.executable, "-c", RUN, *args], capture_output=True, text=True, timeout=timeout)
+    p = run_cli(*args, timeout=timeout, python=("-c", RUN))
     rss = [int(line.split()[1]) for line in p.stderr.splitlines() if line.startswith("MAXRSS_KB")]
     assert "Traceback" not in p.stderr, p.stderr[-3000:]
     assert rss, p.stderr[-3000:]
@@ -87,6 +87,7 @@ def test_a_300_mb_line_between_good_records(tmp_path: Path) -> None:
     assert [s["why"] for s in d["skipped_lines"]] == [f"longer than {1 << 20} bytes"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("where", ["first", "middle", "last", "inside"])
 def test_json_nested_100_000_deep(tmp_path: Path, where: str) -> None:
     deep = b"[" * 100_000 + b"]" * 100_000
@@ -110,6 +111,7 @@ def test_json_nested_100_000_deep(tmp_path: Path, where: str) -> None:
         assert any("nested too deep" in s["why"] for s in d["skipped_lines"]), d["skipped_lines"]
 
 
+@pytest.mark.slow
 def test_timestamps_running_to_year_9999(tmp_path: Path) -> None:
     path = log_path(tmp_path)
     recs = good_records(T0, 100)
@@ -149,6 +151,7 @@ def test_an_impossible_header_and_a_span_of_decades(tmp_path: Path) -> None:
     assert rc == 2 and "span" in err and "days" in err, err
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "bad",
     [
@@ -164,6 +167,7 @@ def test_wrong_types_in_a_record_are_skipped_lines(tmp_path: Path, bad: dict) ->
         assert rc == 0, err
 
 
+@pytest.mark.slow
 def test_a_hostile_header_is_a_clear_replay_error(tmp_path: Path) -> None:
     path = log_path(tmp_path)
     path.write_bytes(good_records(T0, 20).replace(b'"interval_s": 1.0', b'"interval_s": "soon"'))

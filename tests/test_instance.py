@@ -4,11 +4,7 @@ exit status, naming the holder's PID (issue case: two daemons fighting over limi
 
 from __future__ import annotations
 
-import json
 import os
-import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -16,9 +12,8 @@ import pytest
 
 from powerbudgetd.errors import AlreadyRunning, ExitStatus
 from powerbudgetd.service.instance import InstanceLock, lock_path
-
-BANK = 'name = "idle-4"\nbank = "workstation-4"\nbudget_w = 1000\n'
-
+from support.daemon import DaemonProcess
+from support.scenarios import idle_4
 
 def test_lock_path_by_backend(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("RUNTIME_DIRECTORY", str(tmp_path / "run"))
@@ -56,8 +51,7 @@ def test_lock_file_that_is_a_symlink_is_refused(tmp_path: Path) -> None:
 
 
 def _config(tmp_path: Path) -> Path:
-    scenario = tmp_path / "idle-4.toml"
-    scenario.write_text(BANK)
+    scenario = idle_4(tmp_path)
     cfg = tmp_path / "pb.toml"
     cfg.write_text(
         f"budget_w = 1000\n[metrics]\nenabled = false\n[recorder]\nenabled = false\n"
@@ -67,45 +61,26 @@ def _config(tmp_path: Path) -> Path:
     return cfg
 
 
-def _run(cfg: Path, *extra: str) -> subprocess.Popen[str]:
-    env = {k: v for k, v in os.environ.items() if k not in ("NOTIFY_SOCKET", "WATCHDOG_USEC")}
-    return subprocess.Popen(
-        [sys.executable, "-m", "powerbudgetd", "run", "--backend", "sim", "--config", str(cfg), *extra],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-    )
-
-
+@pytest.mark.slow  # four daemons as subprocesses
 def test_second_daemon_on_the_same_cards_exits_naming_the_first(tmp_path: Path) -> None:
     cfg = _config(tmp_path)
-    first = _run(cfg)
-    try:
-        deadline = time.monotonic() + 30
-        while not (tmp_path / "cards.json").exists():  # the first has written a limit
-            assert first.poll() is None, first.communicate()
-            assert time.monotonic() < deadline, "the first daemon never wrote"
-            time.sleep(0.1)
+    with DaemonProcess(cfg, log=tmp_path / "first.log") as first:
+        first.wait_for(lambda: (tmp_path / "cards.json").exists(), "the first daemon's first write", step_s=0.1)
         state_before = (tmp_path / "cards.json").stat().st_mtime_ns
-        second = _run(cfg)
-        out, err = second.communicate(timeout=30)
-        assert second.returncode == ExitStatus.ALREADY_RUNNING
-        assert f"PID {first.pid}" in err and "cards.json.lock" in err
-        assert not any(json.loads(line)["event"] == "power_limit_set" for line in out.splitlines() if line.startswith("{"))
+        with DaemonProcess(cfg, log=tmp_path / "second.log") as second:
+            assert second.wait(30) == ExitStatus.ALREADY_RUNNING
+        assert f"PID {first.pid}" in second.errors() and "cards.json.lock" in second.errors()
+        assert not second.events("power_limit_set")
         # a dry run beside it is not blocked (and writes nothing)
-        dry = _run(cfg, "--dry-run")
-        time.sleep(3)
-        assert dry.poll() is None, dry.communicate()
-        dry.send_signal(signal.SIGTERM)
-        assert dry.wait(timeout=15) == 0
-        assert first.poll() is None
+        with DaemonProcess(cfg, "--dry-run", log=tmp_path / "dry.log") as dry:
+            time.sleep(3)
+            assert dry.returncode is None, dry.tail()
+            assert dry.stop(15) == 0
+        assert first.returncode is None
         assert (tmp_path / "cards.json").stat().st_mtime_ns >= state_before
-    finally:
-        first.send_signal(signal.SIGTERM)
-        first.communicate(timeout=20)
-    assert first.returncode == 0
+        assert first.stop(20) == 0
     # the lock died with its holder: the next daemon starts
-    again = _run(cfg)
-    time.sleep(2)
-    assert again.poll() is None, again.communicate()
-    again.send_signal(signal.SIGTERM)
-    again.communicate(timeout=20)
-    assert again.returncode == 0
+    with DaemonProcess(cfg, log=tmp_path / "again.log") as again:
+        time.sleep(2)
+        assert again.returncode is None, again.tail()
+        assert again.stop(20) == 0

@@ -8,6 +8,7 @@ from hypothesis import strategies as st
 
 from powerbudgetd.control.ledger import CardLedger
 from powerbudgetd.core.model import Timings
+from support.examples import examples
 
 T = Timings()
 MIN_MW, MAX_MW = 100_000, 400_000
@@ -52,7 +53,7 @@ class Card:
         return max([self.requested, self.enforced(now)] + [mw for _, mw in self.pending])
 
 
-@settings(max_examples=500, deadline=None)
+@settings(max_examples=examples(500), deadline=None)
 @given(limits, st.sampled_from([0.0, 0.1, 0.5, 2.0]), ops)
 def test_the_bound_covers_whatever_may_be_in_force(default_mw, lag_s, script):
     card = Card(default_mw, lag_s)

@@ -7,7 +7,6 @@ import re
 import subprocess
 import threading
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
@@ -15,47 +14,26 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 from powerbudgetd import __version__
 from powerbudgetd.service.config import Settings
-from powerbudgetd.control.controller import Controller, TickReport
 from powerbudgetd.channels.metrics import ERROR_KINDS, Metrics
 from powerbudgetd.core.model import Mode, Role, Timings
-from powerbudgetd.hw.nvml import Nvml
-from powerbudgetd_sim.libnvml import Fault, SimNvmlLibrary
-from powerbudgetd_sim.physics import BankEvent, SimBank
-from powerbudgetd_sim.scenario import load_scenario
+from powerbudgetd_sim.libnvml import Fault
+from powerbudgetd_sim.physics import BankEvent
+from support.rig import Rig, scenario_rig
 
 CONFIG = Path(__file__).resolve().parent.parent / "config"
 WALL0 = 1_700_000_000.0
 TICK_COST_S = 0.003  # what the injected clock says each tick took
 
-# Card 0 pinned from the start, the rest idle: lending starts ~5 s after boot.
-ONE_BUSY = """
-name = "one-busy"
-bank = "workstation-4"
-duration_s = 600
-seed = 1
-lag_s = 0.1
-[[cards]]
-phases = [{ at_s = 0, kind = "constant", power_w = 300 }]
-"""
 
+class Exposition:
+    """The metrics a rig's ticks leave in a registry of their own, read back by name and
+    labels. The injected clocks: each tick takes TICK_COST_S; wall time is WALL0 + t."""
 
-@dataclass
-class Rig:
-    bank: SimBank
-    lib: SimNvmlLibrary
-    nvml: Nvml
-    ctl: Controller
-    metrics: Metrics
-    t: float = 0.0
-    reports: list[TickReport] = field(default_factory=list)
-
-    def run_until(self, until_s: float) -> None:
-        while self.t < until_s - 1e-9:
-            self.bank.advance_to(self.t)
-            report = self.ctl.tick(self.t)
-            self.reports.append(report)
-            self.metrics.on_tick(report)
-            self.t = round(self.t + 0.1, 6)
+    def __init__(self, rig: Rig) -> None:
+        self.metrics = Metrics(CollectorRegistry(), clock=lambda: rig.t + TICK_COST_S, wall_clock=lambda: WALL0 + rig.t)
+        self.metrics.nvml = rig.nvml
+        self.ctl = rig.ctl
+        rig.listen(self.metrics.on_tick)
 
     def value(self, name: str, **labels: str) -> float | None:
         return self.metrics.registry.get_sample_value(name, labels)
@@ -65,113 +43,102 @@ class Rig:
         return {"gpu": str(i), "UUID": c.uuid, "modelName": c.info.name}
 
 
-def make_rig(tmp_path: Path, faults: list[Fault] | None = None, dry_run: bool = False) -> Rig:
-    path = tmp_path / "one-busy.toml"
-    path.write_text(ONE_BUSY)
-    sc = load_scenario(str(path))
-    bank = SimBank(list(sc.cards), lag_s=sc.lag_s, seed=sc.seed)
-    lib = SimNvmlLibrary(bank, faults)
-    nvml = Nvml(lib)
-    nvml.init()
-    ctl = Controller(nvml, sc.budget_w, Timings(), dry_run=dry_run)
-    ctl.start()
-    rig = Rig(bank, lib, nvml, ctl, None)  # type: ignore[arg-type]
-    rig.metrics = Metrics(
-        CollectorRegistry(), clock=lambda: rig.t + TICK_COST_S, wall_clock=lambda: WALL0 + rig.t
-    )
-    rig.metrics.nvml = nvml
-    return rig
+def make_rig(faults: list[Fault] | None = None, dry_run: bool = False) -> tuple[Rig, Exposition]:
+    """one-busy (card 0 pinned from the start, the rest idle: lending starts ~5 s after
+    boot) at the default timings, its metrics exposed."""
+    rig = scenario_rig("one-busy", Timings(), faults=faults or (), dry_run=dry_run)
+    return rig, Exposition(rig)
 
 
-def test_card_and_bank_metrics_match_the_simulated_bank_while_lending(tmp_path: Path) -> None:
-    rig = make_rig(tmp_path)
+def test_card_and_bank_metrics_match_the_simulated_bank_while_lending() -> None:
+    rig, ex = make_rig()
     rig.run_until(10.0)
     now = rig.bank.now
     for i, sim in enumerate(rig.bank.cards):
-        lab = rig.card(i)
-        assert rig.value("powerbudgetd_gpu_power_limit_watts", **lab) == sim.requested_mw / 1000
-        assert rig.value("powerbudgetd_gpu_enforced_power_limit_watts", **lab) == sim.enforced_mw(now) / 1000
-        assert rig.value("powerbudgetd_gpu_power_limit_min_watts", **lab) == 150.0
-        assert rig.value("powerbudgetd_gpu_power_limit_max_watts", **lab) == 300.0
-        assert rig.value("powerbudgetd_gpu_power_draw_watts", **lab) == pytest.approx(sim.avg_w, abs=0.001)
-        assert rig.value("powerbudgetd_gpu_power_draw_instant_watts", **lab) == pytest.approx(sim.instant_w, abs=0.001)
-        assert rig.value("powerbudgetd_gpu_energy_joules_total", **lab) == pytest.approx(sim.energy_mj / 1000, abs=0.001)
+        lab = ex.card(i)
+        assert ex.value("powerbudgetd_gpu_power_limit_watts", **lab) == sim.requested_mw / 1000
+        assert ex.value("powerbudgetd_gpu_enforced_power_limit_watts", **lab) == sim.enforced_mw(now) / 1000
+        assert ex.value("powerbudgetd_gpu_power_limit_min_watts", **lab) == 150.0
+        assert ex.value("powerbudgetd_gpu_power_limit_max_watts", **lab) == 300.0
+        assert ex.value("powerbudgetd_gpu_power_draw_watts", **lab) == pytest.approx(sim.avg_w, abs=0.001)
+        assert ex.value("powerbudgetd_gpu_power_draw_instant_watts", **lab) == pytest.approx(sim.instant_w, abs=0.001)
+        assert ex.value("powerbudgetd_gpu_energy_joules_total", **lab) == pytest.approx(sim.energy_mj / 1000, abs=0.001)
     # Card 0 borrows from the three idle ones.
     assert [rig.bank.cards[i].requested_mw for i in range(4)] == [300_000, 150_000, 150_000, 150_000]
     for i, role in enumerate([Role.RECIPIENT, Role.DONOR, Role.DONOR, Role.DONOR]):
         for r in Role:
-            assert rig.value("powerbudgetd_gpu_role", **rig.card(i), role=str(r)) == (1.0 if r == role else 0.0)
+            assert ex.value("powerbudgetd_gpu_role", **ex.card(i), role=str(r)) == (1.0 if r == role else 0.0)
     for m in Mode:
-        assert rig.value("powerbudgetd_mode", mode=str(m)) == (1.0 if m == Mode.DYNAMIC else 0.0)
-    assert rig.value("powerbudgetd_budget_watts") == 1000.0
-    assert rig.value("powerbudgetd_sum_power_limits_watts") == 750.0
-    assert rig.value("powerbudgetd_headroom_watts") == 250.0
-    assert rig.value("powerbudgetd_sum_power_draw_watts") == pytest.approx(sum(c.avg_w for c in rig.bank.cards), abs=0.01)
+        assert ex.value("powerbudgetd_mode", mode=str(m)) == (1.0 if m == Mode.DYNAMIC else 0.0)
+    assert ex.value("powerbudgetd_budget_watts") == 1000.0
+    assert ex.value("powerbudgetd_sum_power_limits_watts") == 750.0
+    assert ex.value("powerbudgetd_headroom_watts") == 250.0
+    assert ex.value("powerbudgetd_sum_power_draw_watts") == pytest.approx(sum(c.avg_w for c in rig.bank.cards), abs=0.01)
     for i in range(4):
-        assert rig.value("powerbudgetd_gpu_limit_changes_total", **rig.card(i), reason="boot") == 1.0
-        assert rig.value("powerbudgetd_gpu_limit_changes_total", **rig.card(i), reason="lend") == 1.0
+        assert ex.value("powerbudgetd_gpu_limit_changes_total", **ex.card(i), reason="boot") == 1.0
+        assert ex.value("powerbudgetd_gpu_limit_changes_total", **ex.card(i), reason="lend") == 1.0
         for kind in ERROR_KINDS:  # present from the start, so increase() sees the first error
-            assert rig.value("powerbudgetd_nvml_errors_total", **rig.card(i), kind=kind) == 0.0
+            assert ex.value("powerbudgetd_nvml_errors_total", **ex.card(i), kind=kind) == 0.0
     ticks = len(rig.reports)
-    assert rig.value("powerbudgetd_tick_duration_seconds_count") == ticks
-    assert rig.value("powerbudgetd_tick_duration_seconds_sum") == pytest.approx(ticks * TICK_COST_S)
-    assert rig.value("powerbudgetd_last_tick_timestamp_seconds") == pytest.approx(WALL0 + rig.reports[-1].now)
+    assert ex.value("powerbudgetd_tick_duration_seconds_count") == ticks
+    assert ex.value("powerbudgetd_tick_duration_seconds_sum") == pytest.approx(ticks * TICK_COST_S)
+    assert ex.value("powerbudgetd_last_tick_timestamp_seconds") == pytest.approx(WALL0 + rig.reports[-1].now)
 
 
-def test_read_errors_are_counted_by_kind_and_stale_values_dropped(tmp_path: Path) -> None:
+def test_read_errors_are_counted_by_kind_and_stale_values_dropped() -> None:
     lost = Fault("nvmlDeviceGetPowerUsage", "GPU_IS_LOST", card=2, from_s=3.0, until_s=4.0)
-    rig = make_rig(tmp_path, [lost])
+    rig, ex = make_rig([lost])
     rig.run_until(3.5)
-    lab = rig.card(2)
-    assert rig.value("powerbudgetd_gpu_role", **lab, role="lost") == 1.0
-    assert rig.value("powerbudgetd_mode", mode="failsafe") == 1.0
+    lab = ex.card(2)
+    assert ex.value("powerbudgetd_gpu_role", **lab, role="lost") == 1.0
+    assert ex.value("powerbudgetd_mode", mode="failsafe") == 1.0
     # Unknown is absent, never 0 W: the lost card's limits and draw, and the bank's draw.
-    assert rig.value("powerbudgetd_gpu_power_limit_watts", **lab) is None
-    assert rig.value("powerbudgetd_gpu_power_draw_watts", **lab) is None
-    assert rig.value("powerbudgetd_sum_power_draw_watts") is None
-    assert rig.value("powerbudgetd_gpu_power_limit_min_watts", **lab) == 150.0
-    assert rig.value("powerbudgetd_gpu_power_limit_watts", **rig.card(1)) is not None
+    assert ex.value("powerbudgetd_gpu_power_limit_watts", **lab) is None
+    assert ex.value("powerbudgetd_gpu_power_draw_watts", **lab) is None
+    assert ex.value("powerbudgetd_sum_power_draw_watts") is None
+    assert ex.value("powerbudgetd_gpu_power_limit_min_watts", **lab) == 150.0
+    assert ex.value("powerbudgetd_gpu_power_limit_watts", **ex.card(1)) is not None
     rig.run_until(6.0)
     failed_ticks = sum(1 for r in rig.reports if 3.0 <= r.now < 4.0)
-    assert rig.value("powerbudgetd_nvml_errors_total", **lab, kind="gpu_lost") == failed_ticks == 10
-    assert rig.value("powerbudgetd_nvml_errors_total", **lab, kind="other") == 0.0
-    assert rig.value("powerbudgetd_nvml_errors_total", **rig.card(1), kind="gpu_lost") == 0.0
-    assert rig.value("powerbudgetd_gpu_role", **lab, role="fair_share") == 1.0
-    assert rig.value("powerbudgetd_gpu_power_limit_watts", **lab) == 250.0
+    assert ex.value("powerbudgetd_nvml_errors_total", **lab, kind="gpu_lost") == failed_ticks == 10
+    assert ex.value("powerbudgetd_nvml_errors_total", **lab, kind="other") == 0.0
+    assert ex.value("powerbudgetd_nvml_errors_total", **ex.card(1), kind="gpu_lost") == 0.0
+    assert ex.value("powerbudgetd_gpu_role", **lab, role="fair_share") == 1.0
+    assert ex.value("powerbudgetd_gpu_power_limit_watts", **lab) == 250.0
 
 
-def test_failed_writes_count_as_errors_not_changes(tmp_path: Path) -> None:
+def test_failed_writes_count_as_errors_not_changes() -> None:
     refused = Fault("nvmlDeviceSetPowerManagementLimit", "INVALID_ARGUMENT", card=1, count=1)
-    rig = make_rig(tmp_path, [refused])
+    rig, ex = make_rig([refused])
     rig.run_until(2.0)
-    lab = rig.card(1)
+    lab = ex.card(1)
     failed = [w for r in rig.reports for w in r.writes if w.error_kind is not None]
     assert [(w.index, w.error_kind) for w in failed] == [(1, "invalid_argument")]
-    assert rig.value("powerbudgetd_nvml_errors_total", **lab, kind="invalid_argument") == 1.0
+    assert ex.value("powerbudgetd_nvml_errors_total", **lab, kind="invalid_argument") == 1.0
     # A refused value is never resent unchanged: no change is counted for that card.
     accepted = [w for r in rig.reports for w in r.writes if w.index == 1 and w.error is None]
-    assert accepted == [] and not rig.value("powerbudgetd_gpu_limit_changes_total", **lab, reason="boot")
+    assert accepted == [] and not ex.value("powerbudgetd_gpu_limit_changes_total", **lab, reason="boot")
 
 
-def test_dry_run_changes_nothing(tmp_path: Path) -> None:
-    rig = make_rig(tmp_path, dry_run=True)
+def test_dry_run_changes_nothing() -> None:
+    rig, ex = make_rig(dry_run=True)
     rig.run_until(1.0)
     assert any(w.dry_run for r in rig.reports for w in r.writes)
-    text = generate_latest(rig.metrics.registry).decode()
+    text = generate_latest(ex.metrics.registry).decode()
     assert not [line for line in text.splitlines() if line.startswith("powerbudgetd_gpu_limit_changes_total")]
-    assert rig.value("powerbudgetd_mode", mode="dry-run") == 1.0
+    assert ex.value("powerbudgetd_mode", mode="dry-run") == 1.0
 
 
-def test_energy_only_while_nvml_is_up_and_where_supported(tmp_path: Path) -> None:
+def test_energy_only_while_nvml_is_up_and_where_supported() -> None:
     unsupported = Fault("nvmlDeviceGetTotalEnergyConsumption", "NOT_SUPPORTED", card=3)
-    rig = make_rig(tmp_path, [unsupported])
+    rig, ex = make_rig([unsupported])
     rig.run_until(1.0)
     for _ in range(2):
-        assert rig.value("powerbudgetd_gpu_energy_joules_total", **rig.card(3)) is None
-        assert rig.value("powerbudgetd_gpu_energy_joules_total", **rig.card(0)) is not None
-    assert rig.value("powerbudgetd_nvml_errors_total", **rig.card(3), kind="not_supported") == 0.0
-    rig.metrics.nvml = None
-    assert rig.value("powerbudgetd_gpu_energy_joules_total", **rig.card(0)) is None
+        assert ex.value("powerbudgetd_gpu_energy_joules_total", **ex.card(3)) is None
+        assert ex.value("powerbudgetd_gpu_energy_joules_total", **ex.card(0)) is not None
+    assert ex.value("powerbudgetd_nvml_errors_total", **ex.card(3), kind="not_supported") == 0.0
+    ex.metrics.nvml = None
+    assert ex.value("powerbudgetd_gpu_energy_joules_total", **ex.card(0)) is None
 
 
 def test_before_the_first_tick_only_process_metrics_are_exposed() -> None:
@@ -195,11 +162,11 @@ def test_reload_result_records_failure_and_time() -> None:
     assert m.registry.get_sample_value("powerbudgetd_config_last_reload_timestamp_seconds") == WALL0 + 60
 
 
-def test_the_simulated_bank_is_entered_by_one_call_at_a_time(tmp_path: Path) -> None:
+def test_the_simulated_bank_is_entered_by_one_call_at_a_time() -> None:
     # A scrape reads energy on its own thread while a tick reads (and, in the daemon, each
     # card is read in a worker thread of its own): the NVML layer holds no lock, so that a
     # hung call cannot stall the others; the simulated NVML library is thread-safe itself.
-    rig = make_rig(tmp_path)
+    rig, ex = make_rig()
     active = peak = 0
     guard = threading.Lock()
     real = rig.lib.bank.time
@@ -224,26 +191,26 @@ def test_the_simulated_bank_is_entered_by_one_call_at_a_time(tmp_path: Path) -> 
     assert peak == 1
 
 
-def test_over_budget_state_is_exported_while_an_outside_floor_holds_a_card(tmp_path: Path) -> None:
+def test_over_budget_state_is_exported_while_an_outside_floor_holds_a_card() -> None:
     """Outside limiters hold two donors at 300 W from t = 8 s: the bank goes over budget
     and is brought back within a tick plus the lag; the gauge, counters and the snapshot
     (which MQTT publishes) say so."""
-    rig = make_rig(tmp_path)
+    rig, ex = make_rig()
     rig.run_until(8.0)
-    boot_episodes = rig.value("powerbudgetd_over_budget_episodes_total")
-    assert rig.value("powerbudgetd_over_budget") == 0.0 and boot_episodes is not None
+    boot_episodes = ex.value("powerbudgetd_over_budget_episodes_total")
+    assert ex.value("powerbudgetd_over_budget") == 0.0 and boot_episodes is not None
     # 300 + 3 x 150 W under a 1000 W budget: floors of 300 W on two donors make 1050 W.
     rig.bank._events = [(8.05, i, BankEvent(8.05, i, "floor", limit_w=300.0)) for i in (1, 2)]
     seen = []
     while rig.t < 12.0:
         rig.run_until(rig.t + 0.1)
-        seen.append((rig.value("powerbudgetd_over_budget"), rig.reports[-1].snapshot))
+        seen.append((ex.value("powerbudgetd_over_budget"), rig.reports[-1].snapshot))
     over = [snap for v, snap in seen if v == 1.0]
     assert over, "the floor never put the bank over budget"
     assert all(snap.over_budget for snap in over) and "outside limit" in (over[0].over_budget_cause or "")
     assert seen[-1][0] == 0.0 and not seen[-1][1].over_budget  # corrected: the others came down
-    assert rig.value("powerbudgetd_over_budget_episodes_total") == boot_episodes + 1
-    seconds = rig.value("powerbudgetd_over_budget_seconds_total")
+    assert ex.value("powerbudgetd_over_budget_episodes_total") == boot_episodes + 1
+    seconds = ex.value("powerbudgetd_over_budget_seconds_total")
     assert seconds is not None and 0 < seconds - (rig.reports[79].snapshot.over_budget_s) <= 0.2 + 1e-9
 
 
@@ -255,12 +222,12 @@ def promtool(*args: str, stdin: str | None = None, cwd: Path | None = None) -> s
 CAMEL_LINT = "label names should be written in 'snake_case' not 'camelCase'"
 
 
-def test_exposition_passes_promtool_check_metrics(tmp_path: Path) -> None:
+def test_exposition_passes_promtool_check_metrics() -> None:
     lost = Fault("nvmlDeviceGetPowerUsage", "GPU_IS_LOST", card=2, from_s=6.0, until_s=6.5)
-    rig = make_rig(tmp_path, [lost])
+    rig, ex = make_rig([lost])
     rig.run_until(10.0)
-    rig.metrics.reload_result(True)
-    text = generate_latest(rig.metrics.registry).decode()
+    ex.metrics.reload_result(True)
+    text = generate_latest(ex.metrics.registry).decode()
     # modelName is dcgm-exporter's spelling, kept so dashboards can join on it; promtool
     # lints its camelCase and nothing else: the same exposition with the label renamed
     # is clean.
@@ -287,16 +254,16 @@ ISSUE_METRICS = {
 }
 
 
-def exposed_names(tmp_path: Path) -> set[str]:
-    rig = make_rig(tmp_path)
+def exposed_names() -> set[str]:
+    rig, ex = make_rig()
     rig.run_until(1.0)
-    rig.metrics.reload_result(True)
-    text = generate_latest(rig.metrics.registry).decode()
+    ex.metrics.reload_result(True)
+    text = generate_latest(ex.metrics.registry).decode()
     return {line.split("{")[0].split(" ")[0] for line in text.splitlines() if line and not line.startswith("#")}
 
 
-def test_every_metric_the_issue_names_is_exposed(tmp_path: Path) -> None:
-    names = exposed_names(tmp_path)
+def test_every_metric_the_issue_names_is_exposed() -> None:
+    names = exposed_names()
     assert ISSUE_METRICS <= names, ISSUE_METRICS - names
     assert all(n.startswith("powerbudgetd_") for n in names)
 
@@ -334,14 +301,14 @@ def metric_names_in(text: str) -> set[str]:
     return set(re.findall(r"\bpowerbudgetd_[a-z_]+\b", text))
 
 
-def test_contested_limit_is_exposed_only_while_contested(tmp_path: Path) -> None:
-    rig = make_rig(tmp_path)
+def test_contested_limit_is_exposed_only_while_contested() -> None:
+    rig, ex = make_rig()
     rig.bank._events = [(3.0, 0, BankEvent(3.0, 1, "set_limit", limit_w=300.0, every_s=2.0))]
     rig.run_until(2.5)
-    lab = rig.card(1)
-    assert rig.value("powerbudgetd_gpu_contested_power_limit_watts", **lab) is None
+    lab = ex.card(1)
+    assert ex.value("powerbudgetd_gpu_contested_power_limit_watts", **lab) is None
     rig.run_until(8.0)  # three outside writes within the window
-    assert rig.value("powerbudgetd_gpu_contested_power_limit_watts", **lab) == 300.0
+    assert ex.value("powerbudgetd_gpu_contested_power_limit_watts", **lab) == 300.0
 
 
 # Present only under a condition the rig above does not reach.
@@ -372,8 +339,8 @@ def circuit_names() -> set[str]:
     return metric_names_in(generate_latest(registry).decode())
 
 
-def test_rules_and_dashboard_use_only_exposed_metrics(tmp_path: Path) -> None:
-    names = exposed_names(tmp_path) | CONDITIONAL | ups_metric_names() | circuit_names()
+def test_rules_and_dashboard_use_only_exposed_metrics() -> None:
+    names = exposed_names() | CONDITIONAL | ups_metric_names() | circuit_names()
     for f in ("prometheus-rules.yml", "prometheus-rules.test.yml", "grafana-dashboard.json"):
         used = metric_names_in((CONFIG / f).read_text())
         assert used and used <= names, (f, used - names)
@@ -412,21 +379,21 @@ def test_metrics_config_defaults_and_errors(monkeypatch: pytest.MonkeyPatch) -> 
         Settings(budget_w=1000, metrics={"port": 0})
 
 
-def test_each_budget_source_and_the_one_in_force(tmp_path: Path) -> None:
+def test_each_budget_source_and_the_one_in_force() -> None:
     from dataclasses import replace
 
     from powerbudgetd.core.arbiter import BudgetArbiter
 
-    rig = make_rig(tmp_path)
+    rig, ex = make_rig()
     rig.run_until(0.5)
-    assert rig.value("powerbudgetd_budget_source_watts", source="config") == 1000.0  # no arbiter: the budget
-    assert rig.value("powerbudgetd_budget_source_in_force", source="config") == 1.0
+    assert ex.value("powerbudgetd_budget_source_watts", source="config") == 1000.0  # no arbiter: the budget
+    assert ex.value("powerbudgetd_budget_source_in_force", source="config") == 1.0
     arb = BudgetArbiter(1000)
     arb.offer("wall_meter", 900, rig.t)
     arb.offer("remote", 950, rig.t)
     report = rig.reports[-1]
-    rig.metrics.on_tick(replace(report, snapshot=report.snapshot.with_budget(arb.resolve(rig.t))))
+    ex.metrics.on_tick(replace(report, snapshot=report.snapshot.with_budget(arb.resolve(rig.t))))
     for source, watts, in_force in (("config", 1000.0, 0.0), ("wall_meter", 900.0, 1.0), ("remote", 950.0, 0.0)):
-        assert rig.value("powerbudgetd_budget_source_watts", source=source) == watts
-        assert rig.value("powerbudgetd_budget_source_in_force", source=source) == in_force
-    assert rig.value("powerbudgetd_budget_watts") == 1000.0  # the controller's, until the daemon applies it
+        assert ex.value("powerbudgetd_budget_source_watts", source=source) == watts
+        assert ex.value("powerbudgetd_budget_source_in_force", source=source) == in_force
+    assert ex.value("powerbudgetd_budget_watts") == 1000.0  # the controller's, until the daemon applies it

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry
 
-from conftest import busy, card, make_rig
+from support.rig import busy, card, make_rig
 from powerbudgetd.channels.metrics import Metrics
 from powerbudgetd.cli import main
 from powerbudgetd.errors import NvmlInvalidArgument

@@ -15,28 +15,24 @@ import itertools
 import json
 import os
 import shutil
-import signal
-import socket
 import subprocess
-import sys
 import time
-import urllib.request
-from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
 import aiomqtt
 import pytest
-from prometheus_client import CollectorRegistry
 from structlog.testing import capture_logs
 
-from powerbudgetd.service.backend import make_nvml
-from powerbudgetd.service.config import load_config
-from powerbudgetd.control.controller import Controller, TickReport
-from powerbudgetd.service.daemon import Daemon
-from powerbudgetd.service.logs import configure_logging
 from powerbudgetd.channels.mqtt.session import MqttBridge
-from powerbudgetd.service.notify import Notifier
+from powerbudgetd.service.logs import configure_logging
+from support.daemon import Launch, scrape
+from support.inprocess import Running, running_daemon
+from support.mqtt import Mosquitto, publish, watching
+from support.scenarios import idle_4
+from support.wait import free_port
+
+pytestmark = pytest.mark.slow  # a real Mosquitto: the full run (CI) covers it
 
 
 @pytest.fixture(autouse=True)
@@ -46,124 +42,8 @@ def _every_log_level(_quiet_logs: None) -> None:
     configure_logging(level="debug", stream=io.StringIO(), json=True)
 
 
-IDLE_BANK = 'name = "idle-4"\nbank = "workstation-4"\nbudget_w = 1000\n'  # 4 idle 150-300 W cards
-
-
-def mosquitto_path() -> str:
-    found = shutil.which("mosquitto") or shutil.which("mosquitto", path="/usr/sbin:/usr/local/sbin")
-    assert found, "mosquitto is missing: run scripts/install-test-deps"
-    return found
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Mosquitto:
-    """A broker of our own on 127.0.0.1:<free port>, which a test may kill and restart."""
-
-    def __init__(self, workdir: Path) -> None:
-        self.port = free_port()
-        self.conf = workdir / "mosquitto.conf"
-        self.conf.write_text(f"listener {self.port} 127.0.0.1\nallow_anonymous true\npersistence false\n")
-        self.log = workdir / "mosquitto.log"
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> None:
-        with self.log.open("ab") as out:
-            self.proc = subprocess.Popen([mosquitto_path(), "-c", str(self.conf)], stdout=out, stderr=out)
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            assert self.proc.poll() is None, f"mosquitto exited: {self.log.read_text()}"
-            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", self.port), timeout=0.2):
-                return
-            time.sleep(0.02)
-        raise AssertionError(f"mosquitto did not listen on {self.port}: {self.log.read_text()}")
-
-    def kill(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait()
-
-
-@pytest.fixture
-def broker(tmp_path: Path):  # type: ignore[no-untyped-def]
-    b = Mosquitto(tmp_path)
-    b.start()
-    yield b
-    b.kill()
-
-
-@pytest.fixture
-def stopped_broker(tmp_path: Path):  # type: ignore[no-untyped-def]
-    b = Mosquitto(tmp_path)
-    yield b
-    b.kill()
-
-
-class Watcher:
-    """A test-side MQTT client that records what arrives on ``topics``."""
-
-    def __init__(self, port: int, topics: list[str]) -> None:
-        self.port, self.topics = port, topics
-        self.messages: list[aiomqtt.Message] = []
-        self._new = asyncio.Event()
-        self.client: aiomqtt.Client | None = None
-
-    async def run(self) -> None:
-        async with aiomqtt.Client("127.0.0.1", self.port, identifier=f"watcher-{id(self)}") as client:
-            self.client = client
-            for t in self.topics:
-                await client.subscribe(t, qos=1)
-            async for msg in client.messages:
-                self.messages.append(msg)
-                self._new.set()
-
-    def payloads(self, topic: str) -> list[bytes]:
-        return [m.payload for m in self.messages if str(m.topic) == topic]  # type: ignore[misc]
-
-    async def wait_for(self, pred: Callable[[], Any], timeout: float = 10.0) -> Any:
-        deadline = time.monotonic() + timeout
-        while not (value := pred()):
-            left = deadline - time.monotonic()
-            assert left > 0, f"timed out; got {[(str(m.topic), m.payload) for m in self.messages][-8:]}"
-            self._new.clear()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._new.wait(), timeout=min(left, 0.2))
-        return value
-
-    def last_json(self, topic: str) -> dict[str, Any] | None:
-        got = self.payloads(topic)
-        return json.loads(got[-1]) if got else None
-
-
-@contextlib.asynccontextmanager
-async def watching(port: int, topics: list[str]) -> AsyncIterator[Watcher]:
-    w = Watcher(port, topics)
-    task = asyncio.create_task(w.run())
-    deadline = time.monotonic() + 5
-    while w.client is None or len(w.client._pending_subscribes):  # wait until subscribed
-        assert not task.done(), task.exception()
-        assert time.monotonic() < deadline, "watcher did not connect"
-        await asyncio.sleep(0.02)
-    await asyncio.sleep(0.1)  # the last SUBACK, and retained messages
-    try:
-        yield w
-    finally:
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
-
-
-async def publish(port: int, topic: str, payload: bytes | str, *, retain: bool = False) -> None:
-    async with aiomqtt.Client("127.0.0.1", port, identifier=f"pub-{time.monotonic_ns()}") as client:
-        await client.publish(topic, payload, qos=1, retain=retain)
-
-
 def write_config(tmp_path: Path, port: int, extra: str = "", *, metrics_port: int | None = None, budget_w: float = 1000) -> Path:
-    scenario = tmp_path / "idle-4.toml"
-    scenario.write_text(IDLE_BANK)
+    scenario = idle_4(tmp_path)  # 4 idle 150-300 W cards
     path = tmp_path / "powerbudgetd.toml"
     path.write_text(
         f"""budget_w = {budget_w}
@@ -193,50 +73,33 @@ BASE = "powerbudgetd/testbox"
 
 
 # -- the daemon as a subprocess ---------------------------------------------------------
-def start_daemon(config: Path) -> subprocess.Popen[bytes]:
-    env = {k: v for k, v in os.environ.items() if k not in ("NOTIFY_SOCKET", "WATCHDOG_USEC")}
-    return subprocess.Popen(
-        [sys.executable, "-m", "powerbudgetd", "run", "--backend", "sim", "--config", str(config)],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env,
-    )
-
-
-def scrape(port: int) -> str:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
-        return resp.read().decode()
-
-
-async def test_state_discovery_and_the_last_will_on_sigkill(broker: Mosquitto, tmp_path: Path) -> None:
+async def test_state_discovery_and_the_last_will_on_sigkill(broker: Mosquitto, tmp_path: Path, launch: Launch) -> None:
     metrics_port = free_port()
     config = write_config(tmp_path, broker.port, metrics_port=metrics_port)
     async with watching(broker.port, [f"{BASE}/#", "homeassistant/#"]) as w:
-        proc = start_daemon(config)
-        try:
-            await w.wait_for(lambda: b"online" in w.payloads(f"{BASE}/availability"))
-            state = await w.wait_for(lambda: (s := w.last_json(f"{BASE}/state")) and s["ready"] and s)
-            assert state["budget_w"] == 1000 and state["configured_budget_w"] == 1000 and state["gpus"] == 4
-            assert state["sum_limits_w"] <= 1000 and state["floor_w"] == 600
-            card = await w.wait_for(lambda: (c := w.last_json(f"{BASE}/gpu/3")) and c["limit_w"] == 250 and c)
-            assert card["index"] == 3 and card["uuid"].startswith("GPU-") and card["min_limit_w"] == 150
-            assert 20 < card["power_avg_w"] < 40  # an idle card
-            # 8 sensors of the bank (budget, configured budget, sum of limits, floor, sum of
-            # draw, energy, mode, budget source), 3 a card (limit, draw, energy).
-            configs = await w.wait_for(lambda: len(c := [
-                m for m in w.messages if str(m.topic).startswith("homeassistant/sensor/powerbudgetd_testbox/")
-            ]) >= 8 + 3 * 4 and c)
-            assert len(configs) == 8 + 3 * 4 and all(m.retain is False for m in configs)  # live, not replayed
-            sensors = {json.loads(m.payload)["unique_id"]: json.loads(m.payload) for m in configs}  # type: ignore[arg-type]
-            assert sensors["powerbudgetd_testbox_budget"]["device"]["identifiers"] == ["powerbudgetd_testbox"]
-            card_devices = {s["device"]["identifiers"][0] for s in sensors.values() if "via_device" in s["device"]}
-            assert len(card_devices) == 4
-            assert all(s["device_class"] == "power" and s["unit_of_measurement"] == "W"
-                       for s in sensors.values() if s["unique_id"].endswith(("_power", "_limit", "_limits", "_budget")))
-            assert sensors["powerbudgetd_testbox_budget"]["state_topic"] == f"{BASE}/state"
-            exposition = await asyncio.to_thread(scrape, metrics_port)  # one /metrics, ours included
-            assert "powerbudgetd_mqtt_connected 1.0" in exposition and "powerbudgetd_budget_watts 1000.0" in exposition
-        except BaseException:
-            proc.kill()
-            raise
+        daemon = launch(config)
+        await w.wait_for(lambda: b"online" in w.payloads(f"{BASE}/availability"))
+        state = await w.wait_for(lambda: (s := w.last_json(f"{BASE}/state")) and s["ready"] and s)
+        assert state["budget_w"] == 1000 and state["configured_budget_w"] == 1000 and state["gpus"] == 4
+        assert state["sum_limits_w"] <= 1000 and state["floor_w"] == 600
+        card = await w.wait_for(lambda: (c := w.last_json(f"{BASE}/gpu/3")) and c["limit_w"] == 250 and c)
+        assert card["index"] == 3 and card["uuid"].startswith("GPU-") and card["min_limit_w"] == 150
+        assert 20 < card["power_avg_w"] < 40  # an idle card
+        # 8 sensors of the bank (budget, configured budget, sum of limits, floor, sum of
+        # draw, energy, mode, budget source), 3 a card (limit, draw, energy).
+        configs = await w.wait_for(lambda: len(c := [
+            m for m in w.messages if str(m.topic).startswith("homeassistant/sensor/powerbudgetd_testbox/")
+        ]) >= 8 + 3 * 4 and c)
+        assert len(configs) == 8 + 3 * 4 and all(m.retain is False for m in configs)  # live, not replayed
+        sensors = {json.loads(m.payload)["unique_id"]: json.loads(m.payload) for m in configs}  # type: ignore[arg-type]
+        assert sensors["powerbudgetd_testbox_budget"]["device"]["identifiers"] == ["powerbudgetd_testbox"]
+        card_devices = {s["device"]["identifiers"][0] for s in sensors.values() if "via_device" in s["device"]}
+        assert len(card_devices) == 4
+        assert all(s["device_class"] == "power" and s["unit_of_measurement"] == "W"
+                   for s in sensors.values() if s["unique_id"].endswith(("_power", "_limit", "_limits", "_budget")))
+        assert sensors["powerbudgetd_testbox_budget"]["state_topic"] == f"{BASE}/state"
+        exposition = await asyncio.to_thread(scrape, metrics_port)  # one /metrics, ours included
+        assert "powerbudgetd_mqtt_connected 1.0" in exposition and "powerbudgetd_budget_watts 1000.0" in exposition
 
         # Everything above is retained: a late subscriber (Home Assistant after a restart)
         # gets it at once. And HA's birth message asks for discovery again.
@@ -247,92 +110,27 @@ async def test_state_discovery_and_the_last_will_on_sigkill(broker: Mosquitto, t
             await publish(broker.port, "homeassistant/status", "online")
             await late.wait_for(lambda: sum(1 for m in late.messages[replayed:] if "/config" in str(m.topic)) >= 20)
 
-        proc.send_signal(signal.SIGKILL)
-        proc.wait(timeout=5)
+        daemon.kill()
         await w.wait_for(lambda: w.payloads(f"{BASE}/availability")[-1:] == [b"offline"], timeout=5)
     async with watching(broker.port, [f"{BASE}/availability"]) as after:
         assert after.payloads(f"{BASE}/availability") == [b"offline"]  # the will is retained
 
 
-async def test_sigterm_publishes_the_last_state_then_offline(broker: Mosquitto, tmp_path: Path) -> None:
+async def test_sigterm_publishes_the_last_state_then_offline(broker: Mosquitto, tmp_path: Path, launch: Launch) -> None:
     config = write_config(tmp_path, broker.port)
     async with watching(broker.port, [f"{BASE}/#"]) as w:
-        proc = start_daemon(config)
-        try:
-            await w.wait_for(lambda: (s := w.last_json(f"{BASE}/state")) and s["mode"] == "dynamic")
-        finally:
-            proc.send_signal(signal.SIGTERM)
-            out, _ = proc.communicate(timeout=10)
-        assert proc.returncode == 0, out.decode()
+        daemon = launch(config)
+        await w.wait_for(lambda: (s := w.last_json(f"{BASE}/state")) and s["mode"] == "dynamic")
+        assert daemon.stop(10) == 0, daemon.tail()
         await w.wait_for(lambda: w.payloads(f"{BASE}/availability")[-1:] == [b"offline"], timeout=5)
         assert w.last_json(f"{BASE}/state")["mode"] == "stopping"  # type: ignore[index]
 
 
 # -- the daemon in-process --------------------------------------------------------------
-class Running:
-    def __init__(self, daemon: Daemon, bridge: MqttBridge, registry: CollectorRegistry) -> None:
-        self.daemon, self.bridge, self.registry = daemon, bridge, registry
-        self.ticks: list[tuple[float, TickReport]] = []
-        self.set_budget_w: float | None = None
-        self.budget_set_at = 0  # the index in ticks of the first tick under the new budget
-
-    @property
-    def ctl(self) -> Controller:
-        assert self.daemon.controller is not None
-        return self.daemon.controller
-
-    def metric(self, name: str, labels: dict[str, str] | None = None) -> float | None:
-        return self.registry.get_sample_value(name, labels or {})
-
-    async def until(self, pred: Callable[[], Any], timeout: float = 10.0) -> Any:
-        deadline = time.monotonic() + timeout
-        while not (value := pred()):
-            assert time.monotonic() < deadline, "timed out"
-            await asyncio.sleep(0.02)
-        return value
-
-
-@contextlib.asynccontextmanager
-async def running(config: Path) -> AsyncIterator[Running]:
-    settings = load_config(config)
-    assert settings.mqtt is not None
-    nvml = make_nvml("sim", settings.sim.scenario)
-    registry = CollectorRegistry()
-
-    def factory(n):  # type: ignore[no-untyped-def]
-        return Controller(n, settings.effective_budget_w(), settings.control.timings())
-
-    daemon = Daemon(nvml, factory, notifier=Notifier(""), config_path=config, settings=settings)
-    assert daemon.arbiter is not None
-    bridge = MqttBridge(settings.mqtt, daemon.arbiter, settings.feed and settings.feed.feed(), registry=registry)
-    r = Running(daemon, bridge, registry)
-
-    class Record:
-        """A side channel that keeps every tick and, between ticks, sets the configured
-        budget as a reload would."""
-
-        def on_tick(self, report: TickReport) -> None:
-            r.ticks.append((time.monotonic(), report))
-            if r.set_budget_w is not None:
-                daemon.arbiter.configure(r.set_budget_w)  # type: ignore[union-attr]
-                r.set_budget_w, r.budget_set_at = None, len(r.ticks)
-
-        def on_reload(self, ok: bool, settings: Any) -> None:
-            pass
-
-        async def run(self) -> None:
-            pass
-
-    daemon.register(Record())
-    daemon.register(bridge)
-    task = asyncio.create_task(daemon.run())
-    try:
-        await r.until(lambda: task.done() or (daemon.controller is not None and daemon.controller.ready))
-        assert not task.done(), f"daemon exited: {task.result()}"
-        yield r
-    finally:
-        daemon.request_stop()
-        assert await asyncio.wait_for(task, 10) == 0
+def running(config: Path) -> contextlib.AbstractAsyncContextManager[Running]:
+    """The daemon in this process with the MQTT bridge (``r.bridge``)."""
+    return running_daemon(config, bridge=lambda settings, daemon, registry: MqttBridge(
+        settings.mqtt, daemon.arbiter, settings.feed and settings.feed.feed(), registry=registry))
 
 
 METER = """[mqtt.wall_meter]

@@ -17,11 +17,10 @@ from structlog.testing import capture_logs
 
 from powerbudgetd.service.config import load_config
 
-from test_mqtt_broker import (
-    BASE, METER, REMOTE, Mosquitto, broker, publish, running, tasmota, watching, write_config,
-)
+from support.mqtt import Mosquitto, publish, watching
+from test_mqtt_broker import BASE, METER, REMOTE, running, tasmota, write_config
 
-__all__ = ["broker"]  # the fixture, re-exported for pytest
+pytestmark = pytest.mark.slow  # a real Mosquitto: the full run (CI) covers it
 
 DEEP_METER = b"[" * 8000 + b"]" * 8000  # under the 16 KiB meter cap: a RecursionError in json
 DEEP_HUGE = b"[" * 100_000 + b"]" * 100_000
@@ -240,7 +239,6 @@ def rss_kb() -> int:
         return int(fh.read().split()[1]) * (os.sysconf("SC_PAGE_SIZE") // 1024)
 
 
-@pytest.mark.slow
 async def test_fuzz_every_subscribed_topic(broker: Mosquitto, tmp_path: Path) -> None:
     rng = random.Random(14)
     config = write_config(tmp_path, broker.port, BOTH)

@@ -28,11 +28,9 @@ from powerbudgetd.channels.mqtt.session import MqttBridge
 from powerbudgetd.control.controller import Controller, TickReport
 from powerbudgetd.core.arbiter import BudgetArbiter
 from powerbudgetd.errors import ConfigError
-from powerbudgetd.service.backend import make_nvml
 from powerbudgetd.service.config import FeedConfig, MqttConfig, Settings, WallMeterConfig, load_config
 from powerbudgetd.service.daemon import BudgetKeeper
 from powerbudgetd.service.logs import configure_logging
-from powerbudgetd.core.model import Timings
 
 
 @pytest.fixture(autouse=True)
@@ -167,21 +165,7 @@ def test_wall_meter_warns_once_per_state_change_and_keeps_its_budget() -> None:
     assert reg.get_sample_value("powerbudgetd_wall_power_watts") == 705
 
 
-# -- the bridge, the arbiter and the daemon's keeper over a real controller ------------
-IDLE_BANK = 'name = "idle-4"\nbank = "workstation-4"\nbudget_w = 1000\n'  # 4 x 150-300 W cards, idle
-
-
-@pytest.fixture
-def ctl(tmp_path: Path) -> Controller:
-    scenario = tmp_path / "idle-4.toml"
-    scenario.write_text(IDLE_BANK)
-    nvml = make_nvml("sim", str(scenario))
-    nvml.init()
-    c = Controller(nvml, 1000, Timings())
-    c.start()
-    return c
-
-
+# -- the bridge, the arbiter and the daemon's keeper over a real controller (ctl: conftest)
 class Loop:
     """What the daemon's loop does around a tick, without the asyncio: apply the
     arbiter's budget, tick, stamp the snapshot, report the floor, feed the bridge."""

@@ -7,7 +7,7 @@ import types
 
 import pytest
 
-from conftest import Fault, busy, card, make_rig
+from support.rig import Fault, busy, card, make_rig
 from powerbudgetd import errors
 from powerbudgetd.hw.nvml import Nvml, load_pynvml
 from powerbudgetd_sim.libnvml import SimNvmlLibrary

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from conftest import busy, card
+from support.rig import busy, card
 from packaging.requirements import Requirement
 from powerbudgetd_sim import libnvml
 from powerbudgetd_sim.libnvml import SIGNATURES, SimNvmlLibrary

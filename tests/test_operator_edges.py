@@ -10,8 +10,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -23,33 +21,12 @@ from powerbudgetd.powerlog.report import Host, format_summary, summarize
 from powerbudgetd.service.config import ConfigError, RecorderConfig, classify_env, load_config
 from powerbudgetd.service.output import EXIT_BROKEN_PIPE, Progress
 
+from support.daemon import cli, no_traceback
 from test_logreport import FEED, header, sample, write_run
 
 REPO = Path(__file__).resolve().parent.parent
 ELSEWHERE = Host("another-host", "another-boot", lambda pid: False)
 T0 = 1_750_000_000.0
-
-
-def cli(*args: str, env: dict[str, str] | None = None, cwd: Path | None = None, timeout: float = 120,
-        closed_stdout: bool = False) -> subprocess.CompletedProcess[str]:
-    """``powerbudgetd ARGS`` in a fresh interpreter, as a user runs it. ``closed_stdout``:
-    stdout is a pipe whose reader has already gone (``| head`` that stopped reading)."""
-    full_env = {k: v for k, v in os.environ.items() if not k.startswith("POWERBUDGETD_")}
-    full_env.update(env or {})
-    cmd = [sys.executable, "-m", "powerbudgetd", *args]
-    if not closed_stdout:
-        return subprocess.run(cmd, capture_output=True, text=True, env=full_env, cwd=cwd, timeout=timeout)
-    r, w = os.pipe()
-    os.close(r)  # the reader is gone before the command writes a byte
-    try:
-        proc = subprocess.run(cmd, stdout=w, stderr=subprocess.PIPE, text=True, env=full_env, cwd=cwd, timeout=timeout)
-    finally:
-        os.close(w)
-    return subprocess.CompletedProcess(cmd, proc.returncode, "", proc.stderr)
-
-
-def no_traceback(p: subprocess.CompletedProcess[str]) -> None:
-    assert "Traceback" not in p.stderr and "Exception ignored" not in p.stderr, p.stderr
 
 
 # -- 1. simulated runs never land in the production flight recorder -------------------
@@ -82,6 +59,7 @@ def test_1_sim_runs_record_apart_and_the_report_tells_them_from_real_runs(tmp_pa
     assert "SIMULATED" in text and "no run on real cards" in text
 
 
+@pytest.mark.slow  # the daemon on the wall clock
 def test_1_run_backend_sim_writes_the_backend_into_the_header(tmp_path):
     import asyncio
 

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import card
+from support.rig import card
 from powerbudgetd_sim.libnvml import Fault, SimNvmlLibrary
 from powerbudgetd_sim.physics import SimBank
 

@@ -6,7 +6,7 @@ import statistics
 
 import pytest
 
-from conftest import busy, card, idle
+from support.rig import busy, card, idle
 from powerbudgetd_sim.physics import TRANSIENT_MAX, SimBank
 from powerbudgetd_sim.profiles import Phase
 from powerbudgetd_sim.traces import load_trace

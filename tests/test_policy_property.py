@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 from powerbudgetd.core.fairshare import fair_shares
 from powerbudgetd.core.model import Role, Timings
 from powerbudgetd.core.policy import CardView, LendingPolicy
+from support.examples import examples
 
 
 @st.composite
@@ -53,7 +54,7 @@ readings = st.lists(st.one_of(st.none(), st.floats(0.0, 1.4)), min_size=6, max_s
 phases = st.tuples(readings, st.integers(1, 40))
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(300), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(tm=timings(), bank=banks(), runs=st.lists(phases, min_size=1, max_size=8),
        priorities=st.lists(st.integers(0, 2), min_size=6, max_size=6))
 def test_targets_never_exceed_the_pool(tm: Timings, bank: tuple[list[tuple[int, int]], int],

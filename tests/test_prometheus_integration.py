@@ -7,60 +7,29 @@ lending roles, and answers every query of the Grafana dashboard.
 from __future__ import annotations
 
 import json
-import os
-import signal
 import socket
 import subprocess
-import sys
-import tempfile
-import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import pytest
 import yaml
 
+from support.daemon import DaemonProcess, Launch, NotifySocket
+from support.wait import free_port, reap, wait_until
+
+pytestmark = pytest.mark.slow  # a real Prometheus and the daemon as a subprocess: the full run (CI) covers it
+
 CONFIG = Path(__file__).resolve().parent.parent / "config"
-T = TypeVar("T")
 # Every rule in the shipped file must load and evaluate in a real Prometheus.
 RULE_NAMES = [r["alert"] for g in yaml.safe_load((CONFIG / "prometheus-rules.yml").read_text())["groups"] for r in g["rules"]]
 
-# Card 0 pinned from the start, the rest idle; short holds so lending starts ~1.5 s
-# after boot instead of ~5 s.
-SCENARIO = """
-name = "one-busy"
-bank = "workstation-4"
-duration_s = 3600
-seed = 1
-lag_s = 0.1
-[[cards]]
-phases = [{ at_s = 0, kind = "constant", power_w = 300 }]
-"""
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def until(fn: Callable[[], T | None], timeout_s: float, what: str) -> T:
-    """Poll ``fn`` until it returns something truthy; fail naming ``what`` at the deadline."""
-    deadline = time.monotonic() + timeout_s
-    last: object = None
-    while time.monotonic() < deadline:
-        try:
-            value = fn()
-        except (OSError, AssertionError, KeyError, ValueError) as exc:
-            value, last = None, exc
-        if value:
-            return value
-        time.sleep(0.2)
-    raise AssertionError(f"timed out after {timeout_s} s waiting for {what} (last: {last!r})")
+# Errors a poll of Prometheus or of the daemon's log may meet before it is there.
+NOT_YET = (OSError, AssertionError, KeyError, ValueError)
 
 
 def http_get(url: str) -> bytes:
@@ -88,72 +57,25 @@ class Prom:
         return {r["metric"]["gpu"]: float(r["value"][1]) for r in self.query(expr)}
 
 
+def start_daemon(launch: Launch, tmp_path: Path, port: int, notify: NotifySocket) -> DaemonProcess:
+    """one-busy (card 0 pinned from the start, the rest idle); short holds so lending
+    starts ~1.5 s after boot instead of ~5 s."""
+    config = tmp_path / "powerbudgetd.toml"
+    config.write_text(
+        "budget_w = 1000\n"
+        "[control]\ndonor_hold_s = 1.5\nrecipient_hold_s = 0.5\n"
+        '[sim]\nscenario = "one-busy"\n'
+        f"[metrics]\nport = {port}\n"
+    )
+    return launch(config, notify=notify)
+
+
 @pytest.fixture
 def procs() -> Iterator[list[subprocess.Popen[bytes]]]:
     started: list[subprocess.Popen[bytes]] = []
     yield started
     for p in started:
-        if p.poll() is None:
-            p.terminate()
-            try:
-                p.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
-
-
-def start_daemon(
-    tmp_path: Path, procs: list[subprocess.Popen[bytes]], port: int, notify: str
-) -> tuple[subprocess.Popen[bytes], Path]:
-    (tmp_path / "one-busy.toml").write_text(SCENARIO)
-    config = tmp_path / "powerbudgetd.toml"
-    config.write_text(
-        "budget_w = 1000\n"
-        "[control]\ndonor_hold_s = 1.5\nrecipient_hold_s = 0.5\n"
-        f'[sim]\nscenario = "{tmp_path / "one-busy.toml"}"\n'
-        f"[metrics]\nport = {port}\n"
-    )
-    log = tmp_path / "daemon.log"
-    env = {**os.environ, "NOTIFY_SOCKET": notify, "PYTHONUNBUFFERED": "1"}
-    env.pop("WATCHDOG_USEC", None)
-    with log.open("wb") as out:
-        p = subprocess.Popen(
-            [sys.executable, "-m", "powerbudgetd", "run", "--backend", "sim", "--config", str(config)],
-            stdout=out, stderr=subprocess.STDOUT, env=env,
-        )
-    procs.append(p)
-    return p, log
-
-
-def notify_socket() -> tuple[socket.socket, str]:
-    path = os.path.join(tempfile.mkdtemp(prefix="pbd"), "notify")  # short: AF_UNIX paths <= 107 bytes
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-    sock.bind(path)
-    sock.settimeout(0.2)
-    return sock, path
-
-
-def wait_ready(sock: socket.socket, daemon: subprocess.Popen[bytes], log: Path) -> None:
-    def ready() -> bool:
-        assert daemon.poll() is None, f"daemon exited {daemon.returncode}: {log.read_text()}"
-        try:
-            return b"READY=1" in sock.recv(4096).split(b"\n")
-        except TimeoutError:
-            return False
-
-    until(ready, 20, "READY=1")
-
-
-def log_events(log: Path, event: str) -> list[dict[str, Any]]:
-    out = []
-    for line in log.read_text().splitlines():
-        try:
-            rec = json.loads(line)
-        except ValueError:
-            continue
-        if rec.get("event") == event:
-            out.append(rec)
-    return out
+        reap(p)
 
 
 def start_prometheus(tmp_path: Path, procs: list[subprocess.Popen[bytes]], target_port: int) -> Prom:
@@ -172,19 +94,18 @@ def start_prometheus(tmp_path: Path, procs: list[subprocess.Popen[bytes]], targe
             stdout=out, stderr=subprocess.STDOUT,
         ))
     prom = Prom(port)
-    until(lambda: http_get(f"{prom.base}/-/ready"), 30, "Prometheus to be ready")
+    wait_until(lambda: http_get(f"{prom.base}/-/ready"), 30, "Prometheus to be ready", step_s=0.2, ignore=NOT_YET)
     return prom
 
 
 def test_prometheus_reads_caps_roles_rules_and_dashboard_queries(
-    tmp_path: Path, procs: list[subprocess.Popen[bytes]]
+    tmp_path: Path, procs: list[subprocess.Popen[bytes]], notify: NotifySocket, launch: Launch
 ) -> None:
     metrics_port = free_port()
-    sock, notify = notify_socket()
-    daemon, log = start_daemon(tmp_path, procs, metrics_port, notify)
+    daemon = start_daemon(launch, tmp_path, metrics_port, notify)
     prom = start_prometheus(tmp_path, procs, metrics_port)
 
-    wait_ready(sock, daemon, log)
+    daemon.wait_for(lambda: notify.with_key("READY"), "READY=1", 20)
     # /metrics was serving before READY=1 (it starts before the daemon boots).
     assert b"powerbudgetd_build_info" in http_get(f"http://127.0.0.1:{metrics_port}/metrics")
 
@@ -193,17 +114,17 @@ def test_prometheus_reads_caps_roles_rules_and_dashboard_queries(
         roles = {r["metric"]["gpu"]: r["metric"]["role"] for r in prom.query('powerbudgetd_gpu_role == 1')}
         return roles if roles == {"0": "recipient", "1": "donor", "2": "donor", "3": "donor"} else None
 
-    until(lending, 30, "donor and recipient roles in Prometheus")
+    wait_until(lending, 30, "donor and recipient roles in Prometheus", step_s=0.2, ignore=NOT_YET)
 
     # Each card's cap as Prometheus stored it equals the limit the daemon wrote and the
     # simulated card enforces (the last power_limit_set per card in the daemon's log).
     def caps_agree() -> dict[str, float] | None:
-        written = {str(e["index"]): e["to_w"] for e in log_events(log, "power_limit_set")}
+        written = {str(e["index"]): e["to_w"] for e in daemon.events("power_limit_set")}
         caps = prom.by_gpu("powerbudgetd_gpu_power_limit_watts")
         enforced = prom.by_gpu("powerbudgetd_gpu_enforced_power_limit_watts")
         return caps if caps == enforced == written else None
 
-    caps = until(caps_agree, 15, "caps in Prometheus equal to the limits written")
+    caps = wait_until(caps_agree, 15, "caps in Prometheus equal to the limits written", step_s=0.2, ignore=NOT_YET)
     assert caps == {"0": 300.0, "1": 150.0, "2": 150.0, "3": 150.0}
     assert float(prom.query("powerbudgetd_sum_power_limits_watts")[0]["value"][1]) <= 1000.0
     assert prom.query('up{job="powerbudgetd"}')[0]["value"][1] == "1"
@@ -213,7 +134,7 @@ def test_prometheus_reads_caps_roles_rules_and_dashboard_queries(
         rules = [r for g in prom.api("rules")["groups"] for r in g["rules"]]
         return rules if len(rules) == len(RULE_NAMES) and all(r["health"] == "ok" and r["lastEvaluation"][:4] != "0001" for r in rules) else None
 
-    rules = until(rules_evaluated, 15, "every alert rule evaluated")
+    rules = wait_until(rules_evaluated, 15, "every alert rule evaluated", step_s=0.2, ignore=NOT_YET)
     assert {r["name"]: r["state"] for r in rules}["PowerBudgetSumAboveBudget"] == "inactive"
 
     # Every dashboard query runs (as Grafana would send it, with "All" selected).
@@ -225,22 +146,19 @@ def test_prometheus_reads_caps_roles_rules_and_dashboard_queries(
             if panel["title"] == "Roles over time":  # role codes: 1 donor, 2 recipient
                 assert prom.by_gpu(expr) == {"0": 2.0, "1": 1.0, "2": 1.0, "3": 1.0}
 
-    daemon.send_signal(signal.SIGTERM)
-    assert daemon.wait(timeout=15) == 0, log.read_text()
+    assert daemon.stop(15) == 0, daemon.tail()
 
 
 def test_a_taken_metrics_port_is_logged_and_the_daemon_keeps_the_budget(
-    tmp_path: Path, procs: list[subprocess.Popen[bytes]]
+    tmp_path: Path, notify: NotifySocket, launch: Launch
 ) -> None:
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        sock, notify = notify_socket()
-        daemon, log = start_daemon(tmp_path, procs, port, notify)
-        wait_ready(sock, daemon, log)
-        daemon.send_signal(signal.SIGTERM)
-        assert daemon.wait(timeout=15) == 0, log.read_text()
-    [err] = log_events(log, "metrics_unavailable")
+        daemon = start_daemon(launch, tmp_path, port, notify)
+        daemon.wait_for(lambda: notify.with_key("READY"), "READY=1", 20)
+        assert daemon.stop(15) == 0, daemon.tail()
+    [err] = daemon.events("metrics_unavailable")
     assert (err["level"], err["port"]) == ("error", port)
-    assert log_events(log, "power_limit_set")
+    assert daemon.events("power_limit_set")

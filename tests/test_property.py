@@ -9,7 +9,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from conftest import FAST, make_rig
+from support.rig import FAST, make_rig
 from powerbudgetd_sim.physics import BankEvent, CardSpec
 from powerbudgetd_sim.profiles import Phase, Profile
 from powerbudgetd_sim.traces import TRACES

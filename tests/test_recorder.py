@@ -6,51 +6,29 @@ import errno
 import json
 import sys
 import threading
-import time
 from pathlib import Path
 
 import pytest
 from structlog.testing import capture_logs
 
 from powerbudgetd.service.config import FeedConfig
-from powerbudgetd.control.controller import Controller
 from powerbudgetd.service.logs import configure_logging
-from powerbudgetd.core.model import Timings
-from powerbudgetd.hw.nvml import Nvml
 from powerbudgetd.powerlog.recorder import LogWriter, Recorder, log_files
 from powerbudgetd.powerlog.reader import load_samples, scan_log
-from powerbudgetd_sim.libnvml import SimNvmlLibrary
-from powerbudgetd_sim.physics import SimBank
-from powerbudgetd_sim.scenario import load_scenario
+from support.rig import Rig, scenario_rig
+from support.wait import wait_until
 
 T0 = 1_750_000_000.0  # epoch s at virtual time 0
 
 
-class SimRig:
+def recorded_rig(writer: LogWriter, scenario: str = "workstation-4", interval_s: float = 1.0,
+                 feed: FeedConfig | None = None) -> Rig:
     """A controller on a simulated bank in virtual time, with a recorder listening."""
-
-    def __init__(self, writer: LogWriter, scenario: str = "workstation-4", interval_s: float = 1.0,
-                 feed: FeedConfig | None = None) -> None:
-        sc = load_scenario(scenario)
-        self.tick_s = sc.tick_s
-        self.bank = SimBank(list(sc.cards), lag_s=sc.lag_s, seed=sc.seed)
-        nvml = Nvml(SimNvmlLibrary(self.bank))
-        nvml.init()
-        self.ctl = Controller(nvml, sc.budget_w, Timings(tick_s=sc.tick_s))
-        self.ctl.start()
-        self.recorder = Recorder(writer, interval_s=interval_s, feed=None if feed is None else feed.feed(),
-                                 wall_clock=lambda: T0 + self.bank.now)
-        self.k = 0
-        self.instant: list[list[float]] = []  # per tick, each card's instant reading (W)
-
-    def run(self, ticks: int) -> None:
-        for _ in range(ticks):
-            t = round(self.k * self.tick_s, 9)
-            self.bank.advance_to(t)
-            report = self.ctl.tick(t)
-            self.recorder.on_tick(report)
-            self.instant.append([c.reading.power_instant_w for c in self.ctl.cards])
-            self.k += 1
+    rig = scenario_rig(scenario)
+    recorder = Recorder(writer, interval_s=interval_s, feed=None if feed is None else feed.feed(),
+                        wall_clock=lambda: T0 + rig.bank.now)
+    rig.listen(recorder.on_tick)
+    return rig
 
 
 @pytest.fixture
@@ -66,8 +44,10 @@ def records(directory: Path) -> list[dict]:
 def test_records_carry_peaks_limits_roles_and_wall_power(tmp_path: Path) -> None:
     feed = FeedConfig(breaker_a=15, volts=120, host_w=250, psu_efficiency=0.9)
     writer = LogWriter(tmp_path, queue_records=10_000)
-    rig = SimRig(writer, feed=feed)
-    rig.run(451)  # 45 s at 0.1 s: a header at t=0, samples at 1 s .. 45 s
+    rig = recorded_rig(writer, feed=feed)
+    instant: list[list[float]] = []  # per tick, each card's instant reading (W)
+    rig.listen(lambda _: instant.append([c.reading.power_instant_w for c in rig.ctl.cards]))
+    rig.ticks(451)  # 45 s at 0.1 s: a header at t=0, samples at 1 s .. 45 s
     writer.close()
     recs = records(tmp_path)
     assert recs[0]["kind"] == "header" and recs[0]["v"] == 1
@@ -78,7 +58,7 @@ def test_records_carry_peaks_limits_roles_and_wall_power(tmp_path: Path) -> None
     assert [s["n"] for s in samples] == list(range(1, 46))
     for j, s in enumerate(samples):
         # The ticks since the previous record: (k-1)*10+1 .. k*10 (tick 0 sent the header).
-        ticks = rig.instant[j * 10 + 1 : (j + 1) * 10 + 1]
+        ticks = instant[j * 10 + 1 : (j + 1) * 10 + 1]
         for i, c in enumerate(s["cards"]):
             assert c["peak_w"] == round(max(row[i] for row in ticks), 1)
             assert c["peak_w"] >= c["avg_w"] - 0.5 or c["avg_w"] > c["limit_w"] * 0.9
@@ -99,7 +79,7 @@ def test_records_carry_peaks_limits_roles_and_wall_power(tmp_path: Path) -> None
 
 def test_no_feed_means_null_wall_power(tmp_path: Path) -> None:
     writer = LogWriter(tmp_path, queue_records=1000)
-    SimRig(writer).run(21)
+    recorded_rig(writer).ticks(21)
     writer.close()
     s = [r for r in records(tmp_path) if r["kind"] == "sample"][-1]
     assert s["bank"]["wall_w"] is None and s["bank"]["wall_peak_w"] is None
@@ -125,8 +105,8 @@ def test_rotation_keeps_the_total_under_its_bound_and_every_file_self_describing
     (tmp_path / "notes.txt").write_text("not ours: left alone")
     writer = LogWriter(tmp_path, max_file_bytes=4096, max_total_bytes=bound, queue_records=10_000, opener=opener)
     writer.start()
-    rig = SimRig(writer, interval_s=0.1)
-    rig.run(400)
+    rig = recorded_rig(writer, interval_s=0.1)
+    rig.ticks(400)
     writer.close()
     assert max(seen_totals) <= bound
     assert writer.stats.files_deleted >= 5
@@ -175,10 +155,10 @@ class GatedFile:
         self.f.close()
 
 
-def _run_in_thread(rig: SimRig, ticks: int) -> bool:
+def _run_in_thread(rig: Rig, ticks: int) -> bool:
     """Run ticks on another thread; True when they all finished (a listener that blocked
     on the disk would hang here, and the join gives up)."""
-    t = threading.Thread(target=rig.run, args=(ticks,), daemon=True)
+    t = threading.Thread(target=rig.ticks, args=(ticks,), daemon=True)
     t.start()
     t.join(60)
     return not t.is_alive()
@@ -188,19 +168,19 @@ def test_a_stalled_disk_drops_and_counts_records_but_never_holds_a_tick(tmp_path
     gate = threading.Event()
     writer = LogWriter(tmp_path, queue_records=8, opener=lambda p: GatedFile(p, gate))
     writer.start()
-    rig = SimRig(writer, interval_s=0.1)
+    rig = recorded_rig(writer, interval_s=0.1)
     with capture_logs() as logs:
         assert _run_in_thread(rig, 200), "a tick blocked on the stalled disk"
     # One warning, not one per dropped record (the next comes a minute later).
     assert [e["event"] for e in logs if e["log_level"] == "warning"] == ["recorder_queue_full"]
-    assert rig.k == 200  # no tick missed
+    assert len(rig.reports) == 200  # no tick missed
     st = writer.stats
     due = 1 + 199  # the header, then one record every tick after the first
     assert st.records_submitted + 1 + st.records_dropped == due  # the header is not counted as a record
     # In: the queue's 8, the header the writer keeps, the record stuck in write().
     assert due - 10 <= st.records_dropped <= due - 8
     gate.set()
-    _wait_for(writer.queue.empty)  # the backlog drains before the next records are made
+    wait_until(writer.queue.empty, 30, "the backlog to drain", step_s=0.01)  # before the next records are made
     assert _run_in_thread(rig, 20)
     writer.close()
     samples = [r for r in records(tmp_path) if r["kind"] == "sample"]
@@ -208,13 +188,6 @@ def test_a_stalled_disk_drops_and_counts_records_but_never_holds_a_tick(tmp_path
     # Every record says how many were lost before it, and its n shows the gap.
     assert [s["n"] - s["dropped"] for s in samples] == list(range(1, len(samples) + 1))
     assert samples[-1]["dropped"] >= due - 10
-
-
-def _wait_for(cond, timeout_s: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not cond():
-        assert time.monotonic() < deadline, "the writer thread never got there"
-        time.sleep(0.01)
 
 
 class FullDisk:
@@ -250,11 +223,11 @@ def test_a_full_disk_is_counted_and_recording_resumes_in_a_new_file(tmp_path: Pa
     now = [0.0]
     writer = LogWriter(tmp_path, queue_records=10_000, opener=disk, clock=lambda: now[0])
     writer.start()
-    rig = SimRig(writer, interval_s=0.5)
+    rig = recorded_rig(writer, interval_s=0.5)
     with capture_logs() as logs:
         assert _run_in_thread(rig, 50)
         st = writer.stats
-        _wait_for(lambda: st.records_lost == 9)
+        wait_until(lambda: st.records_lost == 9, 30, "9 records lost", step_s=0.01)
     warned = [e for e in logs if e["event"] == "recorder_write_failed"]
     assert len(warned) == 1 and warned[0]["log_level"] == "error" and warned[0]["errno"] == errno.ENOSPC
     assert st.write_errors >= 1 and st.records_lost == 9 and st.records_written == 0  # samples at 0.5 .. 4.5 s
@@ -265,7 +238,7 @@ def test_a_full_disk_is_counted_and_recording_resumes_in_a_new_file(tmp_path: Pa
 
     disk.full = False
     now[0] = 100.0  # past the backoff
-    rig.run(30)
+    rig.ticks(30)
     writer.close()
     samples = [r for r in records(tmp_path) if r["kind"] == "sample"]
     assert len(samples) == 6 and samples[0]["n"] == 10
@@ -294,12 +267,12 @@ def test_a_short_write_leaves_the_torn_line_at_the_end_of_its_file(tmp_path: Pat
 
     now = [0.0]
     writer = LogWriter(tmp_path, queue_records=1000, opener=opener, clock=lambda: now[0])
-    rig = SimRig(writer, interval_s=0.1)
-    rig.run(10)
+    rig = recorded_rig(writer, interval_s=0.1)
+    rig.ticks(10)
     writer.close()
     budget[0] = 10**9
     now[0] = 100.0
-    rig.run(10)
+    rig.ticks(10)
     writer.close()
     files = log_files(tmp_path)
     assert len(files) == 2

@@ -3,10 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -15,6 +11,9 @@ import pytest
 from powerbudgetd.powerlog.report import Host, summarize
 from powerbudgetd.powerlog.recorder import log_files
 from powerbudgetd.powerlog.reader import load_samples, scan_log
+from support.daemon import DaemonProcess
+
+pytestmark = pytest.mark.slow  # the daemon as a subprocess: the full run (CI) covers it
 
 
 def _config(tmp_path: Path, recorder_dir: Path) -> Path:
@@ -28,35 +27,15 @@ def _config(tmp_path: Path, recorder_dir: Path) -> Path:
     return path
 
 
-def _start(config: Path, out: Path) -> subprocess.Popen:
-    env = {k: v for k, v in os.environ.items() if k not in ("NOTIFY_SOCKET", "WATCHDOG_USEC", "STATE_DIRECTORY")}
-    return subprocess.Popen(
-        [sys.executable, "-m", "powerbudgetd", "run", "--backend", "sim", "--config", str(config)],
-        stdout=out.open("wb"), stderr=subprocess.STDOUT, env=env,
-    )
-
-
-def _wait(cond, proc: subprocess.Popen, out: Path, timeout_s: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not cond():
-        if proc.poll() is not None:
-            pytest.fail(f"the daemon exited ({proc.returncode}):\n{out.read_text()}")
-        if time.monotonic() > deadline:
-            proc.kill()
-            pytest.fail(f"timed out:\n{out.read_text()}")
-        time.sleep(0.05)
-
-
 def _sample_lines(directory: Path) -> int:
     return sum(p.read_bytes().count(b'"kind":"sample"') for p in log_files(directory))
 
 
 def test_kill_9_mid_write_leaves_a_log_readable_to_its_last_complete_record(tmp_path: Path) -> None:
-    logdir, out = tmp_path / "log", tmp_path / "out.jsonl"
-    proc = _start(_config(tmp_path, logdir), out)
-    _wait(lambda: _sample_lines(logdir) >= 25, proc, out)
-    proc.send_signal(signal.SIGKILL)  # no chance to flush, write an end record or restore anything
-    proc.wait(10)
+    logdir = tmp_path / "log"
+    with DaemonProcess(_config(tmp_path, logdir)) as daemon:
+        daemon.wait_for(lambda: _sample_lines(logdir) >= 25, "25 samples", 60)
+        daemon.kill()  # no chance to flush, write an end record or restore anything
 
     files = log_files(logdir)
     index = scan_log(logdir)
@@ -80,30 +59,24 @@ def test_kill_9_mid_write_leaves_a_log_readable_to_its_last_complete_record(tmp_
 
 
 def test_sigterm_writes_the_end_record(tmp_path: Path) -> None:
-    logdir, out = tmp_path / "log", tmp_path / "out.jsonl"
-    proc = _start(_config(tmp_path, logdir), out)
-    _wait(lambda: _sample_lines(logdir) >= 5, proc, out)
-    proc.send_signal(signal.SIGTERM)
-    assert proc.wait(30) == 0
+    logdir = tmp_path / "log"
+    with DaemonProcess(_config(tmp_path, logdir)) as daemon:
+        daemon.wait_for(lambda: _sample_lines(logdir) >= 5, "5 samples", 60)
+        assert daemon.stop(30) == 0
     index = scan_log(logdir)
     assert index.runs[-1].end is not None and index.runs[-1].end["mode"] in ("stopping", "dynamic")
     d = summarize(index, 600.0)
     assert d["stop"]["ended"] == "clean"
-    events = [json.loads(line)["event"] for line in out.read_text().splitlines() if line.startswith("{")]
+    events = [e["event"] for e in daemon.events()]
     assert "recorder_enabled" in events and "recorder_closed" in events
 
 
 def test_an_unwritable_log_directory_warns_and_the_daemon_controls_on(tmp_path: Path) -> None:
     blocker = tmp_path / "not-a-dir"
     blocker.write_text("a file where the log directory should be")
-    out = tmp_path / "out.jsonl"
-    proc = _start(_config(tmp_path, blocker / "log"), out)
-
-    def events() -> list[dict]:
-        return [json.loads(line) for line in out.read_text().splitlines() if line.startswith("{")]
-
-    _wait(lambda: {"ready", "recorder_write_failed"} <= {e["event"] for e in events()}, proc, out)
-    proc.send_signal(signal.SIGTERM)
-    assert proc.wait(30) == 0
-    failed = [e for e in events() if e["event"] == "recorder_write_failed"]
+    with DaemonProcess(_config(tmp_path, blocker / "log")) as daemon:
+        daemon.wait_for(lambda: {"ready", "recorder_write_failed"} <= {e["event"] for e in daemon.events()},
+                        "ready and recorder_write_failed", 60)
+        assert daemon.stop(30) == 0
+    failed = daemon.events("recorder_write_failed")
     assert failed[0]["level"] == "error" and "not-a-dir" in failed[0]["error"]

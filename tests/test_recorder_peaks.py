@@ -8,37 +8,34 @@ from pathlib import Path
 
 import pytest
 
-from conftest import card
-from powerbudgetd.control.controller import Controller
 from powerbudgetd.core.model import Timings
 from powerbudgetd.hw.nvml import Nvml
 from powerbudgetd.powerlog.peaks import PeakSampler
 from powerbudgetd.powerlog.recorder import LogWriter, Recorder, log_files
 from powerbudgetd_sim.libnvml import SimNvmlLibrary
-from powerbudgetd_sim.physics import SimBank
+from powerbudgetd_sim.physics import CardSpec, SimBank
 from powerbudgetd_sim.profiles import Phase
+from support.rig import card, make_rig
 
 
 def records(directory: Path) -> list[dict]:
     return [json.loads(line) for p in log_files(directory) for line in p.read_text().splitlines()]
 
 
-def spiky_bank(has_instant: bool = True) -> SimBank:
+def spiky_cards(has_instant: bool = True) -> list[CardSpec]:
     # One 100 ms burst a second, out of phase with a 1 s tick: a single-refresh spike
     # (300 W demand at a 250 W cap from idle) that a once-a-second reading misses.
     busy = card(0, Phase(0.0), Phase(0.45, "square", high_w=300.0, on_s=0.1, off_s=0.9), has_instant=has_instant)
     quiet = card(1, Phase(0.0, "constant", power_w=120.0), has_instant=has_instant)
-    return SimBank([busy, quiet], seed=3, lag_s=0.0)
+    return [busy, quiet]
 
 
 def run(tmp_path: Path, *, tick_s: float, sampler: bool, has_instant: bool = True, seconds: int = 30):
     """The controller ticking every ``tick_s`` on virtual time, the sampler at every refresh."""
-    bank = spiky_bank(has_instant)
-    nvml = Nvml(SimNvmlLibrary(bank))
-    nvml.init()
-    ctl = Controller(nvml, 500.0, Timings(tick_s=tick_s, recipient_hold_s=max(2.0, tick_s),
-                                          donor_hold_s=max(5.0, tick_s), release_hold_s=max(10.0, tick_s)))
-    ctl.start()
+    rig = make_rig(spiky_cards(has_instant), 500.0, Timings(
+        tick_s=tick_s, recipient_hold_s=max(2.0, tick_s), donor_hold_s=max(5.0, tick_s),
+        release_hold_s=max(10.0, tick_s)), lag_s=0.0, seed=3)
+    bank, nvml, ctl = rig.bank, rig.nvml, rig.ctl
     writer = LogWriter(tmp_path, queue_records=10_000)
     peaks = PeakSampler(nvml) if sampler else None
     rec = Recorder(writer, interval_s=1.0, sampler=peaks, wall_clock=lambda: 1e9 + bank.now)

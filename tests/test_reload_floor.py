@@ -7,12 +7,15 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
+import pytest
 from structlog.testing import capture_logs
 
 from powerbudgetd.control.controller import Controller
 from powerbudgetd.service.backend import make_nvml
 from powerbudgetd.service.config import load_config
 from powerbudgetd.service.daemon import Daemon
+
+pytestmark = pytest.mark.slow  # the daemon on the wall clock: the full run (CI) covers it
 
 CONFIG = "budget_w = {budget}\n[metrics]\nenabled = false\n[recorder]\nenabled = false\n"
 

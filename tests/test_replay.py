@@ -9,16 +9,13 @@ from statistics import fmean
 import pytest
 
 from powerbudgetd.cli import main
-from powerbudgetd.control.controller import Controller
 from powerbudgetd.core.model import Timings
-from powerbudgetd.hw.nvml import Nvml
 from powerbudgetd.powerlog.recorder import LogWriter, Recorder
 from powerbudgetd.powerlog.reader import load_samples, scan_log
 from powerbudgetd_sim.simulate import run_scenario
-from powerbudgetd_sim.libnvml import SimNvmlLibrary
-from powerbudgetd_sim.physics import SimBank
 from powerbudgetd_sim.replay import ReplayProfile, load_replay
-from powerbudgetd_sim.scenario import ScenarioError, load_scenario
+from powerbudgetd_sim.scenario import ScenarioError
+from support.rig import scenario_rig
 
 T0 = 1_750_000_000.0
 # Lending off: every card stays at fair share, the caps a static split would set.
@@ -27,23 +24,16 @@ STATIC = Timings(tick_s=0.1, donor_hold_s=1e9, recipient_hold_s=1e9)
 
 def record(directory: Path, scenario: str, duration_s: float, timings: Timings = STATIC) -> None:
     """Run ``scenario`` under the controller on virtual time with the recorder on."""
-    sc = load_scenario(scenario)
-    bank = SimBank(list(sc.cards), lag_s=sc.lag_s, seed=sc.seed)
-    nvml = Nvml(SimNvmlLibrary(bank))
-    nvml.init()
-    ctl = Controller(nvml, sc.budget_w, timings)
-    ctl.start()
+    rig = scenario_rig(scenario, timings)
     writer = LogWriter(directory, queue_records=100_000)
-    rec = Recorder(writer, interval_s=1.0, wall_clock=lambda: T0 + bank.now)
-    k = 0
-    while (t := round(k * timings.tick_s, 9)) <= duration_s:
-        bank.advance_to(t)
-        rec.on_tick(ctl.tick(t))
-        k += 1
+    rec = Recorder(writer, interval_s=1.0, wall_clock=lambda: T0 + rig.bank.now)
+    rig.listen(rec.on_tick)
+    rig.ticks(round(duration_s / timings.tick_s) + 1)  # t = 0 .. duration_s
     writer.submit(rec.end_record())
     writer.close()
 
 
+# The tests on this log are marked slow: 300 s of bank time with the recorder on.
 @pytest.fixture(scope="module")
 def recorded(tmp_path_factory: pytest.TempPathFactory) -> Path:
     d = tmp_path_factory.mktemp("log")
@@ -51,6 +41,7 @@ def recorded(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return d
 
 
+@pytest.mark.slow
 def test_a_replay_at_the_recorded_caps_reproduces_the_recorded_sums(recorded: Path) -> None:
     """Tolerance: the bank's mean draw within 0.5 %, its highest 1 s average within 1 %,
     and second by second within 0.5 % of the budget on average. Measured: 0.03 %, 0.04 %
@@ -77,6 +68,7 @@ def test_a_replay_at_the_recorded_caps_reproduces_the_recorded_sums(recorded: Pa
     assert fmean(errors) < 0.005 * sc.budget_w
 
 
+@pytest.mark.slow
 def test_a_lower_budget_replayed_caps_lower_and_stays_within_it(recorded: Path) -> None:
     sc = load_replay(recorded, budget_w=800)
     r = run_scenario(sc, timings=STATIC, duration_s=60).report
@@ -84,6 +76,7 @@ def test_a_lower_budget_replayed_caps_lower_and_stays_within_it(recorded: Path) 
     assert [c["final_limit_w"] for c in r["cards"]] == [200.0] * 4
 
 
+@pytest.mark.slow
 def test_peak_draw_replays_the_worst_moments(recorded: Path) -> None:
     avg = run_scenario(load_replay(recorded), timings=STATIC, duration_s=150).report
     peak = run_scenario(load_replay(recorded, draw="peak"), timings=STATIC, duration_s=150).report
@@ -97,6 +90,7 @@ def test_the_replay_profile_steps_through_records_and_idles_in_gaps() -> None:
     assert got == [100.0, 100.0, 100.0, 200.0, 200.0, 20.0, 300.0, 300.0, 20.0]
 
 
+@pytest.mark.slow
 def test_gaps_between_runs_replay_as_idle(tmp_path: Path, recorded: Path) -> None:
     """Two runs an hour apart: the hour between replays at idle, not at the last draw."""
     for p in sorted(recorded.glob("power-*.jsonl")):
@@ -115,6 +109,7 @@ def test_gaps_between_runs_replay_as_idle(tmp_path: Path, recorded: Path) -> Non
     assert prof.demand_w(300.0, idle_w=30.0, tgp_w=300.0) > 100.0  # GPU 0 serving, before it
 
 
+@pytest.mark.slow
 def test_simulate_replay_cli(recorded: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["simulate", "--replay", str(recorded), "--budget", "900", "--duration", "60", "--json"]) == 0
     r = json.loads(capsys.readouterr().out)

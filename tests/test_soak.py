@@ -6,6 +6,10 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.slow  # a quarter hour of bank time: the full run (CI) covers it
+
 
 def test_quarter_hour_of_random_faults_keeps_the_budget():
     spec = importlib.util.spec_from_file_location("soak", Path(__file__).parent.parent / "benchmarks" / "soak.py")

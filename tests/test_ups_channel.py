@@ -15,6 +15,7 @@ from powerbudgetd.channels.ups import UpsChannel, classify
 from powerbudgetd.core.ups import BOUNDS, parse_status
 from powerbudgetd.core.feed import Feed
 from powerbudgetd.service.config import UpsConfig
+from support.examples import examples
 
 CONF_W = 1000.0
 FEED = Feed(breaker_a=15, volts=120, ups_w=1000, psu_efficiency=0.9, host_w=200)
@@ -64,7 +65,7 @@ def says_nothing(variables: dict[str, str]) -> bool:
     return parsed is None or not parsed[0]
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(polls=polls, dts=st.lists(st.floats(0, 30), min_size=25, max_size=25),
        board=st.lists(st.one_of(st.none(), st.floats(0, 10_000)), min_size=25, max_size=25),
        stale_as_on_battery=st.booleans())
@@ -119,7 +120,7 @@ errors = st.sampled_from([
 ])
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=examples(40), deadline=None)
 @given(answers=st.lists(st.one_of(st.dictionaries(st.sampled_from(NAMES), values, max_size=6), errors), max_size=12))
 async def test_the_poll_loop_survives_anything(answers) -> None:  # type: ignore[no-untyped-def]
     """Every answer and every exception a client may give: the task lives on, polls

@@ -15,6 +15,7 @@ from powerbudgetd.core.ups import (
     parse_status,
     parse_vars,
 )
+from support.examples import examples
 
 CONF_W = 1000.0
 FLOOR_W = 600.0
@@ -206,7 +207,7 @@ events = st.lists(
 )
 
 
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=examples(400), deadline=None)
 @given(
     events=events,
     dt=st.lists(st.floats(0, 100), min_size=30, max_size=30),

@@ -6,39 +6,28 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
-from typing import Any
 
 import pytest
-from prometheus_client import CollectorRegistry
 
 from nut import Nut
 from powerbudgetd.channels.ups import UpsChannel
-from powerbudgetd.control.controller import Controller, TickReport
-from powerbudgetd.service.backend import make_nvml
-from powerbudgetd.service.config import load_config
-from powerbudgetd.service.daemon import Daemon
-from powerbudgetd.service.notify import Notifier
+from support.daemon import Launch, scrape
+from support.inprocess import Running, running_daemon
+from support.scenarios import idle_4
+from support.wait import free_port
+
+pytestmark = pytest.mark.slow  # a real upsd and its driver: the full run (CI) covers it
 
 POLL_S = 0.3
 TICK_S = 0.1
-IDLE_BANK = 'name = "idle-4"\nbank = "workstation-4"\nbudget_w = 1000\n'
-
-
-@pytest.fixture
-def nut(tmp_path: Path) -> Iterator[Nut]:
-    server = Nut(tmp_path / "nut").start()
-    try:
-        yield server
-    finally:
-        server.close()
 
 
 def write_config(tmp_path: Path, nut: Nut, ups_extra: str = "") -> Path:
-    scenario = tmp_path / "idle-4.toml"
-    scenario.write_text(IDLE_BANK)
+    scenario = idle_4(tmp_path)
     path = tmp_path / "powerbudgetd.toml"
     path.write_text(f"""budget_w = 1000
 [metrics]
@@ -68,59 +57,13 @@ online_hold_s = 1.5
     return path
 
 
-class Running:
-    def __init__(self, daemon: Daemon, ups: UpsChannel) -> None:
-        self.daemon, self.ups = daemon, ups
-        self.ticks: list[tuple[float, TickReport]] = []
-
-    @property
-    def ctl(self) -> Controller:
-        assert self.daemon.controller is not None
-        return self.daemon.controller
-
-    async def until(self, pred: Callable[[], Any], timeout: float = 10.0, what: str = "") -> float:
-        deadline = time.monotonic() + timeout
-        while not pred():
-            assert time.monotonic() < deadline, f"timed out: {what}; budget {self.ctl.budget_mw / 1000} W, ups {self.ups.state}"
-            await asyncio.sleep(0.01)
-        return time.monotonic()
-
-
 @contextlib.asynccontextmanager
 async def running(config: Path) -> AsyncIterator[Running]:
-    settings = load_config(config)
-    assert settings.ups is not None
-    nvml = make_nvml("sim", settings.sim.scenario)
-
-    def factory(n):  # type: ignore[no-untyped-def]
-        return Controller(n, settings.effective_budget_w(), settings.control.timings())
-
-    daemon = Daemon(nvml, factory, notifier=Notifier(""), config_path=config, settings=settings)
-    assert daemon.arbiter is not None
-    ups = UpsChannel(settings.ups, daemon.arbiter, settings.feed and settings.feed.feed(), registry=CollectorRegistry())
-    r = Running(daemon, ups)
-
-    class Record:
-        def on_tick(self, report: TickReport) -> None:
-            r.ticks.append((time.monotonic(), report))
-
-        def on_reload(self, ok: bool, settings: Any) -> None:
-            pass
-
-        async def run(self) -> None:
-            pass
-
-    daemon.register(Record())
-    daemon.register(ups)
-    task = asyncio.create_task(daemon.run())
-    try:
-        await r.until(lambda: task.done() or (daemon.controller is not None and daemon.controller.ready), what="ready")
-        assert not task.done(), f"daemon exited: {task.result()}"
-        await r.until(lambda: ups.state == "ok", what="the first poll")
+    """The daemon in this process with the UPS channel (``r.ups``), after its first poll."""
+    async with running_daemon(config, ups=lambda settings, daemon, registry: UpsChannel(
+            settings.ups, daemon.arbiter, settings.feed and settings.feed.feed(), registry=registry)) as r:
+        await r.until(lambda: r.ups.state == "ok", what="the first poll")
         yield r
-    finally:
-        daemon.request_stop()
-        assert await asyncio.wait_for(task, 10) == 0
 
 
 def served(nut: Nut, status: str) -> Callable[[], float]:
@@ -133,7 +76,8 @@ async def test_on_battery_lowers_within_a_poll_and_a_tick_then_the_hold_restores
         assert r.ctl.budget_mw == 1_000_000
         nut.set("OB DISCHRG", **{"battery.runtime": "600"})
         t_served = await asyncio.to_thread(served(nut, "OB DISCHRG"))
-        t_low = await r.until(lambda: any(rep.budget_w == 700 for _, rep in r.ticks[-3:]), what="700 W in a tick")
+        await r.until(lambda: any(rep.budget_w == 700 for _, rep in r.ticks[-3:]), what="700 W in a tick")
+        t_low = time.monotonic()
         # upsc itself takes a few ms to see it: the margin covers that and the event loop
         assert t_low - t_served <= POLL_S + TICK_S + 0.2, t_low - t_served
         await r.until(lambda: r.ticks[-1][1].snapshot.budget_source == "ups", what="source ups")
@@ -141,7 +85,8 @@ async def test_on_battery_lowers_within_a_poll_and_a_tick_then_the_hold_restores
 
         nut.set("OL CHRG")
         t_online = await asyncio.to_thread(served(nut, "OL CHRG"))
-        t_back = await r.until(lambda: r.ctl.budget_mw == 1_000_000, what="restored")
+        await r.until(lambda: r.ctl.budget_mw == 1_000_000, what="restored")
+        t_back = time.monotonic()
         assert t_back - t_online >= 1.5 - POLL_S, "held on line for online_hold_s first"
         assert r.ticks[-1][1].snapshot.budget_source == "config" or r.ctl.budget_mw == 1_000_000
 
@@ -186,56 +131,29 @@ async def test_a_reload_changes_the_rules_and_says_a_new_connection_needs_a_rest
         assert r.ups.state == "ok" and r.ctl.budget_mw == 650_000  # still polling the running upsd
 
 
-def test_powerbudgetd_run_with_ups_serves_metrics_and_records_the_ups(nut: Nut, tmp_path: Path) -> None:
+def test_powerbudgetd_run_with_ups_serves_metrics_and_records_the_ups(nut: Nut, tmp_path: Path, launch: Launch) -> None:
     """The CLI wiring: `powerbudgetd run` registers the UPS channel, its metrics are on
     /metrics (with the budget source `ups` in force on battery), and every record of
     the flight recorder carries the UPS."""
-    import json  # noqa: PLC0415
-    import os  # noqa: PLC0415
-    import signal  # noqa: PLC0415
-    import subprocess  # noqa: PLC0415
-    import sys  # noqa: PLC0415
-    import urllib.request  # noqa: PLC0415
-
-    from nut import free_port  # noqa: PLC0415
-
     port = free_port()
     config = write_config(tmp_path, nut)
     logdir = tmp_path / "log"
     text = config.read_text().replace("[metrics]\nenabled = false", f"[metrics]\nenabled = true\nport = {port}")
     text = text.replace("[recorder]\nenabled = false", f'[recorder]\nenabled = true\ndir = "{logdir}"\ninterval_s = 0.5')
     config.write_text(text)
-    env = {k: v for k, v in os.environ.items() if k not in ("NOTIFY_SOCKET", "WATCHDOG_USEC")}
-    proc = subprocess.Popen([sys.executable, "-m", "powerbudgetd", "run", "--backend", "sim", "--config", str(config)],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env)
+    daemon = launch(config)
 
-    def scrape() -> str:
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as resp:
-                return str(resp.read().decode())
-        except OSError:
-            return ""
+    def served(needle: str, what: str) -> str:
+        return daemon.wait_for(lambda: body if needle in (body := scrape(port, timeout_s=2)) else None, what, 15,
+                               step_s=0.1, ignore=(OSError,))
 
-    def wait(pred: Callable[[str], bool], what: str) -> str:
-        deadline = time.monotonic() + 15
-        while time.monotonic() < deadline:
-            if pred(body := scrape()):
-                return body
-            assert proc.poll() is None, proc.communicate()[0].decode()[-3000:]
-            time.sleep(0.1)
-        raise AssertionError(f"{what}: {scrape()[-2000:]}")
-
-    try:
-        wait(lambda b: 'powerbudgetd_ups_status{flag="OL"} 1.0' in b, "UPS on line in /metrics")
-        nut.set("OB DISCHRG", **{"battery.runtime": "420", "ups.load": "55"})
-        body = wait(lambda b: 'powerbudgetd_budget_source_in_force{source="ups"} 1.0' in b, "source ups")
-        assert "powerbudgetd_ups_battery_runtime_seconds 420.0" in body
-        assert "powerbudgetd_budget_watts 700.0" in body
-        time.sleep(1.2)  # a record or two on battery
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        out = proc.communicate(timeout=15)[0].decode()
-    assert proc.returncode == 0, out[-3000:]
+    served('powerbudgetd_ups_status{flag="OL"} 1.0', "UPS on line in /metrics")
+    nut.set("OB DISCHRG", **{"battery.runtime": "420", "ups.load": "55"})
+    body = served('powerbudgetd_budget_source_in_force{source="ups"} 1.0', "source ups")
+    assert "powerbudgetd_ups_battery_runtime_seconds 420.0" in body
+    assert "powerbudgetd_budget_watts 700.0" in body
+    time.sleep(1.2)  # a record or two on battery
+    assert daemon.stop(15) == 0, daemon.tail()
     records = [json.loads(line) for f in sorted(logdir.glob("power-*.jsonl")) for line in f.read_text().splitlines()]
     samples = [r for r in records if r["kind"] == "sample"]
     assert samples and all("ups" in r for r in samples)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -17,6 +17,8 @@ from powerbudgetd.channels.ups import UpsChannel
 from powerbudgetd.core.arbiter import BudgetArbiter
 from powerbudgetd.core.feed import Feed
 from powerbudgetd.service.config import UpsConfig
+
+pytestmark = pytest.mark.slow  # a real upsd and its driver: the full run (CI) covers it
 
 CONF_W = 1000.0
 FLOOR_W = 600.0
@@ -32,15 +34,6 @@ class Sink(BudgetArbiter):
     @property
     def offers(self) -> dict[str, float]:
         return {name: offer.budget_w for name in ("ups",) if (offer := self.offered(name)) is not None}
-
-
-@pytest.fixture
-def nut(tmp_path: Path) -> Iterator[Nut]:
-    server = Nut(tmp_path, users={"gpu": "s3cret"}).start()
-    try:
-        yield server
-    finally:
-        server.close()
 
 
 def ups_cfg(nut: Nut, **kw) -> UpsConfig:  # type: ignore[no-untyped-def]

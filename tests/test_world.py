@@ -11,7 +11,8 @@ import time
 import pytest
 from structlog.testing import capture_logs
 
-from conftest import Fault, busy, card, idle, make_rig
+from support.inprocess import OnTick
+from support.rig import Fault, busy, card, idle, make_rig
 from powerbudgetd.control.controller import Controller
 from powerbudgetd.core.model import CardOverride, Mode, Role, Timings
 from powerbudgetd.errors import CardLimitUnknown, ExitStatus
@@ -160,16 +161,6 @@ def test_case_4_a_hung_set_stalls_neither_the_loop_nor_the_other_cards(tmp_path)
     ticks: list[float] = []
     raised_at: list[float] = []
 
-    class Listener:
-        def on_tick(self, rep):
-            listen(rep)
-
-        def on_reload(self, ok, settings):
-            pass
-
-        async def run(self):
-            await asyncio.Event().wait()
-
     def listen(rep):
         ticks.append(time.monotonic())
         if not raised_at and bank.time() > 4.0 and bank.cards[1].enforced_mw(bank.now) >= 200_000:
@@ -177,7 +168,7 @@ def test_case_4_a_hung_set_stalls_neither_the_loop_nor_the_other_cards(tmp_path)
         if bank.now > 8.0:
             daemon.request_stop()
 
-    daemon.register(Listener())
+    daemon.register(OnTick(listen))
     with capture_logs() as logs:
         rc = asyncio.run(asyncio.wait_for(daemon.run(), 30))
     ctl = daemon.controller
@@ -271,18 +262,11 @@ def boot_daemon(specs, budget_w, faults, on_ready=None, boot_timeout_s=30.0):
     notifier = RecordingNotifier()
     daemon = Daemon(nvml, lambda n: Controller(n, budget_w, timings, clock=time.monotonic), notifier=notifier)
 
-    class StopWhenReady:
-        def on_tick(self, rep):
-            if any(lines[0] == "READY=1" for lines in notifier.sent):
-                daemon.request_stop()
+    def stop_when_ready(rep):
+        if any(lines[0] == "READY=1" for lines in notifier.sent):
+            daemon.request_stop()
 
-        def on_reload(self, ok, settings):
-            pass
-
-        async def run(self):
-            await asyncio.Event().wait()
-
-    daemon.register(StopWhenReady())
+    daemon.register(OnTick(stop_when_ready))
     with capture_logs() as logs:
         rc = asyncio.run(asyncio.wait_for(daemon.run(), 20))
     return rc, notifier.sent, logs, bank
