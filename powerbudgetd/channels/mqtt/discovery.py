@@ -53,6 +53,16 @@ class Layout:
     def availability(self) -> str:
         return f"{self.base}/availability"
 
+    @property
+    def instance(self) -> str:
+        """Who holds the node id: each process announces itself here."""
+        return f"{self.base}/instance"
+
+    @property
+    def ha_status(self) -> str:
+        """Home Assistant's birth and last-will topic."""
+        return f"{self.prefix}/status"
+
     def card(self, index: int) -> str:
         return f"{self.base}/gpu/{index}"
 
@@ -266,32 +276,47 @@ def _field(name: str) -> str:
     return f"{{{{ value_json.{name} }}}}"
 
 
-def discovery(layout: Layout, entities: Entities) -> list[tuple[str, dict[str, Any]]]:
-    """Home Assistant MQTT discovery: (config topic, payload) for every entity of the
-    bank and its cards. A card's entities also follow that card's availability."""
-    node = layout.node_id
-    bank_dev = bank_device(layout, entities.configuration_url)
-    daemon_avail = {"topic": layout.availability, "payload_available": ONLINE, "payload_not_available": OFFLINE}
-    origin = {"name": "powerbudgetd", "sw_version": __version__}
-    out: list[tuple[str, dict[str, Any]]] = []
+class _Configs:
+    """The discovery configs being built, in publishing order: the bank's, then each card's."""
 
-    def add(component: str, key: str, name: str, topic: str, extra: Mapping[str, Any], *,
-            device: dict[str, Any] = bank_dev, card_avail: str | None = None, entity_id: str | None = None) -> None:
-        object_id = _object_id(key)
-        avail = [daemon_avail]
+    def __init__(self, layout: Layout, entities: Entities) -> None:
+        self.layout = layout
+        self.bank_dev = bank_device(layout, entities.configuration_url)
+        self.daemon_avail = {"topic": layout.availability, "payload_available": ONLINE,
+                             "payload_not_available": OFFLINE}
+        self.origin = {"name": "powerbudgetd", "sw_version": __version__}
+        self.out: list[tuple[str, dict[str, Any]]] = []
+
+    def add(self, component: str, key: str, name: str, topic: str, extra: Mapping[str, Any], *,
+            device: dict[str, Any] | None = None, card_avail: str | None = None, entity_id: str | None = None) -> None:
+        node, object_id = self.layout.node_id, _object_id(key)
+        avail = [self.daemon_avail]
         if card_avail is not None:
             avail.append({"topic": card_avail, "payload_available": ONLINE, "payload_not_available": OFFLINE})
-        out.append((layout.config_topic(component, object_id), {
+        self.out.append((self.layout.config_topic(component, object_id), {
             # unique_id: the card's UUID (stable across re-indexing); object_id (the
             # entity id Home Assistant makes at first sight): readable, by index.
             "name": name, "unique_id": f"powerbudgetd_{node}_{object_id}",
             "object_id": f"powerbudgetd_{node}_{_object_id(entity_id or key)}",
             "state_topic": topic, **extra,
             "availability": avail, "availability_mode": "all",
-            "device": device, "origin": origin,
+            "device": self.bank_dev if device is None else device, "origin": self.origin,
         }))
 
-    state = layout.state
+
+def discovery(layout: Layout, entities: Entities) -> list[tuple[str, dict[str, Any]]]:
+    """Home Assistant MQTT discovery: (config topic, payload) for every entity of the
+    bank and its cards. A card's entities also follow that card's availability."""
+    configs = _Configs(layout, entities)
+    _bank_entities(configs, entities)
+    _optional_entities(configs, entities)
+    for card in entities.cards:
+        _card_entities(configs, card)
+    return configs.out
+
+
+def _bank_entities(configs: _Configs, entities: Entities) -> None:
+    add, state = configs.add, configs.layout.state
     add("sensor", "budget", "Budget", state, {"value_template": _field("budget_w"), **_power(), **DIAGNOSTIC})
     add("sensor", "configured_budget", "Configured budget", state,
         {"value_template": _field("configured_budget_w"), **_power(), **DIAGNOSTIC})
@@ -313,6 +338,12 @@ def discovery(layout: Layout, entities: Entities) -> list[tuple[str, dict[str, A
         {"value_template": _flag("value_json.lost_gpus"), "device_class": "problem"})
     add("binary_sensor", "over_budget", "Over budget", state,
         {"value_template": _flag("value_json.over_budget"), "device_class": "problem"})
+
+
+def _optional_entities(configs: _Configs, entities: Entities) -> None:
+    """The wall meter's, the UPS's and the remote budget's entities, where configured."""
+    add, layout = configs.add, configs.layout
+    state = layout.state
     if entities.wall_meter:
         add("sensor", "wall_power", "Wall power", state, {"value_template": _field("wall_power_w"), **_power()})
         add("sensor", "wall_meter", "Wall meter", state,
@@ -334,21 +365,24 @@ def discovery(layout: Layout, entities: Entities) -> list[tuple[str, dict[str, A
             "value_template": "{{ 'accepted' if value_json.ok else 'refused' }}",
             "json_attributes_topic": layout.response_topic, "icon": "mdi:message-reply-text", **DIAGNOSTIC,
         })
-    for card in entities.cards:
-        dev = card_device(layout, card)
-        topic, avail = layout.card(card.index), layout.card_availability(card.index)
-        gpu = f"gpu{card.index}"
-        add("sensor", f"{card.uuid}_limit", "Power limit", topic,
-            {"value_template": _field("limit_w"), **_power(), **DIAGNOSTIC}, device=dev, card_avail=avail,
-            entity_id=f"{gpu}_limit")
-        add("sensor", f"{card.uuid}_power", "Power", topic,
-            {"value_template": _field("power_avg_w"), **_power()}, device=dev, card_avail=avail,
-            entity_id=f"{gpu}_power")
-        if card.energy:
-            add("sensor", f"{card.uuid}_energy", "Energy", topic,
-                {"value_template": _field("energy_kwh"), **_energy()}, device=dev, card_avail=avail,
-                entity_id=f"{gpu}_energy")
-    return out
+
+
+def _card_entities(configs: _Configs, card: CardEntry) -> None:
+    """One card's entities, on its sub-device, following its availability too."""
+    add, layout = configs.add, configs.layout
+    dev = card_device(layout, card)
+    topic, avail = layout.card(card.index), layout.card_availability(card.index)
+    gpu = f"gpu{card.index}"
+    add("sensor", f"{card.uuid}_limit", "Power limit", topic,
+        {"value_template": _field("limit_w"), **_power(), **DIAGNOSTIC}, device=dev, card_avail=avail,
+        entity_id=f"{gpu}_limit")
+    add("sensor", f"{card.uuid}_power", "Power", topic,
+        {"value_template": _field("power_avg_w"), **_power()}, device=dev, card_avail=avail,
+        entity_id=f"{gpu}_power")
+    if card.energy:
+        add("sensor", f"{card.uuid}_energy", "Energy", topic,
+            {"value_template": _field("energy_kwh"), **_energy()}, device=dev, card_avail=avail,
+            entity_id=f"{gpu}_energy")
 
 
 def stale_topics(retained: Iterable[str], current: Iterable[str]) -> list[str]:
