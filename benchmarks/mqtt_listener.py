@@ -65,9 +65,9 @@ def run(n: int, ticks: int) -> dict[str, float]:
         keeper.apply(ctl, now[0])
         bridge.on_tick(report)
         t1 = time.process_time()
-        snap = bridge._latest  # noqa: SLF001 - what the publisher reads
+        snap = bridge.state.latest  # what the publisher reads
         assert snap is not None
-        json.dumps(bridge.bank_state(snap))
+        json.dumps(bridge.state.bank_state(snap))
         for card in snap.cards:
             json.dumps(ha.card_state(card))
         encode_s.append(time.process_time() - t1)

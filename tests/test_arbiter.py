@@ -198,7 +198,7 @@ def test_no_interleaving_leaves_the_budget_above_the_files(tmp_path: Path, first
                 file_w = min(file_w, 600.0)
             assert daemon.arbiter.configured_w == file_w
         elif kind == "remote":
-            response = bridge.remote_command(str(value).encode())
+            response = bridge.inbox.remote_command(str(value).encode())
             assert response["ok"] == (600 <= value <= file_w), response
         elif kind == "meter":
             bridge.meter.reading(json.dumps({"ENERGY": {"Power": value}}).encode(), t[0], bridge.board_power_w())  # type: ignore[union-attr]

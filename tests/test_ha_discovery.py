@@ -31,9 +31,9 @@ def by_unique_id(entries: list[tuple[str, dict[str, Any]]]) -> dict[str, tuple[s
 def test_discovery_bank_device_card_sub_devices_and_availability(ctl: Controller) -> None:
     cfg = MqttConfig(host="127.0.0.1", node_id="box", wall_meter=TASMOTA, remote_budget={"enabled": True})
     bridge = bridge_for(cfg, feed=FEED)
-    bridge.energy.reading(ctl.cards[0].uuid, 7.2e6)  # GPU 0 reports energy: it gets the sensor
+    bridge.state.energy.reading(ctl.cards[0].uuid, 7.2e6)  # GPU 0 reports energy: it gets the sensor
     Loop(ctl, bridge).tick(0.0)
-    entries = by_unique_id(bridge.discovery(bridge._latest))  # type: ignore[arg-type]
+    entries = by_unique_id(bridge.state.discovery(bridge.state.latest))  # type: ignore[arg-type]
     assert len(entries) == 16 + 2 * 4 + 1  # the bank's 16, limit and draw a card, GPU 0's energy
     daemon_avail = {"topic": "powerbudgetd/box/availability", "payload_available": "online",
                     "payload_not_available": "offline"}
@@ -74,37 +74,36 @@ def test_the_budget_number_follows_a_reload_and_the_cards(ctl: Controller) -> No
     bridge = bridge_for(cfg)
     loop = Loop(ctl, bridge)
     loop.tick(0.0)
-    number = lambda: by_unique_id(bridge.discovery(bridge._latest))["powerbudgetd_box_budget_request"][1]  # type: ignore[arg-type]
+    number = lambda: by_unique_id(bridge.state.discovery(bridge.state.latest))["powerbudgetd_box_budget_request"][1]  # type: ignore[arg-type]
     assert (number()["min"], number()["max"]) == (600, 1000)
     bridge.arbiter.configure(900)  # a reload
     loop.tick(0.1)
     assert number()["max"] == 900
     # Its state is the budget asked for, not the one in force.
-    state = bridge.bank_state(bridge._latest)  # type: ignore[arg-type]
+    state = bridge.state.bank_state(bridge.state.latest)  # type: ignore[arg-type]
     assert state["requested_budget_w"] == 900 and state["remote_budget_w"] is None
-    assert bridge.remote_command(b"700")["ok"]
+    assert bridge.inbox.remote_command(b"700")["ok"]
     bridge.arbiter.offer("wall_meter", 650, 0.2)  # a meter holds it lower still
     loop.tick(0.2)
-    state = bridge.bank_state(bridge._latest)  # type: ignore[arg-type]
+    state = bridge.state.bank_state(bridge.state.latest)  # type: ignore[arg-type]
     assert (state["requested_budget_w"], state["budget_w"], state["budget_source"]) == (700, 650, "wall_meter")
 
 
 def test_a_stale_meter_reads_unknown_never_its_last_watts(ctl: Controller) -> None:
     cfg = MqttConfig(host="127.0.0.1", node_id="box", wall_meter=TASMOTA)
     now = [0.0]
-    bridge = bridge_for(cfg, feed=FEED)
-    bridge.clock = lambda: now[0]
+    bridge = bridge_for(cfg, feed=FEED, clock=lambda: now[0])
     loop = Loop(ctl, bridge)
     loop.tick(0.0)
     bridge.meter.reading(tasmota(715), 0.1, bridge.board_power_w())  # type: ignore[union-attr]
-    state = bridge.bank_state(bridge._latest)  # type: ignore[arg-type]
+    state = bridge.state.bank_state(bridge.state.latest)  # type: ignore[arg-type]
     assert (state["wall_meter"], state["wall_power_w"]) == ("ok", 715) and state["non_gpu_wall_w"] > 0
     now[0] = 0.2 + TASMOTA.max_age_s + 0.1
     loop.tick(now[0])
-    state = bridge.bank_state(bridge._latest)  # type: ignore[arg-type]
+    state = bridge.state.bank_state(bridge.state.latest)  # type: ignore[arg-type]
     assert (state["wall_meter"], state["wall_power_w"], state["non_gpu_wall_w"]) == ("stale", None, None)
     bridge.meter.offline()  # type: ignore[union-attr]
-    assert bridge.bank_state(bridge._latest)["wall_power_w"] is None  # type: ignore[arg-type]
+    assert bridge.state.bank_state(bridge.state.latest)["wall_power_w"] is None  # type: ignore[arg-type]
 
 
 def test_lost_cards_read_unavailable_and_a_vanished_card_stays_known(ctl: Controller) -> None:
@@ -112,16 +111,16 @@ def test_lost_cards_read_unavailable_and_a_vanished_card_stays_known(ctl: Contro
     bridge = bridge_for(cfg)
     loop = Loop(ctl, bridge)
     loop.tick(0.0)
-    snap = bridge._latest
+    snap = bridge.state.latest
     assert snap is not None
-    bridge.track_cards(snap)
-    assert bridge.lost_cards(snap) == []
+    bridge.state.track_cards(snap)
+    assert bridge.state.lost_cards(snap) == []
     broken = dataclasses.replace(snap.cards[1], readable=False, error="GPU is lost")
     vanished = dataclasses.replace(snap, cards=(snap.cards[0], broken, snap.cards[2]))  # GPU 3 gone
-    assert bridge.lost_cards(vanished) == [1, 3]
-    state = bridge.bank_state(vanished)
+    assert bridge.state.lost_cards(vanished) == [1, 3]
+    state = bridge.state.bank_state(vanished)
     assert state["lost_gpus"] == [1, 3]
-    entities = bridge.entities(vanished)
+    entities = bridge.state.entities(vanished)
     assert [c.index for c in entities.cards] == [0, 1, 2, 3]  # GPU 3 stays, unavailable, in this run
 
 
@@ -198,7 +197,7 @@ async def test_the_publisher_always_ends_when_cancelled_as_it_is_woken(monkeypat
             task = asyncio.create_task(bridge._publish_loop(_Client()))  # type: ignore[arg-type]
             for _ in range(3):
                 await asyncio.sleep(0)
-            bridge._changed.set()
+            bridge.state.changed.set()
             for _ in range(delay):
                 await asyncio.sleep(0)
             task.cancel()
@@ -210,11 +209,11 @@ async def test_the_publisher_always_ends_when_cancelled_as_it_is_woken(monkeypat
 def test_the_state_payloads_round_draw_and_energy(ctl: Controller) -> None:
     bridge = bridge_for(MqttConfig(host="127.0.0.1", node_id="box"))
     Loop(ctl, bridge).tick(0.0)
-    snap = bridge._latest
+    snap = bridge.state.latest
     assert snap is not None
     card = ha.card_state(dataclasses.replace(snap.cards[0], power_avg_w=31.23456), energy_kwh=1.234567)
     assert (card["power_avg_w"], card["energy_kwh"]) == (31.2, 1.2346)
-    state = json.loads(json.dumps(bridge.bank_state(snap)))
+    state = json.loads(json.dumps(bridge.state.bank_state(snap)))
     assert state["over_budget"] is snap.over_budget and state["lost_gpus"] == []
 
 
@@ -223,18 +222,18 @@ def test_a_ups_shows_its_state_and_on_battery(ctl: Controller) -> None:
     record: dict[str, Any] = {"state": "ok", "status": "OL"}
     bridge.attach_ups(lambda: record)
     Loop(ctl, bridge).tick(0.0)
-    snap = bridge._latest
+    snap = bridge.state.latest
     assert snap is not None
-    ids = {p["unique_id"] for _, p in bridge.discovery(snap)}
+    ids = {p["unique_id"] for _, p in bridge.state.discovery(snap)}
     assert {"powerbudgetd_box_ups", "powerbudgetd_box_on_battery"} <= ids
-    assert (bridge.bank_state(snap)["ups"], bridge.bank_state(snap)["on_battery"]) == ("ok", False)
+    assert (bridge.state.bank_state(snap)["ups"], bridge.state.bank_state(snap)["on_battery"]) == ("ok", False)
     record.update(status="DISCHRG OB")
-    assert bridge.bank_state(snap)["on_battery"] is True
+    assert bridge.state.bank_state(snap)["on_battery"] is True
     record.update(state="stale", status=None)  # its data silent: unknown, not the last answer
-    assert (bridge.bank_state(snap)["ups"], bridge.bank_state(snap)["on_battery"]) == ("stale", None)
+    assert (bridge.state.bank_state(snap)["ups"], bridge.state.bank_state(snap)["on_battery"]) == ("stale", None)
 
     def broken() -> dict[str, Any]:
         raise RuntimeError("a bug in the UPS channel")
 
     bridge.attach_ups(broken)  # costs the UPS fields, never the state
-    assert bridge.bank_state(snap)["on_battery"] is None and bridge.bank_state(snap)["budget_w"] == snap.budget_w
+    assert bridge.state.bank_state(snap)["on_battery"] is None and bridge.state.bank_state(snap)["budget_w"] == snap.budget_w

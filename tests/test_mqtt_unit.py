@@ -10,6 +10,7 @@ import json
 import math
 import re
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -195,9 +196,9 @@ class Loop:
 
 
 def bridge_for(cfg: MqttConfig, configured_w: float = 1000, feed: FeedConfig | None = None,
-               registry: CollectorRegistry | None = None) -> MqttBridge:
+               registry: CollectorRegistry | None = None, clock: Callable[[], float] = time.monotonic) -> MqttBridge:
     return MqttBridge(cfg, BudgetArbiter(configured_w), None if feed is None else feed.feed(),
-                      registry=registry or CollectorRegistry())
+                      registry=registry or CollectorRegistry(), clock=clock)
 
 
 def test_meter_budget_goes_through_the_arbiter_and_never_below_the_floor(ctl: Controller) -> None:
@@ -247,22 +248,22 @@ def test_remote_budget_bounds(ctl: Controller) -> None:
     reg = CollectorRegistry()
     bridge = bridge_for(cfg, registry=reg)
     loop = Loop(ctl, bridge)
-    assert "not ready" in bridge.remote_command(b"800")["error"]
+    assert "not ready" in bridge.inbox.remote_command(b"800")["error"]
     loop.tick(0.0)
-    ok = bridge.remote_command(b"800")
+    ok = bridge.inbox.remote_command(b"800")
     assert ok["ok"] and ok["budget_w"] == 800 and ok["effective_budget_w"] == 800 and ok["budget_source"] == "remote"
     loop.tick(0.1)
     assert ctl.budget_mw == 800_000
     for payload, says in [(b"599", "below the sum of the cards' minimum power limits (600 W)"),
                           (b"1000.5", "above the configured budget (1000 W)"), (b"much", "not a number")]:
-        r = bridge.remote_command(payload)
+        r = bridge.inbox.remote_command(payload)
         assert not r["ok"] and says in r["error"] and r["min_w"] == 600 and r["max_w"] == 1000
         loop.tick(0.2)
         assert ctl.budget_mw == 800_000  # a rejected command changes nothing
-    assert bridge.remote_command(b'{"budget_w": 600}')["ok"]
+    assert bridge.inbox.remote_command(b'{"budget_w": 600}')["ok"]
     loop.tick(0.3)
     assert ctl.budget_mw == 600_000
-    assert bridge.remote_command(b"1000")["ok"]  # restore the file's budget
+    assert bridge.inbox.remote_command(b"1000")["ok"]  # restore the file's budget
     loop.tick(0.4)
     assert ctl.budget_mw == 1_000_000 and bridge.remote_w is None
     assert reg.get_sample_value("powerbudgetd_remote_budget_commands_total", {"result": "rejected"}) == 4
@@ -277,17 +278,17 @@ def test_a_reload_sets_the_configured_budget_in_the_arbiter(ctl: Controller) -> 
     bridge = bridge_for(cfg)
     loop = Loop(ctl, bridge)
     loop.tick(0.0)
-    assert bridge.remote_command(b"800")["ok"]
+    assert bridge.inbox.remote_command(b"800")["ok"]
     loop.tick(0.1)
     bridge.arbiter.configure(800)  # what Daemon._reload does with the file's budget
     loop.keeper.apply(ctl, 0.15, reason="reload", strict=True)
     loop.tick(0.2)
     assert bridge.configured_w == 800 and ctl.budget_mw == 800_000
-    r = bridge.remote_command(b"1000")
+    r = bridge.inbox.remote_command(b"1000")
     assert not r["ok"] and "above the configured budget (800 W)" in r["error"]
     loop.tick(0.3)
     assert ctl.budget_mw == 800_000
-    assert "above the configured budget (800 W)" in bridge.remote_command(b"950")["error"]
+    assert "above the configured budget (800 W)" in bridge.inbox.remote_command(b"950")["error"]
 
 
 def test_state_carries_the_over_budget_state_and_publishes_on_its_change(ctl: Controller) -> None:
@@ -296,17 +297,17 @@ def test_state_carries_the_over_budget_state_and_publishes_on_its_change(ctl: Co
     cfg = MqttConfig(host="127.0.0.1", node_id="box")
     bridge = bridge_for(cfg)
     Loop(ctl, bridge).tick(0.0)
-    snap = bridge._latest
+    snap = bridge.state.latest
     assert snap is not None
-    state = bridge.bank_state(snap)
+    state = bridge.state.bank_state(snap)
     assert state["over_budget"] == snap.over_budget and state["over_budget_episodes"] == snap.over_budget_episodes
     over = dataclasses.replace(snap, over_budget=True, over_budget_cause="GPU 1 held at 300 W by an outside limit",
                                over_budget_episodes=snap.over_budget_episodes + 1, over_budget_s=1.5)
-    state = bridge.bank_state(over)
+    state = bridge.state.bank_state(over)
     assert state["over_budget"] is True and state["over_budget_cause"].startswith("GPU 1 held")
     assert state["over_budget_s"] == 1.5
     assert limits_key(over) != limits_key(dataclasses.replace(over, over_budget=False))  # published at once
-    cleared = bridge.bank_state(dataclasses.replace(over, over_budget=False))
+    cleared = bridge.state.bank_state(dataclasses.replace(over, over_budget=False))
     assert cleared["over_budget"] is False and cleared["over_budget_cause"] is None
 
 
@@ -318,9 +319,9 @@ def test_listener_never_blocks_on_a_slow_consumer(ctl: Controller) -> None:
     for i in range(500):  # nobody consumes: the slot holds the latest, memory stays flat
         now[0] = i * 0.1
         loop.tick(now[0])
-    assert len(bridge._board) <= 21 and bridge._latest is not None
+    assert len(bridge._board) <= 21 and bridge.state.latest is not None
     assert bridge.board_power_w() == pytest.approx(4 * 30, rel=0.1)  # four idle cards
-    state = bridge.bank_state(bridge._latest)
+    state = bridge.state.bank_state(bridge.state.latest)
     assert state["budget_w"] == 1000 and state["budget_source"] == "config" and state["configured_budget_w"] == 1000
 
 

@@ -3,6 +3,9 @@ a bounded remote budget. Off unless ``[mqtt]`` is configured (``aiomqtt`` is imp
 only then, by :mod:`.session`).
 
 - :mod:`.session`: the broker connection, publish and receive loops (:class:`MqttBridge`)
+- :mod:`.state`: what is published (state, card availability, discovery, clearing)
+- :mod:`.inbox`: what comes in (size caps, meter readings, commands, Home Assistant's birth)
+- :mod:`.identity`: the client id, and another instance announcing our node id
 - :mod:`.discovery`: state and Home Assistant discovery payloads from the bank snapshot
 - :mod:`.wallmeter`: wall readings to a board budget, offered to the budget arbiter
 - :mod:`.remote`: remote budget commands, offered to the budget arbiter
