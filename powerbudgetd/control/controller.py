@@ -207,7 +207,10 @@ class Controller:
             self.ready = True
             log.info("ready", budget_w=self.budget_mw / 1000, sum_limits_w=self.sum_bound_mw / 1000,
                      degraded=self.degraded() or None)
-        if mode == Mode.STOPPING and all(c.ledger.confirmed(now) and c.bound_mw <= (c.share_mw or 0) for c in active):
+        # Every card we can write, also one left out of ``active`` while its decrease
+        # settles: over ``active`` alone, all() is true at once when every such card is settling.
+        if mode == Mode.STOPPING and all(c.ledger.confirmed(now) and c.bound_mw <= (c.share_mw or 0)
+                                         for c in self.cards if self._writable(c, now)):
             self.stopped = True
 
     def _observe_all(self, now: float) -> list[str]:
@@ -256,5 +259,9 @@ class Controller:
         Over budget, a card whose enforced limit is above its requested one (our decrease
         still biting, or a floor that came in under it) is counted where it is, so the
         others are lowered around it this tick instead of once the write settles."""
-        return (c.controllable and c.readable and not c.ledger.held(now) and not c.ledger.held_above
-                and not (self._over and c.ledger.above_requested))
+        return self._writable(c, now) and not (self._over and c.ledger.above_requested)
+
+    def _writable(self, c: CardState, now: float) -> bool:
+        """Controllable, readable, not held after a failed write, and not held above its
+        requested limit by an outside floor: a write of ours can lower it."""
+        return c.controllable and c.readable and not c.ledger.held(now) and not c.ledger.held_above
