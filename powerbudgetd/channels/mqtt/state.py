@@ -22,6 +22,7 @@ from powerbudgetd.channels.mqtt.wallmeter import WallMeter
 from powerbudgetd.core.arbiter import BudgetArbiter
 from powerbudgetd.core.snapshot import BankSnapshot
 from powerbudgetd.errors import NvmlError
+from powerbudgetd.hw.calls import DeadlineCalls
 from powerbudgetd.service.config import MqttConfig
 
 log = structlog.get_logger("powerbudgetd")
@@ -30,6 +31,9 @@ log = structlog.get_logger("powerbudgetd")
 # once per publish interval and never more often than this.
 MIN_ENERGY_INTERVAL_S = 5.0
 ENERGY_READ_GRACE_S = 1.0  # on stop: how long a read in flight may finish before NVML shuts down
+# Each card's read is abandoned after this (s; 60 x the p99): a card that hangs every
+# call then holds neither the worker thread (which the loop joins at exit) nor the stop.
+ENERGY_READ_TIMEOUT_S = 1.0
 
 
 class Publisher(Protocol):
@@ -66,6 +70,7 @@ class StatePublisher:
         self.configuration_url: str | None = None
         self.ups: Callable[[], Mapping[str, Any]] | None = None
         self._energy_j = energy_j
+        self._energy_calls = DeadlineCalls(ENERGY_READ_TIMEOUT_S)  # one key per card: a hung one is skipped
         self.energy = ha.BankEnergy()
         self._energy_at = float("-inf")
         # Home Assistant's view, per broker session: every card seen in this run (by
@@ -234,11 +239,8 @@ class StatePublisher:
             self.energy.reading(uuid, joules)
 
     def _energy_readings(self, uuids: list[str]) -> list[tuple[str, float | None]]:
+        """Every card's counter at once, each within ENERGY_READ_TIMEOUT_S; a card whose
+        read failed or is still hung is left out (its problem shows in its availability)."""
         assert self._energy_j is not None
-        out: list[tuple[str, float | None]] = []
-        for uuid in uuids:
-            try:
-                out.append((uuid, self._energy_j(uuid)))
-            except NvmlError:  # this card's problem shows in its availability; try again next time
-                continue
-        return out
+        read = self._energy_calls.many({uuid: (self._energy_j, (uuid,)) for uuid in uuids})
+        return [(uuid, j) for uuid, j in read.items() if not isinstance(j, NvmlError)]
