@@ -49,6 +49,8 @@ CASES = {
     # its energy counter hangs from the start (MQTT's read is in flight at the stop), then every call
     "hung": fault("nvmlDeviceGetTotalEnergyConsumption", "SLOW", card=1, delay_s=HANG_S)
     + fault("*", "SLOW", card=1, from_s=1, delay_s=HANG_S),
+    # lost, and nvmlShutdown hangs behind it
+    "gpu_lost_shutdown_hangs": fault("*", "GPU_IS_LOST", card=1, from_s=1) + fault("nvmlShutdown", "SLOW", delay_s=HANG_S),
 }
 
 
@@ -116,6 +118,12 @@ class Daemon:
     def named(self, name: str) -> list[dict[str, Any]]:
         return [e for e in list(self.events) if e["event"] == name]
 
+    def catches_sigterm(self) -> bool:
+        """The daemon's own SIGTERM handler is in place (else SIGTERM kills it outright)."""
+        status = Path(f"/proc/{self.proc.pid}/status").read_text()
+        caught = int(re.search(r"^SigCgt:\s*([0-9a-f]+)$", status, re.MULTILINE).group(1), 16)  # type: ignore[union-attr]
+        return bool(caught >> (signal.SIGTERM - 1) & 1)
+
     def stop(self) -> tuple[int | None, float]:
         """SIGTERM; (exit status, seconds to exit), or (None, ...) past TimeoutStopSec (then killed)."""
         sent = time.monotonic()
@@ -164,3 +172,18 @@ def test_a_card_failing_every_call_does_not_hold_up_the_stop(tmp_path: Path, bro
     (stopped,) = daemon.named("stopped")
     assert stopped["limits_w"] == [233.333, 300.0, 233.333, 233.333]
     assert stopped["sum_limits_w"] <= 1000.0
+    assert bool(daemon.named("nvml_shutdown_abandoned")) == case.endswith("shutdown_hangs")
+
+
+@pytest.mark.slow
+def test_a_stop_during_boot_with_a_hung_card_leaves_at_once(tmp_path: Path, broker: int) -> None:
+    # Card 1 hangs every call from the start: the first enumeration waits on it.
+    daemon = Daemon(tmp_path, fault("*", "SLOW", card=1, delay_s=HANG_S), broker)
+    try:
+        wait_for("the SIGTERM handler", daemon.catches_sigterm)
+        rc, took = daemon.stop()
+    finally:
+        daemon.kill()
+    assert (rc, took < STOP_S) == (0, True), (rc, took)
+    assert daemon.named("stopped_during_boot")
+    assert not daemon.named("power_limit_set")  # nothing written: the cards keep their limits

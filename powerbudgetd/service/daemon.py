@@ -43,11 +43,18 @@ from powerbudgetd.errors import BudgetInfeasible, CardLimitUnknown, ConfigError,
 from powerbudgetd.service.logs import configure_logging
 from powerbudgetd.core.model import Mode
 from powerbudgetd.service.notify import Notifier, watchdog_interval_s
+from powerbudgetd.hw.calls import DeadlineCalls
 from powerbudgetd.hw.nvml import Nvml, init_advice
 from powerbudgetd.hw.persistence import ensure_persistence_mode
+from powerbudgetd.service.interruptible import Interrupted, until_stopped
 
 log = structlog.get_logger("powerbudgetd")
 
+
+# How long exit waits for nvmlShutdown (s): normally milliseconds; beyond this it is
+# left running, so that a card that hangs every call cannot hold the stop (the unit's
+# TimeoutStopSec) after the cards are already back at fair share.
+NVML_SHUTDOWN_TIMEOUT_S = 2.0
 
 # Settings a reload cannot change in a running daemon: they shape the bank and the loop.
 RESTART_ONLY = (
@@ -187,12 +194,13 @@ class Daemon:
 
     async def _init_nvml(self) -> bool:
         """``nvmlInit`` with bounded retries and backoff (a driver may still be loading at
-        boot). Each failure says what to do about its cause. Nothing is written before."""
+        boot). Each failure says what to do about its cause. Nothing is written before.
+        Raises Interrupted when a stop comes while ``nvmlInit`` has not returned."""
         attempts = self.settings.nvml_init_attempts if self.settings else 5
         backoff = Backoff(self.settings.nvml_init_backoff_s if self.settings else 1.0, 30.0)
         for attempt in range(1, attempts + 1):
             try:
-                self.nvml.init()
+                await until_stopped(self._stop, self.nvml.init, name="nvml-init")
                 return True
             except NvmlError as exc:
                 last = attempt == attempts or self._stop.is_set()
@@ -210,12 +218,21 @@ class Daemon:
                     pass
         return False
 
+    def _start_controller(self) -> Controller:
+        ctl = self.controller_factory(self.nvml)
+        ctl.start()
+        return ctl
+
     async def _run(self) -> int:
-        if not await self._init_nvml():
-            return ExitStatus.OK if self._stop.is_set() else ExitStatus.NVML
+        # Boot (NVML init, the first enumeration, persistence mode) runs off the loop and
+        # is given up on a stop: nothing but a no-op permission probe has been written, so
+        # the cards keep the limits they had (the unit's failsafe runs after us).
         try:
-            ctl = self.controller_factory(self.nvml)
-            ctl.start()
+            if not await self._init_nvml():
+                return ExitStatus.OK if self._stop.is_set() else ExitStatus.NVML
+            ctl = await until_stopped(self._stop, self._start_controller, name="start")
+        except Interrupted as exc:
+            return self._boot_interrupted(str(exc))
         except CardLimitUnknown as exc:
             log.error("card_limits_unknown", error=str(exc),
                       action="set max_w for the card under [cards] (the highest limit it may have), or fix its driver")
@@ -247,9 +264,13 @@ class Daemon:
                     "max_w": c.max_mw / 1000, "controllable": c.controllable} for c in ctl.cards],
         )
         enable = self.settings is not None and self.settings.enable_persistence_mode and not ctl.dry_run
-        self._persistence_off = ensure_persistence_mode(
-            self.nvml, [(c.index, c.uuid, c.controllable) for c in ctl.cards], enable
-        )
+        try:
+            self._persistence_off = await until_stopped(
+                self._stop, ensure_persistence_mode, self.nvml, [(c.index, c.uuid, c.controllable) for c in ctl.cards],
+                enable, name="persistence-mode",
+            )
+        except Interrupted as exc:
+            return self._boot_interrupted(str(exc))
         tasks = [asyncio.create_task(ch.run(), name=type(ch).__name__) for ch in self.channels]
         try:
             return await self._loop(ctl)
@@ -257,7 +278,22 @@ class Daemon:
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
-            self.nvml.shutdown()
+            self._shutdown_nvml()
+
+    def _boot_interrupted(self, step: str) -> int:
+        """A stop came while boot waited on NVML: leave without it (see :meth:`_run`)."""
+        self.notifier.stopping()
+        log.info("stopped_during_boot", step=step,
+                 note="no power limit was written: the cards keep the limits they had")
+        return ExitStatus.OK
+
+    def _shutdown_nvml(self) -> None:
+        """``nvmlShutdown``, waited for at most NVML_SHUTDOWN_TIMEOUT_S: with a call
+        abandoned on a lost or hung card it may never return, and the process is leaving."""
+        try:
+            DeadlineCalls(NVML_SHUTDOWN_TIMEOUT_S).call("shutdown", self.nvml.shutdown)
+        except NvmlError as exc:
+            log.warning("nvml_shutdown_abandoned", error=str(exc), after_s=NVML_SHUTDOWN_TIMEOUT_S)
 
     async def _loop(self, ctl: Controller) -> int:
         assert self.keeper is not None
