@@ -6,38 +6,71 @@ counts (the host's reserve), or at the fair share of the configured budget on a 
 without a circuit. A card already at or below its share is not touched: the command
 only lowers. Each write goes through the actuator and is confirmed by read-back.
 
-Shares: the budget less what cards that cannot be controlled may have (their highest
-known limit), split by :func:`powerbudgetd.core.fairshare.fair_shares` within each
-card's constraints; when the minimums do not fit, every card goes to its minimum (the
-lowest the bank can be held to).
+Shares: the budget less what the cards it cannot write may have, split by
+:func:`powerbudgetd.core.fairshare.fair_shares` within each writable card's constraints;
+when the minimums do not fit, every card goes to its minimum (the lowest the bank can be
+held to). A card it cannot write is reserved at its worst case, as the daemon counts it:
+an excluded card or one with invalid constraints at what it reads; a card that cannot be
+enumerated or read (lost, failing, hung) at the largest limit known for it, else its
+``[cards] max_w``, else, unknown, at the highest maximum limit among the cards enumerated.
+A card whose write fails or is not confirmed is then reserved at what it read, and the
+others are lowered again to fit.
+
+Every NVML call goes through ``calls`` (in the command :class:`DeadlineCalls` of
+CALL_TIMEOUT_S): a hung card costs one deadline, once, and the whole run stops starting
+calls after ``deadline_s``, so it ends within ``deadline_s`` plus one call's deadline.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from powerbudgetd.control.actuator import Actuator
 from powerbudgetd.core.fairshare import fair_shares
 from powerbudgetd.core.model import CardOverride
 from powerbudgetd.core.plan import Write
 from powerbudgetd.errors import NvmlError
-from powerbudgetd.hw.nvml import Nvml, to_mw
+from powerbudgetd.hw.calls import InlineCalls
+from powerbudgetd.hw.nvml import GpuInfo, Nvml, PowerReading, to_mw
+
+CALL_TIMEOUT_S = 2.0  # one NVML call (a healthy one takes milliseconds)
+INIT_TIMEOUT_S = 5.0  # nvmlInit, before :func:`failsafe`
+# The whole run, enumeration to the last read-back. With nvmlInit, one call past the
+# deadline and nvmlShutdown (2 s): 19 s at most, inside the unit's TimeoutStopSec (30 s)
+# with room for the interpreter's start and the circuit grant's give-back.
+DEADLINE_S = 10.0
 
 
 @dataclass(frozen=True)
 class Lowered:
     """One card: its limit before (W, the higher of requested and enforced), its share
-    (W), and whether a decrease was written and read back in force."""
+    (W), and whether a decrease was written and read back in force. A card it could not
+    write has ``error`` (why); one not enumerated or read (``reached`` False) has
+    ``share_w`` what it is counted at (W; None: no maximum known anywhere)."""
 
     index: int
     uuid: str
     before_w: float | None
-    share_w: float
+    share_w: float | None
     written: bool
     confirmed: bool
     error: str | None = None
+    reached: bool = True
+
+
+@dataclass
+class _Card:
+    info: GpuInfo
+    lo_mw: int
+    hi_mw: int
+    before_mw: int | None
+
+
+def _highest_w(r: PowerReading | None) -> float | None:
+    known = [v for v in (r.requested_limit_w, r.enforced_limit_w) if v is not None] if r else []
+    return max(known) if known else None
 
 
 def failsafe(
@@ -45,62 +78,117 @@ def failsafe(
     budget_w: float,
     overrides: Mapping[str, CardOverride] | None = None,
     *,
+    calls: InlineCalls | None = None,
     confirm_timeout_s: float = 5.0,
+    deadline_s: float = DEADLINE_S,
     clock: Callable[[], float] = time.monotonic,
     sleep: Callable[[float], None] = time.sleep,
 ) -> list[Lowered]:
-    """Lower every controllable card above its share of ``budget_w`` (W) to it; NVML is
-    initialised by the caller. Returns one :class:`Lowered` per card. Never raises for
-    a card: its error is in the result."""
+    """Lower every writable card above its share of ``budget_w`` (W) to it; NVML is
+    initialised by the caller. Returns one :class:`Lowered` per card, in index order.
+    Never raises for a card (its error is in the result); raises NvmlError only when
+    NVML cannot even count the cards."""
     overrides = overrides or {}
-    cards = nvml.devices()
-    ctl, fixed_mw = [], 0
-    for info in cards:
-        ov = overrides.get(info.uuid) or overrides.get(str(info.index)) or CardOverride()
-        lo, hi = info.min_limit_w, info.max_limit_w
-        if ov.exclude or lo is None or hi is None or not 0 < lo <= hi:
-            fixed_mw += to_mw(_highest(nvml, info.uuid) or max(v or 0.0 for v in (hi, info.default_limit_w)))
+    calls = calls or InlineCalls()
+    end = clock() + deadline_s
+    count = calls.call("bank", nvml.device_count)
+    found = calls.many({f"index {i}": (nvml.device, (i,)) for i in range(count)})
+    infos = [v for v in found.values() if isinstance(v, GpuInfo)]
+    reads = calls.many({i.uuid: (nvml.read, (i.uuid,)) for i in infos})
+    highest_max_w = max((i.max_limit_w for i in infos if i.max_limit_w), default=None)
+
+    out: dict[int, Lowered] = {}
+    ctl: list[_Card] = []
+    reserved_mw = 0
+    for i in range(count):
+        info = found[f"index {i}"]
+        ov = _override(overrides, info.uuid if isinstance(info, GpuInfo) else None, i)
+        r = reads.get(info.uuid) if isinstance(info, GpuInfo) else None
+        if isinstance(info, GpuInfo) and isinstance(r, PowerReading):
+            lo, hi = info.min_limit_w, info.max_limit_w
+            if ov.exclude or lo is None or hi is None or not 0 < lo <= hi:
+                # Not ours to write: counted at what it reads, else its largest limit.
+                reserved_mw += to_mw(_highest_w(r) or max(v or 0.0 for v in (hi, info.default_limit_w)))
+                continue
+            max_w = hi if ov.max_w is None else max(lo, min(hi, ov.max_w))
+            before = _highest_w(r)
+            ctl.append(_Card(info, to_mw(lo), to_mw(max_w), None if before is None else to_mw(before)))
             continue
-        max_w = hi if ov.max_w is None else max(lo, min(hi, ov.max_w))
-        ctl.append((info, to_mw(lo), to_mw(max_w)))
-    lows, highs = [lo for _, lo, _ in ctl], [hi for _, _, hi in ctl]
-    shares = fair_shares(int(budget_w * 1000) - fixed_mw, lows, highs) or lows
-    actuator = Actuator(nvml)
-    out: list[Lowered] = []
-    pending: list[tuple[int, int]] = []  # (position in out, share mW)
-    for (info, _, _), share_mw in zip(ctl, shares):
-        before = _highest(nvml, info.uuid)
-        if before is not None and to_mw(before) <= share_mw:
-            out.append(Lowered(info.index, info.uuid, before, share_mw / 1000, False, True))
+        # Not enumerated, or unreadable: its worst case, else (unknown) the largest maximum here.
+        error = str(info if isinstance(info, NvmlError) else r)
+        known = [v for v in (info.max_limit_w, info.default_limit_w) if v] if isinstance(info, GpuInfo) else []
+        worst = max(known) if known else ov.max_w if ov.max_w is not None else None
+        counted = worst if worst is not None else highest_max_w
+        uuid = info.uuid if isinstance(info, GpuInfo) else ""
+        out[i] = Lowered(i, uuid, None, counted, False, False, error
+                         + ("" if worst is not None else "; its limits unknown: counted at the largest maximum limit here"),
+                         reached=False)
+        if counted is None:  # no card told a maximum: the others go to their minimum
+            reserved_mw += 10**12
+        else:
+            reserved_mw += to_mw(counted)
+
+    actuator = Actuator(nvml, calls=calls)
+    while ctl:
+        shares = fair_shares(int(budget_w * 1000) - reserved_mw, [c.lo_mw for c in ctl], [c.hi_mw for c in ctl])
+        shares = shares or [c.lo_mw for c in ctl]
+        failed = _lower(ctl, shares, actuator, calls, nvml, out, end, confirm_timeout_s, clock, sleep)
+        if not failed:
+            break
+        # Reserved at the most it may have (a timed-out decrease may still land: lower).
+        for c in failed:
+            reserved_mw += c.before_mw if c.before_mw is not None else c.hi_mw
+        ctl = [c for c in ctl if c not in failed]
+        if clock() >= end:
+            break
+    return [out[i] for i in sorted(out)]
+
+
+def _override(overrides: Mapping[str, CardOverride], uuid: str | None, index: int) -> CardOverride:
+    return (overrides.get(uuid) if uuid else None) or overrides.get(str(index)) or CardOverride()
+
+
+def _lower(ctl: list[_Card], shares: list[int], actuator: Actuator, calls: InlineCalls, nvml: Nvml,
+           out: dict[int, Lowered], end: float, confirm_timeout_s: float,
+           clock: Callable[[], float], sleep: Callable[[float], None]) -> list[_Card]:
+    """One round: each card above its share lowered to it and read back; the cards that
+    failed (their :class:`Lowered` says why)."""
+    failed: list[_Card] = []
+    pending: list[tuple[_Card, int]] = []
+    for c, share_mw in zip(ctl, shares):
+        i, before_w = c.info.index, None if c.before_mw is None else c.before_mw / 1000
+        if c.before_mw is not None and c.before_mw <= share_mw:
+            out[i] = Lowered(i, c.info.uuid, before_w, share_mw / 1000, False, True)
             continue
-        from_mw = to_mw(before) if before is not None else to_mw(info.max_limit_w or 0.0)
-        applied = actuator.apply([Write(info.uuid, from_mw, share_mw)])[0]
-        error = None if applied.error is None else str(applied.error)
-        out.append(Lowered(info.index, info.uuid, before, share_mw / 1000, applied.done, False, error))
+        if clock() >= end:
+            out[i] = Lowered(i, c.info.uuid, before_w, share_mw / 1000, False, False, "failsafe deadline passed")
+            failed.append(c)
+            continue
+        applied = actuator.apply([Write(c.info.uuid, c.before_mw or c.hi_mw, share_mw)])[0]
+        error = None if applied.error is None else f"write failed: {applied.error}"
+        out[i] = Lowered(i, c.info.uuid, before_w, share_mw / 1000, applied.done, False, error)
         if applied.done:
-            pending.append((len(out) - 1, share_mw))
-    deadline = clock() + confirm_timeout_s
+            pending.append((c, share_mw))
+        else:
+            failed.append(c)
+    confirm_end = min(end, clock() + confirm_timeout_s)
     while pending:
         still = []
-        for pos, share_mw in pending:
-            highest = _highest(nvml, out[pos].uuid)
+        for c, share_mw in pending:
+            try:
+                highest = _highest_w(calls.call(c.info.uuid, nvml.read, c.info.uuid))
+            except NvmlError:
+                highest = None
             if highest is not None and to_mw(highest) <= share_mw:
-                out[pos] = Lowered(**{**out[pos].__dict__, "confirmed": True})
+                out[c.info.index] = replace(out[c.info.index], confirmed=True)
             else:
-                still.append((pos, share_mw))
+                still.append((c, share_mw))
         pending = still
-        if pending and clock() >= deadline:
+        if pending and clock() >= confirm_end:
+            for c, _ in pending:
+                out[c.info.index] = replace(out[c.info.index], error="not read back at its share in time")
+                failed.append(c)
             break
         if pending:
             sleep(0.05)
-    return out
-
-
-def _highest(nvml: Nvml, uuid: str) -> float | None:
-    """The higher of the requested and enforced limits (W), None when unreadable."""
-    try:
-        r = nvml.read(uuid)
-    except NvmlError:
-        return None
-    known = [v for v in (r.requested_limit_w, r.enforced_limit_w) if v is not None]
-    return max(known) if known else None
+    return failed

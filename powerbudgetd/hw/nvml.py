@@ -291,6 +291,11 @@ class Nvml:
                     raise
         return out
 
+    def device(self, index: int) -> GpuInfo:
+        """The GPU at NVML index ``index`` now, as :meth:`devices` enumerates it (limits in
+        W). Raises NvmlError (NvmlGpuLost for a card off the bus)."""
+        return self._device(index)
+
     def device_count(self) -> int:
         """``nvmlDeviceGetCount``: how many GPUs NVML sees now (a few microseconds)."""
         return int(self._call("nvmlDeviceGetCount", self._lib.nvmlDeviceGetCount))

@@ -204,30 +204,63 @@ def failsafe_command(args: argparse.Namespace) -> int:
 
 
 def _failsafe(args: argparse.Namespace, settings: Settings) -> int:
-    from powerbudgetd.control.failsafe import failsafe
-    from powerbudgetd.service.backend import make_nvml
+    """Exit 0 when every card is at or below its share; FAILSAFE_INCOMPLETE when a card
+    could not be reached, read or lowered (each logged by name and why); NVML when NVML
+    would not start or count the cards. Every NVML call has a deadline."""
+    import structlog
 
+    from powerbudgetd.control.failsafe import CALL_TIMEOUT_S, INIT_TIMEOUT_S, failsafe
+    from powerbudgetd.hw.calls import DeadlineCalls
+    from powerbudgetd.service.backend import make_nvml
+    from powerbudgetd.service.logs import configure_logging
+
+    configure_logging(level=settings.log_level)
+    log = structlog.get_logger("powerbudgetd")
+    calls = DeadlineCalls(CALL_TIMEOUT_S)
+    budget = settings.reserve_budget_w()
+    source = "the circuit reserve" if settings.circuit else "configured"
     try:
         nvml = make_nvml(args.backend, settings.sim.scenario, settings.sim.seed, settings.sim.lag_s, settings.sim.state_file)
-        nvml.init()
+        calls.call("init", nvml.init, timeout_s=INIT_TIMEOUT_S)
     except NvmlError as exc:
+        log.error("failsafe_nvml_unavailable", error=str(exc), action="no card lowered")
         print(f"powerbudgetd: failsafe: NVML unavailable: {exc}", file=sys.stderr)
         return ExitStatus.NVML
-    budget = settings.reserve_budget_w()
     try:
-        result = failsafe(nvml, budget, settings.overrides(), confirm_timeout_s=settings.control.confirm_timeout_s + 2)
+        result = failsafe(nvml, budget, settings.overrides(), calls=calls,
+                          confirm_timeout_s=settings.control.confirm_timeout_s + 2)
+    except NvmlError as exc:
+        log.error("failsafe_nvml_unavailable", error=str(exc), action="the cards could not be counted: none lowered")
+        print(f"powerbudgetd: failsafe: NVML cannot count the cards: {exc}", file=sys.stderr)
+        return ExitStatus.NVML
     finally:
-        nvml.shutdown()
+        try:  # with a call abandoned on a hung card it may never return
+            DeadlineCalls(2.0).call("shutdown", nvml.shutdown)
+        except NvmlError as exc:
+            log.warning("nvml_shutdown_abandoned", error=str(exc), after_s=2.0)
     ok = all(r.confirmed for r in result)
     for r in result:
+        if not r.reached:
+            log.error("failsafe_card_unreachable", index=r.index, uuid=r.uuid or None, error=r.error,
+                      counted_w=r.share_w, action="the others lowered to fit it at that" if r.share_w is not None
+                      else "no maximum known: the others lowered to their minimum")
+            print(f"GPU {r.index}: UNREACHABLE ({r.error}), counted at "
+                  f"{'unknown' if r.share_w is None else f'{r.share_w:g} W'}")
+            continue
+        if not r.confirmed:
+            log.error("failsafe_card_not_lowered", index=r.index, uuid=r.uuid, before_w=r.before_w,
+                      share_w=r.share_w, error=r.error, action="the others lowered to fit it at what it read")
         state = "confirmed" if r.confirmed else f"NOT confirmed{f' ({r.error})' if r.error else ''}"
         before = "unreadable" if r.before_w is None else f"{r.before_w:g} W"
         print(f"GPU {r.index}: {before} -> share {r.share_w:g} W, {'lowered' if r.written else 'untouched'}, {state}")
-    print(f"failsafe: budget {budget:g} W ({'the circuit reserve' if settings.circuit else 'configured'}): "
+    log.info("failsafe_done", budget_w=budget, budget_source=source, within_share=ok,
+             lowered=[r.index for r in result if r.written and r.confirmed],
+             not_lowered=[r.index for r in result if not r.confirmed])
+    print(f"failsafe: budget {budget:g} W ({source}): "
           f"{'every card within its share' if ok else 'NOT every card confirmed'}")
     if ok and settings.circuit is not None:
         _give_back(settings.circuit)
-    return ExitStatus.OK if ok else ExitStatus.ERROR
+    return ExitStatus.OK if ok else ExitStatus.FAILSAFE_INCOMPLETE
 
 
 def _give_back(cfg: CircuitConfig) -> None:
