@@ -137,7 +137,7 @@ def failsafe(
             break
         # Reserved at the most it may have (a timed-out decrease may still land: lower).
         for c in failed:
-            reserved_mw += c.before_mw if c.before_mw is not None else c.hi_mw
+            reserved_mw += c.before_mw if c.before_mw is not None else to_mw(c.info.max_limit_w or 0.0)
         ctl = [c for c in ctl if c not in failed]
         if clock() >= end:
             break
@@ -175,6 +175,9 @@ def _lower(ctl: list[_Card], shares: list[int], actuator: Actuator, calls: Inlin
     while pending:
         still = []
         for c, share_mw in pending:
+            if clock() >= confirm_end:  # no read started past the deadline
+                still.append((c, share_mw))
+                continue
             try:
                 highest = _highest_w(calls.call(c.info.uuid, nvml.read, c.info.uuid))
             except NvmlError:
