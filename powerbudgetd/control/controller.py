@@ -177,7 +177,9 @@ class Controller:
         if done.no_permission:
             self._monitor_only()
         self.over.track(now, self, mode)
-        self._check_done(now, mode, active)
+        # Done is judged on every card we control, those counted where they are while
+        # their decrease bites (over budget) too: their writes must be confirmed first.
+        self._check_done(now, mode, [c for c in self.cards if self._controlled(c, now)])
         return self._report(now, done.events, faults)
 
     def _plan(self, now: float, active: list[CardState], targets: dict[str, int]) -> list[Write]:
@@ -250,11 +252,14 @@ class Controller:
             return Mode.FAILSAFE
         return Mode.DYNAMIC
 
-    def _active(self, c: CardState, now: float) -> bool:
+    def _controlled(self, c: CardState, now: float) -> bool:
         """Controlled right now: controllable, readable, not held after a failed write, and
-        not held above its requested limit by an outside floor (writing cannot lower it).
-        Over budget, a card whose enforced limit is above its requested one (our decrease
-        still biting, or a floor that came in under it) is counted where it is, so the
-        others are lowered around it this tick instead of once the write settles."""
-        return (c.controllable and c.readable and not c.ledger.held(now) and not c.ledger.held_above
-                and not (self._over and c.ledger.above_requested))
+        not held above its requested limit by an outside floor (writing cannot lower it)."""
+        return c.controllable and c.readable and not c.ledger.held(now) and not c.ledger.held_above
+
+    def _active(self, c: CardState, now: float) -> bool:
+        """Controlled and given a target this tick. Over budget, a card whose enforced
+        limit is above its requested one (our decrease still biting, or a floor that came
+        in under it) is counted where it is, so the others are lowered around it this
+        tick instead of once the write settles."""
+        return self._controlled(c, now) and not (self._over and c.ledger.above_requested)
