@@ -119,6 +119,22 @@ def test_case_3_a_card_appearing_at_runtime_is_counted_and_capped_first():
     assert rig.enforced_w(0) + rig.enforced_w(1) <= 500.0
 
 
+def test_a_card_appearing_at_its_target_is_written_and_lending_goes_on() -> None:
+    """3 cards, budget 800 W: card 0 (150-400 W) idle until 12 s, card 2 (150-400 W)
+    busy, card 1 (150-200 W, busy) appears at 2 s at its 200 W default, its share and
+    maximum. A card that appears counts at its worst until a write of ours is confirmed
+    on it, and no card is raised meanwhile. Its target was its bound, so no write was
+    planned: it stayed new for ever, card 2 was never raised with what card 0 lent, and
+    card 0, busy from 12 s, was left at 150 W with 150 W of the budget unused."""
+    specs = [card(0, idle(), busy(12.0), min_w=150.0, max_w=400.0), card(1, busy(), max_w=200.0, present=False),
+             card(2, busy(), min_w=150.0, max_w=400.0)]
+    rig = make_rig(specs, 800)
+    rig.bank._events = [(2.0, 0, BankEvent(2.0, 1, "appear"))]
+    assert over_budget_after(rig, 20.0, since=0.0) <= rig.ctl.timings.tick_s + 0.1 + 1e-9
+    assert not any(c.ledger.new for c in rig.ctl.cards)
+    assert [rig.enforced_w(i) for i in range(3)] == [300.0, 200.0, 300.0]
+
+
 def test_a_card_gone_stays_reserved_without_stopping_lending_for_ever():
     specs = [card(0, busy()), card(1), card(2), card(3)]
     rig = make_rig(specs, 1000, timings=Timings(donor_hold_s=1.0, recipient_hold_s=0.5, failsafe_hold_s=5.0))
