@@ -138,6 +138,23 @@ def test_shutdown_returns_to_fair_share_recipients_first():
     assert {w.reason for rep in rig.reports[-10:] for w in rep.writes} <= {"shutdown"}
 
 
+def test_a_stop_over_budget_waits_for_its_decreases_to_be_confirmed():
+    """A stop that lowers the budget (a lease ends) under a 0.5 s lag: while the
+    decreases bite, every card's enforced limit is above its requested one and the bank
+    is over, so each is counted where it is and none is active this tick. Stopped must
+    still wait for those decreases: it once turned true the next tick, with nothing
+    confirmed and 500 W in force under the 400 W budget."""
+    rig = make_rig([card(0, busy()), card(1, busy())], 500, lag_s=0.5)
+    rig.run(5.0)
+    rig.ctl.set_budget(400)
+    rig.ctl.request_stop()
+    while not rig.ctl.stopped:
+        assert rig.t < 10.0
+        rig.step()
+    assert not any(c.ledger.inflight for c in rig.ctl.cards)
+    assert [rig.enforced_w(i) for i in range(2)] == [200.0] * 2
+
+
 def test_dry_run_writes_nothing_and_says_what_it_would_do_once():
     rig = make_rig([card(0, busy())] + [card(i) for i in range(1, 4)], 1000, dry_run=True)
     rig.run(5.0)

@@ -173,3 +173,47 @@ def test_a_write_not_read_back_is_news_once_and_an_ignored_write_twice():
     assert led.expire(5.1) == (200_000, 5.0)
     led.record_write(200_000, 10.0)
     assert led.observe(10.1, 200_000, 200_000) == 200_000 and led.unread == 0
+
+
+def test_our_write_superseded_before_it_bites_is_counted_until_it_cannot_land():
+    """The simulated card queues writes: each bites after the lag, in turn. Our raise to
+    300 W is sent; before it bites another tool writes the card back to the 200 W it had
+    (or to 250 W). The card reads the other value, never ours: news, nothing of ours is
+    waited for, and the card may be written again at once. Yet our 300 W is still on its
+    way: the bound counts it until confirm_timeout_s after it was sent (the longest any
+    write of ours is waited for). The same for the second such write in a row, which is
+    expired at once (a tool writing back after each of our writes: ours still bite)."""
+    for back_mw in (200_000, 250_000):
+        led = CardLedger(T, 400_000)
+        led.observe(0.0, 200_000, 200_000)
+        led.record_write(300_000, 0.0)
+        led.observe(0.1, back_mw, 200_000)
+        assert not led.inflight and led.bound_mw == 300_000
+        led.observe(T.confirm_timeout_s - 0.01, back_mw, back_mw)
+        assert led.bound_mw == 300_000
+        led.observe(T.confirm_timeout_s, back_mw, back_mw)
+        assert led.bound_mw == back_mw
+    led = CardLedger(T, 400_000)
+    led.observe(0.0, 200_000, 200_000)
+    led.record_write(300_000, 0.0)
+    led.observe(0.1, 200_000, 200_000)  # news once: resent
+    led.record_write(300_000, 0.1)
+    led.observe(0.2, 200_000, 200_000)  # written back again
+    assert led.expire(0.2) == (300_000, 0.1)
+    led.observe(0.3, 200_000, 200_000)
+    assert led.bound_mw == 300_000
+
+
+def test_another_tools_raise_replaced_before_it_bites_is_counted_until_it_cannot_land():
+    """Another tool raises the card to 300 W and, before that bites, writes it back to
+    200 W. The card reads 200 / 200 and nothing seems to be landing, but on a card that
+    queues writes the 300 W still bites after the lag: counted until confirm_timeout_s
+    after it was first seen."""
+    led = CardLedger(T, 400_000)
+    led.observe(0.0, 200_000, 200_000)
+    led.observe(0.1, 300_000, 200_000)  # a raise we did not make, landing
+    assert led.busy and led.bound_mw == 300_000
+    led.observe(0.2, 200_000, 200_000)  # written back before it bit
+    assert led.bound_mw == 300_000
+    led.observe(0.1 + T.confirm_timeout_s, 200_000, 200_000)
+    assert led.bound_mw == 200_000

@@ -120,6 +120,22 @@ def test_case_3_a_card_appearing_at_runtime_is_counted_and_capped_first():
     assert rig.enforced_w(0) + rig.enforced_w(1) <= 500.0
 
 
+def test_a_card_appearing_at_its_target_is_written_and_lending_goes_on() -> None:
+    """3 cards, budget 800 W: card 0 (150-400 W) idle until 12 s, card 2 (150-400 W)
+    busy, card 1 (150-200 W, busy) appears at 2 s at its 200 W default, its share and
+    maximum. A card that appears counts at its worst until a write of ours is confirmed
+    on it, and no card is raised meanwhile. Its target was its bound, so no write was
+    planned: it stayed new for ever, card 2 was never raised with what card 0 lent, and
+    card 0, busy from 12 s, was left at 150 W with 150 W of the budget unused."""
+    specs = [card(0, idle(), busy(12.0), min_w=150.0, max_w=400.0), card(1, busy(), max_w=200.0, present=False),
+             card(2, busy(), min_w=150.0, max_w=400.0)]
+    rig = make_rig(specs, 800)
+    rig.bank._events = [(2.0, 0, BankEvent(2.0, 1, "appear"))]
+    assert over_budget_after(rig, 20.0, since=0.0) <= rig.ctl.timings.tick_s + 0.1 + 1e-9
+    assert not any(c.ledger.new for c in rig.ctl.cards)
+    assert [rig.enforced_w(i) for i in range(3)] == [300.0, 200.0, 300.0]
+
+
 def test_a_card_gone_stays_reserved_without_stopping_lending_for_ever():
     specs = [card(0, busy()), card(1), card(2), card(3)]
     rig = make_rig(specs, 1000, timings=Timings(donor_hold_s=1.0, recipient_hold_s=0.5, failsafe_hold_s=5.0))
@@ -370,3 +386,27 @@ def test_a_reset_to_the_old_value_under_our_write_in_flight_is_corrected_within_
                         (5.75, 2, BankEvent(5.75, 0, "reset"))]
     assert over_budget_after(rig, 3.0, since=5.76) <= rig.ctl.timings.tick_s + 1e-9
     assert not [f for rep in rig.reports for f in rep.faults if "unconfirmed" in f]
+
+
+def test_our_raise_written_back_before_it_bites_is_not_lent_again() -> None:
+    """Under a 0.5 s lag card 0 is raised to 300 W (watts lent by idle card 1); 50 ms
+    later another tool writes card 0 back to the 250 W it had, and the daemon is asked to
+    stop. Card 0 reads 250 / 250, never ours: news, nothing of ours is waited for. But
+    the card queues writes and our 300 W still bites after the lag: counted at 250 W,
+    card 1 was raised to its 250 W share at once and 550 W could be in force under the
+    500 W budget until the 300 W gave way."""
+    rig = make_rig([card(0, idle(), busy(3.0)), card(1, idle())], 500, lag_s=0.5)
+    budget = rig.ctl.budget_mw
+    while not any(w.index == 0 and w.to_w > w.from_w for w in rig.step().writes):
+        assert rig.t < 10.0, "card 0 was never raised"
+    assert rig.ctl.ready and rig.bank.cards[0].requested_mw == 300_000
+    back = rig.ctl.cards[0].ledger.requested_before_mw / 1000
+    at = round(rig.t - 0.05, 9)
+    rig.bank._events = [(at, 0, BankEvent(at, 0, "set_limit", limit_w=back))]
+    rig.ctl.request_stop()
+    while not rig.ctl.stopped:
+        assert rig.t < 20.0
+        rig.step()
+        truth = rig.bank.sum_limit_bound_mw()
+        assert rig.ctl.sum_bound_mw >= truth, (rig.t, rig.ctl.sum_bound_mw, truth)
+        assert truth <= budget, (rig.t, truth)

@@ -177,7 +177,9 @@ class Controller:
         if done.no_permission:
             self._monitor_only()
         self.over.track(now, self, mode)
-        self._check_done(now, mode, active)
+        # Done is judged on every card we control, those counted where they are while
+        # their decrease bites (over budget) too: their writes must be confirmed first.
+        self._check_done(now, mode, [c for c in self.cards if self._controlled(c, now)])
         return self._report(now, done.events, faults)
 
     def _plan(self, now: float, active: list[CardState], targets: dict[str, int]) -> list[Write]:
@@ -198,19 +200,17 @@ class Controller:
         hold_raises = any(c.contested(now) for c in self.cards) or any(c.ledger.new for c in active)
         return plan_writes(steps, self.budget_mw - outside_mw, allow_increases=not hold_raises)
 
-    def _check_done(self, now: float, mode: Mode, active: list[CardState]) -> None:
+    def _check_done(self, now: float, mode: Mode, controlled: list[CardState]) -> None:
         """Ready only when provably within budget: every card we control confirmed at its
         boot limit, and the sum of bounds (cards we cannot lower counted at theirs) fits.
-        Stopped once every card is confirmed at or below its fair share."""
+        Stopped once every card we control is confirmed at or below its fair share
+        (also those counted where they are while a decrease bites)."""
         if (mode == Mode.BOOTING and self.sum_bound_mw <= self.budget_mw
-                and all(c.ledger.confirmed(now) and c.bound_mw == c.target_mw for c in active)):
+                and all(c.ledger.confirmed(now) and c.bound_mw == c.target_mw for c in controlled)):
             self.ready = True
             log.info("ready", budget_w=self.budget_mw / 1000, sum_limits_w=self.sum_bound_mw / 1000,
                      degraded=self.degraded() or None)
-        # Every card we can write, also one left out of ``active`` while its decrease
-        # settles: over ``active`` alone, all() is true at once when every such card is settling.
-        if mode == Mode.STOPPING and all(c.ledger.confirmed(now) and c.bound_mw <= (c.share_mw or 0)
-                                         for c in self.cards if self._writable(c, now)):
+        if mode == Mode.STOPPING and all(c.ledger.confirmed(now) and c.bound_mw <= (c.share_mw or 0) for c in controlled):
             self.stopped = True
 
     def _observe_all(self, now: float) -> list[str]:
@@ -253,15 +253,14 @@ class Controller:
             return Mode.FAILSAFE
         return Mode.DYNAMIC
 
-    def _active(self, c: CardState, now: float) -> bool:
+    def _controlled(self, c: CardState, now: float) -> bool:
         """Controlled right now: controllable, readable, not held after a failed write, and
-        not held above its requested limit by an outside floor (writing cannot lower it).
-        Over budget, a card whose enforced limit is above its requested one (our decrease
-        still biting, or a floor that came in under it) is counted where it is, so the
-        others are lowered around it this tick instead of once the write settles."""
-        return self._writable(c, now) and not (self._over and c.ledger.above_requested)
-
-    def _writable(self, c: CardState, now: float) -> bool:
-        """Controllable, readable, not held after a failed write, and not held above its
-        requested limit by an outside floor: a write of ours can lower it."""
+        not held above its requested limit by an outside floor (writing cannot lower it)."""
         return c.controllable and c.readable and not c.ledger.held(now) and not c.ledger.held_above
+
+    def _active(self, c: CardState, now: float) -> bool:
+        """Controlled and given a target this tick. Over budget, a card whose enforced
+        limit is above its requested one (our decrease still biting, or a floor that came
+        in under it) is counted where it is, so the others are lowered around it this
+        tick instead of once the write settles."""
+        return self._controlled(c, now) and not (self._over and c.ledger.above_requested)

@@ -4,7 +4,8 @@ No I/O, no clock: the controller passes ``now`` (s) and what it read (integer mW
 For each card the ledger keeps the **bound**, the highest limit that may be in force:
 
     bound = max(requested, enforced, every write of ours not yet confirmed,
-                a raise someone else sent that may still be landing)
+                a raise someone else sent that may still be landing,
+                a write replaced before it was seen biting, until it cannot bite)
 
 and, where any of those is unknown, the card's **worst case**: the largest limit ever
 read for it or stated for it (its maximum constraint, its default, the operator's
@@ -44,6 +45,11 @@ class CardLedger:
     overdue: bool = False  # a write in flight did not return in time: it may land whenever it returns
     requested_before_mw: int | None = None  # the requested limit read before our first write in flight
     seen_ours: bool = False  # our write in flight has been read back in requested
+    # Writes (ours, or another tool's raise) replaced before they were seen biting, with
+    # when they were sent (first seen): a card may apply queued writes in turn, each after
+    # the lag, so one may still bite. Counted until confirm_timeout_s after that time, the
+    # longest a write of ours is waited for.
+    superseded: list[tuple[int, float]] = field(default_factory=list)
     unread: int = 0  # writes in a row never read back while the card kept what it had
     bound_mw: int = 0
     foreign_mw: int | None = None  # a raise we did not make, maybe still in flight
@@ -66,19 +72,22 @@ class CardLedger:
         for v in (requested_mw, enforced_mw):
             if v is not None and v > self.worst_mw:
                 self.worst_mw = v
+        self.superseded = [(mw, t) for mw, t in self.superseded if now - t < self.timings.confirm_timeout_s]
         ours = [mw for mw, _ in self.inflight]
         if requested_mw is not None and requested_mw in ours:
             self.seen_ours = True  # our write reached the card: whatever replaces it is news
         if self.inflight and not self.overdue and requested_mw is not None and requested_mw not in ours:
             # Our writes returned (NVML sets requested before it returns), yet the card
             # asks for something else: a reset or another tool wrote after us, and the
-            # latest request supersedes ours. Nothing of ours is on its way; waiting for
-            # a confirmation would block the correction. Still reading what it had, and
-            # never ours, it may instead have ignored the write: once is news (resent),
-            # twice in a row a card that ignores us (expire() then holds it).
+            # latest request supersedes ours: waiting for a confirmation would block the
+            # correction (a card that queues writes may still apply ours after the lag:
+            # it stays counted, in superseded). Still reading what it had, and never
+            # ours, it may instead have ignored the write: once is news (resent), twice
+            # in a row a card that ignores us (expire() then holds it).
             if requested_mw == self.requested_before_mw and not self.seen_ours:
                 self.unread += 1
             if self.unread < 2:
+                self.superseded += self.inflight
                 self.inflight.clear()
         confirmed = self.inflight[-1][0] if self.inflight and self.confirmed(now) else None
         if confirmed is not None:
@@ -102,7 +111,7 @@ class CardLedger:
 
     def _update_bound(self) -> None:
         known = [v for v in (self.requested_mw, self.enforced_mw) if v is not None]
-        known += [mw for mw, _ in self.inflight]
+        known += [mw for mw, _ in self.inflight + self.superseded]
         if self.foreign_mw is not None:
             known.append(self.foreign_mw)
         if self.requested_mw is None or self.enforced_mw is None or self.new:
@@ -117,6 +126,8 @@ class CardLedger:
         (or ``settle_s`` shows another limiter holds enforced lower) the card takes no
         write: the old enforced value could otherwise "confirm" our next write too early."""
         pending = not self.inflight and self.held_below
+        if self.foreign_mw is not None and self.foreign_mw != self.requested_mw and self.foreign_since is not None:
+            self.superseded.append((self.foreign_mw, self.foreign_since))  # replaced before it bit: it may still
         if not pending:
             self.foreign_mw = self.foreign_since = None
         elif self.foreign_mw != self.requested_mw:
@@ -175,6 +186,7 @@ class CardLedger:
         then dropped: the card counts at what it reads)."""
         if self.inflight and (now - self.inflight[-1][1] > self.timings.confirm_timeout_s or self.unread >= 2):
             last = self.inflight[-1]
+            self.superseded += self.inflight  # expired at once (ignored twice): it may still be queued
             self.inflight.clear()
             self.overdue = False
             self.unread = min(self.unread, 1)  # after the hold, one more miss holds it again

@@ -58,7 +58,10 @@ def plan_writes(steps: Sequence[Step], budget_mw: int, allow_increases: bool = T
     decreases: list[Write] = []
     uncertain: list[Write] = []
     for s in steps:
-        if s.target_mw >= s.bound_mw or s.busy or (s.requested_mw == s.target_mw and not s.force):
+        # A forced write at the bound (a new card whose target is its worst) lowers nothing
+        # counted, yet only it ends the card's worst-case count: planned all the same.
+        above = s.target_mw > s.bound_mw or (s.target_mw == s.bound_mw and not s.force)
+        if above or s.busy or (s.requested_mw == s.target_mw and not s.force):
             continue
         lowers = s.requested_mw is not None and s.target_mw <= s.requested_mw
         (decreases if lowers else uncertain).append(Write(s.uuid, s.bound_mw, s.target_mw))
