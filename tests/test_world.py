@@ -136,6 +136,19 @@ def test_a_card_appearing_at_its_target_is_written_and_lending_goes_on() -> None
     assert [rig.enforced_w(i) for i in range(3)] == [300.0, 200.0, 300.0]
 
 
+def test_a_card_appearing_below_its_share_is_written_though_its_worst_does_not_fit() -> None:
+    """2 cards 150-300 W, budget 500 W: card 1 appears at 3 s at a 200 W default, below
+    its 250 W share. Counted at its 300 W worst the bank reads over budget, so its raise
+    to 250 W (it may raise what is in force) waits for the bounds to fit, and they fit
+    only once a write of ours is confirmed on it: it stayed new for ever, the bank 'over
+    budget' at 450 W of 500 W, and no card was raised again."""
+    rig = make_rig([card(0, busy()), card(1, busy(), default_w=200.0, present=False)], 500)
+    rig.bank._events = [(3.0, 0, BankEvent(3.0, 1, "appear"))]
+    assert over_budget_after(rig, 10.0, since=0.0) == 0.0
+    assert not any(c.ledger.new for c in rig.ctl.cards) and not rig.ctl.over.active
+    assert [rig.enforced_w(i) for i in range(2)] == [250.0, 250.0]
+
+
 def test_a_card_gone_stays_reserved_without_stopping_lending_for_ever():
     specs = [card(0, busy()), card(1), card(2), card(3)]
     rig = make_rig(specs, 1000, timings=Timings(donor_hold_s=1.0, recipient_hold_s=0.5, failsafe_hold_s=5.0))

@@ -53,10 +53,12 @@ def plan_writes(steps: Sequence[Step], budget_mw: int, allow_increases: bool = T
     A write below a card's bound but above its requested limit (or with the requested
     limit unknown: the card counted at its worst) lowers the bound yet may raise what is
     really in force: it is planned only while the bounds fit the budget, after the
-    decreases.
+    decreases. A new card's (``force``) is written at its requested limit meanwhile: only
+    a confirmed write of ours ends its worst-case count, and with it the bounds may fit.
     """
     decreases: list[Write] = []
     uncertain: list[Write] = []
+    within = budget_mw - sum(s.bound_mw for s in steps) >= 0
     for s in steps:
         # A forced write at the bound (a new card whose target is its worst) lowers nothing
         # counted, yet only it ends the card's worst-case count: planned all the same.
@@ -64,9 +66,13 @@ def plan_writes(steps: Sequence[Step], budget_mw: int, allow_increases: bool = T
         if above or s.busy or (s.requested_mw == s.target_mw and not s.force):
             continue
         lowers = s.requested_mw is not None and s.target_mw <= s.requested_mw
+        if not lowers and not within and s.force and s.requested_mw is not None:
+            # A new card over budget: written at what it asks for (a no-op on the card)
+            # so that its worst-case count ends; raised later like any other.
+            decreases.append(Write(s.uuid, s.bound_mw, s.requested_mw))
+            continue
         (decreases if lowers else uncertain).append(Write(s.uuid, s.bound_mw, s.target_mw))
     decreases.sort(key=lambda w: w.to_mw - w.from_mw)
-    within = budget_mw - sum(s.bound_mw for s in steps) >= 0
     headroom = budget_mw - sum(s.bound_mw for s in steps) if allow_increases else 0
     increases = uncertain if within else []
     for s in sorted(steps, key=lambda s: (-s.priority, s.target_mw - s.bound_mw)):
