@@ -27,6 +27,7 @@ pytestmark = pytest.mark.slow  # real etcd members and daemons: the full run (CI
 BUDGET_W = 3000.0
 RESERVE_W = 800.0
 TTL_S = 5
+ROUND_S = 5.0  # a few circuit rounds (poll_s 0.2 s + request timeout 0.5 s each) on a loaded machine
 
 
 def _figures(name: str, **fields: object) -> None:
@@ -126,8 +127,10 @@ def test_all_of_etcd_stopped_every_host_back_to_reserve_before_any_lease_could_e
             wait_until(lambda: _granted(hosts, 3), 30, "grants again after etcd is back")
             regranted = time.monotonic()
         margin = checker.assert_within()
-        for h in hosts:
-            assert h.metric("powerbudgetd_circuit_etcd_reachable") == 1
+        # The metric follows each round (poll_s 0.2 s, request timeout 0.5 s): on a loaded
+        # machine one round may time out after the regrant, and the next one answers.
+        wait_until(lambda: all(h.metric("powerbudgetd_circuit_etcd_reachable") == 1 for h in hosts), ROUND_S,
+                   "every host reading etcd reachable")
         _figures("etcd stopped", worst_margin_w=round(margin, 1), at_reserve_after_s=round(back - stopped, 2),
                  fence_bound_s=round(bound - stopped, 2), at_reserve_total_s=round(regranted - back, 2),
                  last_ack_before_stop_s=round(stopped - last_ack, 2))
@@ -176,7 +179,8 @@ def test_one_host_cut_off_while_the_others_keep_going(etcd1: EtcdCluster, tmp_pa
             wait_until(lambda: all((h.metric("powerbudgetd_circuit_grant_watts") or 0) >= 290 for h in hosts[1:]),
                      TTL_S + 15, "h1 and h2 take h0's share")
             others = time.monotonic() - cut
-            assert hosts[0].metric("powerbudgetd_circuit_etcd_reachable") == 0
+            wait_until(lambda: hosts[0].metric("powerbudgetd_circuit_etcd_reachable") == 0, ROUND_S,
+                       "h0 reading etcd unreachable")
             proxy.heal()
             wait_until(lambda: _granted(hosts[:1], 1), 30, "h0 granted again after the cut heals")
         margin = checker.assert_within()
