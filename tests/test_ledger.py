@@ -217,3 +217,16 @@ def test_another_tools_raise_replaced_before_it_bites_is_counted_until_it_cannot
     assert led.bound_mw == 300_000
     led.observe(0.1 + T.confirm_timeout_s, 200_000, 200_000)
     assert led.bound_mw == 200_000
+
+
+def test_a_read_without_enforced_does_not_forget_a_raise_still_landing():
+    """Another tool's raise to 300 W is landing (requested above enforced): the card takes
+    no write. One read without the enforced limit is no sign that it landed: it once
+    cleared the raise, our 200 W write was confirmed by the old enforced value, and the
+    300 W, still on its way, bit uncounted."""
+    led = CardLedger(T, 400_000)
+    led.observe(0.0, 200_000, 200_000)
+    led.observe(0.1, 300_000, 200_000)
+    assert led.busy
+    led.observe(0.2, 300_000, None)
+    assert led.busy

@@ -149,6 +149,23 @@ def test_a_card_appearing_below_its_share_is_written_though_its_worst_does_not_f
     assert [rig.enforced_w(i) for i in range(2)] == [250.0, 250.0]
 
 
+def test_nothing_is_raised_in_the_tick_a_card_is_lost_as_another_appears() -> None:
+    """Card 1 (150-400 W) borrows card 0's idle watts; within one tick it falls off the
+    bus and card 2 appears at its 500 W default, so NVML's device count is unchanged and
+    card 2 is only enumerated after the lookup error, the next tick. Counting card 1 at
+    400 W, failsafe raised card 0 from 150 W to its 300 W share that same tick: 800 W
+    could be in force under a 700 W budget, through a raise of ours."""
+    specs = [card(0, min_w=150.0, max_w=400.0), card(1, busy(0.0, 400.0), min_w=150.0, max_w=400.0),
+             card(2, busy(), min_w=150.0, max_w=500.0, present=False)]
+    rig = make_rig(specs, 700)
+    rig.run(12.0)
+    assert [rig.enforced_w(i) for i in range(2)] == [150.0, 400.0]
+    at = round(rig.t - 0.05, 9)
+    rig.bank._events = [(at, 0, BankEvent(at, 1, "disappear")), (at, 1, BankEvent(at, 2, "appear"))]
+    over_budget_after(rig, 2.0, since=at)  # asserts no raise of ours while the bank is, or goes, over
+    assert rig.ctl.cards[-1].uuid == "GPU-test-2" and rig.truth_w() <= 700.0
+
+
 def test_a_card_gone_stays_reserved_without_stopping_lending_for_ever():
     specs = [card(0, busy()), card(1), card(2), card(3)]
     rig = make_rig(specs, 1000, timings=Timings(donor_hold_s=1.0, recipient_hold_s=0.5, failsafe_hold_s=5.0))

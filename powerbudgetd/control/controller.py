@@ -170,7 +170,7 @@ class Controller:
         if self._budget_reason is not None and mode != Mode.STOPPING:
             reasons = dict.fromkeys(reasons, self._budget_reason)
         self._budget_reason = None
-        done = record(self.actuator.apply(self._plan(now, active, targets)), {c.uuid: c for c in self.cards},
+        done = record(self.actuator.apply(self._plan(now, active, targets, bool(faults))), {c.uuid: c for c in self.cards},
                       reasons, self.sum_bound_mw, now, self.dry_run, self.allow_monitor_only)
         if done.failed:
             self._failsafe_until = now + self.timings.failsafe_hold_s
@@ -182,9 +182,11 @@ class Controller:
         self._check_done(now, mode, [c for c in self.cards if self._controlled(c, now)])
         return self._report(now, done.events, faults)
 
-    def _plan(self, now: float, active: list[CardState], targets: dict[str, int]) -> list[Write]:
+    def _plan(self, now: float, active: list[CardState], targets: dict[str, int], fault: bool = False) -> list[Write]:
         """The writes that move the active cards to their targets, decreases first,
-        increases only into the budget left above every other card's bound."""
+        increases only into the budget left above every other card's bound; none in a
+        tick with a ``fault`` (a card just lost may have made way for one NVML lists
+        only at the next enumeration, uncounted until then)."""
         for c in active:
             c.target_mw = targets[c.uuid] = c.ledger.avoid_refused(targets[c.uuid], c.min_mw)
             if targets[c.uuid] in c.refused and targets[c.uuid] < c.bound_mw:
@@ -197,7 +199,7 @@ class Controller:
                       force=c.ledger.new) for c in active if targets[c.uuid] not in c.refused]
         planned = {st.uuid for st in steps}
         outside_mw = sum(c.bound_mw for c in self.cards if c.uuid not in planned)  # fixed, lost, held
-        hold_raises = any(c.contested(now) for c in self.cards) or any(c.ledger.new for c in active)
+        hold_raises = fault or any(c.contested(now) for c in self.cards) or any(c.ledger.new for c in active)
         return plan_writes(steps, self.budget_mw - outside_mw, allow_increases=not hold_raises)
 
     def _check_done(self, now: float, mode: Mode, controlled: list[CardState]) -> None:

@@ -125,6 +125,8 @@ class CardLedger:
         nothing of ours in flight (a run killed mid-write, another tool). Until it lands
         (or ``settle_s`` shows another limiter holds enforced lower) the card takes no
         write: the old enforced value could otherwise "confirm" our next write too early."""
+        if self.requested_mw is None or self.enforced_mw is None:
+            return  # a read without both limits tells nothing of what landed
         pending = not self.inflight and self.held_below
         if self.foreign_mw is not None and self.foreign_mw != self.requested_mw and self.foreign_since is not None:
             self.superseded.append((self.foreign_mw, self.foreign_since))  # replaced before it bit: it may still
