@@ -21,11 +21,11 @@ import time
 
 from prometheus_client import CollectorRegistry
 
-from powerbudgetd.service.config import FeedConfig, MqttConfig, WallMeterConfig
+from powerbudgetd.config import FeedConfig, MqttConfig, WallMeterConfig
 from powerbudgetd.control.controller import Controller
 from powerbudgetd.control.report import bank_snapshot
 from powerbudgetd.core.arbiter import BudgetArbiter
-from powerbudgetd.service.daemon import BudgetKeeper
+from powerbudgetd.control.budgetkeeper import BudgetKeeper
 from powerbudgetd.service.logs import configure_logging
 from powerbudgetd.core.model import Timings
 from powerbudgetd.channels.mqtt.session import MqttBridge

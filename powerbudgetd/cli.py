@@ -42,7 +42,7 @@ if TYPE_CHECKING:
     from powerbudgetd.hw.nvml import GpuInfo, Nvml
     from powerbudgetd_sim.scenario import Scenario
 
-    from powerbudgetd.service.config import RecorderConfig, Settings
+    from powerbudgetd.config import RecorderConfig, Settings
     from powerbudgetd.service.daemon import Daemon
 
 
@@ -366,7 +366,7 @@ def _main(argv: list[str] | None) -> int:
 
 def _check_config(args: argparse.Namespace) -> int:
     from powerbudgetd.service.checkconfig import describe
-    from powerbudgetd.service.config import default_config_path, load_config
+    from powerbudgetd.config import default_config_path, load_config
 
     path = args.file or default_config_path()
     try:
@@ -633,7 +633,7 @@ def _compare_sim(nvml: Nvml, preset: str | None) -> dict[str, Any]:
 
 
 def _log_report(args: argparse.Namespace) -> int:
-    from powerbudgetd.service.config import RecorderConfig, load_config
+    from powerbudgetd.config import RecorderConfig, load_config
     from powerbudgetd.powerlog.report import format_summary, summarize
     from powerbudgetd.powerlog.reader import LogError, scan_log
 
@@ -671,7 +671,7 @@ def _log_dir_hint(args: argparse.Namespace, recorder: RecorderConfig) -> str:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from powerbudgetd.service.config import default_config_path, load_config
+    from powerbudgetd.config import default_config_path, load_config
     from powerbudgetd.service.instance import InstanceLock, lock_path
 
     # A SIGHUP before the daemon's handler is installed must not kill it (the default).

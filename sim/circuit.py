@@ -40,7 +40,7 @@ from powerbudgetd_sim.libnvml import SimNvmlLibrary
 from powerbudgetd_sim.meters import BankMeters
 from powerbudgetd_sim.physics import SimBank
 from powerbudgetd_sim.scenario import Scenario, load_scenario
-from powerbudgetd.service.daemon import BudgetKeeper
+from powerbudgetd.control.budgetkeeper import BudgetKeeper
 
 POLICIES = ("static", "circuit", "oracle")
 

@@ -38,7 +38,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from powerbudgetd.core.fairshare import fair_shares
-from powerbudgetd.service.config import FeedConfig
+from powerbudgetd.config import FeedConfig
 from powerbudgetd_sim.meters import FLAP_WINDOW_S, MAX_REVERSALS
 from powerbudgetd_sim.simulate import POLICIES, run_policies, run_scenario
 from powerbudgetd_sim.scenario import Scenario, list_scenarios, load_scenario

@@ -27,7 +27,7 @@ from powerbudgetd.core.arbiter import BudgetArbiter
 from powerbudgetd.core.fairshare import fair_shares
 from powerbudgetd.core.model import Timings
 from powerbudgetd.hw.nvml import Nvml
-from powerbudgetd.service.daemon import BudgetKeeper
+from powerbudgetd.control.budgetkeeper import BudgetKeeper
 from powerbudgetd_sim.baselines import CausalOraclePolicy, OraclePolicy, ReactivePolicy, SlurmPolicy, StaticPolicy
 from powerbudgetd_sim.feed import feed_from_dict
 from powerbudgetd_sim.libnvml import SimNvmlLibrary, check_interrupt

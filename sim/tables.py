@@ -1,7 +1,7 @@
 """TOML tables checked by pydantic: unknown keys refused, types strict, one line per problem.
 
 The simulator's files (scenarios, their ``[feed]``) are read the way the daemon's config
-is (``powerbudgetd.service.config``): pydantic models with ``extra="forbid"``, and each
+is (``powerbudgetd.config``): pydantic models with ``extra="forbid"``, and each
 problem reported as the key's path, what was wrong, and the value given::
 
     events[2].limit_w: Input should be a valid number, got 'abc'

@@ -1,5 +1,5 @@
 """The budget arbiter: the lowest current constraint, never above the configured budget;
-the daemon the only caller of ``Controller.set_budget``; and, through the real daemon
+the budget keeper the only caller of ``Controller.set_budget``; and, through the real daemon
 reload path, MQTT bridge and controller, no interleaving of reloads, remote commands
 and wall readings ever leaves the budget above the file's."""
 
@@ -19,7 +19,7 @@ from powerbudgetd.channels.mqtt.session import MqttBridge
 from powerbudgetd.control.controller import Controller
 from powerbudgetd.core.arbiter import CONFIGURED, BudgetArbiter
 from powerbudgetd.hw.nvml import Nvml
-from powerbudgetd.service.config import load_config
+from powerbudgetd.config import load_config
 from powerbudgetd.service.daemon import Daemon
 from powerbudgetd.service.notify import Notifier
 from powerbudgetd_sim.libnvml import SimNvmlLibrary
@@ -107,7 +107,7 @@ def test_the_effective_budget_is_never_above_the_configured_one(configured: floa
             assert d.budget_w == d.wanted_w  # the lowest current constraint, exactly
 
 
-# -- the daemon is the only caller of Controller.set_budget -------------------------------
+# -- the budget keeper is the only caller of Controller.set_budget -------------------------------
 def _set_budget_calls(path: Path) -> list[int]:
     tree = ast.parse(path.read_text(), str(path))
     lines = []
@@ -123,12 +123,12 @@ def _set_budget_calls(path: Path) -> list[int]:
     return lines
 
 
-def test_only_the_daemon_calls_set_budget() -> None:
-    daemon = ROOT / "powerbudgetd" / "service" / "daemon.py"
+def test_only_the_budget_keeper_calls_set_budget() -> None:
+    daemon = ROOT / "powerbudgetd" / "control" / "budgetkeeper.py"
     files = [p for d in ("powerbudgetd", "sim", "benchmarks") for p in (ROOT / d).rglob("*.py")]
     assert daemon in files and len(files) > 30
     offenders = {str(p.relative_to(ROOT)): lines for p in files if p != daemon and (lines := _set_budget_calls(p))}
-    assert offenders == {}, "only service/daemon.py may call Controller.set_budget (with the arbiter's decision)"
+    assert offenders == {}, "only control/budgetkeeper.py may call Controller.set_budget (with the arbiter's decision)"
     assert len(_set_budget_calls(daemon)) == 1  # BudgetKeeper.apply
 
 

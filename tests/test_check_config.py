@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from powerbudgetd.cli import main
-from powerbudgetd.service.config import ConfigError, default_config_path, load_config, unsafe_mode
+from powerbudgetd.config import ConfigError, default_config_path, load_config, unsafe_mode
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "config" / "powerbudgetd.toml"
 FEED_KEYS = ("[feed]", "breaker_a", "volts", "derating", "psu_efficiency", "host_w")

@@ -13,7 +13,7 @@ from powerbudgetd.control.failsafe import failsafe
 from powerbudgetd.core.arbiter import BudgetArbiter
 from powerbudgetd.errors import ConfigError
 from powerbudgetd.hw.nvml import Nvml
-from powerbudgetd.service.config import load_config
+from powerbudgetd.config import load_config
 from powerbudgetd_sim.libnvml import SimNvmlLibrary
 from powerbudgetd_sim.physics import SimBank
 

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from powerbudgetd.service.config import Settings, load_config
+from powerbudgetd.config import Settings, load_config
 from powerbudgetd.errors import ConfigError
 from support.examples import examples
 

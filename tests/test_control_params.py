@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 
 from powerbudgetd.core.model import Timings
-from powerbudgetd.service.config import ControlConfig
+from powerbudgetd.config import ControlConfig
 
 
 def test_control_section_matches_timings_field_for_field() -> None:

@@ -354,7 +354,7 @@ def test_8_without_nvml_every_command_gives_the_same_hint(tmp_path, args, hint):
     ],
 )
 def test_8_a_secret_in_an_open_file_gets_its_own_sections_advice(tmp_path, text, advice, wrong):
-    from powerbudgetd.service.config import _secret_advice, parse_toml, secret_keys
+    from powerbudgetd.config import _secret_advice, parse_toml, secret_keys
 
     path = config(tmp_path, text, mode=0o644)
     advice_lines = " ".join(_secret_advice(secret_keys(parse_toml(path))))

@@ -21,7 +21,7 @@ from powerbudgetd.channels.mqtt import discovery as ha
 from powerbudgetd.channels.mqtt import session
 from powerbudgetd.control.controller import Controller
 from powerbudgetd.core.model import Mode
-from powerbudgetd.service.config import MqttConfig
+from powerbudgetd.config import MqttConfig
 
 
 def by_unique_id(entries: list[tuple[str, dict[str, Any]]]) -> dict[str, tuple[str, dict[str, Any]]]:

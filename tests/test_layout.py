@@ -16,14 +16,14 @@ PKG = ROOT / "powerbudgetd"
 ALLOWED: dict[str, set[str]] = {
     "errors": set(),
     "core": {"core", "errors"},
+    "config": {"core", "errors"},
     "hw": {"core", "errors", "hw"},
     "control": {"core", "errors", "hw", "control"},
-    "powerlog": {"core", "errors", "powerlog", "service.config"},
-    "channels": {"core", "errors", "hw", "control", "powerlog", "channels", "service.config"},
-    "service": {"core", "errors", "hw", "control", "powerlog", "channels", "service", "service.config"},
-    "": {"core", "errors", "hw", "control", "powerlog", "channels", "service", "service.config", ""},
+    "powerlog": {"core", "errors", "config", "powerlog"},
+    "channels": {"core", "errors", "config", "hw", "control", "powerlog", "channels"},
+    "service": {"core", "errors", "config", "hw", "control", "powerlog", "channels", "service"},
+    "": {"core", "errors", "config", "hw", "control", "powerlog", "channels", "service", ""},
 }
-ALLOWED["service.config"] = ALLOWED["service"]
 ALLOWED["powerlog"] |= {"control"}  # the recorder reads the tick report (types only)
 
 # Edges still to be cut. This list only shrinks (the side-channel protocol emptied it:
@@ -32,15 +32,11 @@ PENDING: set[tuple[str, str]] = set()
 
 
 def _layer(module: str) -> str:
-    """``powerbudgetd.core.policy`` -> ``core``; ``powerbudgetd.service.config`` stays
+    """``powerbudgetd.core.policy`` -> ``core``; ``powerbudgetd.config`` stays
     whole where a rule names it; ``powerbudgetd`` or ``powerbudgetd.cli`` -> ``""``."""
     parts = module.split(".")[1:]
     if not parts or parts[0] in ("cli", "__main__", "__init__"):
         return ""
-    if parts[0] == "errors":
-        return "errors"
-    if parts[:2] == ["service", "config"]:
-        return "service.config"
     return parts[0]
 
 

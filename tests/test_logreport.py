@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from powerbudgetd.cli import main
-from powerbudgetd.service.config import FeedConfig
+from powerbudgetd.config import FeedConfig
 from powerbudgetd.powerlog.report import Host, parse_duration, summarize
 from powerbudgetd.powerlog.recorder import LogWriter, boot_id, log_files, utc_iso
 from powerbudgetd.powerlog.reader import LogError, load_samples, scan_log

@@ -13,7 +13,7 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
 from powerbudgetd import __version__
-from powerbudgetd.service.config import Settings
+from powerbudgetd.config import Settings
 from powerbudgetd.channels.metrics import ERROR_KINDS, Metrics
 from powerbudgetd.core.model import Mode, Role, Timings
 from powerbudgetd_sim.libnvml import Fault
@@ -320,7 +320,7 @@ def ups_metric_names() -> set[str]:
     from prometheus_client import CollectorRegistry, generate_latest  # noqa: PLC0415
 
     from powerbudgetd.channels.ups import UpsChannel  # noqa: PLC0415
-    from powerbudgetd.service.config import UpsConfig  # noqa: PLC0415
+    from powerbudgetd.config import UpsConfig  # noqa: PLC0415
 
     from powerbudgetd.core.arbiter import BudgetArbiter  # noqa: PLC0415
 

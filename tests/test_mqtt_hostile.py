@@ -15,7 +15,7 @@ import aiomqtt
 import pytest
 from structlog.testing import capture_logs
 
-from powerbudgetd.service.config import load_config
+from powerbudgetd.config import load_config
 
 from support.mqtt import Mosquitto, publish, watching
 from test_mqtt_broker import BASE, METER, REMOTE, running, tasmota, write_config

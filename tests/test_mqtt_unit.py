@@ -29,8 +29,8 @@ from powerbudgetd.channels.mqtt.session import MqttBridge
 from powerbudgetd.control.controller import Controller, TickReport
 from powerbudgetd.core.arbiter import BudgetArbiter
 from powerbudgetd.errors import ConfigError
-from powerbudgetd.service.config import FeedConfig, MqttConfig, Settings, WallMeterConfig, load_config
-from powerbudgetd.service.daemon import BudgetKeeper
+from powerbudgetd.config import FeedConfig, MqttConfig, Settings, WallMeterConfig, load_config
+from powerbudgetd.control.budgetkeeper import BudgetKeeper
 from powerbudgetd.service.logs import configure_logging
 
 

@@ -18,7 +18,7 @@ import yaml
 from powerbudgetd.cli import _parser, main
 from powerbudgetd.powerlog.reader import clock_steps, load_samples, scan_log
 from powerbudgetd.powerlog.report import Host, format_summary, summarize
-from powerbudgetd.service.config import ConfigError, RecorderConfig, classify_env, load_config
+from powerbudgetd.config import ConfigError, RecorderConfig, classify_env, load_config
 from powerbudgetd.service.output import EXIT_BROKEN_PIPE, Progress
 
 from support.daemon import cli, no_traceback

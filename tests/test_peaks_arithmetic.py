@@ -7,7 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from powerbudgetd.core.peaks import MEASURED_TRANSIENT_FACTOR, feed_lines, peak_wall_w, transient_factor
-from powerbudgetd.service.config import FeedConfig
+from powerbudgetd.config import FeedConfig
 
 
 @given(

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from structlog.testing import capture_logs
 
-from powerbudgetd.service.config import FeedConfig
+from powerbudgetd.config import FeedConfig
 from powerbudgetd.service.logs import configure_logging
 from powerbudgetd.powerlog.recorder import LogWriter, Recorder, log_files
 from powerbudgetd.powerlog.reader import load_samples, scan_log
@@ -285,7 +285,7 @@ def test_a_short_write_leaves_the_torn_line_at_the_end_of_its_file(tmp_path: Pat
 
 def test_a_configured_directory_whose_parent_is_missing_is_not_created(tmp_path: Path) -> None:
     from powerbudgetd.powerlog.recorder import from_config
-    from powerbudgetd.service.config import RecorderConfig
+    from powerbudgetd.config import RecorderConfig
 
     typo = tmp_path / "no-such-parent" / "rec"
     rec = from_config(RecorderConfig(dir=typo), None)

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from powerbudgetd.service.config import RecorderConfig, load_config
+from powerbudgetd.config import RecorderConfig, load_config
 from powerbudgetd.errors import ConfigError
 
 

@@ -12,7 +12,7 @@ from structlog.testing import capture_logs
 
 from powerbudgetd.control.controller import Controller
 from powerbudgetd.service.backend import make_nvml
-from powerbudgetd.service.config import load_config
+from powerbudgetd.config import load_config
 from powerbudgetd.service.daemon import Daemon
 
 pytestmark = pytest.mark.slow  # the daemon on the wall clock: the full run (CI) covers it

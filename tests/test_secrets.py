@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from powerbudgetd.cli import main
-from powerbudgetd.service.config import ConfigError, load_config
+from powerbudgetd.config import ConfigError, load_config
 
 SECRET = "hunter2-Zq9"
 MQTT = 'budget_w = 1000\n[mqtt]\nhost = "127.0.0.1"\nusername = "pb"\n'

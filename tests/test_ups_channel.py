@@ -14,7 +14,7 @@ from prometheus_client import CollectorRegistry
 from powerbudgetd.channels.ups import UpsChannel, classify
 from powerbudgetd.core.ups import BOUNDS, parse_status
 from powerbudgetd.core.feed import Feed
-from powerbudgetd.service.config import UpsConfig
+from powerbudgetd.config import UpsConfig
 from support.examples import examples
 
 CONF_W = 1000.0

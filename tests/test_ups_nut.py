@@ -16,7 +16,7 @@ from nut import Nut
 from powerbudgetd.channels.ups import UpsChannel
 from powerbudgetd.core.arbiter import BudgetArbiter
 from powerbudgetd.core.feed import Feed
-from powerbudgetd.service.config import UpsConfig
+from powerbudgetd.config import UpsConfig
 
 pytestmark = pytest.mark.slow  # a real upsd and its driver: the full run (CI) covers it
 

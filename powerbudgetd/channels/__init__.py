@@ -3,6 +3,6 @@ implements :class:`~powerbudgetd.channels.protocol.SideChannel`, is registered w
 daemon, consumes the per-tick bank snapshot carried by the tick's report, and may offer a
 budget to the budget arbiter (``core.arbiter``), never to the controller.
 
-Rule: imports ``core``, ``control``, ``hw``, ``powerlog``, ``errors`` and ``service.config``;
+Rule: imports ``core``, ``config``, ``control``, ``hw``, ``powerlog`` and ``errors``;
 never the daemon, and is never imported by ``core`` or ``control``.
 """

@@ -38,7 +38,7 @@ if TYPE_CHECKING:
     from powerbudgetd.control.report import TickReport
     from powerbudgetd.core.snapshot import BankSnapshot, CardSnapshot
     from powerbudgetd.hw.nvml import Nvml
-    from powerbudgetd.service.config import Settings
+    from powerbudgetd.config import Settings
 
 DEFAULT_PORT = 19400  # outside 9100-9999 (all claimed by exporters); not 9400 (dcgm-exporter)
 CARD_LABELS = ("gpu", "UUID", "modelName")  # dcgm-exporter's spelling

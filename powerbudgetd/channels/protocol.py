@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
     from powerbudgetd.control.report import TickReport
-    from powerbudgetd.service.config import Settings
+    from powerbudgetd.config import Settings
 
 
 @runtime_checkable

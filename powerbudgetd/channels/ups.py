@@ -38,11 +38,11 @@ from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge
 from powerbudgetd.core.backoff import Backoff
 from powerbudgetd.core.feed import Feed
 from powerbudgetd.core.ups import BOUNDS, KNOWN_FLAGS, REASONS, UpsConstraint, UpsGuard, UpsParams, UpsReading, parse_vars
-from powerbudgetd.service.config import UpsConfig
+from powerbudgetd.config import UpsConfig
 
 if TYPE_CHECKING:
     from powerbudgetd.control.report import TickReport
-    from powerbudgetd.service.config import Settings
+    from powerbudgetd.config import Settings
 
 log = structlog.get_logger("powerbudgetd")
 

@@ -1,4 +1,4 @@
 """The flight recorder: schema, writer, reader and report.
 
-Rule: imports ``core`` and ``errors`` (and ``service.config`` for its settings) only.
+Rule: imports ``core``, ``config`` and ``errors`` (and ``control``'s tick report, for its types) only.
 """

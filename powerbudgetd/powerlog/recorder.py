@@ -98,7 +98,7 @@ if TYPE_CHECKING:
     from powerbudgetd.control.report import TickReport
     from powerbudgetd.core.feed import Feed
     from powerbudgetd.core.snapshot import BankSnapshot
-    from powerbudgetd.service.config import RecorderConfig, Settings
+    from powerbudgetd.config import RecorderConfig, Settings
 
 from powerbudgetd.powerlog.peaks import InstantReader, PeakSampler
 

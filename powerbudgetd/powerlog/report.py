@@ -39,7 +39,7 @@ from statistics import fmean
 from typing import Any
 
 from powerbudgetd.core.feed import Feed
-from powerbudgetd.service.config import FeedConfig
+from powerbudgetd.config import FeedConfig
 from powerbudgetd.powerlog.recorder import boot_id, utc_iso
 from powerbudgetd.powerlog.reader import (
     CLOCK_STEP_S,

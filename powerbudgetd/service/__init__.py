@@ -1,4 +1,4 @@
-"""Service: daemon loop, config, check-config, logging, systemd notify, backend choice.
+"""Service: daemon loop, check-config, logging, systemd notify, backend choice, commands.
 
 Rule: may import any ``powerbudgetd`` package; the simulator only lazily, inside a function.
 """

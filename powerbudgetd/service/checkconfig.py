@@ -19,7 +19,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from powerbudgetd.core.peaks import FeedLine, peak_wall_w
-from powerbudgetd.service.config import Settings, classify_env
+from powerbudgetd.config import Settings, classify_env
 
 LINE_LABELS = {"circuit": "breaker line", "UPS": "UPS line", "PSU": "PSU line"}
 

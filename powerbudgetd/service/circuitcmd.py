@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from powerbudgetd.errors import ConfigError, ExitStatus, NvmlError
-from powerbudgetd.service.config import CircuitConfig, Settings, default_config_path, load_config
+from powerbudgetd.config import CircuitConfig, Settings, default_config_path, load_config
 
 
 def _settings(path: Path | None) -> Settings:

@@ -12,7 +12,7 @@ decreases first, as always). Sections that shape the bank itself ([control], [ca
 
 The budget: every source (the config file, the wall meter, a remote budget) reports to
 one :class:`~powerbudgetd.core.arbiter.BudgetArbiter`; before each tick the daemon's
-:class:`BudgetKeeper` resolves it and sets the controller's budget. This module is the
+:class:`~powerbudgetd.control.budgetkeeper.BudgetKeeper` resolves it and sets the controller's budget. The keeper is the
 only caller of ``Controller.set_budget`` (a test holds it to that). A reload replaces
 the configured budget in the arbiter directly.
 
@@ -33,11 +33,12 @@ from pathlib import Path
 import structlog
 
 from powerbudgetd.core.backoff import Backoff
-from powerbudgetd.core.units import budget_mw, opt_w
+from powerbudgetd.core.units import opt_w
 from powerbudgetd.channels.protocol import SideChannel
-from powerbudgetd.core.arbiter import BudgetArbiter, Decision
+from powerbudgetd.core.arbiter import BudgetArbiter
 from powerbudgetd.core.snapshot import CircuitStatus
-from powerbudgetd.service.config import Settings, load_config, ups_on_reload
+from powerbudgetd.config import Settings, load_config, ups_on_reload
+from powerbudgetd.control.budgetkeeper import BudgetKeeper
 from powerbudgetd.control.controller import Controller
 from powerbudgetd.errors import BudgetInfeasible, CardLimitUnknown, ConfigError, ExitStatus, NvmlError, NvmlNoPermission
 from powerbudgetd.service.logs import configure_logging
@@ -61,51 +62,6 @@ RESTART_ONLY = (
     "control", "cards", "sim", "allow_monitor_only", "enable_persistence_mode", "nvml_init_attempts",
     "nvml_init_backoff_s", "metrics", "recorder", "mqtt", "circuit",
 )
-
-
-class BudgetKeeper:
-    """Sets the controller's budget to the arbiter's decision, between ticks only.
-
-    A decision below the bank's floor holds the cards at their minimum limits (logged
-    once, ``budget_below_floor``). One the controller refuses (``BudgetInfeasible``:
-    its own floor check, which also counts cards it cannot control) keeps the last good
-    budget, logged once (``budget_change_refused``) and retried on every tick.
-    :attr:`in_force` is the last decision the controller took.
-    """
-
-    def __init__(self, arbiter: BudgetArbiter) -> None:
-        self.arbiter = arbiter
-        self.in_force: Decision | None = None
-        self._said: tuple[str, int] | None = None  # the last problem logged: (event, mW)
-
-    def apply(self, ctl: Controller, now: float, reason: str | None = None, *, strict: bool = False) -> Decision:
-        """Resolve the arbiter at ``now`` (s) and set ``ctl``'s budget to it when it
-        differs; the next tick's writes carry ``reason`` (default: the source in force).
-        ``strict``: raise BudgetInfeasible instead of keeping the last good budget."""
-        decision = self.arbiter.resolve(now)
-        want_mw = budget_mw(decision.budget_w)
-        if want_mw != ctl.budget_mw:
-            old_w = ctl.budget_mw / 1000
-            try:
-                ctl.set_budget(decision.budget_w, reason=reason or decision.source)
-            except BudgetInfeasible as exc:
-                if strict:
-                    raise
-                if self._said != ("budget_change_refused", want_mw):
-                    log.error("budget_change_refused", wanted_w=round(decision.budget_w, 1), source=decision.source,
-                              kept_budget_w=old_w, error=str(exc))
-                    self._said = ("budget_change_refused", want_mw)
-                return decision
-            log.info("budget_changed", from_w=old_w, to_w=ctl.budget_mw / 1000, source=decision.source)
-        # Said only once the controller holds it: a refused budget holds nothing.
-        if decision.below_floor and self._said != ("budget_below_floor", int(decision.wanted_w * 1000)):
-            log.error("budget_below_floor", wanted_w=round(decision.wanted_w, 1), source=decision.source,
-                      floor_w=decision.floor_w, detail="holding the cards at their minimum limits instead")
-            self._said = ("budget_below_floor", int(decision.wanted_w * 1000))
-        self.in_force = decision
-        if not decision.below_floor:
-            self._said = None
-        return decision
 
 
 class Daemon:

@@ -14,7 +14,7 @@ from powerbudgetd.control.cardset import START_TIMEOUT_S
 from powerbudgetd.control.controller import Controller
 from powerbudgetd.hw.calls import InlineCalls
 from powerbudgetd.hw.nvml import Nvml
-from powerbudgetd.service.config import Settings
+from powerbudgetd.config import Settings
 
 
 def card_names(nvml: Nvml, calls: InlineCalls | None = None) -> list[str]:

@@ -26,7 +26,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from powerbudgetd.errors import ConfigError
 
 if TYPE_CHECKING:
-    from powerbudgetd.service.config import MetricsConfig
+    from powerbudgetd.config import MetricsConfig
 
 DEFAULT_URL = "http://127.0.0.1:19400/metrics"
 STALE_TICK_S = 30.0  # the PowerBudgetdDown alert's threshold
@@ -79,7 +79,7 @@ def default_url(config: Path | None) -> tuple[str, str]:
     """The metrics URL and where it came from: ``config``'s ``[metrics]`` when given or
     when the default config file can be read, else :data:`DEFAULT_URL`.
     Raises ConfigError for a ``--config`` that does not load."""
-    from powerbudgetd.service.config import default_config_path, load_config
+    from powerbudgetd.config import default_config_path, load_config
 
     path = config or default_config_path()
     try:
@@ -109,7 +109,7 @@ def default_url(config: Path | None) -> tuple[str, str]:
 
 def _metrics_table(path: Path) -> MetricsConfig | None:
     """``[metrics]`` of a config file that does not load as a whole, or None."""
-    from powerbudgetd.service.config import MetricsConfig
+    from powerbudgetd.config import MetricsConfig
 
     try:
         with open(path, "rb") as fh:

@@ -14,7 +14,7 @@ from prometheus_client import CollectorRegistry
 
 from powerbudgetd.control.controller import Controller, TickReport
 from powerbudgetd.service.backend import make_nvml
-from powerbudgetd.service.config import Settings, load_config
+from powerbudgetd.config import Settings, load_config
 from powerbudgetd.service.daemon import Daemon
 from powerbudgetd.service.notify import Notifier
 from support.wait import wait_until_async

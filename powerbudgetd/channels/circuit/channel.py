@@ -37,7 +37,7 @@ from powerbudgetd.core.snapshot import CircuitStatus
 if TYPE_CHECKING:
     from powerbudgetd.control.report import TickReport
     from powerbudgetd.core.snapshot import BankSnapshot
-    from powerbudgetd.service.config import CircuitConfig, Settings
+    from powerbudgetd.config import CircuitConfig, Settings
 
 log = structlog.get_logger("powerbudgetd.circuit")
 

@@ -21,7 +21,7 @@ from powerbudgetd.channels.mqtt._text import shown
 from powerbudgetd.channels.mqtt.identity import Identity
 from powerbudgetd.channels.mqtt.metrics import MqttMetrics
 from powerbudgetd.channels.mqtt.state import Publisher, StatePublisher
-from powerbudgetd.service.config import MqttConfig
+from powerbudgetd.config import MqttConfig
 
 log = structlog.get_logger("powerbudgetd")
 

@@ -57,11 +57,11 @@ from powerbudgetd.channels.mqtt.wallmeter import WallMeter
 from powerbudgetd.core.arbiter import BudgetArbiter
 from powerbudgetd.core.backoff import Backoff
 from powerbudgetd.core.feed import Feed
-from powerbudgetd.service.config import MqttConfig
+from powerbudgetd.config import MqttConfig
 
 if TYPE_CHECKING:
     from powerbudgetd.control.report import TickReport
-    from powerbudgetd.service.config import Settings
+    from powerbudgetd.config import Settings
 
 log = structlog.get_logger("powerbudgetd")
 

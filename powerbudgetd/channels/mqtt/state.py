@@ -23,7 +23,7 @@ from powerbudgetd.core.arbiter import BudgetArbiter
 from powerbudgetd.core.snapshot import BankSnapshot
 from powerbudgetd.errors import NvmlError
 from powerbudgetd.hw.calls import DeadlineCalls
-from powerbudgetd.service.config import MqttConfig
+from powerbudgetd.config import MqttConfig
 
 log = structlog.get_logger("powerbudgetd")
 

@@ -23,7 +23,7 @@ from powerbudgetd.channels.mqtt._text import finite_number, shown
 from powerbudgetd.channels.mqtt.metrics import READING_ERRORS, MqttMetrics
 from powerbudgetd.core.arbiter import BudgetArbiter
 from powerbudgetd.core.feed import Feed
-from powerbudgetd.service.config import WallMeterConfig
+from powerbudgetd.config import WallMeterConfig
 
 log = structlog.get_logger("powerbudgetd")
 
