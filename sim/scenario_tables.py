@@ -28,7 +28,7 @@ def _known_trace(name: str) -> str:
     return name
 
 
-# The fields mirror the dataclasses' (tests/test_scenario_tables.py holds them to it);
+# The fields mirror the dataclasses' (tests/sim/test_scenario_files.py holds them to it);
 # None stands for a key left out, so that the dataclass's own default applies.
 
 

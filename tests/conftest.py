@@ -17,7 +17,7 @@ from powerbudgetd.control.controller import Controller
 from powerbudgetd.core.model import Timings
 from powerbudgetd.service.backend import make_nvml
 from powerbudgetd.service.logs import configure_logging
-from nut import Nut
+from support.nut import Nut
 from support.daemon import DaemonProcess, Launch, NotifySocket
 from support.examples import QUICK_EXAMPLES
 from support.mqtt import Mosquitto

@@ -6,8 +6,9 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from support.paths import REPO
 
-UNIT = Path(__file__).resolve().parent.parent / "systemd" / "powerbudgetd.service"
+UNIT = REPO / "systemd" / "powerbudgetd.service"
 
 
 def directives(text: str) -> dict[str, list[str]]:

@@ -11,7 +11,7 @@ from powerbudgetd.cli import main
 from powerbudgetd_sim.scenario import list_scenarios, load_scenario
 from support.daemon import DaemonProcess, Launch
 from support.wait import wait_until
-from test_check_config import EXAMPLE, FEED_KEYS, uncomment
+from support.configs import EXAMPLE, FEED_KEYS, uncomment
 
 
 

@@ -12,7 +12,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 from structlog.testing import capture_logs
 
-from nut import Nut
+from support.nut import Nut
 from powerbudgetd.channels.ups import UpsChannel
 from powerbudgetd.core.arbiter import BudgetArbiter
 from powerbudgetd.core.feed import Feed

@@ -6,11 +6,8 @@ from __future__ import annotations
 
 import dataclasses
 import io
-import json
 import math
 import re
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -26,12 +23,12 @@ from powerbudgetd.channels.mqtt import (
     parse_power_w,
 )
 from powerbudgetd.channels.mqtt.session import MqttBridge
-from powerbudgetd.control.controller import Controller, TickReport
+from powerbudgetd.control.controller import Controller
 from powerbudgetd.core.arbiter import BudgetArbiter
 from powerbudgetd.errors import ConfigError
-from powerbudgetd.config import FeedConfig, MqttConfig, Settings, WallMeterConfig, load_config
-from powerbudgetd.control.budgetkeeper import BudgetKeeper
+from powerbudgetd.config import MqttConfig, Settings, WallMeterConfig, load_config
 from powerbudgetd.service.logs import configure_logging
+from support.bridge import FEED, Loop, TASMOTA, bridge_for, tasmota
 
 
 @pytest.fixture(autouse=True)
@@ -41,12 +38,8 @@ def _every_log_level(_quiet_logs: None) -> None:
     configure_logging(level="debug", stream=io.StringIO(), json=True)
 
 
-FEED = FeedConfig(breaker_a=15, volts=120, psu_efficiency=0.9, host_w=200)  # 1440 W at the plug
-TASMOTA = WallMeterConfig(preset="tasmota", topic="plug", max_age_s=5, hysteresis_w=20)
 
 
-def tasmota(watts: object) -> bytes:
-    return json.dumps({"Time": "2024-05-01T12:00:00", "ENERGY": {"Total": 1.9, "Power": watts, "Voltage": 120}}).encode()
 
 
 # -- parsing ----------------------------------------------------------------------------
@@ -166,39 +159,8 @@ def test_wall_meter_warns_once_per_state_change_and_keeps_its_budget() -> None:
     assert reg.get_sample_value("powerbudgetd_wall_power_watts") == 705
 
 
-# -- the bridge, the arbiter and the daemon's keeper over a real controller (ctl: conftest)
-class Loop:
-    """What the daemon's loop does around a tick, without the asyncio: apply the
-    arbiter's budget, tick, stamp the snapshot, report the floor, feed the bridge."""
-
-    def __init__(self, ctl: Controller, bridge: MqttBridge) -> None:
-        self.ctl, self.bridge = ctl, bridge
-        self.keeper = BudgetKeeper(bridge.arbiter)
-
-    def tick(self, now: float) -> TickReport:
-        self.keeper.apply(self.ctl, now)
-        report = self.ctl.tick(now)
-        snap = report.snapshot.with_budget(self.keeper.in_force)
-        report = dataclasses.replace(report, snapshot=snap)
-        self.keeper.arbiter.set_floor(snap.floor_w)
-        self.bridge.on_tick(report)
-        return report
-
-    def boot(self) -> float:
-        """Tick until every boot limit is confirmed (the simulated bank runs on the wall
-        clock); returns the time of the last tick."""
-        t0 = time.monotonic()
-        while not self.ctl.ready:
-            assert time.monotonic() - t0 < 10, "boot did not finish"
-            self.tick(time.monotonic())
-            time.sleep(0.02)
-        return time.monotonic()
 
 
-def bridge_for(cfg: MqttConfig, configured_w: float = 1000, feed: FeedConfig | None = None,
-               registry: CollectorRegistry | None = None, clock: Callable[[], float] = time.monotonic) -> MqttBridge:
-    return MqttBridge(cfg, BudgetArbiter(configured_w), None if feed is None else feed.feed(),
-                      registry=registry or CollectorRegistry(), clock=clock)
 
 
 def test_meter_budget_goes_through_the_arbiter_and_never_below_the_floor(ctl: Controller) -> None:

@@ -22,9 +22,9 @@ from powerbudgetd.config import ConfigError, RecorderConfig, classify_env, load_
 from powerbudgetd.service.output import EXIT_BROKEN_PIPE, Progress
 
 from support.daemon import cli, no_traceback
-from test_logreport import FEED, header, sample, write_run
+from support.powerlog import FEED, header, sample, write_run
+from support.paths import REPO
 
-REPO = Path(__file__).resolve().parent.parent
 ELSEWHERE = Host("another-host", "another-boot", lambda pid: False)
 T0 = 1_750_000_000.0
 

@@ -19,8 +19,9 @@ from powerbudgetd.core.model import Mode, Role, Timings
 from powerbudgetd_sim.libnvml import Fault
 from powerbudgetd_sim.physics import BankEvent
 from support.rig import Rig, scenario_rig
+from support.paths import REPO
 
-CONFIG = Path(__file__).resolve().parent.parent / "config"
+CONFIG = REPO / "config"
 WALL0 = 1_700_000_000.0
 TICK_COST_S = 0.003  # what the injected clock says each tick took
 

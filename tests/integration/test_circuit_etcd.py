@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from circuit_harness import Checker, EtcdCluster, Host, TcpProxy, circuit_status, init_circuit
+from support.circuit import Checker, EtcdCluster, Host, TcpProxy, circuit_status, init_circuit
 from support.wait import wait_until
 
 pytestmark = pytest.mark.slow  # real etcd members and daemons: the full run (CI) covers it

@@ -21,10 +21,11 @@ import yaml
 
 from support.daemon import DaemonProcess, Launch, NotifySocket
 from support.wait import free_port, reap, wait_until
+from support.paths import REPO
 
 pytestmark = pytest.mark.slow  # a real Prometheus and the daemon as a subprocess: the full run (CI) covers it
 
-CONFIG = Path(__file__).resolve().parent.parent / "config"
+CONFIG = REPO / "config"
 # Every rule in the shipped file must load and evaluate in a real Prometheus.
 RULE_NAMES = [r["alert"] for g in yaml.safe_load((CONFIG / "prometheus-rules.yml").read_text())["groups"] for r in g["rules"]]
 

@@ -20,8 +20,9 @@ from support.daemon import cli, json_lines, no_traceback
 
 from powerbudgetd.control.failsafe import CALL_TIMEOUT_S, DEADLINE_S, INIT_TIMEOUT_S
 from powerbudgetd.errors import ExitStatus
+from support.paths import REPO
 
-UNIT = Path(__file__).resolve().parent.parent / "systemd" / "powerbudgetd.service"
+UNIT = REPO / "systemd" / "powerbudgetd.service"
 _stop = re.search(r"^TimeoutStopSec=(\d+)$", UNIT.read_text(), re.MULTILINE)
 assert _stop, "the unit sets no TimeoutStopSec in seconds"
 STOP_S = float(_stop.group(1))

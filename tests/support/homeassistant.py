@@ -32,8 +32,9 @@ from pathlib import Path
 from typing import Any
 
 from support.wait import reap, wait_until
+from support.paths import REPO
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = REPO
 HA_VENV_SCRIPT = ROOT / "scripts" / "ha-venv"
 INSTALL_TIMEOUT_S = 900  # a cold install on a slow mirror; a warm one returns at once
 START_TIMEOUT_S = 120

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from nut import Nut
+from support.nut import Nut
 from powerbudgetd.channels.ups import UpsChannel
 from support.daemon import Launch, scrape
 from support.inprocess import Running, running_daemon

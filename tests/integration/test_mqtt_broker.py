@@ -9,7 +9,6 @@ be looked at directly.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import io
 import itertools
 import json
@@ -24,13 +23,11 @@ import aiomqtt
 import pytest
 from structlog.testing import capture_logs
 
-from powerbudgetd.channels.mqtt.session import MqttBridge
 from powerbudgetd.service.logs import configure_logging
 from support.daemon import Launch, scrape
-from support.inprocess import Running, running_daemon
 from support.mqtt import Mosquitto, publish, watching
-from support.scenarios import idle_4
 from support.wait import free_port
+from support.broker_daemon import BASE, METER, REMOTE, running, tasmota, write_config
 
 pytestmark = pytest.mark.slow  # a real Mosquitto: the full run (CI) covers it
 
@@ -42,34 +39,8 @@ def _every_log_level(_quiet_logs: None) -> None:
     configure_logging(level="debug", stream=io.StringIO(), json=True)
 
 
-def write_config(tmp_path: Path, port: int, extra: str = "", *, metrics_port: int | None = None, budget_w: float = 1000) -> Path:
-    scenario = idle_4(tmp_path)  # 4 idle 150-300 W cards
-    path = tmp_path / "powerbudgetd.toml"
-    path.write_text(
-        f"""budget_w = {budget_w}
-[metrics]
-enabled = {"false" if metrics_port is None else "true"}
-port = {metrics_port or 19400}
-[feed]
-breaker_a = 15
-volts = 120
-psu_efficiency = 0.9
-host_w = 200
-[sim]
-scenario = "{scenario}"
-[mqtt]
-host = "127.0.0.1"
-port = {port}
-node_id = "testbox"
-publish_interval_s = 1
-reconnect_min_s = 0.1
-reconnect_max_s = 0.5
-{extra}"""
-    )
-    return path
 
 
-BASE = "powerbudgetd/testbox"
 
 
 # -- the daemon as a subprocess ---------------------------------------------------------
@@ -126,23 +97,10 @@ async def test_sigterm_publishes_the_last_state_then_offline(broker: Mosquitto, 
         assert w.last_json(f"{BASE}/state")["mode"] == "stopping"  # type: ignore[index]
 
 
-# -- the daemon in-process --------------------------------------------------------------
-def running(config: Path) -> contextlib.AbstractAsyncContextManager[Running]:
-    """The daemon in this process with the MQTT bridge (``r.bridge``)."""
-    return running_daemon(config, bridge=lambda settings, daemon, registry: MqttBridge(
-        settings.mqtt, daemon.arbiter, settings.feed and settings.feed.feed(), registry=registry))
 
 
-METER = """[mqtt.wall_meter]
-preset = "tasmota"
-topic = "plug"
-max_age_s = 1.5
-hysteresis_w = 20
-"""
 
 
-def tasmota(watts: object) -> str:
-    return json.dumps({"Time": "2024-05-01T12:00:00", "ENERGY": {"Total": 3.2, "Power": watts, "Voltage": 120}})
 
 
 async def test_wall_meter_lowers_the_budget_and_bad_readings_do_not(broker: Mosquitto, tmp_path: Path) -> None:
@@ -194,9 +152,6 @@ async def test_wall_meter_lowers_the_budget_and_bad_readings_do_not(broker: Mosq
     assert meter_warnings == ["stale", "garbled", "negative", "implausible", "stale"]  # once per change
 
 
-REMOTE = """[mqtt.remote_budget]
-enabled = true
-"""
 
 
 async def test_remote_budget_within_bounds_only(broker: Mosquitto, tmp_path: Path) -> None:

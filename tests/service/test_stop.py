@@ -23,8 +23,9 @@ from support.daemon import DaemonProcess, Launch
 from support.mqtt import Mosquitto
 from support.rig import Fault, card, make_rig
 from support.wait import free_port
+from support.paths import REPO
 
-UNIT = Path(__file__).resolve().parent.parent / "systemd" / "powerbudgetd.service"
+UNIT = REPO / "systemd" / "powerbudgetd.service"
 _stop = re.search(r"^TimeoutStopSec=(\d+)$", UNIT.read_text(), re.MULTILINE)
 assert _stop, "the unit sets no TimeoutStopSec in seconds"
 STOP_S = float(_stop.group(1))

@@ -14,7 +14,7 @@ import pytest
 from powerbudgetd.powerlog.recorder import LogWriter, _open_append, check_directory, utc_iso
 
 from support.daemon import cli as run_cli
-from test_logreport import T0, header, sample
+from support.powerlog import T0, header, sample
 
 MAX_RSS_MB = 250  # the interpreter, the package and the simulator are ~100 MB of it
 # The peak of this process's own memory: VmHWM starts afresh at exec, while ru_maxrss

@@ -24,11 +24,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from ha_harness import HomeAssistant, ha_venv
+from support.homeassistant import HomeAssistant, ha_venv
 from support.daemon import DaemonProcess, Launch, metric
 from support.mqtt import Mosquitto, publish, watching
 from support.wait import free_port
-from test_mqtt_broker import tasmota
+from support.broker_daemon import tasmota
 
 NODE = "hatest"
 BASE = f"powerbudgetd/{NODE}"

@@ -25,6 +25,7 @@ from powerbudgetd_sim.physics import SimBank
 
 from powerbudgetd.hw import nvml as nvml_layer
 from powerbudgetd.hw.nvml import Nvml, load_pynvml
+from support.paths import REPO
 
 pynvml = load_pynvml()
 UUID = "GPU-test-0"
@@ -206,7 +207,7 @@ def test_pynvml_is_nvidias_module_and_nothing_shadows_it() -> None:
 
     dist = importlib.metadata.distribution("nvidia-ml-py")
     assert Path(pynvml.__file__).resolve() == Path(str(dist.locate_file("pynvml.py"))).resolve()
-    root = Path(__file__).resolve().parents[1]
+    root = REPO
     shadows = [p for d in ("powerbudgetd", "sim", "tests") for p in (root / d).rglob("pynvml*")]
     assert shadows == []
 

@@ -18,7 +18,7 @@ from structlog.testing import capture_logs
 from powerbudgetd.config import load_config
 
 from support.mqtt import Mosquitto, publish, watching
-from test_mqtt_broker import BASE, METER, REMOTE, running, tasmota, write_config
+from support.broker_daemon import BASE, METER, REMOTE, running, tasmota, write_config
 
 pytestmark = pytest.mark.slow  # a real Mosquitto: the full run (CI) covers it
 

@@ -10,9 +10,8 @@ import pytest
 
 from powerbudgetd.cli import main
 from powerbudgetd.config import ConfigError, default_config_path, load_config, unsafe_mode
+from support.configs import EXAMPLE, FEED_KEYS, uncomment
 
-EXAMPLE = Path(__file__).resolve().parent.parent / "config" / "powerbudgetd.toml"
-FEED_KEYS = ("[feed]", "breaker_a", "volts", "derating", "psu_efficiency", "host_w")
 
 
 @pytest.fixture(autouse=True)
@@ -28,13 +27,6 @@ def check(path: Path | None, capsys: pytest.CaptureFixture[str]) -> tuple[int, s
     return rc, out, err
 
 
-def uncomment(text: str, keys: tuple[str, ...]) -> str:
-    """The example with the commented lines that start with ``keys`` switched on."""
-    out = []
-    for line in text.splitlines():
-        body = line.removeprefix("# ")
-        out.append(body if line.startswith("# ") and body.startswith(keys) else line)
-    return "\n".join(out) + "\n"
 
 
 def write(tmp_path: Path, text: str, name: str = "powerbudgetd.toml") -> Path:

@@ -19,10 +19,10 @@ import pytest
 from powerbudgetd.cli import SIM_MAX_DURATION_S, SIM_MIN_DURATION_S, main
 from powerbudgetd.errors import ExitStatus
 
-from test_logreport import header, sample
+from support.powerlog import header, sample
 from support.daemon import clean_env, cli, no_traceback
+from support.paths import REPO
 
-REPO = Path(__file__).resolve().parent.parent
 T0 = 1_750_000_000.0
 
 

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from test_mqtt_unit import FEED, TASMOTA, Loop, bridge_for, tasmota
+from support.bridge import FEED, TASMOTA, Loop, bridge_for, tasmota
 
 from powerbudgetd.channels import metrics as prom
 from powerbudgetd.channels.mqtt import discovery as ha

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import ast
 from pathlib import Path
+from support.paths import REPO
 
-ROOT = Path(__file__).resolve().parent.parent / "powerbudgetd"
+ROOT = REPO / "powerbudgetd"
 WRITER = ROOT / "control" / "actuator.py"
 
 
