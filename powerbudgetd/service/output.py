@@ -9,12 +9,26 @@ a traceback, with the status a program killed by SIGPIPE has (128 + 13 = 141), s
 from __future__ import annotations
 
 import os
+import re
 import sys
 import time
 from collections.abc import Callable
 from typing import TextIO
 
 EXIT_BROKEN_PIPE = 141
+
+# C0 and C1 control characters and DEL: an escape sequence from the network (a metric
+# label, an etcd value, an MQTT payload) could move the cursor, retitle the terminal or
+# write the clipboard (OSC 52) if printed raw.
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+
+def printable(text: object) -> str:
+    """``text`` as a string safe to print on a terminal: every control character but
+    none of the printable ones replaced by its escape (``\x1b`` -> ``\\x1b``), so an
+    operator sees what was sent and the terminal obeys none of it. For every string
+    that comes from outside the process."""
+    return _CONTROL.sub(lambda m: m.group().encode("unicode_escape").decode("ascii"), str(text))
 
 
 def pipe_safe(command: Callable[[], int]) -> int:
