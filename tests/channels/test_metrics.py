@@ -272,7 +272,7 @@ def test_every_metric_the_issue_names_is_exposed() -> None:
 def test_rules_pass_promtool_check_and_unit_tests() -> None:
     checked = promtool("check", "rules", "prometheus-rules.yml", cwd=CONFIG)
     assert checked.returncode == 0, checked.stdout + checked.stderr
-    assert "SUCCESS: 15 rules found" in checked.stdout
+    assert "SUCCESS: 18 rules found" in checked.stdout
     tested = promtool("test", "rules", "prometheus-rules.test.yml", cwd=CONFIG)
     assert tested.returncode == 0, tested.stdout + tested.stderr
 
@@ -287,6 +287,7 @@ def test_every_alert_has_for_severity_description_and_a_test() -> None:
         "PowerBudgetLimitDrift", "PowerBudgetLimitContested", "PowerBudgetFailsafe", "PowerBudgetNvmlErrors",
         "PowerBudgetUpsOnBattery", "PowerBudgetUpsLowBattery", "PowerBudgetUpsOverload", "PowerBudgetUpsDataStale",
         "PowerBudgetCircuitGrantLost", "PowerBudgetCircuitEtcdUnreachable", "PowerBudgetCircuitSeatsExceed",
+        "PowerBudgetCircuitDrawOverBudget", "PowerBudgetCircuitRecordsDrift", "PowerBudgetCircuitRecordsUnreadable",
     ]
     for r in rules:
         assert r["for"] and r["labels"]["severity"] in ("critical", "warning", "info") and r["annotations"]["description"]
