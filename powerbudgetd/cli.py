@@ -779,7 +779,7 @@ def _run_locked(args: argparse.Namespace, settings: Settings, config_path: Path)
         cc = settings.circuit
         circuit = CircuitChannel(
             cc, cc.host_power(settings.feed), daemon.arbiter, lower_s=cc.fence_lower_s(settings.control.timings()),
-            registry=registry, clock=daemon.clock,
+            registry=registry, clock=daemon.clock, on_fatal=daemon.request_exit,
         )
         daemon.register(circuit)
         daemon.circuit_status = circuit.status

@@ -96,6 +96,7 @@ class Daemon:
         self.circuit_status: Callable[[float], CircuitStatus] | None = None
         self.controller: Controller | None = None
         self._stop = asyncio.Event()
+        self._exit_status: int | None = None  # request_exit's
         self._wake = asyncio.Event()  # a signal arrived: end the wait between ticks
         self._reload_requested = False
         self._reload_note = ""
@@ -128,6 +129,13 @@ class Daemon:
     def request_stop(self) -> None:
         self._stop.set()
         self._wake.set()
+
+    def request_exit(self, status: int) -> None:
+        """Stop as on SIGTERM (back to fair share), then exit with ``status``: a side
+        channel found a reason this daemon must not run (a duplicate circuit host)."""
+        if self._exit_status is None:
+            self._exit_status = status
+        self.request_stop()
 
     def request_reload(self) -> None:
         self._reload_requested = True
@@ -305,7 +313,7 @@ class Daemon:
                 self.notifier.watchdog()
                 last_wd = t0
             if self._stop.is_set() and stop_deadline is None:
-                log.info("stopping", reason="signal")
+                log.info("stopping", reason="signal" if self._exit_status is None else f"exit {self._exit_status}")
                 self.notifier.stopping()
                 # Lease-backed budgets (a circuit grant) end here: the cards return to
                 # the share this host may use without any lease, decreases first.
@@ -322,7 +330,7 @@ class Daemon:
                     )
                 else:
                     log.info("stopped", sum_limits_w=ctl.sum_bound_mw / 1000, limits_w=[c.bound_mw / 1000 for c in ctl.cards])
-                return ExitStatus.OK
+                return ExitStatus.OK if self._exit_status is None else self._exit_status
             if stop_deadline is not None and t0 > stop_deadline:
                 log.error("stop_timeout", sum_limits_w=ctl.sum_bound_mw / 1000)
                 return ExitStatus.ERROR

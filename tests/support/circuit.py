@@ -18,6 +18,8 @@ circuit's wall sum.
 
 from __future__ import annotations
 
+import asyncio
+import hashlib
 import json
 import os
 import shutil
@@ -31,6 +33,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from powerbudgetd.channels.circuit.store import CircuitStore
 from support.daemon import DaemonProcess, json_lines, metric
 from support.wait import free_port, reap, wait_until
 
@@ -214,6 +217,11 @@ class Host:
     busy: int = 4
     watchdog_s: float = 1.5
     extra: str = ""
+    seat: str | None = None  # the [circuit] host name (default: ``name``)
+    machine_id: str = ""  # default: one of its own, from ``name``
+    enforce_watchdog: bool = True  # False: WATCHDOG_USEC alone, and nothing kills it when the pings stop
+    failsafe_delay_s: float = 0.0  # ExecStopPost waits this long before the failsafe (a slow one)
+    fallback_s: float = 2.5
     port: int = field(default_factory=free_port)
     proc: subprocess.Popen | None = None
     failsafe_runs: list[tuple[float, int, str]] = field(default_factory=list)
@@ -228,6 +236,8 @@ class Host:
         self.config = self.dir / "powerbudgetd.toml"
         self.log = self.dir / "daemon.log"
         sc = scenario(self.dir / "scenario.toml", self.busy)
+        self.machine_id = self.machine_id or hashlib.md5(self.name.encode()).hexdigest()
+        (self.dir / "machine-id").write_text(self.machine_id + "\n")
         eps = ", ".join(f'"{e}"' for e in self.endpoints)
         self.config.write_text(f"""budget_w = 1200
 [control]
@@ -242,13 +252,14 @@ enabled = false
 [circuit]
 name = "{self.circuit}"
 endpoints = [{eps}]
-host = "{self.name}"
+host = "{self.seat or self.name}"
+machine_id_file = "{self.dir / 'machine-id'}"
 reserve_w = {self.reserve_w}
 psu_efficiency = {PSU_EFFICIENCY}
 host_w = {HOST_W}
 poll_s = 0.2
 request_timeout_s = 0.5
-fallback_s = 2.5
+fallback_s = {self.fallback_s}
 release_hold_s = 2
 step_w = 10
 {self.extra}
@@ -271,7 +282,7 @@ step_w = 10
         self.last_ping = time.monotonic()
         self.exited_at = None
         self.daemon = DaemonProcess(self.config, log=self.log, notify=self.notify_path, watchdog_s=self.watchdog_s,
-                                    append=True)
+                                    append=True, watchdog_pid=self.enforce_watchdog)
         self.proc = self.daemon.proc
         self._supervisor = threading.Thread(target=self._supervise, daemon=True)
         self._supervisor.start()
@@ -291,7 +302,7 @@ step_w = 10
                 self.booted = True
             if "WATCHDOG=1" in msg or "READY=1" in msg:
                 self.last_ping = time.monotonic()
-            if self.ready.is_set() and time.monotonic() - self.last_ping > self.watchdog_s:
+            if self.enforce_watchdog and self.ready.is_set() and time.monotonic() - self.last_ping > self.watchdog_s:
                 self.killed_by_watchdog = True
                 self.proc.send_signal(signal.SIGCONT)  # systemd sends SIGABRT then SIGKILL; the result is a kill
                 self.proc.kill()
@@ -300,6 +311,7 @@ step_w = 10
         self.run_failsafe()
 
     def run_failsafe(self) -> None:
+        time.sleep(self.failsafe_delay_s)
         r = subprocess.run([EXE, "failsafe", "--backend", "sim", "--config", str(self.config)],
                            capture_output=True, text=True, timeout=60)
         self.failsafe_runs.append((time.monotonic(), r.returncode, r.stdout + r.stderr))
@@ -410,3 +422,53 @@ def circuit_status(endpoints: list[str], name: str) -> dict:
     assert r.returncode == 0, r.stderr
     return json.loads(r.stdout)
 
+
+def circuit_cli(endpoints: list[str], *args: str) -> subprocess.CompletedProcess[str]:
+    """``powerbudgetd circuit ARGS --endpoint ...`` (the operator's box: no config)."""
+    return subprocess.run([EXE, "circuit", *args, *[a for e in endpoints for a in ("--endpoint", e)]],
+                          capture_output=True, text=True, timeout=30)
+
+
+def etcd_edit(endpoints: list[str], name: str, *, put: dict[str, bytes] | None = None, delete: tuple[str, ...] = (),
+              wipe: bool = False, lease_ttl_s: int | None = None) -> None:
+    """What anyone with write access to the circuit's prefix can do: delete all of it
+    (``wipe``); then, in one transaction (so no daemon's round falls between them),
+    delete keys below it and put raw values there (under a new lease of ``lease_ttl_s``
+    s, else none). Keys are relative to the circuit (``seats/h0``)."""
+    async def go() -> None:
+        store = CircuitStore(endpoints, name, timeout_s=5)
+        try:
+            if wipe:
+                await store.wipe()
+            lease = (await store.grant_lease(lease_ttl_s))[0] if lease_ttl_s else None
+            if put or delete:
+                await store._call(lambda c: c.transaction(compare=[], success=[
+                    *[c.transactions.delete(store.base + k.encode()) for k in delete],
+                    *[c.transactions.put(store.base + k.encode(), v, lease=lease) for k, v in (put or {}).items()],
+                ], failure=[]))
+        finally:
+            await store.close()
+
+    asyncio.run(go())
+
+
+def granted(hosts: list[Host], at_least: int) -> bool:
+    """Whether at least ``at_least`` of ``hosts`` have a grant in use."""
+    return sum(1 for h in hosts if (h.metric("powerbudgetd_circuit_grant_watts") or 0) > 0) >= at_least
+
+
+def start_hosts(hosts: list[Host]) -> None:
+    """The set-up step (each seat registered before its daemon first runs: else a host
+    booting while another holds the pool runs on a reserve not yet counted), then the
+    daemons, until each is ready."""
+    for h in hosts:
+        h.join()
+    for h in hosts:
+        h.start()
+    for h in hosts:
+        h.wait_ready()
+
+
+def stop_hosts(hosts: list[Host]) -> None:
+    for h in hosts:
+        h.stop()
