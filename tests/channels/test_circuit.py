@@ -279,3 +279,28 @@ def test_a_lease_gone_under_a_put_drops_the_grant_and_the_channel_goes_on(tmp_pa
     assert ch.held_w == 0 and ch.in_use_w == 0
     assert ch.metrics.lost._value.get() >= 1
     assert arb.resolve(0.0).budget_w == pytest.approx(620)
+
+
+def test_a_password_without_tls_is_warned_of(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("POWERBUDGETD_CIRCUIT__PASSWORD", "s3cret")
+    s = _cfg(tmp_path, CIRCUIT + 'username = "gpu1"\n')
+    assert any("clear text" in w and "tls = true" in w for w in s.warnings), s.warnings
+    assert "s3cret" not in " ".join(s.warnings)
+    (tmp_path / "ca.pem").write_text("x")
+    s = _cfg(tmp_path, CIRCUIT + f'username = "gpu1"\ntls = true\nca_file = "{tmp_path / "ca.pem"}"\n')
+    assert not any("clear text" in w for w in s.warnings)
+
+
+def test_a_client_key_open_to_others_is_refused_as_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("ca.pem", "client.pem", "client.key"):
+        (tmp_path / name).write_text("x")
+    key = tmp_path / "client.key"
+    text = CIRCUIT + (f'tls = true\nca_file = "{tmp_path / "ca.pem"}"\ncert_file = "{tmp_path / "client.pem"}"\n'
+                      f'key_file = "{key}"\n')
+    monkeypatch.setattr("powerbudgetd.config.os.geteuid", lambda: 0)
+    key.chmod(0o644)
+    with pytest.raises(ConfigError, match=r"open to group or others \(mode 0644\); fix: chmod 600"):
+        _cfg(tmp_path, text)
+    key.chmod(0o600)
+    s = _cfg(tmp_path, text)
+    assert s.circuit is not None and s.circuit.key_file == key

@@ -25,6 +25,7 @@ import os
 import shutil
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import threading
@@ -59,8 +60,45 @@ class Member:
         return f"127.0.0.1:{self.client_port}"
 
 
+@dataclass(frozen=True)
+class Certs:
+    """A test CA, a server certificate for 127.0.0.1 and a client certificate, made with
+    openssl (files mode 0600)."""
+
+    ca: Path
+    server_cert: Path
+    server_key: Path
+    client_cert: Path
+    client_key: Path
+
+
+def make_certs(tmp: Path) -> Certs:
+    d = tmp / "pki"
+    d.mkdir()
+
+    def run(*args: str) -> None:
+        subprocess.run(["openssl", *args], check=True, capture_output=True, cwd=d, timeout=60)
+
+    run("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", "/CN=test-ca",
+        "-keyout", "ca.key", "-out", "ca.pem")
+    for name, ext in (("server", "subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth"),
+                      ("client", "extendedKeyUsage=clientAuth")):
+        (d / f"{name}.ext").write_text(ext + "\n")
+        run("req", "-newkey", "rsa:2048", "-nodes", "-subj", f"/CN={name}", "-keyout", f"{name}.key",
+            "-out", f"{name}.csr")
+        run("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial",
+            "-days", "2", "-extfile", f"{name}.ext", "-out", f"{name}.pem")
+    for f in d.iterdir():
+        f.chmod(0o600)
+    return Certs(d / "ca.pem", d / "server.pem", d / "server.key", d / "client.pem", d / "client.key")
+
+
 class EtcdCluster:
-    def __init__(self, tmp: Path, n: int = 1) -> None:
+    """``n`` members; with ``certs``, clients speak TLS and must show a certificate the
+    test CA signed (``--client-cert-auth``)."""
+
+    def __init__(self, tmp: Path, n: int = 1, certs: Certs | None = None) -> None:
+        self.certs = certs
         self.members = [
             Member(f"m{i}", free_port(), free_port(), tmp / f"etcd-m{i}", tmp / f"etcd-m{i}.log") for i in range(n)
         ]
@@ -73,22 +111,27 @@ class EtcdCluster:
     def start(self, i: int | None = None, *, new: bool = True) -> None:
         for m in self.members if i is None else [self.members[i]]:
             m.data_dir.mkdir(exist_ok=True)
+            scheme = "https" if self.certs else "http"
             cmd = [
                 ETCD, "--name", m.name, "--data-dir", str(m.data_dir),
-                "--listen-client-urls", f"http://{m.endpoint}", "--advertise-client-urls", f"http://{m.endpoint}",
+                "--listen-client-urls", f"{scheme}://{m.endpoint}", "--advertise-client-urls", f"{scheme}://{m.endpoint}",
                 "--listen-peer-urls", f"http://127.0.0.1:{m.peer_port}",
                 "--initial-advertise-peer-urls", f"http://127.0.0.1:{m.peer_port}",
                 "--initial-cluster", self.initial, "--initial-cluster-state", "new",
                 "--initial-cluster-token", "powerbudgetd-test",
                 "--heartbeat-interval", "50", "--election-timeout", "500", "--logger", "zap", "--log-outputs", "stderr",
             ]
+            if self.certs:
+                c = self.certs
+                cmd += ["--cert-file", str(c.server_cert), "--key-file", str(c.server_key),
+                        "--trusted-ca-file", str(c.ca), "--client-cert-auth"]
             m.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=open(m.log, "ab"))  # noqa: SIM115
         self.wait_healthy()
 
     def wait_healthy(self, timeout_s: float = 20.0) -> None:
         def healthy() -> bool:
             live = [m for m in self.members if m.proc is not None and m.proc.poll() is None]
-            return bool(live) and all(_health(m) for m in live)
+            return bool(live) and all(_health(m, self.certs) for m in live)
 
         wait_until(healthy, timeout_s, "etcd to become healthy", step_s=0.1,
                    log=lambda: "; ".join(m.log.read_text()[-600:] for m in self.members))
@@ -111,9 +154,14 @@ class EtcdCluster:
             self.kill(i)
 
 
-def _health(m: Member) -> bool:
+def _health(m: Member, certs: Certs | None = None) -> bool:
+    ctx = None
+    if certs is not None:
+        ctx = ssl.create_default_context(cafile=str(certs.ca))
+        ctx.load_cert_chain(str(certs.client_cert), str(certs.client_key))
     try:
-        with urllib.request.urlopen(f"http://{m.endpoint}/health", timeout=1) as r:
+        with urllib.request.urlopen(f"{'https' if certs else 'http'}://{m.endpoint}/health", timeout=1,
+                                    context=ctx) as r:
             return json.loads(r.read()).get("health") == "true"
     except (OSError, ValueError):
         return False
