@@ -420,10 +420,11 @@ class CircuitChannel:
                       "the lease, or a clone with the same machine id): running on the reserve until its lease ends")
             return False
         if not self.ever_claimed and self.on_fatal is not None:
-            log.error("circuit_duplicate_host", host=self.host, holder=theirs.identity(), mine=mine.identity(),
-                      action="two machines use one circuit host name: give each its own [circuit] host (or leave it "
-                      "unset: the default adds the machine id); this daemon stops")
-            self.on_fatal(ExitStatus.DUPLICATE_HOST)
+            if "circuit_duplicate_host" not in self._said:  # once: the daemon stops within a few ticks
+                self._say("circuit_duplicate_host", True, log.error, host=self.host, holder=theirs.identity(),
+                          mine=mine.identity(), action="two machines use one circuit host name: give each its own "
+                          "[circuit] host (or leave it unset: the default adds the machine id); this daemon stops")
+                self.on_fatal(ExitStatus.DUPLICATE_HOST)
             return False
         self._say("circuit_claim_lost", theirs.identity(), log.error, host=self.host, holder=theirs.identity(),
                   mine=mine.identity(), action="another machine claimed this host name: this host dropped to its "
