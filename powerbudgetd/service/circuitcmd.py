@@ -349,17 +349,23 @@ def _failsafe(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def _give_back(cfg: CircuitConfig) -> None:
-    """The cards are at the reserve share: this host's grant can go (lowering needs no check)."""
-    from powerbudgetd.channels.circuit.channel import store_from_config
+    """The cards are at the reserve share: this host's grant can go (lowering needs no
+    check), unless another machine or boot holds the host's name (a duplicate refused at
+    start: the grant is the holder's)."""
+    from powerbudgetd.channels.circuit.channel import boot_id, store_from_config
     from powerbudgetd.channels.circuit.store import LeaseGone, StoreUnavailable
 
     store = store_from_config(cfg)
 
     async def go() -> None:
         try:
-            await store.give_back(cfg.host)
+            holder = await store.give_back(cfg.host, cfg.machine_id(), boot_id())
+            if holder is not None:
+                print(f"failsafe: {cfg.host} on circuit {cfg.name} is claimed by {printable(holder.identity())}: "
+                      "its grant is not this machine's to give back", file=sys.stderr)
+                return
             print(f"failsafe: {cfg.host}'s grant on circuit {cfg.name} given back")
-        except (StoreUnavailable, LeaseGone) as exc:
+        except (StoreUnavailable, LeaseGone, ValueError, OSError) as exc:  # ValueError, OSError: no machine id
             print(f"failsafe: grant not given back ({exc}); it lapses with its lease", file=sys.stderr)
         finally:
             await store.close()

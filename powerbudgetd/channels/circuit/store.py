@@ -16,10 +16,11 @@ Every value read goes through ``records`` (bounded size and depth, finite number
 one that fails is reported in :attr:`Read.bad` and never raises.
 
 A grant (or a seat) is raised only by a transaction whose compares fail when the spec,
-any seat or any grant changed since the read it was computed from: each key's mod
-revision as read, and every key in the seats and grants ranges no newer than the read
-revision (a key created since). A deletion can only lower the sum, so it need not
-fail the compare. Lowering a grant is a plain put or delete. Hence at every revision
+any seat, any grant or any claim changed since the read it was computed from: the
+spec's mod revision as read, and every key in the seats, grants and claims ranges no
+newer than the read revision (one compare per range, so the transaction's size does
+not grow with the hosts). A deletion can only lower the sum, so it need not fail the
+compare. Lowering a grant is a plain put or delete. Hence at every revision
 ``sum(seats) + sum(grants) <= budget``.
 
 Several endpoints: each call goes to the current one; a call that fails or takes
@@ -107,7 +108,7 @@ class HostRecord:
 class Read:
     """One consistent read of a circuit (one etcd revision).
 
-    ``mods``: every seat and grant key's mod revision; ``leases``: each live host's
+    ``leases``: each live host's
     lease id (from its claim, else its record); ``spec_mod``/``spec_created``: the spec
     key's mod and create revisions (0: none; a new create revision is a re-created
     circuit); ``claims``, ``records``: each host's; ``bad``: each key whose value could
@@ -118,7 +119,6 @@ class Read:
     view: CircuitView
     revision: int
     spec_mod: int = 0
-    mods: dict[bytes, int] = field(default_factory=dict)
     leases: dict[str, int] = field(default_factory=dict)
     spec_created: int = 0
     claims: dict[str, Claim] = field(default_factory=dict)
@@ -305,7 +305,6 @@ class CircuitStore:
         pending: dict[str, float] = {}
         order: dict[str, int] = {}
         unknown: set[str] = set()
-        mods: dict[bytes, int] = {}
         claims: dict[str, Claim] = {}
         recs: dict[str, HostRecord] = {}
         for key, value, mod, created, lease in kvs:
@@ -314,8 +313,6 @@ class CircuitStore:
             if kind is None:
                 continue
             host = key[len(kind):].decode(errors="replace")
-            if kind in (self.seats, self.grants):
-                mods[key] = mod
             try:
                 doc = records.parse(value)
                 if kind == self.seats:
@@ -339,7 +336,7 @@ class CircuitStore:
         wants = {h: r.want_w for h, r in recs.items()}
         view = CircuitView(spec.budget_w if spec else 0.0, seats, grants, wants, pending, revision,
                            frozenset(unknown), order)
-        return Read(spec, view, revision, spec_mod, mods, leases, spec_created, claims, recs, bad)
+        return Read(spec, view, revision, spec_mod, leases, spec_created, claims, recs, bad)
 
     async def lease_info(self, lease_id: int) -> tuple[int, int]:
         """(seconds left, granted TTL s) of ``lease_id``; seconds left -1: gone."""
@@ -382,11 +379,13 @@ class CircuitStore:
     def _unchanged(self, c: _Client, read: Read) -> list[Any]:
         """Compares that fail when the spec, a seat or a grant changed since ``read``."""
         t = c.transactions
-        compares = [t.mod(self.spec_key) == read.spec_mod]
-        compares += [t.mod(key) == mod for key, mod in sorted(read.mods.items())]
-        # A key created (or changed) since the read has a newer mod revision.
-        compares += [t.mod(kind, _range_end(kind)) < read.revision + 1 for kind in (self.seats, self.grants)]
-        return compares
+        # A key created (or changed) since the read has a newer mod revision: one compare
+        # per range, whatever the number of hosts (etcd allows 128 operations in a
+        # transaction by default; a compare per key stopped the circuit at about 60).
+        # A deletion only lowers the sum. A claim created since: a live host whose
+        # reserve the read did not see.
+        return [t.mod(self.spec_key) == read.spec_mod] + [
+            t.mod(kind, _range_end(kind)) < read.revision + 1 for kind in (self.seats, self.grants, self.claims)]
 
     async def register_seat(self, read: Read, host: str, reserve_w: float) -> bool:
         """Write ``host``'s seat if it fits beside every seat, grant and other live
@@ -421,11 +420,29 @@ class CircuitStore:
         else:
             await self._call(lambda c: c.put(key, records.dumps(grant_w=grant_w), lease=lease_id))
 
-    async def give_back(self, host: str) -> None:
-        """Delete ``host``'s grant and want (a daemon that is gone: lowering, no check)."""
-        await self._call(lambda c: c.transaction(compare=[], success=[
-            c.transactions.delete(self.key(self.grants, host)), c.transactions.delete(self.key(self.wants, host)),
-        ], failure=[]))
+    async def give_back(self, host: str, machine_id: str, boot_id: str) -> Claim | None:
+        """Delete ``host``'s grant and record (a daemon that is gone: lowering, no check),
+        unless another machine or boot claims ``host`` (a duplicate's failsafe must not
+        take the grant the name's holder uses): then nothing, and that claim is returned.
+        The delete is conditional on the claim read being unchanged."""
+        key = self.key(self.claims, host)
+        res = await self._call(lambda c: c.get_prefix(key))  # the exact key, with its mod revision
+        claim: Claim | None = None
+        mod = 0
+        for kv in res:
+            if bytes(kv.key) == key:
+                mod = int(kv.mod_revision)
+                try:
+                    claim = _claim(records.parse(bytes(kv.value)), int(kv.lease), mod)
+                except records.BadRecord:
+                    claim = None
+        if mod and (claim is None or (claim.machine_id, claim.boot_id) != (machine_id, boot_id)):
+            return claim or Claim("unreadable", "unreadable", 1, 0.0, 0.0, 0.0)
+        ok, _ = await self._call(lambda c: c.transaction(
+            compare=[c.transactions.mod(key) == mod], success=[
+                c.transactions.delete(self.key(self.grants, host)), c.transactions.delete(self.key(self.wants, host)),
+            ], failure=[]))
+        return None if ok else await self.give_back(host, machine_id, boot_id)
 
     async def put_record(self, host: str, record: HostRecord, lease_id: int) -> None:
         """Publish ``host``'s record (its want, caps, draw, seat and grant) under its lease."""
