@@ -304,3 +304,30 @@ def test_a_client_key_open_to_others_is_refused_as_root(tmp_path: Path, monkeypa
     key.chmod(0o600)
     s = _cfg(tmp_path, text)
     assert s.circuit is not None and s.circuit.key_file == key
+
+
+def test_a_suspend_longer_than_the_lease_ends_the_grant_at_the_first_tick(tmp_path: Path) -> None:
+    """CLOCK_MONOTONIC stops during a system suspend; CLOCK_BOOTTIME does not. The grant's
+    deadline is kept on the latter: after a resume the arbiter falls back to the reserve
+    at the first tick, whatever the daemon's own clock says."""
+    from support.rig import make_rig
+
+    s = _cfg(tmp_path, CIRCUIT)
+    assert s.circuit is not None
+    mono, boot = [100.0], [5000.0]
+    arb = BudgetArbiter(s.effective_budget_w())
+    ch = CircuitChannel(s.circuit, s.circuit.host_power(s.feed), arb, lower_s=1.0, registry=CollectorRegistry(),
+                        clock=lambda: mono[0], lease_clock=lambda: boot[0],
+                        environ={"WATCHDOG_USEC": "1000000", "WATCHDOG_PID": str(os.getpid())})
+    ch.lease_id, ch.held_w, ch.in_use_w = 1, 300.0, 300.0
+    ch.valid_until = boot[0] + 20.0
+    ch._offer()
+    granted = arb.resolve(mono[0]).budget_w
+    assert granted == pytest.approx((800 + 300) * 0.9 - 100)
+    report = make_rig([card(0, busy()), card(1, idle())], 500).step()
+    boot[0] += 3600.0  # an hour asleep: the lease is long gone in etcd
+    mono[0] += 0.1  # the daemon's clock barely moved
+    assert arb.resolve(mono[0]).budget_w == granted  # the arbiter alone still believes the grant
+    ch.on_tick(report)
+    assert arb.resolve(mono[0]).budget_w == pytest.approx(620) and ch.in_use_w == 0
+    assert ch.status(mono[0]).lease_left_s == 0 and ch.status(mono[0]).grant_w == 0
