@@ -43,6 +43,7 @@ class CardState:
     share_mw: int | None = None
     role: Role = Role.FAIR
     error: str | None = None  # why the card cannot be read now (None: readable)
+    slow_since: float | None = None  # its reads have timed out since (s); None: answered
     gone: bool = False  # missing from NVML's enumeration
     excluded: bool = False  # left alone by the operator ([cards] exclude): counted, never a fault
     read_errors: dict[str, int] = field(default_factory=dict)  # failed reads by NvmlError.kind (metrics)

@@ -40,7 +40,7 @@ from powerbudgetd.core.model import CardOverride, Mode, Timings
 from powerbudgetd.core.plan import Step, Write, plan_writes
 from powerbudgetd.core.policy import LendingPolicy
 from powerbudgetd.core.units import budget_mw
-from powerbudgetd.errors import NvmlError, NvmlNoPermission
+from powerbudgetd.errors import NvmlError, NvmlNoPermission, NvmlTimeout
 from powerbudgetd.hw.calls import InlineCalls
 from powerbudgetd.hw.nvml import Nvml
 
@@ -197,8 +197,10 @@ class Controller:
                 # the others are fitted around it, instead of lending watts it still holds.
                 c.hold(now, "write_refused", target_w=targets[c.uuid] / 1000, counted_w=c.bound_mw / 1000)
         # A new card is written even at its target: only a confirmed write of ours ends it.
-        steps = [Step(c.uuid, c.bound_mw, targets[c.uuid], c.requested_mw, c.priority, busy=c.ledger.busy,
-                      force=c.ledger.new) for c in active if targets[c.uuid] not in c.refused]
+        # A slow card (its reads time out) keeps its place and takes no write meanwhile.
+        steps = [Step(c.uuid, c.bound_mw, targets[c.uuid], c.requested_mw, c.priority,
+                      busy=c.ledger.busy or c.slow_since is not None, force=c.ledger.new)
+                 for c in active if targets[c.uuid] not in c.refused]
         planned = {st.uuid for st in steps}
         outside_mw = sum(c.bound_mw for c in self.cards if c.uuid not in planned)  # fixed, lost, held
         hold_raises = fault or any(c.contested(now) for c in self.cards) or any(c.ledger.new for c in active)
@@ -224,8 +226,8 @@ class Controller:
         faults = []
         for c in self.cards:
             r = results[c.uuid]
-            if isinstance(r, NvmlError):
-                self.bank.look_again(now)  # a lookup error: enumerate again
+            if isinstance(r, NvmlError) and not isinstance(r, NvmlTimeout):
+                self.bank.look_again(now)  # a lookup error (not a slow card): enumerate again
             if fault := observe.observe(c, r, now, lambda c=c: self._energy_j(c.uuid)):  # type: ignore[misc]
                 faults.append(fault)
         return faults

@@ -16,7 +16,7 @@ import structlog
 from powerbudgetd.control.card import CardState
 from powerbudgetd.core.model import Role
 from powerbudgetd.core.units import opt_mw, opt_w
-from powerbudgetd.errors import NvmlError
+from powerbudgetd.errors import NvmlError, NvmlTimeout
 from powerbudgetd.hw.nvml import PowerReading
 
 log = structlog.get_logger("powerbudgetd")
@@ -26,7 +26,17 @@ def observe(c: CardState, r: PowerReading | NvmlError, now: float,
             energy_j: Callable[[], float | None]) -> str | None:
     """Take one read of ``c`` (or the error reading it) into its ledger and audit;
     ``energy_j`` reads its energy counter (J), asked only while a reading looks frozen.
-    Returns a fault description the first time the card cannot be read, else None."""
+    Returns a fault description the first time the card cannot be read, else None.
+
+    A read that timed out is a slow card, not a lost one: for ``confirm_timeout_s`` (the
+    longest a write of ours is waited for) from the first in a row, it keeps its bound
+    (what may be in force: its limits last read, every write that may still land), its
+    role and its last reading, and is no fault; only past that is it unreadable."""
+    if isinstance(r, NvmlTimeout) and c.readable and (
+            c.slow_since is None or now - c.slow_since < c.ledger.timings.confirm_timeout_s):
+        c.read_errors[r.kind] = c.read_errors.get(r.kind, 0) + 1
+        c.slow_since = now if c.slow_since is None else c.slow_since
+        return None
     if isinstance(r, NvmlError):
         c.read_errors[r.kind] = c.read_errors.get(r.kind, 0) + 1
         first = c.error is None
@@ -37,10 +47,13 @@ def observe(c: CardState, r: PowerReading | NvmlError, now: float,
         c.ledger.observe_unknown()  # counted at the highest limit it may have or come back with
         if not first:
             return None  # one fault per episode: a card gone for good does not stop lending forever
-        log.warning("card_unreadable", index=c.index, uuid=c.uuid, error=c.error, counted_w=c.bound_mw / 1000)
+        log.warning("card_unreadable", index=c.index, uuid=c.uuid, error=c.error, counted_w=c.bound_mw / 1000,
+                    unanswered_s=None if c.slow_since is None else round(now - c.slow_since, 3))
         return f"GPU {c.index} unreadable ({r.kind})"
+    slow_since, c.slow_since = c.slow_since, None
     if c.error is not None:
-        log.info("card_readable_again", index=c.index, uuid=c.uuid, was=c.error)
+        log.info("card_readable_again", index=c.index, uuid=c.uuid, was=c.error,
+                 unanswered_s=None if slow_since is None else round(now - slow_since, 3))
         c.error = None
         c.role = Role.FAIR if c.controllable else Role.FIXED
         if c.controllable:
