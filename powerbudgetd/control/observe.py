@@ -21,6 +21,8 @@ from powerbudgetd.hw.nvml import PowerReading
 
 log = structlog.get_logger("powerbudgetd")
 
+OUTSIDE_CAP_CHECK_S = 300.0  # a card capped from outside is offered its share again this often
+
 
 def observe(c: CardState, r: PowerReading | NvmlError, now: float,
             energy_j: Callable[[], float | None]) -> str | None:
@@ -66,7 +68,33 @@ def observe(c: CardState, r: PowerReading | NvmlError, now: float,
         if c.ledger.release():
             log.info("card_controllable_again", index=c.index, uuid=c.uuid)
     c.audit.audit(c.ledger, r, c.target_mw, now, c.index, c.uuid)
+    if c.controllable:
+        outside_cap(c, now)
     return None
+
+
+def outside_cap(c: CardState, now: float) -> None:
+    """Follow an outside limiter holding ``c``'s enforced limit below its requested one
+    (with nothing of ours in flight and no other tool's raise landing: ``settle_s`` has
+    shown it): the card is planned at that cap (given what it can use, the rest lent).
+    Said once per episode. Every ``OUTSIDE_CAP_CHECK_S`` it is offered its share again:
+    a cap still there shows within ``settle_s``; one lifted ends the episode."""
+    led = c.ledger
+    if led.held_below and not led.busy and led.enforced_mw is not None:
+        if c.outside_cap_seen_mw is None:
+            log.warning("limit_capped_outside", index=c.index, uuid=c.uuid, requested_w=opt_w(led.requested_mw),
+                        enforced_w=led.enforced_mw / 1000, check_every_s=OUTSIDE_CAP_CHECK_S,
+                        action="held below its request by another limiter (a BMC, a node cap): given what it "
+                        "can use, the rest lent to the other cards")
+        c.outside_cap_mw = c.outside_cap_seen_mw = led.enforced_mw
+        c.outside_cap_at = now
+    elif c.outside_cap_mw is not None and now - c.outside_cap_at >= OUTSIDE_CAP_CHECK_S:
+        c.outside_cap_mw = None  # offered its share again: is the cap still there?
+    elif (c.outside_cap_mw is None and c.outside_cap_seen_mw is not None and not led.busy
+          and led.enforced_mw is not None and led.enforced_mw > c.outside_cap_seen_mw):
+        log.info("limit_cap_outside_lifted", index=c.index, uuid=c.uuid, was_w=c.outside_cap_seen_mw / 1000,
+                 enforced_w=led.enforced_mw / 1000)
+        c.outside_cap_seen_mw = None
 
 
 def expire(c: CardState, now: float) -> str | None:
