@@ -200,7 +200,6 @@ class CircuitChannel:
         # From the first tick: the reserve, whatever etcd says (or does not).
         self.arbiter.offer(SOURCE, power.board_budget_w(), clock())
 
-
     def status(self, now: float) -> CircuitStatus:
         """This host's place on the circuit at ``now`` (the daemon's clock, s; the lease
         figures are read on the lease clock)."""
