@@ -160,6 +160,7 @@ class Metrics:
                 self.nvml_errors.labels(*labels, w.error_kind).inc()
             elif not w.dry_run:  # a dry run changes nothing
                 self.limit_changes.labels(*labels, w.reason).inc()
+        for c in snap.cards:
             window = self._peaks.setdefault(c.uuid, PeakWindow(PEAK_WINDOW_S))
             if c.power_instant_w is not None:
                 window.add(report.now, c.power_instant_w)

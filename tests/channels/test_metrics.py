@@ -13,7 +13,8 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 from powerbudgetd import __version__
 from powerbudgetd.config import Settings
-from powerbudgetd.channels.metrics import ERROR_KINDS, Metrics
+from powerbudgetd.channels.metricnames import PEAK_WINDOW_S
+from powerbudgetd.channels.metrics import ERROR_KINDS, Metrics, PeakWindow
 from powerbudgetd.core.model import Mode, Role, Timings
 from powerbudgetd_sim.libnvml import Fault
 from powerbudgetd_sim.physics import BankEvent
@@ -358,3 +359,31 @@ def test_each_budget_source_and_the_one_in_force() -> None:
         assert ex.value("powerbudgetd_budget_source_watts", source=source) == watts
         assert ex.value("powerbudgetd_budget_source_in_force", source=source) == in_force
     assert ex.value("powerbudgetd_budget_watts") == 1000.0  # the controller's, until the daemon applies it
+
+
+def test_each_cards_peak_is_the_highest_instant_reading_over_the_window() -> None:
+    """The peak is every card's highest 100 ms reading over the last PEAK_WINDOW_S of
+    ticks: never below the instant reading, and a reading older than the window drops."""
+    rig, ex = make_rig()
+    seen: dict[str, list[tuple[float, float]]] = {}
+
+    def record(report) -> None:  # type: ignore[no-untyped-def]
+        for c in report.snapshot.cards:
+            if c.power_instant_w is not None:
+                seen.setdefault(c.uuid, []).append((report.now, c.power_instant_w))
+
+    rig.listen(record)
+    rig.run_until(10.0)
+    for i, c in enumerate(rig.ctl.cards):
+        readings = seen[c.uuid]
+        now = readings[-1][0]
+        expected = max(w for t, w in readings if t >= now - PEAK_WINDOW_S)
+        assert ex.value("powerbudgetd_gpu_power_draw_peak_watts", **ex.card(i)) == pytest.approx(expected)
+    window = PeakWindow(1.0)
+    for t, w in ((0.0, 300.0), (0.5, 100.0), (0.9, 200.0)):
+        window.add(t, w)
+    assert window.max_w == 300.0
+    window.add(1.2, 50.0)  # 300 W at 0 s is older than 1 s now; 200 W at 0.9 s is the highest left
+    assert window.max_w == 200.0
+    window.expire(5.0)
+    assert window.max_w is None
