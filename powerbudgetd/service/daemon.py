@@ -126,9 +126,9 @@ class Daemon:
     def status_text(self, ctl: Controller) -> str:
         """The one STATUS= line: :meth:`status_line`, then warnings and the last reload."""
         text = self.status_line(ctl)
-        if ctl.over.active:
+        if (since := ctl.over.since) is not None:
             # a duration: ``since`` is a reading of the daemon's (monotonic) clock
-            text += f"; OVER BUDGET for {_duration(self.clock() - ctl.over.since)}: {ctl.over.cause}"
+            text += f"; OVER BUDGET for {_duration(self.clock() - since)}: {ctl.over.cause}"
         elif ctl.ready and (degraded := ctl.degraded()):
             text += f"; degraded: {', '.join(degraded)}"
         if self._persistence_off:
