@@ -255,6 +255,9 @@ def _parser() -> argparse.ArgumentParser:
                      "(refused when its seats and grants exceed the new budget)")
     circuit_parsers["status"].add_argument("--json", action="store_true", help="print one JSON object")
     circuit_parsers["join"].add_argument("--host", help="the host to seat (default: the config's [circuit] host)")
+    circuit_parsers["join"].add_argument(
+        "--backend", choices=BACKENDS, default="nvml",
+        help="where the cards are read, to refuse a reserve below their floors (sim: the config's [sim] bank)")
     lv = circuit_parsers["leave"]
     lv.add_argument("--host", help="the host whose seat goes (default: the config's [circuit] host)")
     lv.add_argument("--force", action="store_true", help="even while the host's lease is held")

@@ -102,7 +102,8 @@ def test_every_name_a_reader_uses_is_served_and_status_tells_the_truth(
     init_circuit(etcd.endpoints, "lab", 4000, 10)
     port = free_port()
     config = write_config(tmp_path, nut, etcd, port)
-    joined = subprocess.run([EXE, "circuit", "join", "--config", str(config)], capture_output=True, text=True,
+    joined = subprocess.run([EXE, "circuit", "join", "--backend", "sim", "--config", str(config)],
+                            capture_output=True, text=True,
                             timeout=30)
     assert joined.returncode == 0, joined.stdout + joined.stderr
     daemon = launch(config)
