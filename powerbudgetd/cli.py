@@ -762,7 +762,15 @@ def _run_locked(args: argparse.Namespace, settings: Settings, config_path: Path)
         daemon.register(recorder)
     registry = CollectorRegistry()  # what /metrics serves, MQTT's metrics included
     bridge = None
-    if settings.mqtt is not None:  # aiomqtt is imported only when MQTT is configured
+    guest = args.dry_run  # beside the service: none of its topics, seats or ports
+    if guest and (settings.mqtt is not None or settings.circuit is not None):
+        import structlog
+
+        structlog.get_logger("powerbudgetd").info(
+            "dry_run_guest", left_out=[s for s, c in (("mqtt", settings.mqtt), ("circuit", settings.circuit)) if c],
+            detail="a dry run publishes nothing on the service's MQTT topics and takes no seat or grant on its "
+            "circuit: it decides on the configured budget, the UPS and the recorder alone")
+    if settings.mqtt is not None and not guest:  # aiomqtt is imported only when MQTT is configured
         from powerbudgetd.channels.mqtt.session import MqttBridge
 
         bridge = MqttBridge(settings.mqtt, daemon.arbiter, feed, registry=registry, energy_j=daemon.nvml.energy_j)
@@ -776,7 +784,7 @@ def _run_locked(args: argparse.Namespace, settings: Settings, config_path: Path)
             recorder.extras["ups"] = ups.record
         if bridge is not None:  # Home Assistant's UPS sensor and "on battery"
             bridge.attach_ups(ups.record)
-    if settings.circuit is not None:  # aetcd is imported only when a circuit is configured
+    if settings.circuit is not None and not guest:  # aetcd is imported only when a circuit is configured
         from powerbudgetd.channels.circuit.channel import CircuitChannel
 
         cc = settings.circuit
@@ -788,7 +796,7 @@ def _run_locked(args: argparse.Namespace, settings: Settings, config_path: Path)
         daemon.circuit_status = circuit.status
         if recorder is not None:
             recorder.extras["circuit"] = lambda: circuit.status(daemon.clock()).fields()
-    server = _serve_metrics(settings, daemon, registry)
+    server = _serve_metrics(settings, daemon, registry, guest=guest)
     if bridge is not None and server is not None:  # Home Assistant's device page links to /metrics
         from powerbudgetd.channels.metrics import endpoint_url
 
@@ -801,9 +809,11 @@ def _run_locked(args: argparse.Namespace, settings: Settings, config_path: Path)
             server.server_close()
 
 
-def _serve_metrics(settings: Settings, daemon: Daemon, registry: CollectorRegistry) -> WSGIServer | None:
+def _serve_metrics(settings: Settings, daemon: Daemon, registry: CollectorRegistry,
+                   guest: bool = False) -> WSGIServer | None:
     """Start /metrics before the daemon boots (so before READY=1). A port that cannot be
-    bound is logged, not fatal: keeping the budget matters more than reporting on it."""
+    bound is logged, not fatal: keeping the budget matters more than reporting on it.
+    ``guest`` (a dry run): on a port the system picks, never the service's."""
     import structlog
 
     from powerbudgetd.channels.metrics import Metrics, serve
@@ -816,7 +826,7 @@ def _serve_metrics(settings: Settings, daemon: Daemon, registry: CollectorRegist
     daemon.register(metrics)
     log = structlog.get_logger("powerbudgetd")
     try:
-        server = serve(metrics.registry, str(cfg.listen_address), cfg.port)
+        server = serve(metrics.registry, str(cfg.listen_address), 0 if guest else cfg.port)
     except OSError as exc:
         log.error("metrics_unavailable", address=str(cfg.listen_address), port=cfg.port, error=str(exc))
         return None
