@@ -19,6 +19,7 @@ from powerbudgetd import __version__
 from powerbudgetd.errors import AlreadyRunning, BudgetInfeasible, ConfigError, ExitStatus, NvmlError
 from powerbudgetd.service.cliargs import (
     DefaultsHelpFormatter,
+    OneLineParser,
     duration,
     positive_float,
     refuse_conflicts,
@@ -75,7 +76,7 @@ class _VersionAction(argparse.Action):
 
 def _parser() -> argparse.ArgumentParser:
     fmt = DefaultsHelpFormatter
-    p = argparse.ArgumentParser(
+    p = OneLineParser(
         prog="powerbudgetd",
         description="Keep the sum of this host's GPU power limits under one budget.",
         formatter_class=fmt,
