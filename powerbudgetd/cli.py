@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from powerbudgetd import __version__
+from powerbudgetd.core.feed import DEFAULT_UPS_MARGIN
 from powerbudgetd.errors import AlreadyRunning, BudgetInfeasible, ConfigError, ExitStatus, NvmlError
 from powerbudgetd.service.cliargs import (
     DefaultsHelpFormatter,
@@ -249,7 +250,8 @@ def _parser() -> argparse.ArgumentParser:
     ini.add_argument("--derating", type=positive_float("fraction", upper=1), default=0.8, metavar="F",
                      help="with --breaker-a: continuous load share (NEC: 0.8)")
     ini.add_argument("--ups-w", type=positive_float("watts"), metavar="W",
-                     help="with --breaker-a: a UPS's real watt rating, budgeted at 80 %% (default: no UPS)")
+                     help=f"with --breaker-a: a UPS's real watt rating, budgeted at {(1 - DEFAULT_UPS_MARGIN) * 100:.0f} %% "
+                     "(the [feed] default ups_margin; default: no UPS)")
     ini.add_argument("--ttl", type=int, default=30, metavar="S",
                      help="lease TTL in s: must exceed each host's WatchdogSec + fallback_s + TTL/6")
     ini.add_argument("--force", action="store_true", help="replace an existing circuit's budget and TTL "

@@ -322,7 +322,7 @@ def _bank_warnings(b: BankStatus, reload_ok: float | None) -> list[str]:
     if b.last_tick_age_s is not None and b.last_tick_age_s > STALE_TICK_S:
         w.append(f"the control loop last ticked {b.last_tick_age_s:.0f} s ago")
     if reload_ok == 0:
-        w.append("the last config reload failed: the previous config is in force (see the log)")
+        w.append("the last config reload failed: see reload_failed in the log for what is in force")
     return w
 
 

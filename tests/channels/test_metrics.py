@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import platform
+import re
 import subprocess
 import threading
 import time
@@ -272,7 +273,7 @@ def test_every_metric_the_issue_names_is_exposed() -> None:
 def test_rules_pass_promtool_check_and_unit_tests() -> None:
     checked = promtool("check", "rules", "prometheus-rules.yml", cwd=CONFIG)
     assert checked.returncode == 0, checked.stdout + checked.stderr
-    assert "SUCCESS: 15 rules found" in checked.stdout
+    assert "SUCCESS: 16 rules found" in checked.stdout
     tested = promtool("test", "rules", "prometheus-rules.test.yml", cwd=CONFIG)
     assert tested.returncode == 0, tested.stdout + tested.stderr
 
@@ -284,7 +285,8 @@ def test_every_alert_has_for_severity_description_and_a_test() -> None:
     names = [r["alert"] for r in rules]
     assert names == [
         "PowerBudgetdDown", "PowerBudgetSumAboveBudget", "PowerBudgetOverBudgetRecurring", "PowerBudgetBankNearBudget",
-        "PowerBudgetLimitDrift", "PowerBudgetLimitContested", "PowerBudgetFailsafe", "PowerBudgetNvmlErrors",
+        "PowerBudgetLimitDrift", "PowerBudgetLimitContested", "PowerBudgetFailsafe", "PowerBudgetConfigReloadFailed",
+        "PowerBudgetNvmlErrors",
         "PowerBudgetUpsOnBattery", "PowerBudgetUpsLowBattery", "PowerBudgetUpsOverload", "PowerBudgetUpsDataStale",
         "PowerBudgetCircuitGrantLost", "PowerBudgetCircuitEtcdUnreachable", "PowerBudgetCircuitSeatsExceed",
     ]
@@ -325,6 +327,25 @@ def test_dashboard_is_import_ready() -> None:
     for p in dash["panels"]:
         for t in p.get("targets", []):
             assert t["datasource"]["uid"] == "${datasource}" and '$instance"' in t["expr"], t["expr"]
+
+
+def test_the_mode_panels_name_every_mode_and_the_sources_ups_and_circuit_have_panels() -> None:
+    """Each mode gets its own number in the Mode panels' expression and its own name in
+    their value mapping (monitor-only read as booting: 0)."""
+    import json
+
+    dash = json.loads((CONFIG / "grafana-dashboard.json").read_text())
+    panels = {p["title"]: p for p in dash["panels"]}
+    for title in ("Mode", "Mode over time"):
+        expr = panels[title]["targets"][0]["expr"]
+        numbered = dict(re.findall(r'mode="([a-z-]+)"\}\) \* (\d+)', expr))
+        assert set(numbered) == {str(m) for m in Mode}, title
+        assert len(set(numbered.values())) == len(numbered), title
+        mapping = panels[title]["fieldConfig"]["defaults"]["mappings"][0]["options"]
+        assert {numbered[m]: m for m in numbered} == {k: v["text"] for k, v in mapping.items()}, title
+    for needed in ("Budget source in force", "Each budget source's value", "UPS: load and battery",
+                   "UPS: runtime left", "Circuit: this host's reserve and grant (wall W)"):
+        assert needed in panels
 
 
 # -- config -----------------------------------------------------------------------------
