@@ -448,7 +448,8 @@ def _simulate(args: argparse.Namespace) -> int:
         if args.replay:
             from powerbudgetd_sim.replay import load_replay
 
-            sc = load_replay(args.replay, draw=args.replay_draw or "avg")
+            # --budget goes in here: the replay's description says at what budget it ran
+            sc = load_replay(args.replay, draw=args.replay_draw or "avg", budget_w=args.budget)
         else:
             sc = load_scenario(args.scenario or "workstation-4")
         if args.budget is not None:
