@@ -175,7 +175,9 @@ def fetch(url: str, timeout_s: float, euid: int | None = None) -> str:
 
 
 def _card_index(text: str) -> int | None:
-    return int(text) if text.isdigit() and len(text) < 6 else None
+    """A ``gpu`` label as an index; None for anything but a few ASCII digits ("1.5",
+    "-1", "²", a 20-digit number)."""
+    return int(text) if text.isascii() and text.isdigit() and len(text) < 6 else None
 
 
 def parse(text: str, url: str, now_s: float | None = None) -> BankStatus:

@@ -166,6 +166,7 @@ HOSTILE = (
     "powerbudgetd_gpu_power_limit_watts{gpu=\"zero\x1b[1A\",UUID=\"GPU-\x1b[H\",modelName=\"\x9b31m\"} 250\n"
     "powerbudgetd_gpu_power_limit_watts{gpu=\"99999999999999999999\",UUID=\"GPU-2\",modelName=\"ok\"} 250\n"
     "powerbudgetd_gpu_power_limit_watts{gpu=\"-1\",UUID=\"GPU-3\",modelName=\"\"} 250\n"
+    "powerbudgetd_gpu_power_limit_watts{gpu=\"\u00b2\",UUID=\"GPU-5\",modelName=\"\"} 250\n"
     "# TYPE powerbudgetd_gpu_role gauge\n"
     "powerbudgetd_gpu_role{gpu=\"1.5\",UUID=\"GPU-4\",modelName=\"x\",role=\"\x1b[2J\"} 1\n"
 )
@@ -181,9 +182,9 @@ def test_label_values_with_escape_sequences_or_odd_indices_reach_stdout_escaped(
     assert "\\x1b]52" in p.stdout  # shown, not obeyed
     # every card is listed, those whose gpu label is not an index too
     if extra:
-        assert all(f"GPU-{i}" in p.stdout for i in (2, 3, 4))
+        assert all(f"GPU-{i}" in p.stdout for i in (2, 3, 4, 5))
     else:
-        assert p.stdout.count("draw unknown") == 4
+        assert p.stdout.count("draw unknown") == 5
 
 
 # -- as root: whose listener is it? ---------------------------------------------------------
