@@ -76,7 +76,7 @@ LAST_TICK = _declare(
 )
 RELOAD_SUCCESS = _declare(
     "config_last_reload_success", "gauge",
-    "1 if the last configuration load succeeded, 0 if it failed (the previous one stays in force)",
+    "1 if the last configuration load succeeded, 0 if it was refused (reload_failed in the log says what is in force)",
 )
 RELOAD_TIMESTAMP = _declare(
     "config_last_reload_timestamp_seconds", "gauge", "Unix time of the last configuration load, successful or not"

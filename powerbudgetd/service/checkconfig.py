@@ -148,7 +148,8 @@ def describe(
             f"floors: checked on {len(floors)} card{'s' if len(floors) != 1 else ''} of {source}: minimum limits "
             f"{' + '.join(_w(f[2]) for f in known if f[2] is not None)} = "
             f"{_w(sum(f[2] for f in known if f[2] is not None))} W, within the "
-            f"{_w(settings.reserve_budget_w(card_names))} W budget and every other below"
+            f"{_w(settings.reserve_budget_w(card_names))} W budget"
+            + (" and every other below" if len(budget_figures(settings, card_names)) > 1 else "")
             + (f" ({len(floors) - len(known)} not controlled: counted at their limits)" if len(known) < len(floors) else "")
         )
     figures = budget_figures(settings, card_names)

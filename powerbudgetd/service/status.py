@@ -166,6 +166,8 @@ def fetch(url: str, timeout_s: float, euid: int | None = None) -> str:
         target = scrape.Target.parse(url)
         if euid == 0 and scrape.is_local(target.host):
             ok, why = scrape.listener_trusted(target.port, runtime_dir() / LOCK_NAME)
+            if not ok and why.startswith("nothing listens"):
+                raise StatusError(f"cannot reach the daemon's metrics at {printable(url)}: {why}")
             if not ok:
                 raise StatusError(f"not reading {printable(url)} as root: {why}. Any local user can listen on a "
                                   "free port; start the daemon, or run status as an unprivileged user")
