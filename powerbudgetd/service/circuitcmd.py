@@ -252,7 +252,8 @@ def _failsafe(args: argparse.Namespace, settings: Settings) -> int:
     log = structlog.get_logger("powerbudgetd")
     calls = DeadlineCalls(CALL_TIMEOUT_S)
     figure = reserve_figure(settings)
-    budget, source = figure.budget_w, figure.source
+    budget = figure.budget_w
+    source = "the circuit reserve" if figure.source == "circuit reserve" else "configured"
     try:
         nvml = make_nvml(args.backend, settings.sim.scenario, settings.sim.seed, settings.sim.lag_s, settings.sim.state_file)
         calls.call("init", nvml.init, timeout_s=INIT_TIMEOUT_S)
@@ -295,7 +296,7 @@ def _failsafe(args: argparse.Namespace, settings: Settings) -> int:
     if infeasible:
         log.error("failsafe_budget_below_floors", budget_w=budget, budget_source=source, origin=figure.origin,
                   floors_w=held_w, action="every card at its minimum")
-        print(f"powerbudgetd: failsafe: {source} {budget:g} W ({figure.origin}) is below what the cards can be "
+        print(f"powerbudgetd: failsafe: {figure.source} {budget:g} W ({figure.origin}) is below what the cards can be "
               f"held to: their minimum limits sum to {held_w:g} W; every card is at its minimum", file=sys.stderr)
     print(f"failsafe: budget {budget:g} W ({source}): "
           f"{'every card within its share' if ok and not infeasible else 'every card at its minimum, ABOVE the budget' if ok else 'NOT every card confirmed'}")

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import fcntl
 import os
+import shutil
 import socket
+import subprocess
 import sys
 import threading
 import time
@@ -188,23 +190,21 @@ def test_label_values_with_escape_sequences_or_odd_indices_reach_stdout_escaped(
 
 
 # -- as root: whose listener is it? ---------------------------------------------------------
-def _listener_as_someone_else() -> tuple[socket.socket | None, int, int | None]:
+def _listener_as_someone_else() -> tuple[socket.socket | None, int, subprocess.Popen[str] | None]:
     """A listener not owned by root: this process's when it is not root, else a child's
-    that dropped to nobody first. (socket or None, port, child pid or None)."""
+    run as nobody. (socket or None, port, child or None)."""
     if os.geteuid() != 0:
         s = socket.create_server(("127.0.0.1", 0))
         return s, s.getsockname()[1], None
-    r, w = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # the child: nobody, listening until killed
-        os.setgid(65534)
-        os.setuid(65534)
-        s = socket.create_server(("127.0.0.1", 0))
-        os.write(w, str(s.getsockname()[1]).encode())
-        time.sleep(60)
-        os._exit(0)
-    port = int(os.read(r, 16))
-    return None, port, pid
+    code = ("import socket, sys, time\ns = socket.create_server(('127.0.0.1', 0))\n"
+            "print(s.getsockname()[1], flush=True)\ntime.sleep(60)\n")
+    # the system's python3: nobody cannot reach this test's interpreter (a venv under a private home)
+    python = shutil.which("python3", path=os.defpath)
+    assert python is not None, "no python3 on the system path"
+    child = subprocess.Popen([python, "-c", code], stdout=subprocess.PIPE, text=True, user=65534, group=65534,
+                             cwd="/")
+    assert child.stdout is not None
+    return None, int(child.stdout.readline()), child
 
 
 def test_as_root_a_local_listener_not_the_daemons_is_not_read(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -228,8 +228,8 @@ def test_as_root_a_local_listener_not_the_daemons_is_not_read(tmp_path: Path, mo
         if sock is not None:
             sock.close()
         if child is not None:
-            os.kill(child, 9)
-            os.waitpid(child, 0)
+            child.kill()
+            child.wait()
 
 
 def test_nothing_listening_is_said_as_such_as_root(tmp_path: Path) -> None:
