@@ -171,6 +171,12 @@ GPU_CONTESTED = _declare(
     "The power limit another tool keeps writing on this card; present only while the card is contested "
     "(nothing is raised then)", CARD_LABELS, "watts",
 )
+GPU_OUTSIDE_CAP = _declare(
+    "gpu_outside_power_cap_watts", "gauge",
+    "The enforced limit an outside limiter (a BMC, a node-level cap) holds this card at, below what powerbudgetd "
+    "requested; present only while it does (the card is given what it can use, the rest lent)",
+    CARD_LABELS, "watts",
+)
 GPU_EXCURSIONS = _declare(
     "gpu_power_excursions", "counter",
     "Times the instant draw rose above the enforced limit (normal at load onset: the limit caps the 1 s average)",

@@ -255,6 +255,7 @@ class _StateCollector(Collector):
             "peak": gauge(names.GPU_DRAW_PEAK),
         }
         contested = gauge(names.GPU_CONTESTED)
+        outside_cap = gauge(names.GPU_OUTSIDE_CAP)
         excursions = counter(names.GPU_EXCURSIONS)
         rejected = counter(names.GPU_READINGS_REJECTED)
         peak = gauge(names.GPU_EXCURSION_PEAK)
@@ -294,6 +295,8 @@ class _StateCollector(Collector):
                     role.add_metric([*labels, str(r)], 1.0 if str(r) == c.role else 0.0)
                 if c.contested_w is not None:
                     contested.add_metric(list(labels), c.contested_w)
+                if c.outside_cap_w is not None:
+                    outside_cap.add_metric(list(labels), c.outside_cap_w)
                 excursions.add_metric(list(labels), c.excursions)
                 for reason, n in c.readings_rejected:
                     rejected.add_metric([*labels, reason], n)
@@ -314,6 +317,7 @@ class _StateCollector(Collector):
         yield role
         yield mig
         yield contested
+        yield outside_cap
         yield excursions
         yield rejected
         yield peak
