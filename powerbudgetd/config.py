@@ -790,6 +790,9 @@ def load_config(path: str | Path, *, euid: int | None = None) -> Settings:
                 f"(mode {stat.S_IMODE(mode):04o}); fix: chmod 600 {path}, or move the secret out of the file "
                 f"({'; '.join(_secret_advice(secrets))})"
             )
+    cased = key_case_problems(data, Settings)
+    if cased:
+        raise ConfigError(f"{path}: invalid configuration\n" + "\n".join(f"  {p}" for p in cased))
     quoted = quoted_numbers(data)
     if quoted:
         raise ConfigError(f"{path}: invalid configuration\n" + "\n".join(
@@ -827,6 +830,47 @@ def load_config(path: str | Path, *, euid: int | None = None) -> Settings:
     if settings.circuit is not None:
         settings._warnings.extend(settings.circuit.warnings())
     return settings
+
+
+def key_case_problems(table: dict[str, Any], model: type[BaseModel], where: str = "") -> list[str]:
+    """Keys TOML keeps apart but the settings would not: a setting spelled in another
+    case (``budget_W``: settings are lower case), and two keys of one table that differ
+    only in case (``budget_w`` beside ``Budget_w``; in a map such as ``[cards]`` or
+    ``transient_factors`` too: two spellings of one key are a mistake either way). One
+    line per problem, naming the keys as written."""
+    out = []
+    seen: dict[str, str] = {}
+    for key in table:
+        folded = key.casefold()
+        if folded in seen:
+            out.append(f"{where}{seen[folded]} and {where}{key}: the same key in two spellings; keep one")
+        seen.setdefault(folded, key)
+    fields = model.model_fields
+    for key, value in table.items():
+        name = key if key in fields else next((f for f in fields if f.casefold() == key.casefold()), None)
+        if name is None:
+            continue  # not a setting: the model's own check names it
+        if name != key:
+            out.append(f"{where}{key}: settings are lower case: write {name}")
+        sub = _model_of(fields[name].annotation)
+        if sub is not None and isinstance(value, dict):
+            out += key_case_problems(value, sub, f"{where}{name}.")
+        elif isinstance(value, dict):
+            out += key_case_problems(value, _NoFields, f"{where}{name}.")
+    return out
+
+
+class _NoFields(BaseModel):
+    """A map's table (keys are data, not settings): only same-key spellings are checked."""
+
+
+def _model_of(annotation: Any) -> type[BaseModel] | None:
+    """The settings model a field holds (through ``X | None``), else None."""
+    candidates = typing.get_args(annotation) or (annotation,)
+    for c in candidates:
+        if isinstance(c, type) and issubclass(c, BaseModel):
+            return c
+    return None
 
 
 def _settings(data: dict[str, Any], ignored_env: frozenset[str]) -> Settings:

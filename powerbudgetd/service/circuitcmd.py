@@ -53,6 +53,10 @@ def circuit_command(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(f"powerbudgetd: {exc}", file=sys.stderr)
         return ExitStatus.CONFIG
+    if args.circuit_command == "join":
+        refused = _reserve_refused(args)
+        if refused is not None:
+            return refused
     store = store_from_config(cfg)
 
     async def go() -> int:
@@ -72,6 +76,35 @@ def circuit_command(args: argparse.Namespace) -> int:
     except StoreUnavailable as exc:
         print(f"powerbudgetd: etcd unavailable: {exc}\n  endpoints: {', '.join(cfg.endpoints)}", file=sys.stderr)
         return ExitStatus.ERROR
+
+
+def _reserve_refused(args: argparse.Namespace) -> int | None:
+    """``circuit join``: the reserve this host would be seated with, through the feed
+    model, checked against its cards' floors (``--backend``); the exit status when it
+    is refused or the cards cannot be read, None when it fits."""
+    from powerbudgetd.errors import BudgetInfeasible
+    from powerbudgetd.service.backend import make_nvml
+    from powerbudgetd.service.feasibility import start_at_reserve
+
+    settings = _settings(args.config)
+    try:
+        nvml = make_nvml(args.backend, settings.sim.scenario, settings.sim.seed, settings.sim.lag_s)
+        nvml.init()
+    except NvmlError as exc:
+        print(f"powerbudgetd: circuit join: NVML unavailable, the reserve cannot be checked against the cards' "
+              f"floors: {exc}", file=sys.stderr)
+        return ExitStatus.NVML
+    try:
+        start_at_reserve(nvml, settings)
+    except BudgetInfeasible as exc:
+        print(f"powerbudgetd: circuit join: refused: {exc}", file=sys.stderr)
+        return ExitStatus.INFEASIBLE
+    except NvmlError as exc:
+        print(f"powerbudgetd: circuit join: NVML error reading the cards: {exc}", file=sys.stderr)
+        return ExitStatus.NVML
+    finally:
+        nvml.shutdown()
+    return None
 
 
 async def _init(store: Any, args: argparse.Namespace) -> int:
@@ -297,13 +330,15 @@ def _failsafe(args: argparse.Namespace, settings: Settings) -> int:
     from powerbudgetd.control.failsafe import CALL_TIMEOUT_S, INIT_TIMEOUT_S, failsafe
     from powerbudgetd.hw.calls import DeadlineCalls
     from powerbudgetd.service.backend import make_nvml
+    from powerbudgetd.service.feasibility import reserve_figure
     from powerbudgetd.service.logs import configure_logging
 
     configure_logging(level=settings.log_level)
     log = structlog.get_logger("powerbudgetd")
     calls = DeadlineCalls(CALL_TIMEOUT_S)
-    budget = settings.reserve_budget_w()
-    source = "the circuit reserve" if settings.circuit else "configured"
+    figure = reserve_figure(settings)
+    budget = figure.budget_w
+    source = "the circuit reserve" if figure.source == "circuit reserve" else "configured"
     try:
         nvml = make_nvml(args.backend, settings.sim.scenario, settings.sim.seed, settings.sim.lag_s, settings.sim.state_file)
         calls.call("init", nvml.init, timeout_s=INIT_TIMEOUT_S)
@@ -341,11 +376,20 @@ def _failsafe(args: argparse.Namespace, settings: Settings) -> int:
     log.info("failsafe_done", budget_w=budget, budget_source=source, within_share=ok,
              lowered=[r.index for r in result if r.written and r.confirmed],
              not_lowered=[r.index for r in result if not r.confirmed])
+    held_w = sum(r.share_w for r in result if r.share_w is not None)
+    infeasible = held_w > budget + 0.5  # the shares were clamped up to the cards' minimums
+    if infeasible:
+        log.error("failsafe_budget_below_floors", budget_w=budget, budget_source=source, origin=figure.origin,
+                  floors_w=held_w, action="every card at its minimum")
+        print(f"powerbudgetd: failsafe: {figure.source} {budget:g} W ({figure.origin}) is below what the cards can be "
+              f"held to: their minimum limits sum to {held_w:g} W; every card is at its minimum", file=sys.stderr)
     print(f"failsafe: budget {budget:g} W ({source}): "
-          f"{'every card within its share' if ok else 'NOT every card confirmed'}")
+          f"{'every card within its share' if ok and not infeasible else 'every card at its minimum, ABOVE the budget' if ok else 'NOT every card confirmed'}")
     if ok and settings.circuit is not None:
         _give_back(settings.circuit)
-    return ExitStatus.OK if ok else ExitStatus.FAILSAFE_INCOMPLETE
+    if not ok:
+        return ExitStatus.FAILSAFE_INCOMPLETE
+    return ExitStatus.INFEASIBLE if infeasible else ExitStatus.OK
 
 
 def _give_back(cfg: CircuitConfig) -> None:

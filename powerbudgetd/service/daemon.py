@@ -64,6 +64,21 @@ RESTART_ONLY = (
 )
 
 
+def _duration(seconds: float) -> str:
+    """``seconds`` for people: ``4.2 s``, ``12 min 5 s``, ``3 h 2 min``, ``2 d 4 h``."""
+    s = max(0.0, seconds)
+    if s < 60:
+        return f"{s:.1f} s"
+    m, sec = divmod(int(s), 60)
+    if m < 60:
+        return f"{m} min {sec} s"
+    h, m = divmod(m, 60)
+    if h < 24:
+        return f"{h} h {m} min"
+    d, h = divmod(h, 24)
+    return f"{d} d {h} h"
+
+
 class Daemon:
     """Runs one controller until SIGTERM/SIGINT; see :meth:`run`.
 
@@ -112,8 +127,9 @@ class Daemon:
     def status_text(self, ctl: Controller) -> str:
         """The one STATUS= line: :meth:`status_line`, then warnings and the last reload."""
         text = self.status_line(ctl)
-        if ctl.over.active:
-            text += f"; OVER BUDGET since {ctl.over.since:.1f} s: {ctl.over.cause}"
+        if (since := ctl.over.since) is not None:
+            # a duration: ``since`` is a reading of the daemon's (monotonic) clock
+            text += f"; OVER BUDGET for {_duration(self.clock() - since)}: {ctl.over.cause}"
         elif ctl.ready and (degraded := ctl.degraded()):
             text += f"; degraded: {', '.join(degraded)}"
         if self._persistence_off:

@@ -315,7 +315,8 @@ step_w = 10
 
     def join(self) -> None:
         """``circuit join``: the seat registered before the daemon first runs."""
-        r = subprocess.run([EXE, "circuit", "join", "--config", str(self.config)], capture_output=True, text=True,
+        r = subprocess.run([EXE, "circuit", "join", "--backend", "sim", "--config", str(self.config)],
+                           capture_output=True, text=True,
                            timeout=30)
         assert r.returncode == 0, r.stdout + r.stderr
 

@@ -35,8 +35,9 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import structlog
-from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client import CollectorRegistry
 
+from powerbudgetd.channels import metricnames as names
 from powerbudgetd.channels.circuit.store import (
     CircuitStore,
     Claim,
@@ -61,7 +62,6 @@ log = structlog.get_logger("powerbudgetd.circuit")
 
 SOURCE = "circuit"  # the arbiter's name for this budget source
 KEEPALIVES_PER_TTL = 6  # renew six times per TTL: five may be lost before the fence
-PREFIX = "powerbudgetd_circuit_"  # of every metric here
 
 
 BOOT_ID_FILE = "/proc/sys/kernel/random/boot_id"
@@ -107,37 +107,28 @@ class CircuitMetrics:
     """The circuit's gauges, in the registry ``/metrics`` serves."""
 
     def __init__(self, registry: CollectorRegistry) -> None:
-        def gauge(name: str, doc: str) -> Gauge:
-            return Gauge(PREFIX + name, doc, registry=registry)
-
-        self.budget = gauge("budget_watts", "The circuit's wall budget (W), as etcd holds it")
-        self.reserve = gauge("reserve_watts", "This host's reserve: wall W it may always use")
-        self.grant = gauge("grant_watts", "This host's grant in use above its reserve (wall W)")
-        self.grant_held = gauge("grant_held_watts", "This host's grant as etcd holds it (wall W)")
-        self.want = gauge("want_watts", "What this host's recipients could use above its reserve (wall W)")
-        self.lease_left = gauge("lease_valid_seconds", "Seconds the grant stays valid here without a renewal "
-                                "(the fence: before the lease can expire in etcd)")
-        self.reachable = gauge("etcd_reachable", "1 when the last etcd call answered")
-        self.seated = gauge("seat_fits", "1 when this host's seat is registered (fits the circuit)")
-        self.seats = gauge("seats_watts", "Sum of every seat (wall W)")
-        self.committed = gauge("committed_watts", "Sum of seats and grants (wall W)")
-        self.pending = gauge("pending_watts", "Reserves of hosts whose seat did not fit (wall W)")
-        self.grants_ok = gauge("grants_allowed", "1 when this host may take grants (seat fits, claim held, watchdog enforced)")
-        self.claim_ok = gauge("claim_held", "1 when this daemon holds the claim on its host name")
-        self.at_floors = gauge("at_floors", "1 when this host runs at its cards' floors: its seat vanished and "
-                               "does not fit again, or lies beyond the budget")
-        self.bad_records = gauge("bad_records", "Keys under the circuit whose value could not be read (last read)")
-        self.caps = gauge("caps_watts", "This host's sum of caps at the wall, as published (feed model, W)")
-        self.draw = gauge("draw_watts", "This host's measured draw at the wall, as published (the cards' 1 s "
-                          "averages through the feed model, W)")
-        self.info = Gauge(PREFIX + "info", "The circuit this host is on (label circuit); always 1", ["circuit"],
-                          registry=registry)
-        self.lost = Counter(PREFIX + "grant_lost", "Grants lost: the lease expired before a renewal", registry=registry)
-        self.conflicts = Counter(PREFIX + "txn_conflicts", "Raise transactions that failed their compare", registry=registry)
-        self.vanished = Counter(PREFIX + "seat_vanished", "Times this host's seat was found gone (or changed) "
-                                "while it ran", registry=registry)
-        self.bad_seen = Counter(PREFIX + "bad_records_seen", "Bad values read under the circuit (once per key and value)",
-                                registry=registry)
+        self.budget = names.gauge(names.CIRCUIT_BUDGET, registry)
+        self.reserve = names.gauge(names.CIRCUIT_RESERVE, registry)
+        self.grant = names.gauge(names.CIRCUIT_GRANT, registry)
+        self.grant_held = names.gauge(names.CIRCUIT_GRANT_HELD, registry)
+        self.want = names.gauge(names.CIRCUIT_WANT, registry)
+        self.lease_left = names.gauge(names.CIRCUIT_LEASE_VALID, registry)
+        self.reachable = names.gauge(names.CIRCUIT_ETCD_REACHABLE, registry)
+        self.seated = names.gauge(names.CIRCUIT_SEAT_FITS, registry)
+        self.seats = names.gauge(names.CIRCUIT_SEATS, registry)
+        self.committed = names.gauge(names.CIRCUIT_COMMITTED, registry)
+        self.pending = names.gauge(names.CIRCUIT_PENDING, registry)
+        self.grants_ok = names.gauge(names.CIRCUIT_GRANTS_ALLOWED, registry)
+        self.lost = names.counter(names.CIRCUIT_GRANT_LOST, registry)
+        self.conflicts = names.counter(names.CIRCUIT_TXN_CONFLICTS, registry)
+        self.claim_ok = names.gauge(names.CIRCUIT_CLAIM_HELD, registry)
+        self.at_floors = names.gauge(names.CIRCUIT_AT_FLOORS, registry)
+        self.bad_records = names.gauge(names.CIRCUIT_BAD_RECORDS, registry)
+        self.caps = names.gauge(names.CIRCUIT_CAPS, registry)
+        self.draw = names.gauge(names.CIRCUIT_DRAW, registry)
+        self.info = names.gauge(names.CIRCUIT_INFO, registry)
+        self.vanished = names.counter(names.CIRCUIT_SEAT_VANISHED, registry)
+        self.bad_seen = names.counter(names.CIRCUIT_BAD_RECORDS_SEEN, registry)
 
 
 class CircuitChannel:
