@@ -37,6 +37,7 @@ from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge
 
 from powerbudgetd.core.backoff import Backoff
 from powerbudgetd.core.feed import Feed
+from powerbudgetd.core.plausible import REASONS as PLAUSIBILITY_REASONS
 from powerbudgetd.core.ups import BOUNDS, KNOWN_FLAGS, REASONS, UpsConstraint, UpsGuard, UpsParams, UpsReading, parse_vars
 from powerbudgetd.config import UpsConfig
 
@@ -108,6 +109,19 @@ class UpsMetrics:
             "powerbudgetd_ups_values_rejected", "NUT values ignored as non-numeric or out of bounds, by variable",
             ["variable"], registry=registry,
         )
+        self.implausible = Counter(
+            "powerbudgetd_ups_readings_implausible",
+            "UPS measured loads ignored by the plausibility rule (sentinel, below our own cards' draw, frozen)",
+            ["reason"], registry=registry,
+        )
+        self.trusted = Gauge(
+            "powerbudgetd_ups_measured_load_trusted",
+            "1 while the UPS's measured load may raise the budget; 0 after an implausible one, until plausible "
+            "readings return", registry=registry,
+        )
+        self.trusted.set(1)
+        for reason in PLAUSIBILITY_REASONS:
+            self.implausible.labels(reason)
         for state in STATES:
             self.state.labels(state).set(1 if state == "waiting" else 0)
         for flag in SHOWN_FLAGS:
@@ -308,6 +322,7 @@ class UpsChannel:
         self._note_values(reading)
         self.metrics.reading(reading)
         self.guard.observe(reading, now, board_w=self.board_power_w(), configured_w=self.configured_w)
+        self._note_plausibility()
         if not reading.flags:
             self.metrics.polls_failed.labels("stale").inc()
             self._set_state("stale", "ups.status missing, unreadable or without a known flag: the UPS's state is unknown")
@@ -376,6 +391,24 @@ class UpsChannel:
                 log.warning("ups_values_rejected", variables=list(r.rejected),
                             detail="non-numeric or out of bounds: ignored, the budget is not raised by them")
             self._rejected = r.rejected
+
+    def _note_plausibility(self) -> None:
+        """The measured load's verdict: a metric per rejection, one line per change of trust."""
+        v = self.guard.verdict
+        if v is None:
+            return
+        if v.reason is not None:
+            self.metrics.implausible.labels(v.reason).inc()
+        self.metrics.trusted.set(1 if v.trusted else 0)
+        if v.changed:
+            kept = self.constraint.budget_w
+            if v.trusted:
+                log.info("budget_input_trusted", source=SOURCE, value_w=v.value_w, own_board_w=round(v.own_board_w, 1),
+                         detail=v.detail)
+            else:
+                log.warning("budget_input_implausible", source=SOURCE, reason=v.reason, value_w=v.value_w,
+                            own_board_w=round(v.own_board_w, 1), detail=v.detail,
+                            ups_budget_kept_w=None if kept is None else round(kept, 1))
 
     def _set_state(self, state: str, detail: str) -> None:
         for s in STATES:
