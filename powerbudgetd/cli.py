@@ -34,7 +34,7 @@ DEFAULT_METRICS_PORT = 19400  # channels.metrics.DEFAULT_PORT
 SIM_MIN_DURATION_S, SIM_MAX_DURATION_S = 1.0, 7 * 86400.0  # powerbudgetd_sim.scenario.MIN/MAX_DURATION_S
 
 if TYPE_CHECKING:
-    from wsgiref.simple_server import WSGIServer
+    from powerbudgetd.channels.metrics import MetricsServer
 
     from prometheus_client import CollectorRegistry
 
@@ -794,11 +794,10 @@ def _run_locked(args: argparse.Namespace, settings: Settings, config_path: Path)
         return asyncio.run(daemon.run())
     finally:
         if server is not None:
-            server.shutdown()
-            server.server_close()
+            server.close()
 
 
-def _serve_metrics(settings: Settings, daemon: Daemon, registry: CollectorRegistry) -> WSGIServer | None:
+def _serve_metrics(settings: Settings, daemon: Daemon, registry: CollectorRegistry) -> MetricsServer | None:
     """Start /metrics before the daemon boots (so before READY=1). A port that cannot be
     bound is logged, not fatal: keeping the budget matters more than reporting on it."""
     import structlog
@@ -813,9 +812,11 @@ def _serve_metrics(settings: Settings, daemon: Daemon, registry: CollectorRegist
     daemon.register(metrics)
     log = structlog.get_logger("powerbudgetd")
     try:
-        server = serve(metrics.registry, str(cfg.listen_address), cfg.port)
+        server = serve(metrics.registry, str(cfg.listen_address), cfg.port, max_connections=cfg.max_connections,
+                       idle_timeout_s=cfg.idle_timeout_s)
     except OSError as exc:
         log.error("metrics_unavailable", address=str(cfg.listen_address), port=cfg.port, error=str(exc))
         return None
-    log.info("metrics_listening", address=str(cfg.listen_address), port=server.server_port)
+    log.info("metrics_listening", address=str(cfg.listen_address), port=server.server_port,
+             max_connections=server.max_connections, idle_timeout_s=cfg.idle_timeout_s)
     return server

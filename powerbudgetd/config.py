@@ -251,11 +251,15 @@ class MetricsConfig(_Section):
     Prometheus (or a reverse proxy) unless the operator opens them up with
     ``listen_address = "0.0.0.0"`` (or the address of the scrape network). Port 19400:
     outside 9100-9999, which exporters have claimed, and clear of dcgm-exporter's 9400.
+    At most ``max_connections`` are held at once (fewer where the descriptor limit is
+    low); a connection silent for ``idle_timeout_s`` is closed.
     """
 
     enabled: bool = True
     listen_address: IPvAnyAddress = Field(default="127.0.0.1", validate_default=True)
     port: int = Field(19400, ge=1, le=65535)
+    max_connections: int = Field(256, ge=4, le=10_000)
+    idle_timeout_s: float = Field(10.0, gt=0, le=300)
 
 
 _TOPIC_LEVEL_CHARS = re.compile(r"[+#\x00]")
