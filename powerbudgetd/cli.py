@@ -671,11 +671,22 @@ def _log_dir_hint(args: argparse.Namespace, recorder: RecorderConfig) -> str:
 
 
 def _run(args: argparse.Namespace) -> int:
+    from powerbudgetd.service import signals
+
+    # Held since the first instruction under the `powerbudgetd` command (__main__); here
+    # for a caller of main(): SIGHUP and SIGTERM must not kill it before the daemon's
+    # own handlers are in, nor after they are gone.
+    held = signals.hold()
+    try:
+        return _run_held(args)
+    finally:
+        signals.restore(held)  # in a process started as `powerbudgetd run`: held again, as before
+
+
+def _run_held(args: argparse.Namespace) -> int:
     from powerbudgetd.config import default_config_path, load_config
     from powerbudgetd.service.instance import InstanceLock, lock_path
 
-    # A SIGHUP before the daemon's handler is installed must not kill it (the default).
-    signal.signal(signal.SIGHUP, signal.SIG_IGN)
     config_path = args.config or default_config_path()
     try:
         settings = load_config(config_path)
@@ -795,6 +806,12 @@ def _run_locked(args: argparse.Namespace, settings: Settings, config_path: Path)
     finally:
         if server is not None:
             server.close()
+        import structlog
+
+        from powerbudgetd.service import signals
+
+        if signals.take()[1] and not daemon.reload_ignored:  # SIGHUP after the daemon's handlers were gone
+            structlog.get_logger("powerbudgetd").info("reload_ignored", reason="stopping")
 
 
 def _serve_metrics(settings: Settings, daemon: Daemon, registry: CollectorRegistry) -> MetricsServer | None:
