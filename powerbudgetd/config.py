@@ -44,11 +44,16 @@ from powerbudgetd.core.model import Timings
 DEFAULT_CONFIG_PATH = Path("/etc/powerbudgetd/powerbudgetd.toml")
 ENV_PREFIX = "POWERBUDGETD_"
 SIM_RECORDER_SUBDIR = "sim"  # run --backend sim records here, under the default recorder dir
-# Variables that share our prefix without being ours: the service links Docker and
-# Kubernetes inject for a service or container named "powerbudgetd".
-_SERVICE_LINK_RE = re.compile(
-    r"^POWERBUDGETD_(PORT(_\d+_(TCP|UDP|SCTP)(_(ADDR|PORT|PROTO))?)?|SERVICE_HOST|SERVICE_PORT(_[A-Z0-9_]+)?|NAME|ENV_[A-Z0-9_]+)$"
-)
+# Variables that share our prefix without being ours: the service links Kubernetes
+# injects for every Service named "powerbudgetd" or "powerbudgetd-<anything>"
+# (<NAME>_SERVICE_HOST, <NAME>_SERVICE_PORT[_<port name>], <NAME>_PORT=tcp://...,
+# <NAME>_PORT_<n>_<proto>[_ADDR|_PORT|_PROTO]) and Docker links for such a container
+# (the same _PORT forms, <NAME>_NAME=/a/b, <NAME>_ENV_<VAR>).
+_LINK_SUFFIX = r"(SERVICE_HOST|SERVICE_PORT(_[A-Z0-9_]+)?|PORT_\d+_(TCP|UDP|SCTP)(_(ADDR|PORT|PROTO))?|ENV_[A-Z0-9_]+)"
+_SERVICE_LINK_RE = re.compile(rf"^POWERBUDGETD(_[A-Z0-9_]+?)?_{_LINK_SUFFIX}$")
+# A bare <NAME>_PORT or <NAME>_NAME is a link only by its value (a URL, a link path):
+# POWERBUDGETD_METRICS_PORT=19400 is a mistyped setting, =tcp://10.0.0.5:19400 is not.
+_LINK_VALUE_RE = {"PORT": re.compile(r"^(tcp|udp|sctp)://\S+$"), "NAME": re.compile(r"^/\S+$")}
 _NOT_OVERRIDES = ("POWERBUDGETD_CONFIG",)  # the config file's path, not a setting
 # Environment variables (lower case, as pydantic-settings keys them) to leave out of
 # the next Settings(): set by load_config for a section the file does not have.
@@ -1034,12 +1039,20 @@ def classify_env(environ: typing.Mapping[str, str] | None = None) -> EnvReport:
         if upper in exact or any(r.match(upper) for r in keyed) or _is_section_prefix(upper, exact):
             report.overrides.append(name)
             report.by_section.setdefault(upper[len(ENV_PREFIX):].split("__")[0].lower(), []).append(name)
-        elif _SERVICE_LINK_RE.match(upper):
+        elif _is_link(upper, environ[name]):
             report.links.append(name)
         else:
             close = difflib.get_close_matches(upper, [k for k in known if "<KEY>" not in k], n=1, cutoff=0.75)
             report.unknown.append((name, close[0] if close else None))
     return report
+
+
+def _is_link(name: str, value: str) -> bool:
+    """Whether ``name`` (upper case) = ``value`` is an orchestrator's service link."""
+    if _SERVICE_LINK_RE.match(name):
+        return True
+    last = name.rsplit("_", 1)[-1]
+    return last in _LINK_VALUE_RE and bool(_LINK_VALUE_RE[last].match(value.strip()))
 
 
 def _is_section_prefix(name: str, exact: set[str]) -> bool:
