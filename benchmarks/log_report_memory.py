@@ -39,7 +39,7 @@ def records(cards: int, uuid_len: int, ups_keys: int) -> tuple[bytes, bytes]:
               "boot_id": "boot-1", "pid": 1, "version": "0.1.0", "interval_s": 1.0, "budget_w": 1000.0,
               "feed": None, "cards": []}
     ups = {"state": "ok", "status": "OL", "load_pct": 41.0, **{f"k{i}": i for i in range(ups_keys)}}
-    card = lambda i: {"index": i, "uuid": ("GPU-%d-" % i).ljust(uuid_len, "x"), "avg_w": 245.1 + i,
+    card = lambda i: {"index": i, "uuid": f"GPU-{i}-".ljust(uuid_len, "x"), "avg_w": 245.1 + i,
                       "peak_w": 301.2, "limit_w": 250.0, "role": "fair_share"}
     sample = {"v": 1, "kind": "sample", "n": 0, "utc": "UTC", "mono_s": 0.0, "mode": "dynamic", "budget_w": 1000.0,
               "dropped": 0, "cards": [card(i) for i in range(cards)],
