@@ -358,6 +358,7 @@ class RemoteBudgetConfig(_Section):
 
 MQTT_PASSWORD_CREDENTIAL = "mqtt-password"
 CIRCUIT_PASSWORD_CREDENTIAL = "etcd-password"
+UPS_PASSWORD_CREDENTIAL = "ups-password"
 MAX_SECRET_BYTES = 4096
 
 
@@ -370,6 +371,49 @@ def credential_path(name: str) -> Path | None:
     return path if path.is_file() else None
 
 
+def check_private(path: Path, what: str) -> None:
+    """The one rule for every file holding a secret (a password file, a credential, a
+    TLS private key): when this process is root, readable by its owner only.
+
+    Raises ValueError naming the file and the fix (never its contents); OSError when it
+    cannot be read at all.
+    """
+    st = path.stat()
+    if os.geteuid() == 0 and st.st_mode & 0o077:
+        raise ValueError(
+            f"{path} {what} but is open to group or others (mode {stat.S_IMODE(st.st_mode):04o}); "
+            f"fix: chmod 600 {path}"
+        )
+
+
+def resolve_password(password: SecretStr | None, password_file: Path | None, credential: str) -> SecretStr | None:
+    """A section's password, first found wins: ``password`` (the file or the
+    environment), ``password_file``, the systemd credential ``credential``. Raises
+    ValueError when both ``password`` and ``password_file`` are given, or for a file
+    :func:`read_secret` refuses."""
+    if password is not None and password_file is not None:
+        raise ValueError("give password or password_file, not both")
+    if password is not None:
+        return password
+    source = password_file or credential_path(credential)
+    return None if source is None else SecretStr(read_secret(source))
+
+
+def check_tls_files(section: typing.Mapping[str, Path | None]) -> None:
+    """``ca_file``, ``cert_file`` and ``key_file`` exist; the private key is private
+    (:func:`check_private`). Raises ValueError naming the field."""
+    for name in ("ca_file", "cert_file", "key_file"):
+        path = section.get(name)
+        if path is not None and not path.is_file():
+            raise ValueError(f"{name}: no such file: {path}")
+    key = section.get("key_file")
+    if key is not None:
+        try:
+            check_private(key, "holds a private key")
+        except OSError as exc:
+            raise ValueError(f"key_file: cannot read {key}: {exc.strerror or exc}") from None
+
+
 def read_secret(path: Path) -> str:
     """A secret file's contents, without the trailing newline.
 
@@ -377,12 +421,7 @@ def read_secret(path: Path) -> str:
     or, when this process is root, readable by group or others.
     """
     try:
-        st = path.stat()
-        if os.geteuid() == 0 and st.st_mode & 0o077:
-            raise ValueError(
-                f"{path} holds a secret but is open to group or others (mode {stat.S_IMODE(st.st_mode):04o}); "
-                f"fix: chmod 600 {path}"
-            )
+        check_private(path, "holds a secret")
         with open(path, "rb") as fh:
             data = fh.read(MAX_SECRET_BYTES + 1)
     except OSError as exc:
@@ -442,16 +481,8 @@ class MqttConfig(_Section):
             raise ValueError("give both cert_file and key_file for a client certificate, or neither")
         if not self.tls and any(v for v in (self.ca_file, self.cert_file, self.tls_insecure)):
             raise ValueError("ca_file, cert_file, key_file and tls_insecure need tls = true")
-        for name in ("ca_file", "cert_file", "key_file"):
-            path = getattr(self, name)
-            if path is not None and not path.is_file():
-                raise ValueError(f"{name}: no such file: {path}")
-        if self.password is not None and self.password_file is not None:
-            raise ValueError("give password or password_file, not both")
-        if self.password is None:
-            source = self.password_file or credential_path(MQTT_PASSWORD_CREDENTIAL)
-            if source is not None:
-                self.password = SecretStr(read_secret(source))
+        check_tls_files({n: getattr(self, n) for n in ("ca_file", "cert_file", "key_file")})
+        self.password = resolve_password(self.password, self.password_file, MQTT_PASSWORD_CREDENTIAL)
         return self
 
     def topic(self) -> str:
@@ -517,22 +548,15 @@ class CircuitConfig(_Section):
 
     @model_validator(mode="after")
     def _check(self) -> CircuitConfig:
-        if self.password is not None and self.password_file is not None:
-            raise ValueError("give password or password_file, not both")
-        if self.password is None and self.username is not None:
-            source = self.password_file or credential_path(CIRCUIT_PASSWORD_CREDENTIAL)
-            if source is not None:
-                self.password = SecretStr(read_secret(source))
+        if self.username is not None or self.password_file is not None:
+            self.password = resolve_password(self.password, self.password_file, CIRCUIT_PASSWORD_CREDENTIAL)
         if (self.username is None) != (self.password is None):
             raise ValueError("give both username and password for etcd authentication, or neither")
         if (self.cert_file is None) != (self.key_file is None):
             raise ValueError("give both cert_file and key_file for a client certificate, or neither")
         if not self.tls and any(v for v in (self.ca_file, self.cert_file)):
             raise ValueError("ca_file, cert_file and key_file need tls = true")
-        for name in ("ca_file", "cert_file", "key_file"):
-            path = getattr(self, name)
-            if path is not None and not path.is_file():
-                raise ValueError(f"{name}: no such file: {path}")
+        check_tls_files({n: getattr(self, n) for n in ("ca_file", "cert_file", "key_file")})
         return self
 
     def fence_lower_s(self, timings: Timings) -> float:
@@ -563,9 +587,11 @@ _NUT_WORD = re.compile(r"^[A-Za-z0-9_.@:+-]+$")  # NUT's protocol is line- and s
 
 class UpsConfig(_Section):
     """A UPS watched through Network UPS Tools: ``upsd`` at ``host``:``port`` serving
-    UPS ``name``. Off unless configured. ``password`` may come from the environment:
-    ``POWERBUDGETD_UPS__PASSWORD``. upsd checks credentials only for commands that change
-    something, never for reading, so they are optional.
+    UPS ``name``. Off unless configured. The password, as for MQTT and etcd, first found
+    wins: ``password``, ``POWERBUDGETD_UPS__PASSWORD``, ``password_file`` (mode 0600), or
+    the systemd credential ``ups-password`` (``LoadCredential=ups-password:...``). upsd
+    checks credentials only for commands that change something, never for reading, so
+    they are optional.
 
     On battery for ``on_battery_delay_s``: the budget drops to ``on_battery_budget_w``
     or ``on_battery_fraction`` of the configured budget (default: half); back on line
@@ -581,6 +607,7 @@ class UpsConfig(_Section):
     name: str = Field(min_length=1, max_length=64)
     username: str | None = Field(None, min_length=1, max_length=64)
     password: SecretStr | None = None
+    password_file: Path | None = None  # a file holding only the password (mode 0600)
     poll_s: float = Field(2.0, ge=0.2, le=60)
     timeout_s: float = Field(5.0, ge=0.2, le=60)  # one request to upsd
     reconnect_max_s: float = Field(30.0, ge=0.2, le=3600)  # backoff between failed polls, doubling from poll_s
@@ -599,17 +626,14 @@ class UpsConfig(_Section):
             raise ValueError(f"{value!r}: letters, digits and _ . @ : + - only (no spaces)")
         return value
 
-    @field_validator("password")
-    @classmethod
-    def _password(cls, value: SecretStr | None) -> SecretStr | None:
-        if value is not None and not _NUT_WORD.match(value.get_secret_value()):
-            raise ValueError("the password must be one word of printable characters (upsd reads it space-delimited)")
-        return value
-
     @model_validator(mode="after")
     def _check(self) -> UpsConfig:
         if self.on_battery_budget_w is not None and self.on_battery_fraction is not None:
             raise ValueError("give on_battery_budget_w or on_battery_fraction, not both")
+        if self.username is not None or self.password_file is not None:
+            self.password = resolve_password(self.password, self.password_file, UPS_PASSWORD_CREDENTIAL)
+        if self.password is not None and not _NUT_WORD.match(self.password.get_secret_value()):
+            raise ValueError("the password must be one word of printable characters (upsd reads it space-delimited)")
         if (self.username is None) != (self.password is None):
             raise ValueError("give both username and password, or neither")
         return self
@@ -925,7 +949,7 @@ def _sections_with(key: str, model: type[BaseModel] | None = None, prefix: str =
 _SECRET_ADVICE = {
     "mqtt": f"[mqtt] password_file, or systemd LoadCredential={MQTT_PASSWORD_CREDENTIAL}:...",
     "circuit": f"[circuit] password_file, or systemd LoadCredential={CIRCUIT_PASSWORD_CREDENTIAL}:...",
-    "ups": "[ups]: POWERBUDGETD_UPS__PASSWORD in the environment, e.g. from a root-only EnvironmentFile=",
+    "ups": f"[ups] password_file, or systemd LoadCredential={UPS_PASSWORD_CREDENTIAL}:...",
 }
 
 
