@@ -37,6 +37,7 @@ from pydantic_settings import BaseSettings, EnvSettingsSource, PydanticBaseSetti
 from powerbudgetd.core.circuit import HostPower
 from powerbudgetd.core.feed import DEFAULT_DERATING, DEFAULT_PSU_EFFICIENCY, DEFAULT_UPS_MARGIN, Feed
 from powerbudgetd.core.model import CardOverride
+from powerbudgetd.core.meterpath import PathError, watts_at
 from powerbudgetd.core.peaks import MEASURED_TRANSIENT_FACTOR, FeedLine, binding_line, transient_factor
 from powerbudgetd.errors import ConfigError
 from powerbudgetd.core.model import Timings
@@ -284,19 +285,38 @@ def default_node_id() -> str:
     return re.sub(r"[^A-Za-z0-9_-]", "_", short) or "powerbudgetd"
 
 
+# What each preset's device publishes (the watts path's check): Tasmota's SENSOR
+# telemetry from a single- and a two-channel device, a Shelly Gen2 switch's status.
+METER_SAMPLES: dict[str, tuple[dict[str, Any], ...]] = {
+    "tasmota": (
+        {"Time": "2025-06-15T12:00:00", "ENERGY": {"Total": 12.3, "Power": 812, "Voltage": 230, "Current": 3.5}},
+        {"Time": "2025-06-15T12:00:00", "ENERGY": {"Total": 12.3, "Power": [412, 400], "Voltage": 230,
+                                                    "Current": [1.8, 1.7]}},
+    ),
+    "shelly": ({"id": 0, "source": "init", "output": True, "apower": 812.4, "voltage": 230.1, "current": 3.5,
+                "aenergy": {"total": 1234.5, "by_minute": [13.1, 13.5, 13.2], "minute_ts": 1750000000}},),
+}
+_PRESET_PATHS = {"tasmota": "ENERGY.Power", "shelly": "apower"}
+
+
 class WallMeterConfig(_Section):
     """A smart plug or metered PDU that reports the host's wall (plug) power over MQTT.
 
     Presets: ``tasmota`` (``topic`` is the device topic: ``tele/<topic>/SENSOR``,
-    ``ENERGY.Power``), ``shelly`` (Gen2/Plus, ``prefix``: ``<prefix>/status/switch:0``,
-    ``apower``) and ``generic`` (``topic`` is the full topic, ``json_path`` a dotted path
-    to the watts, list items by number: ``meters.0.power``; empty for a bare number).
+    ``ENERGY.Power``), ``shelly`` (Gen2/Plus, ``prefix``: ``<prefix>/status/switch:<switch>``,
+    ``apower``) and ``generic`` (``topic`` is the full topic). ``json_path`` (required
+    for ``generic``, else it replaces the preset's) is a dotted path to the watts, list
+    items by number (``ENERGY.Power.1``: one channel of a multi-channel Tasmota) or
+    ``*`` for their sum (``ENERGY.Power.*``); empty for a bare number
+    (``core.meterpath``). Under a preset it must find watts in one of the preset's
+    sample payloads (:data:`METER_SAMPLES`), or the config is refused.
     A reading older than ``max_age_s`` or outside [``min_w``, ``max_w``] is ignored.
     """
 
     preset: Literal["tasmota", "shelly", "generic"]
     topic: str | None = None
     prefix: str | None = None
+    switch: int = Field(0, ge=0, le=63)  # shelly: the switch (output) whose meter reads the host
     json_path: str | None = None
     max_age_s: float = Field(30.0, gt=0, le=3600)
     min_w: float = Field(1.0, ge=0, le=100_000)  # a running host never draws 0 W
@@ -316,17 +336,30 @@ class WallMeterConfig(_Section):
             raise ValueError(f"preset {self.preset!r} needs {' and '.join(missing)}")
         if self.min_w >= self.max_w:
             raise ValueError(f"min_w ({self.min_w:g} W) must be below max_w ({self.max_w:g} W)")
+        if self.switch and self.preset != "shelly":
+            raise ValueError("switch is the Shelly preset's: give the topic instead")
+        if self.preset in METER_SAMPLES and self.json_path is not None:
+            errors = []
+            for sample in METER_SAMPLES[self.preset]:
+                try:
+                    watts_at(sample, self.power_path())
+                    break
+                except PathError as exc:
+                    errors.append(str(exc))
+            else:
+                raise ValueError(f"json_path {self.json_path!r} finds no watts in a {self.preset} payload "
+                                 f"({'; '.join(dict.fromkeys(errors))}); e.g. {_PRESET_PATHS[self.preset]}")
         return self
 
     def state_topic(self) -> str:
         if self.preset == "tasmota":
             return f"tele/{self.topic}/SENSOR"
         if self.preset == "shelly":
-            return f"{self.prefix}/status/switch:0"
+            return f"{self.prefix}/status/switch:{self.switch}"
         return self.topic  # type: ignore[return-value]
 
     def power_path(self) -> tuple[str, ...]:
-        path = {"tasmota": "ENERGY.Power", "shelly": "apower"}.get(self.preset, self.json_path or "")
+        path = self.json_path if self.json_path is not None else _PRESET_PATHS.get(self.preset, "")
         return tuple(p for p in path.split(".") if p)
 
     def availability(self) -> tuple[str, frozenset[str]] | None:

@@ -21,10 +21,11 @@ from typing import Any
 import structlog
 
 from powerbudgetd.core.feed import next_wall_budget_w
-from powerbudgetd.channels.mqtt._text import finite_number, shown
+from powerbudgetd.channels.mqtt._text import shown
 from powerbudgetd.channels.mqtt.metrics import READING_ERRORS, MqttMetrics
 from powerbudgetd.core.arbiter import BudgetArbiter
 from powerbudgetd.core.feed import Feed
+from powerbudgetd.core.meterpath import PathError, watts_at
 from powerbudgetd.core.plausible import InputCheck
 from powerbudgetd.config import WallMeterConfig
 
@@ -44,7 +45,8 @@ class ReadingError(ValueError):
 
 
 def parse_power_w(payload: bytes, path: Sequence[str]) -> float:
-    """The watts at ``path`` (dotted keys, list items by number) in a JSON payload.
+    """The watts at ``path`` in a JSON payload (``core.meterpath``: dotted keys, list
+    items by number, ``*`` to sum a list's items).
 
     Raises ReadingError ``garbled`` (not JSON, path missing, not a finite number) or
     ``negative``.
@@ -53,18 +55,12 @@ def parse_power_w(payload: bytes, path: Sequence[str]) -> float:
         value: Any = json.loads(payload)
     except (ValueError, UnicodeDecodeError, RecursionError):
         raise ReadingError("garbled", f"not JSON: {shown(payload)!r}") from None
-    for i, key in enumerate(path):
-        where = ".".join(path[: i + 1])
-        if isinstance(value, dict) and key in value:
-            value = value[key]
-        elif isinstance(value, list) and key.isdigit() and int(key) < len(value):
-            value = value[int(key)]
-        else:
-            raise ReadingError("garbled", f"no {where} in {shown(payload)!r}")
-    watts = finite_number(value)
-    if watts is None:
-        hint = "; point json_path at one channel, e.g. ENERGY.Power.0" if isinstance(value, list) else ""
-        raise ReadingError("garbled", f"{'.'.join(path) or 'payload'} is not a number: {shown(json.dumps(value))}{hint}")
+    try:
+        watts = watts_at(value, path)
+    except PathError as exc:
+        raise ReadingError("garbled", f"{exc}: {shown(payload)!r}") from None
+    except RecursionError:
+        raise ReadingError("garbled", f"nested too deep: {shown(payload)!r}") from None
     if watts < 0:
         raise ReadingError("negative", f"negative wall power: {watts:g} W")
     return watts
