@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import ipaddress
+import logging
 import platform
 import resource
 import socket
@@ -25,6 +26,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
+import structlog
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, make_wsgi_app
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
@@ -394,6 +396,16 @@ class MetricsServer:
         self._thread.join(timeout_s)
 
 
+class _ServerLog(logging.Handler):
+    """The HTTP server's own warnings (the connection cap reached, and left) as the
+    daemon's log events (``metrics_server``), not bare lines on stderr."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        event = structlog.get_logger("powerbudgetd").warning if record.levelno >= logging.WARNING else None
+        if event is not None:
+            event("metrics_server", detail=record.getMessage()[:200])
+
+
 def serve(registry: CollectorRegistry, address: str, port: int, *, max_connections: int = 256,
           idle_timeout_s: float = 10.0) -> MetricsServer:
     """Serve ``registry`` on ``http://address:port/metrics`` (see :func:`metrics_app`)
@@ -407,6 +419,10 @@ def serve(registry: CollectorRegistry, address: str, port: int, *, max_connectio
     host)."""
     from waitress.server import create_server
 
+    waitress_log = logging.getLogger("waitress")
+    if not any(isinstance(h, _ServerLog) for h in waitress_log.handlers):
+        waitress_log.addHandler(_ServerLog())
+        waitress_log.propagate = False  # no bare lines on stderr beside the JSON log
     cap = connection_cap(max_connections, resource.getrlimit(resource.RLIMIT_NOFILE)[0])
     server = create_server(
         metrics_app(registry), host=address, port=port, threads=SCRAPE_THREADS, connection_limit=cap,

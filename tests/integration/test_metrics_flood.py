@@ -122,6 +122,9 @@ def test_past_the_cap_descriptors_stay_bounded_and_idle_ones_are_closed(launch: 
             with contextlib.suppress(OSError):
                 closed += s.recv(1) == b""
         assert closed >= 10
+    # The cap reached is said in the daemon's own log, not as a bare line on stderr.
+    assert any("connection limit" in e["detail"] for e in daemon.events("metrics_server"))
+    assert "connection limit" not in daemon.errors()
     daemon.wait_for(lambda: "powerbudgetd_build_info" in scrape(port, timeout_s=2), "a scrape after the flood", 15,
                     step_s=0.2, ignore=(OSError,))
     assert daemon.stop(20) == 0, daemon.tail()
