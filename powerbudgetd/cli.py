@@ -36,7 +36,7 @@ DEFAULT_METRICS_PORT = 19400  # channels.metrics.DEFAULT_PORT
 SIM_MIN_DURATION_S, SIM_MAX_DURATION_S = 1.0, 7 * 86400.0  # powerbudgetd_sim.scenario.MIN/MAX_DURATION_S
 
 if TYPE_CHECKING:
-    from wsgiref.simple_server import WSGIServer
+    from powerbudgetd.channels.metrics import MetricsServer
 
     from prometheus_client import CollectorRegistry
 
@@ -678,11 +678,22 @@ def _log_dir_hint(args: argparse.Namespace, recorder: RecorderConfig) -> str:
 
 
 def _run(args: argparse.Namespace) -> int:
+    from powerbudgetd.service import signals
+
+    # Held since the first instruction under the `powerbudgetd` command (__main__); here
+    # for a caller of main(): SIGHUP and SIGTERM must not kill it before the daemon's
+    # own handlers are in, nor after they are gone.
+    held = signals.hold()
+    try:
+        return _run_held(args)
+    finally:
+        signals.restore(held)  # in a process started as `powerbudgetd run`: held again, as before
+
+
+def _run_held(args: argparse.Namespace) -> int:
     from powerbudgetd.config import default_config_path, load_config
     from powerbudgetd.service.instance import InstanceLock, lock_path
 
-    # A SIGHUP before the daemon's handler is installed must not kill it (the default).
-    signal.signal(signal.SIGHUP, signal.SIG_IGN)
     config_path = args.config or default_config_path()
     try:
         settings = load_config(config_path)
@@ -809,12 +820,17 @@ def _run_locked(args: argparse.Namespace, settings: Settings, config_path: Path)
         return asyncio.run(daemon.run())
     finally:
         if server is not None:
-            server.shutdown()
-            server.server_close()
+            server.close()
+        import structlog
+
+        from powerbudgetd.service import signals
+
+        if signals.take()[1] and not daemon.reload_ignored:  # SIGHUP after the daemon's handlers were gone
+            structlog.get_logger("powerbudgetd").info("reload_ignored", reason="stopping")
 
 
 def _serve_metrics(settings: Settings, daemon: Daemon, registry: CollectorRegistry,
-                   guest: bool = False) -> WSGIServer | None:
+                   guest: bool = False) -> MetricsServer | None:
     """Start /metrics before the daemon boots (so before READY=1). A port that cannot be
     bound is logged, not fatal: keeping the budget matters more than reporting on it.
     ``guest`` (a dry run): on a port the system picks, never the service's."""
@@ -830,9 +846,11 @@ def _serve_metrics(settings: Settings, daemon: Daemon, registry: CollectorRegist
     daemon.register(metrics)
     log = structlog.get_logger("powerbudgetd")
     try:
-        server = serve(metrics.registry, str(cfg.listen_address), 0 if guest else cfg.port)
+        server = serve(metrics.registry, str(cfg.listen_address), 0 if guest else cfg.port,
+                       max_connections=cfg.max_connections, idle_timeout_s=cfg.idle_timeout_s)
     except OSError as exc:
         log.error("metrics_unavailable", address=str(cfg.listen_address), port=cfg.port, error=str(exc))
         return None
-    log.info("metrics_listening", address=str(cfg.listen_address), port=server.server_port)
+    log.info("metrics_listening", address=str(cfg.listen_address), port=server.server_port,
+             max_connections=server.max_connections, idle_timeout_s=cfg.idle_timeout_s)
     return server

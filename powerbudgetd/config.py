@@ -37,6 +37,7 @@ from pydantic_settings import BaseSettings, EnvSettingsSource, PydanticBaseSetti
 from powerbudgetd.core.circuit import HostPower
 from powerbudgetd.core.feed import DEFAULT_DERATING, DEFAULT_PSU_EFFICIENCY, DEFAULT_UPS_MARGIN, Feed
 from powerbudgetd.core.model import CardOverride
+from powerbudgetd.core.meterpath import PathError, watts_at
 from powerbudgetd.core.peaks import MEASURED_TRANSIENT_FACTOR, FeedLine, binding_line, transient_factor
 from powerbudgetd.errors import ConfigError
 from powerbudgetd.core.model import Timings
@@ -44,11 +45,16 @@ from powerbudgetd.core.model import Timings
 DEFAULT_CONFIG_PATH = Path("/etc/powerbudgetd/powerbudgetd.toml")
 ENV_PREFIX = "POWERBUDGETD_"
 SIM_RECORDER_SUBDIR = "sim"  # run --backend sim records here, under the default recorder dir
-# Variables that share our prefix without being ours: the service links Docker and
-# Kubernetes inject for a service or container named "powerbudgetd".
-_SERVICE_LINK_RE = re.compile(
-    r"^POWERBUDGETD_(PORT(_\d+_(TCP|UDP|SCTP)(_(ADDR|PORT|PROTO))?)?|SERVICE_HOST|SERVICE_PORT(_[A-Z0-9_]+)?|NAME|ENV_[A-Z0-9_]+)$"
-)
+# Variables that share our prefix without being ours: the service links Kubernetes
+# injects for every Service named "powerbudgetd" or "powerbudgetd-<anything>"
+# (<NAME>_SERVICE_HOST, <NAME>_SERVICE_PORT[_<port name>], <NAME>_PORT=tcp://...,
+# <NAME>_PORT_<n>_<proto>[_ADDR|_PORT|_PROTO]) and Docker links for such a container
+# (the same _PORT forms, <NAME>_NAME=/a/b, <NAME>_ENV_<VAR>).
+_LINK_SUFFIX = r"(SERVICE_HOST|SERVICE_PORT(_[A-Z0-9_]+)?|PORT_\d+_(TCP|UDP|SCTP)(_(ADDR|PORT|PROTO))?|ENV_[A-Z0-9_]+)"
+_SERVICE_LINK_RE = re.compile(rf"^POWERBUDGETD(_[A-Z0-9_]+?)?_{_LINK_SUFFIX}$")
+# A bare <NAME>_PORT or <NAME>_NAME is a link only by its value (a URL, a link path):
+# POWERBUDGETD_METRICS_PORT=19400 is a mistyped setting, =tcp://10.0.0.5:19400 is not.
+_LINK_VALUE_RE = {"PORT": re.compile(r"^(tcp|udp|sctp)://\S+$"), "NAME": re.compile(r"^/\S+$")}
 _NOT_OVERRIDES = ("POWERBUDGETD_CONFIG",)  # the config file's path, not a setting
 # Environment variables (lower case, as pydantic-settings keys them) to leave out of
 # the next Settings(): set by load_config for a section the file does not have.
@@ -251,11 +257,15 @@ class MetricsConfig(_Section):
     Prometheus (or a reverse proxy) unless the operator opens them up with
     ``listen_address = "0.0.0.0"`` (or the address of the scrape network). Port 19400:
     outside 9100-9999, which exporters have claimed, and clear of dcgm-exporter's 9400.
+    At most ``max_connections`` are held at once (fewer where the descriptor limit is
+    low); a connection silent for ``idle_timeout_s`` is closed.
     """
 
     enabled: bool = True
     listen_address: IPvAnyAddress = Field(default="127.0.0.1", validate_default=True)
     port: int = Field(19400, ge=1, le=65535)
+    max_connections: int = Field(256, ge=4, le=10_000)
+    idle_timeout_s: float = Field(10.0, gt=0, le=300)
 
 
 _TOPIC_LEVEL_CHARS = re.compile(r"[+#\x00]")
@@ -296,19 +306,38 @@ def default_circuit_host(machine_id: str) -> str:
     return f"{default_node_id()[:55]}-{machine_id[:8]}"
 
 
+# What each preset's device publishes (the watts path's check): Tasmota's SENSOR
+# telemetry from a single- and a two-channel device, a Shelly Gen2 switch's status.
+METER_SAMPLES: dict[str, tuple[dict[str, Any], ...]] = {
+    "tasmota": (
+        {"Time": "2025-06-15T12:00:00", "ENERGY": {"Total": 12.3, "Power": 812, "Voltage": 230, "Current": 3.5}},
+        {"Time": "2025-06-15T12:00:00", "ENERGY": {"Total": 12.3, "Power": [412, 400], "Voltage": 230,
+                                                    "Current": [1.8, 1.7]}},
+    ),
+    "shelly": ({"id": 0, "source": "init", "output": True, "apower": 812.4, "voltage": 230.1, "current": 3.5,
+                "aenergy": {"total": 1234.5, "by_minute": [13.1, 13.5, 13.2], "minute_ts": 1750000000}},),
+}
+_PRESET_PATHS = {"tasmota": "ENERGY.Power", "shelly": "apower"}
+
+
 class WallMeterConfig(_Section):
     """A smart plug or metered PDU that reports the host's wall (plug) power over MQTT.
 
     Presets: ``tasmota`` (``topic`` is the device topic: ``tele/<topic>/SENSOR``,
-    ``ENERGY.Power``), ``shelly`` (Gen2/Plus, ``prefix``: ``<prefix>/status/switch:0``,
-    ``apower``) and ``generic`` (``topic`` is the full topic, ``json_path`` a dotted path
-    to the watts, list items by number: ``meters.0.power``; empty for a bare number).
+    ``ENERGY.Power``), ``shelly`` (Gen2/Plus, ``prefix``: ``<prefix>/status/switch:<switch>``,
+    ``apower``) and ``generic`` (``topic`` is the full topic). ``json_path`` (required
+    for ``generic``, else it replaces the preset's) is a dotted path to the watts, list
+    items by number (``ENERGY.Power.1``: one channel of a multi-channel Tasmota) or
+    ``*`` for their sum (``ENERGY.Power.*``); empty for a bare number
+    (``core.meterpath``). Under a preset it must find watts in one of the preset's
+    sample payloads (:data:`METER_SAMPLES`), or the config is refused.
     A reading older than ``max_age_s`` or outside [``min_w``, ``max_w``] is ignored.
     """
 
     preset: Literal["tasmota", "shelly", "generic"]
     topic: str | None = None
     prefix: str | None = None
+    switch: int = Field(0, ge=0, le=63)  # shelly: the switch (output) whose meter reads the host
     json_path: str | None = None
     max_age_s: float = Field(30.0, gt=0, le=3600)
     min_w: float = Field(1.0, ge=0, le=100_000)  # a running host never draws 0 W
@@ -328,17 +357,30 @@ class WallMeterConfig(_Section):
             raise ValueError(f"preset {self.preset!r} needs {' and '.join(missing)}")
         if self.min_w >= self.max_w:
             raise ValueError(f"min_w ({self.min_w:g} W) must be below max_w ({self.max_w:g} W)")
+        if self.switch and self.preset != "shelly":
+            raise ValueError("switch is the Shelly preset's: give the topic instead")
+        if self.preset in METER_SAMPLES and self.json_path is not None:
+            errors = []
+            for sample in METER_SAMPLES[self.preset]:
+                try:
+                    watts_at(sample, self.power_path())
+                    break
+                except PathError as exc:
+                    errors.append(str(exc))
+            else:
+                raise ValueError(f"json_path {self.json_path!r} finds no watts in a {self.preset} payload "
+                                 f"({'; '.join(dict.fromkeys(errors))}); e.g. {_PRESET_PATHS[self.preset]}")
         return self
 
     def state_topic(self) -> str:
         if self.preset == "tasmota":
             return f"tele/{self.topic}/SENSOR"
         if self.preset == "shelly":
-            return f"{self.prefix}/status/switch:0"
+            return f"{self.prefix}/status/switch:{self.switch}"
         return self.topic  # type: ignore[return-value]
 
     def power_path(self) -> tuple[str, ...]:
-        path = {"tasmota": "ENERGY.Power", "shelly": "apower"}.get(self.preset, self.json_path or "")
+        path = self.json_path if self.json_path is not None else _PRESET_PATHS.get(self.preset, "")
         return tuple(p for p in path.split(".") if p)
 
     def availability(self) -> tuple[str, frozenset[str]] | None:
@@ -370,6 +412,7 @@ class RemoteBudgetConfig(_Section):
 
 MQTT_PASSWORD_CREDENTIAL = "mqtt-password"
 CIRCUIT_PASSWORD_CREDENTIAL = "etcd-password"
+UPS_PASSWORD_CREDENTIAL = "ups-password"
 MAX_SECRET_BYTES = 4096
 
 
@@ -382,18 +425,47 @@ def credential_path(name: str) -> Path | None:
     return path if path.is_file() else None
 
 
-def check_secret_mode(path: Path) -> None:
-    """Raises ValueError when this process is root and ``path`` (a file holding a secret:
-    a password, a private key) is open to group or others, or cannot be read."""
-    try:
-        st = path.stat()
-    except OSError as exc:
-        raise ValueError(f"cannot read the secret in {path}: {exc.strerror or exc}") from None
+def check_private(path: Path, what: str) -> None:
+    """The one rule for every file holding a secret (a password file, a credential, a
+    TLS private key): when this process is root, readable by its owner only.
+
+    Raises ValueError naming the file and the fix (never its contents); OSError when it
+    cannot be read at all.
+    """
+    st = path.stat()
     if os.geteuid() == 0 and st.st_mode & 0o077:
         raise ValueError(
-            f"{path} holds a secret but is open to group or others (mode {stat.S_IMODE(st.st_mode):04o}); "
+            f"{path} {what} but is open to group or others (mode {stat.S_IMODE(st.st_mode):04o}); "
             f"fix: chmod 600 {path}"
         )
+
+
+def resolve_password(password: SecretStr | None, password_file: Path | None, credential: str) -> SecretStr | None:
+    """A section's password, first found wins: ``password`` (the file or the
+    environment), ``password_file``, the systemd credential ``credential``. Raises
+    ValueError when both ``password`` and ``password_file`` are given, or for a file
+    :func:`read_secret` refuses."""
+    if password is not None and password_file is not None:
+        raise ValueError("give password or password_file, not both")
+    if password is not None:
+        return password
+    source = password_file or credential_path(credential)
+    return None if source is None else SecretStr(read_secret(source))
+
+
+def check_tls_files(section: typing.Mapping[str, Path | None]) -> None:
+    """``ca_file``, ``cert_file`` and ``key_file`` exist; the private key is private
+    (:func:`check_private`). Raises ValueError naming the field."""
+    for name in ("ca_file", "cert_file", "key_file"):
+        path = section.get(name)
+        if path is not None and not path.is_file():
+            raise ValueError(f"{name}: no such file: {path}")
+    key = section.get("key_file")
+    if key is not None:
+        try:
+            check_private(key, "holds a private key")
+        except OSError as exc:
+            raise ValueError(f"key_file: cannot read {key}: {exc.strerror or exc}") from None
 
 
 def read_secret(path: Path) -> str:
@@ -402,8 +474,8 @@ def read_secret(path: Path) -> str:
     Raises ValueError naming the file (never its contents): unreadable, empty, too long,
     or, when this process is root, readable by group or others.
     """
-    check_secret_mode(path)
     try:
+        check_private(path, "holds a secret")
         with open(path, "rb") as fh:
             data = fh.read(MAX_SECRET_BYTES + 1)
     except OSError as exc:
@@ -463,16 +535,8 @@ class MqttConfig(_Section):
             raise ValueError("give both cert_file and key_file for a client certificate, or neither")
         if not self.tls and any(v for v in (self.ca_file, self.cert_file, self.tls_insecure)):
             raise ValueError("ca_file, cert_file, key_file and tls_insecure need tls = true")
-        for name in ("ca_file", "cert_file", "key_file"):
-            path = getattr(self, name)
-            if path is not None and not path.is_file():
-                raise ValueError(f"{name}: no such file: {path}")
-        if self.password is not None and self.password_file is not None:
-            raise ValueError("give password or password_file, not both")
-        if self.password is None:
-            source = self.password_file or credential_path(MQTT_PASSWORD_CREDENTIAL)
-            if source is not None:
-                self.password = SecretStr(read_secret(source))
+        check_tls_files({n: getattr(self, n) for n in ("ca_file", "cert_file", "key_file")})
+        self.password = resolve_password(self.password, self.password_file, MQTT_PASSWORD_CREDENTIAL)
         return self
 
     def topic(self) -> str:
@@ -541,12 +605,8 @@ class CircuitConfig(_Section):
 
     @model_validator(mode="after")
     def _check(self) -> CircuitConfig:
-        if self.password is not None and self.password_file is not None:
-            raise ValueError("give password or password_file, not both")
-        if self.password is None and self.username is not None:
-            source = self.password_file or credential_path(CIRCUIT_PASSWORD_CREDENTIAL)
-            if source is not None:
-                self.password = SecretStr(read_secret(source))
+        if self.username is not None or self.password_file is not None:
+            self.password = resolve_password(self.password, self.password_file, CIRCUIT_PASSWORD_CREDENTIAL)
         if (self.username is None) != (self.password is None):
             raise ValueError("give both username and password for etcd authentication, or neither")
         if (self.cert_file is None) != (self.key_file is None):
@@ -555,12 +615,7 @@ class CircuitConfig(_Section):
             self.host = default_circuit_host(self.machine_id())
         if not self.tls and any(v for v in (self.ca_file, self.cert_file)):
             raise ValueError("ca_file, cert_file and key_file need tls = true")
-        for name in ("ca_file", "cert_file", "key_file"):
-            path = getattr(self, name)
-            if path is not None and not path.is_file():
-                raise ValueError(f"{name}: no such file: {path}")
-        if self.key_file is not None:
-            check_secret_mode(self.key_file)
+        check_tls_files({n: getattr(self, n) for n in ("ca_file", "cert_file", "key_file")})
         return self
 
     def machine_id(self) -> str:
@@ -602,9 +657,11 @@ _NUT_WORD = re.compile(r"^[A-Za-z0-9_.@:+-]+$")  # NUT's protocol is line- and s
 
 class UpsConfig(_Section):
     """A UPS watched through Network UPS Tools: ``upsd`` at ``host``:``port`` serving
-    UPS ``name``. Off unless configured. ``password`` may come from the environment:
-    ``POWERBUDGETD_UPS__PASSWORD``. upsd checks credentials only for commands that change
-    something, never for reading, so they are optional.
+    UPS ``name``. Off unless configured. The password, as for MQTT and etcd, first found
+    wins: ``password``, ``POWERBUDGETD_UPS__PASSWORD``, ``password_file`` (mode 0600), or
+    the systemd credential ``ups-password`` (``LoadCredential=ups-password:...``). upsd
+    checks credentials only for commands that change something, never for reading, so
+    they are optional.
 
     On battery for ``on_battery_delay_s``: the budget drops to ``on_battery_budget_w``
     or ``on_battery_fraction`` of the configured budget (default: half); back on line
@@ -620,6 +677,7 @@ class UpsConfig(_Section):
     name: str = Field(min_length=1, max_length=64)
     username: str | None = Field(None, min_length=1, max_length=64)
     password: SecretStr | None = None
+    password_file: Path | None = None  # a file holding only the password (mode 0600)
     poll_s: float = Field(2.0, ge=0.2, le=60)
     timeout_s: float = Field(5.0, ge=0.2, le=60)  # one request to upsd
     reconnect_max_s: float = Field(30.0, ge=0.2, le=3600)  # backoff between failed polls, doubling from poll_s
@@ -638,17 +696,14 @@ class UpsConfig(_Section):
             raise ValueError(f"{value!r}: letters, digits and _ . @ : + - only (no spaces)")
         return value
 
-    @field_validator("password")
-    @classmethod
-    def _password(cls, value: SecretStr | None) -> SecretStr | None:
-        if value is not None and not _NUT_WORD.match(value.get_secret_value()):
-            raise ValueError("the password must be one word of printable characters (upsd reads it space-delimited)")
-        return value
-
     @model_validator(mode="after")
     def _check(self) -> UpsConfig:
         if self.on_battery_budget_w is not None and self.on_battery_fraction is not None:
             raise ValueError("give on_battery_budget_w or on_battery_fraction, not both")
+        if self.username is not None or self.password_file is not None:
+            self.password = resolve_password(self.password, self.password_file, UPS_PASSWORD_CREDENTIAL)
+        if self.password is not None and not _NUT_WORD.match(self.password.get_secret_value()):
+            raise ValueError("the password must be one word of printable characters (upsd reads it space-delimited)")
         if (self.username is None) != (self.password is None):
             raise ValueError("give both username and password, or neither")
         return self
@@ -1010,7 +1065,7 @@ def _sections_with(key: str, model: type[BaseModel] | None = None, prefix: str =
 _SECRET_ADVICE = {
     "mqtt": f"[mqtt] password_file, or systemd LoadCredential={MQTT_PASSWORD_CREDENTIAL}:...",
     "circuit": f"[circuit] password_file, or systemd LoadCredential={CIRCUIT_PASSWORD_CREDENTIAL}:...",
-    "ups": "[ups]: POWERBUDGETD_UPS__PASSWORD in the environment, e.g. from a root-only EnvironmentFile=",
+    "ups": f"[ups] password_file, or systemd LoadCredential={UPS_PASSWORD_CREDENTIAL}:...",
 }
 
 
@@ -1124,12 +1179,20 @@ def classify_env(environ: typing.Mapping[str, str] | None = None) -> EnvReport:
         if upper in exact or any(r.match(upper) for r in keyed) or _is_section_prefix(upper, exact):
             report.overrides.append(name)
             report.by_section.setdefault(upper[len(ENV_PREFIX):].split("__")[0].lower(), []).append(name)
-        elif _SERVICE_LINK_RE.match(upper):
+        elif _is_link(upper, environ[name]):
             report.links.append(name)
         else:
             close = difflib.get_close_matches(upper, [k for k in known if "<KEY>" not in k], n=1, cutoff=0.75)
             report.unknown.append((name, close[0] if close else None))
     return report
+
+
+def _is_link(name: str, value: str) -> bool:
+    """Whether ``name`` (upper case) = ``value`` is an orchestrator's service link."""
+    if _SERVICE_LINK_RE.match(name):
+        return True
+    last = name.rsplit("_", 1)[-1]
+    return last in _LINK_VALUE_RE and bool(_LINK_VALUE_RE[last].match(value.strip()))
 
 
 def _is_section_prefix(name: str, exact: set[str]) -> bool:

@@ -241,7 +241,7 @@ def test_builds_with_the_oldest_stated_setuptools(tmp_path: Path) -> None:
     assert f"Version: {powerbudgetd.__version__}\n" in meta
     assert f"Requires-Python: {PYPROJECT['project']['requires-python']}\n" in meta
     assert "Classifier: License :: OSI Approved :: MIT License\n" in meta
-    assert "[console_scripts]\npowerbudgetd = powerbudgetd.cli:main" in zipfile.ZipFile(whl).read(
+    assert "[console_scripts]\npowerbudgetd = powerbudgetd.__main__:main" in zipfile.ZipFile(whl).read(
         f"{dist_info}/entry_points.txt"
     ).decode()
 

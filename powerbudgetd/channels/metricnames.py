@@ -231,6 +231,14 @@ UPS_POLLS_FAILED = _declare("ups_polls_failed", "counter", "Polls of upsd that g
 UPS_VALUES_REJECTED = _declare(
     "ups_values_rejected", "counter", "NUT values ignored as non-numeric or out of bounds, by variable", ("variable",)
 )
+UPS_READINGS_IMPLAUSIBLE = _declare(
+    "ups_readings_implausible", "counter",
+    "UPS measured loads ignored by the plausibility rule (sentinel, below our own cards' draw, frozen)", ("reason",),
+)
+UPS_MEASURED_LOAD_TRUSTED = _declare(
+    "ups_measured_load_trusted", "gauge",
+    "1 while the UPS's measured load may raise the budget; 0 after an implausible one, until plausible readings return",
+)
 
 # -- MQTT: broker, wall meter, remote budget ([mqtt]) -----------------------------------------
 MQTT_CONNECTED = _declare("mqtt_connected", "gauge", "1 while connected to the MQTT broker")

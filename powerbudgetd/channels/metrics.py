@@ -7,7 +7,7 @@ Every name, label set and help text is declared in :mod:`~powerbudgetd.channels.
 
 The daemon feeds :class:`Metrics` each tick's bank snapshot through the side-channel
 hook (cheap: a reference kept and a few counter increments on the event loop); the
-HTTP server answers scrapes from its own threads and renders that snapshot. Energy is the
+HTTP server (:func:`serve`) answers scrapes from its own threads and renders that snapshot. Energy is the
 one NVML read done at scrape time, not per tick: ``nvmlDeviceGetTotalEnergyConsumption``
 costs ~3 ms median, 16 ms p99 on an H200 (brief), too much for a 100 ms control loop
 but nothing for a scrape every 15 s.
@@ -18,15 +18,16 @@ from __future__ import annotations
 import asyncio
 from collections import deque
 import ipaddress
+import logging
 import platform
+import resource
 import socket
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
-from socketserver import ThreadingMixIn
 from typing import TYPE_CHECKING, Any
-from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
+import structlog
 from prometheus_client import CollectorRegistry, ProcessCollector, disable_created_metrics, make_wsgi_app
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
@@ -324,23 +325,76 @@ class _StateCollector(Collector):
         yield energy
 
 
-def serve(registry: CollectorRegistry, address: str, port: int) -> WSGIServer:
-    """Serve ``registry`` on ``http://address:port/metrics`` from a daemon thread; ``/``
-    answers with a pointer to it, any other path 404 (a scraper or a person with a
-    wrong path learns so instead of getting metrics anyway).
+# Descriptors the metrics server leaves to everything else in the process (NVML, the
+# flight recorder, MQTT, etcd, a reload's config file): its connection cap is lowered to
+# fit under RLIMIT_NOFILE minus these.
+RESERVED_FDS = 128
+SCRAPE_THREADS = 2  # scrapes answered at once; every other connection waits on the one I/O thread
 
-    Returns the server (``shutdown()`` it to stop). Raises OSError when the address
-    cannot be bound (port in use, address not on this host).
-    """
 
-    class Server(ThreadingMixIn, WSGIServer):
-        daemon_threads = True  # a stuck scraper never holds up the daemon's exit
+def connection_cap(max_connections: int, nofile_soft: int) -> int:
+    """How many connections :func:`serve` holds at once: ``max_connections``, lowered so
+    that they and :data:`RESERVED_FDS` fit under the soft descriptor limit
+    ``nofile_soft`` (``resource.RLIM_INFINITY``: no limit); at least 4."""
+    if nofile_soft == resource.RLIM_INFINITY or nofile_soft < 0:
+        return max_connections
+    return max(4, min(max_connections, nofile_soft - RESERVED_FDS))
 
-    family, _, _, _, sockaddr = socket.getaddrinfo(address, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
-    Server.address_family = family  # an IPv6 listen_address binds as IPv6
-    httpd = make_server(str(sockaddr[0]), port, metrics_app(registry), Server, handler_class=_QuietHandler)
-    threading.Thread(target=httpd.serve_forever, name="metrics-http", daemon=True).start()
-    return httpd
+
+class MetricsServer:
+    """A running :func:`serve`: ``server_port`` (the port bound), ``max_connections``
+    (the cap in force); :meth:`close` stops it."""
+
+    def __init__(self, server: Any, thread: threading.Thread, max_connections: int) -> None:
+        self._server = server
+        self._thread = thread
+        self.server_port: int = server.effective_port
+        self.max_connections = max_connections
+
+    def close(self, timeout_s: float = 2.0) -> None:
+        """Stop accepting, close every connection, wait up to ``timeout_s`` for the I/O thread."""
+        self._server.close()
+        self._server.task_dispatcher.shutdown(timeout=timeout_s)
+        self._thread.join(timeout_s)
+
+
+class _ServerLog(logging.Handler):
+    """The HTTP server's own warnings (the connection cap reached, and left) as the
+    daemon's log events (``metrics_server``), not bare lines on stderr."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        event = structlog.get_logger("powerbudgetd").warning if record.levelno >= logging.WARNING else None
+        if event is not None:
+            event("metrics_server", detail=record.getMessage()[:200])
+
+
+def serve(registry: CollectorRegistry, address: str, port: int, *, max_connections: int = 256,
+          idle_timeout_s: float = 10.0) -> MetricsServer:
+    """Serve ``registry`` on ``http://address:port/metrics`` (see :func:`metrics_app`)
+    with waitress: one I/O thread multiplexes every connection (an idle one costs a
+    descriptor, never a thread), :data:`SCRAPE_THREADS` render scrapes. At most
+    :func:`connection_cap` connections are held (more wait in the listen backlog); a
+    connection silent for ``idle_timeout_s`` (s) — idle between requests or stalled in
+    one — is closed; request headers are capped at 8 KiB and bodies at 1 KiB.
+
+    Raises OSError when the address cannot be bound (port in use, address not on this
+    host)."""
+    from waitress.server import create_server
+
+    waitress_log = logging.getLogger("waitress")
+    if not any(isinstance(h, _ServerLog) for h in waitress_log.handlers):
+        waitress_log.addHandler(_ServerLog())
+        waitress_log.propagate = False  # no bare lines on stderr beside the JSON log
+    cap = connection_cap(max_connections, resource.getrlimit(resource.RLIMIT_NOFILE)[0])
+    server = create_server(
+        metrics_app(registry), host=address, port=port, threads=SCRAPE_THREADS, connection_limit=cap,
+        channel_timeout=idle_timeout_s, cleanup_interval=max(0.5, idle_timeout_s / 4), asyncore_use_poll=True,
+        max_request_header_size=8192, max_request_body_size=1024, backlog=64, ident="powerbudgetd",
+        expose_tracebacks=False, clear_untrusted_proxy_headers=True,
+    )
+    thread = threading.Thread(target=server.run, name="metrics-http", daemon=True)
+    thread.start()
+    return MetricsServer(server, thread, cap)
 
 
 def metrics_app(registry: CollectorRegistry) -> Callable[[dict[str, Any], Any], Iterable[bytes]]:
@@ -364,9 +418,3 @@ def metrics_app(registry: CollectorRegistry) -> Callable[[dict[str, Any], Any], 
 
 METRICS_PATH = "/metrics"
 
-
-class _QuietHandler(WSGIRequestHandler):
-    """No access log line per scrape (the daemon's own log is for events)."""
-
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the stdlib's name
-        pass

@@ -10,7 +10,11 @@ Two halves on the daemon's event-loop thread:
   is a *silence* with a cause (``unreachable``, ``stale``, ``unknown_ups``,
   ``auth_failed``, ``error``): one warning per change, a metric, the budget in force
   kept; polls back off (doubling from ``poll_s`` to ``reconnect_max_s``) until upsd
-  answers again. Nothing here can raise out of the task.
+  answers again. Nothing here can raise out of the task. A flapping source is quiet:
+  one state change is logged per change of the budget, the rest counted and given
+  (``flaps``) with the next ``ups_budget`` line, or with the state once it has held for
+  :data:`SETTLE_S`; a reason changing under an unchanged budget (on battery to stale)
+  is not logged.
 - :meth:`UpsChannel.on_tick` records the GPUs' board power (to pair with the UPS's
   measured load) and the bank's floor, runs the guard's timers and refreshes the offer.
 - :meth:`UpsChannel.on_reload` applies new budget rules at once (the daemon keeps the
@@ -38,6 +42,7 @@ from prometheus_client import REGISTRY, CollectorRegistry, Gauge
 from powerbudgetd.channels import metricnames as names
 from powerbudgetd.core.backoff import Backoff
 from powerbudgetd.core.feed import Feed
+from powerbudgetd.core.plausible import REASONS as PLAUSIBILITY_REASONS
 from powerbudgetd.core.ups import BOUNDS, KNOWN_FLAGS, REASONS, UpsConstraint, UpsGuard, UpsParams, UpsReading, parse_vars
 from powerbudgetd.config import UpsConfig
 
@@ -55,6 +60,7 @@ CAUSES = ("unreachable", "stale", "unknown_ups", "auth_failed", "error")
 STATES = ("waiting", "ok", *CAUSES)
 SHOWN_FLAGS = ("OL", "OB", "LB", "FSD", "OVER", "CHRG", "DISCHRG", "BYPASS", "OFF", "RB", "HB", "ALARM", "TRIM", "BOOST")
 MAX_SHOWN = 120  # characters of a server's error quoted in logs
+SETTLE_S = 30.0  # a state left unsaid by flapping is said once it has held this long (s)
 
 
 class BudgetSink(Protocol):
@@ -86,6 +92,11 @@ class UpsMetrics:
         self.limiting = names.gauge(names.UPS_BUDGET_REASON, registry)
         self.polls_failed = names.counter(names.UPS_POLLS_FAILED, registry)
         self.rejected = names.counter(names.UPS_VALUES_REJECTED, registry)
+        self.implausible = names.counter(names.UPS_READINGS_IMPLAUSIBLE, registry)
+        self.trusted = names.gauge(names.UPS_MEASURED_LOAD_TRUSTED, registry)
+        self.trusted.set(1)
+        for reason in PLAUSIBILITY_REASONS:
+            self.implausible.labels(reason)
         for state in STATES:
             self.state.labels(state).set(1 if state == "waiting" else 0)
         for flag in SHOWN_FLAGS:
@@ -189,6 +200,12 @@ class UpsChannel:
         self._unknown: frozenset[str] = frozenset()
         self._rejected: tuple[str, ...] = ()
         self._offered: float | None = None
+        # A state change is logged once per change of the budget; the others in between
+        # are counted and said with the next budget change (``flaps``).
+        self._state_said = False
+        self._flaps = 0
+        self._logged_state = self.state
+        self._state_since = clock()
         self.metrics.budget.set(self.configured_w)
 
     @property
@@ -221,6 +238,7 @@ class UpsChannel:
         age = self.guard.data_age_s(now)
         _set_or_nan(self.metrics.age, age)
         self._offer(now)
+        self._settle(now)
 
     def board_power_w(self) -> float | None:
         """The lowest summed GPU board power of the last :data:`BOARD_WINDOW_S` (W)."""
@@ -286,6 +304,7 @@ class UpsChannel:
         self._note_values(reading)
         self.metrics.reading(reading)
         self.guard.observe(reading, now, board_w=self.board_power_w(), configured_w=self.configured_w)
+        self._note_plausibility()
         if not reading.flags:
             self.metrics.polls_failed.labels("stale").inc()
             self._set_state("stale", "ups.status missing, unreadable or without a known flag: the UPS's state is unknown")
@@ -309,10 +328,12 @@ class UpsChannel:
             self.constraint = c
             for reason in REASONS:
                 self.metrics.limiting.labels(reason).set(1 if reason == c.reason else 0)
-            event = log.info if c.budget_w is None else log.warning
-            event("ups_budget", budget_w=None if c.budget_w is None else round(c.budget_w, 1), reason=c.reason,
-                  was_w=None if old.budget_w is None else round(old.budget_w, 1), was_reason=old.reason,
-                  configured_w=self.configured_w, detail=self._detail())
+            if c.budget_w != old.budget_w:  # a reason alone changing (on battery <-> stale) is no news
+                event = log.info if c.budget_w is None else log.warning
+                event("ups_budget", budget_w=None if c.budget_w is None else round(c.budget_w, 1), reason=c.reason,
+                      was_w=None if old.budget_w is None else round(old.budget_w, 1), was_reason=old.reason,
+                      configured_w=self.configured_w, state=self.state, flaps=self._flaps, detail=self._detail())
+                self._flaps, self._state_said = 0, False
         self.metrics.budget.set(self.configured_w if c.budget_w is None else c.budget_w)
         if c.budget_w != self._offered:
             if c.budget_w is None:
@@ -355,22 +376,57 @@ class UpsChannel:
                             detail="non-numeric or out of bounds: ignored, the budget is not raised by them")
             self._rejected = r.rejected
 
+    def _note_plausibility(self) -> None:
+        """The measured load's verdict: a metric per rejection, one line per change of trust."""
+        v = self.guard.verdict
+        if v is None:
+            return
+        if v.reason is not None:
+            self.metrics.implausible.labels(v.reason).inc()
+        self.metrics.trusted.set(1 if v.trusted else 0)
+        if v.changed:
+            kept = self.constraint.budget_w
+            if v.trusted:
+                log.info("budget_input_trusted", source=SOURCE, value_w=v.value_w, own_board_w=round(v.own_board_w, 1),
+                         detail=v.detail)
+            else:
+                log.warning("budget_input_implausible", source=SOURCE, reason=v.reason, value_w=v.value_w,
+                            own_board_w=round(v.own_board_w, 1), detail=v.detail,
+                            ups_budget_kept_w=None if kept is None else round(kept, 1))
+
     def _set_state(self, state: str, detail: str) -> None:
         for s in STATES:
             self.metrics.state.labels(s).set(1 if s == state else 0)
         if state == self.state:
             return
         old, self.state = self.state, state
+        self._state_since = self.clock()
+        if self._state_said:  # flapping: one line per change of the budget, with the count
+            self._flaps += 1
+            return
+        self._state_said = old != "waiting"  # the first answer after start is no flap
+        self._log_state(old, detail)
+
+    def _log_state(self, old: str, detail: str, **extra: Any) -> None:
+        state = self.state
+        self._logged_state = state
         where = f"{self.cfg.name}@{self.cfg.host}:{self.cfg.port}"
         if state == "ok":
-            log.info("ups_ok", ups=where, was=old, detail=detail)
+            log.info("ups_ok", ups=where, was=old, detail=detail, **extra)
         else:
             kept = self.constraint.budget_w
             log.warning(
                 "ups_unavailable", ups=where, state=state, was=old, detail=detail,
                 ups_budget_kept_w=None if kept is None else round(kept, 1),
-                action=_ADVICE.get(state, ""),
+                action=_ADVICE.get(state, ""), **extra,
             )
+
+    def _settle(self, now: float) -> None:
+        """Flapping that has stopped (a state steady for :data:`SETTLE_S`): say the state
+        with the count of flaps, and say the next change at once again."""
+        if self._flaps and now - self._state_since >= SETTLE_S:
+            flaps, self._flaps, self._state_said = self._flaps, 0, False
+            self._log_state(self._logged_state, f"steady for {SETTLE_S:g} s", flaps=flaps)
 
 
 _ADVICE = {

@@ -11,9 +11,11 @@ the UPS allows, or None when it does not constrain. It can only lower the budget
   once (``ups_low_battery``, ``ups_forced_shutdown``, ``ups_overload``), until the flag
   has been clear for ``online_hold_s``;
 - measured load: the UPS's real power (``ups.realpower``, else ``ups.load`` % x
-  ``ups.realpower.nominal``) is wall truth, like a wall meter's reading. Above the
-  plug-side limit it lowers the budget by the excess, in board watts, with a dead band
-  (``ups_measured_load``);
+  ``ups.realpower.nominal``) is wall truth, like a wall meter's reading, once it has
+  passed the plausibility rule every wall figure passes (``core.plausible``: not a
+  sentinel, not below our own cards' draw at the plug, not frozen). Above the plug-side
+  limit it lowers the budget by the excess, in board watts, with a dead band
+  (``ups_measured_load``); an implausible reading keeps the last good figure;
 - silence: the constraint in force is kept (timers toward a restore do not run without
   fresh data); with ``stale_as_on_battery`` it falls to ``on_battery_w`` as well
   (``ups_stale``).
@@ -30,6 +32,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from powerbudgetd.core.feed import next_wall_budget_w
+from powerbudgetd.core.plausible import InputCheck, Verdict
 
 # ups.status flags NUT defines. Anything else is unknown: shown, never acted on.
 KNOWN_FLAGS = frozenset({
@@ -210,6 +213,8 @@ class UpsGuard:
     battery_in_force: bool = False  # the on-battery budget applies (after the delay, until the hold)
     meter_w: float | None = None  # the measured-load budget (board W) after hysteresis; None: not limiting
     allowed_w: float | None = None  # what the last measured load allowed, before hysteresis
+    plausibility: InputCheck = field(default_factory=lambda: InputCheck("ups"))
+    verdict: Verdict | None = None  # the last measured load's, None when it was not checked
     _t: _Timers = field(default_factory=_Timers)
 
     # -- inputs -----------------------------------------------------------------------
@@ -250,6 +255,7 @@ class UpsGuard:
                 if now - t.online_since >= self.params.online_hold_s:
                     self.battery_in_force, t.online_since = False, None
         # neither OL nor OB (OFF, BYPASS, unknown words only): keep what is in force.
+        self.verdict = None
         self._measure(reading, board_w, configured_w)
 
     def silence(self, now: float) -> None:
@@ -276,11 +282,17 @@ class UpsGuard:
         wall_w = reading.wall_w()
         if limit is None or wall_w is None or board_w is None:
             return  # no figure to act on: the last measured-load budget stays
+        from_load = reading.realpower_w is None and reading.realpower_nominal_w is not None
+        step_w = reading.realpower_nominal_w / 100.0 if from_load and reading.realpower_nominal_w else 1.0
+        self.verdict = self.plausibility.check(wall_w, board_w, self.params.psu_efficiency, resolution_w=step_w)
+        if not self.verdict.plausible:
+            return  # a lie: the last good measured-load budget stays
         # The plug-side excess, in board watts: what the GPUs must give up so the UPS
         # carries no more than its limit (the rest of the host is taken as it is).
         allowed = board_w + (limit - wall_w) * self.params.psu_efficiency
         self.allowed_w = allowed
-        self.meter_w = next_wall_budget_w(self.meter_w, allowed, configured_w, self.params.hysteresis_w)
+        wanted = next_wall_budget_w(self.meter_w, allowed, configured_w, self.params.hysteresis_w)
+        self.meter_w = self.plausibility.admit(self.meter_w, wanted)
 
     # -- output -----------------------------------------------------------------------
     def evaluate(self, now: float, configured_w: float, floor_w: float | None) -> UpsConstraint:

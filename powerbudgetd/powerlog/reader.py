@@ -16,13 +16,14 @@ A log is read as untrusted input, with bounds: a line longer than
 :data:`MAX_LINE_BYTES` is skipped without being held in memory, JSON nested too deep or
 with wrong types is a skipped line (never a traceback), a timestamp outside
 [:data:`EARLIEST_UTC_S`, :data:`LATEST_UTC_S`] (2000 to 2200) is an impossible one and its
-record skipped, and more than ``max_records`` samples is a LogError.
+record skipped, and a window of more than ``max_bytes`` of parsed samples is a LogError.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -33,7 +34,14 @@ from powerbudgetd.powerlog.recorder import SCHEMA_VERSION, log_files, utc_iso
 
 EDGE_BYTES = 64 << 10  # read this much of a file's head and tail when scanning
 MAX_LINE_BYTES = 1 << 20  # a record is ~150 B + ~140 B per card: 1 MiB is thousands of cards
-MAX_RECORDS = 500_000  # samples one read may hold (~6 days at one a second; ~0.5 GB)
+# What one read may hold, in bytes of parsed samples (:func:`sample_cost_b`): the
+# report's peak memory stays under the README's 450 MiB whatever the width of the
+# records (measured: benchmarks/log_report_memory.py). A 4-card bank: ~3 days at one
+# record a second; an 8-card one: ~2 days; a 1024-card one: ~30 minutes.
+MAX_WINDOW_BYTES = 384 * 2**20
+SAMPLE_COST_B = 700  # a parsed sample without its cards (its fields, the UPS block, the list slot, the report's share)
+CARD_COST_B = 200  # one card in it (strings shared between records)
+UPS_KEYS = ("state", "status", "load_pct", "realpower_w", "runtime_s", "charge_pct", "budget_w", "reason")
 EARLIEST_UTC_S = 946_684_800.0  # 2000-01-01T00:00:00Z: no recorder wrote before
 # A wall clock can be stepped years ahead (the timeline runs on the monotonic clock):
 # only a date no clock of this era shows is impossible.
@@ -249,7 +257,7 @@ def _tail(fh: BinaryIO, end: int) -> tuple[bytes, int]:
 
 def load_samples(
     files: list[LogFile], since_s: float = float("-inf"), *, since_mono_s: float | None = None,
-    max_records: int = MAX_RECORDS, max_line_bytes: int = MAX_LINE_BYTES,
+    max_bytes: int = MAX_WINDOW_BYTES, max_line_bytes: int = MAX_LINE_BYTES,
 ) -> tuple[list[Sample], list[SkippedLine]]:
     """Parse every sample record in ``files``, in order, and the lines that were skipped
     (torn, zero-filled, too long or not records). ``since_mono_s``: only records of one
@@ -257,9 +265,11 @@ def load_samples(
     wall clock did; ``since_s``: only records at or after this wall time (epoch s).
 
     Files are streamed line by line (a line over ``max_line_bytes`` is skipped unread);
-    raises LogError when more than ``max_records`` samples would be held.
+    raises LogError when the samples would take more than ``max_bytes`` of memory
+    (:func:`sample_cost_b`).
     """
     samples: list[Sample] = []
+    held_b = 0
     skipped: list[SkippedLine] = []
     # The recorder writes "utc" as fixed-width ISO text and "mono_s" early in the line:
     # lines before the window are passed over without parsing them.
@@ -298,10 +308,12 @@ def load_samples(
                         skipped.append(SkippedLine(f.path, n, why, torn))
                         continue
                     if sample.mono_s >= since_mono_s if since_mono_s is not None else sample.utc_s >= since_s:
-                        if len(samples) >= max_records:
+                        held_b += sample_cost_b(len(sample.cards))
+                        if held_b > max_bytes:
                             raise LogError(
-                                f"{f.path}: more than {max_records} sample records to read; "
-                                "ask for a shorter window, or give one file instead of the directory"
+                                f"{f.path}: the window holds more than {max_bytes / 2**20:g} MiB of sample records "
+                                f"({len(samples)} read, {len(sample.cards)} cards each); ask for a shorter window, "
+                                "or give one file instead of the directory"
                             )
                         samples.append(sample)
                 if zeros and (not skipped or skipped[-1].path != f.path or not skipped[-1].torn):
@@ -421,23 +433,51 @@ def _check(rec: Any) -> None:
     epoch(rec["utc"])  # an impossible timestamp makes the record unusable
 
 
+def sample_cost_b(cards: int) -> int:
+    """Bytes of memory one parsed sample of ``cards`` cards is counted at (an upper
+    bound, measured: benchmarks/log_report_memory.py)."""
+    return SAMPLE_COST_B + CARD_COST_B * cards
+
+
+def _text(value: Any, limit: int) -> str:
+    """A short string shared by every record that holds it (UUIDs, roles, modes repeat)."""
+    return sys.intern(str(value)[:limit])
+
+
+def _ups_block(value: Any) -> dict[str, Any] | None:
+    """The recorder's UPS fields only, each a short string, a finite number or None:
+    anything else in the block (a log from elsewhere, a padded one) is left out."""
+    if not isinstance(value, dict):
+        return None
+    out: dict[str, Any] = {}
+    for key in UPS_KEYS:
+        v = value.get(key)
+        if isinstance(v, str):
+            out[key] = _text(v, 64)
+        elif isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v):
+            out[key] = float(v)
+        else:
+            out[key] = None
+    return out
+
+
 def _sample(rec: dict[str, Any], run: str | None = None) -> Sample:
     bank = rec["bank"]
     cards = rec["cards"]
     if not isinstance(cards, list) or len(cards) > 1024:
         raise ValueError("cards is not a list of at most 1024 cards")
     return Sample(
-        epoch(rec["utc"]), _number(rec["mono_s"]), str(rec["mode"])[:40], _number(rec["budget_w"]),
+        epoch(rec["utc"]), _number(rec["mono_s"]), _text(rec["mode"], 40), _number(rec["budget_w"]),
         int(_number(rec.get("dropped", 0))),
         tuple(
             CardSample(
-                int(_number(c["index"])), str(c["uuid"])[:100], _watts(c["avg_w"]), _watts(c["peak_w"]),
-                _watts(c["limit_w"]), str(c["role"])[:40],
+                int(_number(c["index"])), _text(c["uuid"], 100), _watts(c["avg_w"]), _watts(c["peak_w"]),
+                _watts(c["limit_w"]), _text(c["role"], 40),
             )
             for c in cards
         ),
         _watts(bank["avg_w"]), _watts(bank["peak_w"]), _watts(bank["limit_w"]), run,
-        rec["ups"] if isinstance(rec.get("ups"), dict) else None,
+        _ups_block(rec.get("ups")),
     )
 
 

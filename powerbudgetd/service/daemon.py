@@ -47,6 +47,7 @@ from powerbudgetd.service.notify import Notifier, watchdog_interval_s
 from powerbudgetd.hw.calls import DeadlineCalls
 from powerbudgetd.hw.nvml import Nvml, init_advice
 from powerbudgetd.hw.persistence import ensure_persistence_mode
+from powerbudgetd.service import signals
 from powerbudgetd.service.interruptible import Interrupted, until_stopped
 
 log = structlog.get_logger("powerbudgetd")
@@ -114,6 +115,7 @@ class Daemon:
         self._exit_status: int | None = None  # request_exit's
         self._wake = asyncio.Event()  # a signal arrived: end the wait between ticks
         self._reload_requested = False
+        self.reload_ignored = False
         self._reload_note = ""
         self._persistence_off: list[int] = []
         self._status = ""
@@ -154,6 +156,15 @@ class Daemon:
         self.request_stop()
 
     def request_reload(self) -> None:
+        """SIGHUP: reload at the next tick; during start, once ready (said once); during a
+        stop, never (said once)."""
+        if self._stop.is_set():
+            if not self.reload_ignored:
+                self.reload_ignored = True
+                log.info("reload_ignored", reason="stopping")
+            return
+        if not self._reload_requested and (self.controller is None or not self.controller.ready):
+            log.info("reload_deferred", reason="starting", detail="the config is re-read once the daemon is ready")
         self._reload_requested = True
         self._wake.set()
 
@@ -164,13 +175,26 @@ class Daemon:
         """
         loop = asyncio.get_running_loop()
         handlers = {signal.SIGTERM: self.request_stop, signal.SIGINT: self.request_stop, signal.SIGHUP: self.request_reload}
-        for sig, handler in handlers.items():
-            loop.add_signal_handler(sig, handler)
+        # signal.signal, not loop.add_signal_handler: taking the loop's handler away
+        # resets the signal to its default (SIGHUP: exit 129) for a moment; putting the
+        # one before it back (signals.hold's, in `run`) is one atomic swap.
+        previous = {sig: signal.getsignal(sig) for sig in handlers}
+
+        def on_signal(signum: int, _frame: object) -> None:  # between bytecodes of the main thread
+            loop.call_soon_threadsafe(handlers[signal.Signals(signum)])
+
+        for sig in handlers:
+            signal.signal(sig, on_signal)
+        stop, reloads = signals.take()  # asked for before these handlers: handed over now
+        if stop:
+            self.request_stop()
+        if reloads:
+            self.request_reload()
         try:
             return await self._run()
         finally:
-            for sig in handlers:
-                loop.remove_signal_handler(sig)
+            for sig, old in previous.items():
+                signal.signal(sig, old if old is not None else signal.SIG_DFL)
 
     async def _init_nvml(self) -> bool:
         """``nvmlInit`` with bounded retries and backoff (a driver may still be loading at

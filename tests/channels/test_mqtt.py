@@ -141,6 +141,9 @@ def test_wall_meter_warns_once_per_state_change_and_keeps_its_budget() -> None:
             meter.reading(payload, 2.0 + t, 120.0, 1000.0)
             assert meter.budget_w == lowered  # a bad reading never moves the budget
         assert meter.state == "implausible"  # 60 W is below 120 W of board power / 0.9
+        for t in (9.0, 9.25, 9.5, 9.75):  # plausible again: trusted only after five in a row
+            meter.reading(tasmota(705), t, 120.0, 1000.0)
+            assert meter.state == "implausible" and meter.budget_w == lowered
         meter.reading(tasmota(705), 10.0, 120.0, 1000.0)
         meter.check_age(14.0)
         assert meter.state == "ok"

@@ -349,7 +349,7 @@ def test_8_without_nvml_every_command_gives_the_same_hint(tmp_path, args, hint):
 @pytest.mark.parametrize(
     "text, advice, wrong",
     [
-        ('budget_w = 900\n[ups]\nname = "ups"\npassword = "s3cret"\n', "POWERBUDGETD_UPS__PASSWORD", "mqtt-password"),
+        ('budget_w = 900\n[ups]\nname = "ups"\npassword = "s3cret"\n', "LoadCredential=ups-password", "mqtt-password"),
         ('budget_w = 900\n[mqtt]\nhost = "b"\npassword = "s3cret"\n', "LoadCredential=mqtt-password", "UPS"),
     ],
 )
@@ -411,8 +411,7 @@ def test_8_the_metrics_endpoint_serves_metrics_and_404_elsewhere():
                 urllib.request.urlopen(f"{base}{path}", timeout=5)
             assert err.value.code == 404 and path.encode() in err.value.read()
     finally:
-        server.shutdown()
-        server.server_close()
+        server.close()
 
 
 def test_8_every_source_path_the_docs_name_exists():

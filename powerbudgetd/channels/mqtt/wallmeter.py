@@ -6,8 +6,10 @@ From each reading and the GPUs' board power (``core.feed``)::
     non-GPU wall draw = wall power - board power / PSU efficiency
     board budget      = (plug-side limit - non-GPU wall draw) x PSU efficiency
 
-with hysteresis against a noisy meter (:func:`powerbudgetd.core.feed.next_wall_budget_w`). Clock-free: ``now``
-(s) is passed in.
+with hysteresis against a noisy meter (:func:`powerbudgetd.core.feed.next_wall_budget_w`),
+once the reading has passed the plausibility rule every wall figure passes
+(``core.plausible``: not a sentinel, not below our own cards' draw at the plug, not
+frozen). Clock-free: ``now`` (s) is passed in.
 """
 
 from __future__ import annotations
@@ -19,10 +21,12 @@ from typing import Any
 import structlog
 
 from powerbudgetd.core.feed import next_wall_budget_w
-from powerbudgetd.channels.mqtt._text import finite_number, shown
+from powerbudgetd.channels.mqtt._text import shown
 from powerbudgetd.channels.mqtt.metrics import READING_ERRORS, MqttMetrics
 from powerbudgetd.core.arbiter import BudgetArbiter
 from powerbudgetd.core.feed import Feed
+from powerbudgetd.core.meterpath import PathError, watts_at
+from powerbudgetd.core.plausible import InputCheck
 from powerbudgetd.config import WallMeterConfig
 
 log = structlog.get_logger("powerbudgetd")
@@ -41,7 +45,8 @@ class ReadingError(ValueError):
 
 
 def parse_power_w(payload: bytes, path: Sequence[str]) -> float:
-    """The watts at ``path`` (dotted keys, list items by number) in a JSON payload.
+    """The watts at ``path`` in a JSON payload (``core.meterpath``: dotted keys, list
+    items by number, ``*`` to sum a list's items).
 
     Raises ReadingError ``garbled`` (not JSON, path missing, not a finite number) or
     ``negative``.
@@ -50,18 +55,12 @@ def parse_power_w(payload: bytes, path: Sequence[str]) -> float:
         value: Any = json.loads(payload)
     except (ValueError, UnicodeDecodeError, RecursionError):
         raise ReadingError("garbled", f"not JSON: {shown(payload)!r}") from None
-    for i, key in enumerate(path):
-        where = ".".join(path[: i + 1])
-        if isinstance(value, dict) and key in value:
-            value = value[key]
-        elif isinstance(value, list) and key.isdigit() and int(key) < len(value):
-            value = value[int(key)]
-        else:
-            raise ReadingError("garbled", f"no {where} in {shown(payload)!r}")
-    watts = finite_number(value)
-    if watts is None:
-        hint = "; point json_path at one channel, e.g. ENERGY.Power.0" if isinstance(value, list) else ""
-        raise ReadingError("garbled", f"{'.'.join(path) or 'payload'} is not a number: {shown(json.dumps(value))}{hint}")
+    try:
+        watts = watts_at(value, path)
+    except PathError as exc:
+        raise ReadingError("garbled", f"{exc}: {shown(payload)!r}") from None
+    except RecursionError:
+        raise ReadingError("garbled", f"nested too deep: {shown(payload)!r}") from None
     if watts < 0:
         raise ReadingError("negative", f"negative wall power: {watts:g} W")
     return watts
@@ -95,6 +94,7 @@ class WallMeter:
         self.last_ok_at = float("-inf")
         self.started_at: float | None = None  # first age check: the daemon's first tick
         self.silence_warned = False
+        self.plausibility = InputCheck(SOURCE)
         metrics.meter_waiting.set(1)
 
     def reading(
@@ -117,19 +117,18 @@ class WallMeter:
                 )
             if board_w is None:
                 return  # no tick yet: nothing to pair the reading with
-            non_gpu_w, allowed_w = self.feed.board_budget_from_wall_w(wall_w, board_w)
-            if non_gpu_w < 0:
-                raise ReadingError(
-                    "implausible",
-                    f"wall power {wall_w:g} W is below GPU board power {board_w:.0f} W / PSU efficiency "
-                    f"{self.feed.psu_efficiency:g}: is the meter on this host's plug?",
-                )
+            verdict = self.plausibility.check(wall_w, board_w, self.feed.psu_efficiency)
+            if not verdict.plausible:
+                hint = ": is the meter on this host's plug?" if verdict.reason == "below_own_draw" else ""
+                raise ReadingError("implausible", verdict.detail + hint)
         except ReadingError as exc:
             self.metrics.ignored.labels(exc.reason).inc()
             self._set_state(exc.reason, str(exc))
             return
+        non_gpu_w, allowed_w = self.feed.board_budget_from_wall_w(wall_w, board_w)
         self.wall_w, self.non_gpu_w, self.allowed_w = wall_w, non_gpu_w, allowed_w
-        self.budget_w = next_wall_budget_w(self.budget_w, allowed_w, configured_w, self.cfg.hysteresis_w)
+        wanted = next_wall_budget_w(self.budget_w, allowed_w, configured_w, self.cfg.hysteresis_w)
+        self.budget_w = self.plausibility.admit(self.budget_w, wanted)
         self.last_ok_at = now
         if self.arbiter is not None:
             if self.budget_w is None:
@@ -139,7 +138,10 @@ class WallMeter:
         self.metrics.wall_power(wall_w, non_gpu_w)
         self.metrics.meter_waiting.set(0)
         self.metrics.meter_budget.set(configured_w if self.budget_w is None else min(self.budget_w, configured_w))
-        self._set_state("ok", f"wall {wall_w:g} W, non-GPU {non_gpu_w:.0f} W, allows {allowed_w:.0f} W of board power")
+        if not verdict.trusted:  # plausible again, not yet trusted: it may lower the budget, not raise it
+            return
+        detail = f"wall {wall_w:g} W, non-GPU {non_gpu_w:.0f} W, allows {allowed_w:.0f} W of board power"
+        self._set_state("ok", verdict.detail if verdict.changed else detail)
 
     def offline(self) -> None:
         """The meter's own last will or availability says it is gone."""

@@ -1,0 +1,127 @@
+"""Plausibility of a measured budget input against the bank's own draw: one rule for every
+source that reports power at the plug (a UPS's load or real power, a wall meter).
+
+The one figure the daemon can trust is what its own cards draw (board power, read every
+100 ms). A wall reading is checked against it before it may move the budget:
+
+- **sentinel**: exactly 0 W, or a value drivers and firmwares use for "no data"
+  (0x7FFF, 0xFFFF, 0x7FFFFFFF, 0xFFFFFFFF): a host that is running never draws 0 W;
+- **below our own draw**: less than what our cards alone draw at the plug, board power
+  / PSU efficiency (the ``core.feed`` model): the meter cannot be on this host's plug,
+  or it lies;
+- **frozen**: the same value :data:`FROZEN_READINGS` readings in a row while our own
+  draw moved by more than :data:`FROZEN_SPAN_W` at the plug (and three times the
+  reading's resolution): a meter on our plug would have moved too.
+
+A rejected reading moves nothing: the budget the source allows keeps its last good
+value. The source is *distrusted* from then on, until :data:`TRUST_AFTER` plausible
+readings in a row have come back; while distrusted its plausible readings may lower its
+budget but never raise it (:meth:`InputCheck.admit`). A lying input can only ever make
+the budget lower or hold it.
+
+Pure: no I/O, no clock; the caller logs :attr:`Verdict.detail` once, when
+:attr:`Verdict.changed` says the source's trust changed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+REASONS = ("sentinel", "below_own_draw", "frozen")
+SENTINELS_W = frozenset({0.0, float(0x7FFF), float(0xFFFF), float(0x7FFFFFFF), float(0xFFFFFFFF)})
+TRUST_AFTER = 5  # plausible readings in a row before a distrusted source may raise the budget again
+FROZEN_READINGS = 10  # identical readings in a row ...
+FROZEN_SPAN_W = 100.0  # ... while our own draw at the plug moved by more than this (W)
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """One reading's verdict. ``reason``: one of :data:`REASONS`, None when plausible;
+    ``trusted``: after this reading, the source may raise the budget; ``changed``: its
+    trust changed with this reading (say so once); ``detail``: the source, the value (W)
+    and what our cards drew (board W, and at the plug), for the operator; ``value_w`` and
+    ``own_board_w``: the reading (W at the plug) and our cards' board power (W)."""
+
+    reason: str | None
+    trusted: bool
+    changed: bool
+    detail: str
+    value_w: float
+    own_board_w: float
+
+    @property
+    def plausible(self) -> bool:
+        return self.reason is None
+
+
+class InputCheck:
+    """The plausibility of one source's wall readings; see the module docstring.
+
+    ``source``: its name in messages (``ups``, ``wall_meter``). Feed every reading to
+    :meth:`check`; pass the budget it would allow through :meth:`admit`.
+    """
+
+    def __init__(self, source: str, *, trust_after: int = TRUST_AFTER, frozen_readings: int = FROZEN_READINGS,
+                 frozen_span_w: float = FROZEN_SPAN_W) -> None:
+        if trust_after < 1 or frozen_readings < 2 or frozen_span_w <= 0:
+            raise ValueError("trust_after >= 1, frozen_readings >= 2 and frozen_span_w > 0")
+        self.source = source
+        self.trust_after = trust_after
+        self.frozen_readings = frozen_readings
+        self.frozen_span_w = frozen_span_w
+        self.trusted = True
+        self.good_run = 0  # plausible readings in a row since the last rejection
+        self.rejected = 0  # readings rejected since the source was last trusted
+        self._same: float | None = None  # the value repeated ...
+        self._same_count = 0  # ... this many readings in a row
+        self._own_lo_w = self._own_hi_w = 0.0  # our own draw at the plug over that run (W)
+
+    def check(self, wall_w: float, board_w: float, psu_efficiency: float, *, resolution_w: float = 1.0) -> Verdict:
+        """A wall reading (W at the plug) paired with our cards' board power (W).
+        ``psu_efficiency`` in (0, 1]; ``resolution_w``: the reading's step (a UPS's
+        ``ups.load`` is 1 % of its nominal power)."""
+        own_wall_w = board_w / psu_efficiency
+        reason = self._reason(wall_w, own_wall_w, resolution_w)
+        drew = (f"{self.source} reads {wall_w:g} W at the plug while our cards drew {board_w:.0f} W of board power "
+                f"({own_wall_w:.0f} W at the plug at PSU efficiency {psu_efficiency:g})")
+        if reason is not None:
+            self.good_run = 0
+            self.rejected += 1
+            changed, self.trusted = self.trusted, False
+            why = {"sentinel": "a no-data sentinel", "below_own_draw": "less than our own cards draw",
+                   "frozen": f"the same value {self._same_count} readings in a row while our draw moved "
+                             f"{self._own_hi_w - self._own_lo_w:.0f} W"}[reason]
+            return Verdict(reason, False, changed,
+                           f"{drew}: {why}; ignored, the budget it allows keeps its last good value", wall_w, board_w)
+        self.good_run += 1
+        if not self.trusted and self.good_run >= self.trust_after:
+            self.trusted = True
+            detail = f"{drew}: trusted again after {self.good_run} plausible readings ({self.rejected} rejected)"
+            self.rejected = 0
+            return Verdict(None, True, True, detail, wall_w, board_w)
+        return Verdict(None, self.trusted, False, drew, wall_w, board_w)
+
+    def admit(self, current_w: float | None, next_w: float | None) -> float | None:
+        """The budget (W; None: not limiting) the source may hold after a plausible
+        reading that allows ``next_w``: that, when trusted; while distrusted, only
+        lower than ``current_w``, never higher (never from limiting to not)."""
+        if self.trusted:
+            return next_w
+        if next_w is None:
+            return current_w
+        return next_w if current_w is None else min(current_w, next_w)
+
+    def _reason(self, wall_w: float, own_wall_w: float, resolution_w: float) -> str | None:
+        if wall_w == self._same:
+            self._same_count += 1
+            self._own_lo_w, self._own_hi_w = min(self._own_lo_w, own_wall_w), max(self._own_hi_w, own_wall_w)
+        else:
+            self._same, self._same_count, self._own_lo_w, self._own_hi_w = wall_w, 1, own_wall_w, own_wall_w
+        if wall_w in SENTINELS_W:
+            return "sentinel"
+        if wall_w < own_wall_w:
+            return "below_own_draw"
+        span_w = max(self.frozen_span_w, 3 * resolution_w)
+        if self._same_count >= self.frozen_readings and self._own_hi_w - self._own_lo_w > span_w:
+            return "frozen"
+        return None
