@@ -384,7 +384,7 @@ def _check_config_cards(args: argparse.Namespace, settings: Settings, path: Path
     """check-config --backend: read the cards and refuse what run would refuse."""
     from powerbudgetd.service.backend import make_nvml
     from powerbudgetd.service.checkconfig import describe
-    from powerbudgetd.service.feasibility import card_names, check_feasible
+    from powerbudgetd.service.feasibility import card_names, check_feasible, floors
     from powerbudgetd_sim.scenario import ScenarioError
 
     configure_logging(level="error", stream=sys.stderr)
@@ -402,6 +402,7 @@ def _check_config_cards(args: argparse.Namespace, settings: Settings, path: Path
     try:
         names = card_names(nvml)
         ctl = check_feasible(nvml, settings)
+        counted = floors(ctl)
     except BudgetInfeasible as exc:
         print(describe(settings, path, card_names=names, floors=None, verdict="budget infeasible"))
         print(f"powerbudgetd: budget_infeasible ({source}): {exc}", file=sys.stderr)
@@ -411,8 +412,7 @@ def _check_config_cards(args: argparse.Namespace, settings: Settings, path: Path
         return ExitStatus.NVML
     finally:
         nvml.shutdown()
-    floors = [(c.index, c.info.name, c.min_mw / 1000 if c.controllable else None) for c in ctl.cards]
-    print(describe(settings, path, card_names=names, floors=floors, source=source))
+    print(describe(settings, path, card_names=names, floors=counted, source=source))
     for text in ctl.override_warnings:
         print(f"warning: {text}")
     return ExitStatus.OK

@@ -170,8 +170,10 @@ class Controller:
         if self._budget_reason is not None and mode != Mode.STOPPING:
             reasons = dict.fromkeys(reasons, self._budget_reason)
         self._budget_reason = None
-        done = record(self.actuator.apply(self._plan(now, active, targets, bool(faults))), {c.uuid: c for c in self.cards},
-                      reasons, self.sum_bound_mw, now, self.dry_run, self.allow_monitor_only)
+        applied = self.actuator.apply(self._plan(now, active, targets, bool(faults)),
+                                      sum_bound_mw=self.sum_bound_mw, budget_mw=self.budget_mw)
+        done = record(applied, {c.uuid: c for c in self.cards}, reasons, self.sum_bound_mw, now, self.dry_run,
+                      self.allow_monitor_only)
         if done.failed:
             self._failsafe_until = now + self.timings.failsafe_hold_s
         if done.no_permission:
@@ -195,7 +197,7 @@ class Controller:
                 # the others are fitted around it, instead of lending watts it still holds.
                 c.hold(now, "write_refused", target_w=targets[c.uuid] / 1000, counted_w=c.bound_mw / 1000)
         # A new card is written even at its target: only a confirmed write of ours ends it.
-        steps = [Step(c.uuid, c.bound_mw, targets[c.uuid], c.requested_mw, c.priority, busy=c.ledger.busy,
+        steps = [Step(c.uuid, c.bound_mw, targets[c.uuid], c.requested_mw, c.priority, busy=c.ledger.writing,
                       force=c.ledger.new) for c in active if targets[c.uuid] not in c.refused]
         planned = {st.uuid for st in steps}
         outside_mw = sum(c.bound_mw for c in self.cards if c.uuid not in planned)  # fixed, lost, held

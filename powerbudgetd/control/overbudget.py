@@ -43,11 +43,11 @@ class OverBudget:
     def why(c: CardState) -> str | None:
         """Why a card counts above what we can hold it to, or None."""
         if c.gone:
-            return "gone (reserved at its bound)"
+            return f"gone, reserved at {c.bound_mw / 1000:g} W"
         if c.error is not None:
             return f"unreadable ({c.error.split(':')[0]}), counted at {c.bound_mw / 1000:g} W"
         if c.ledger.new:
-            return f"new, counted at its max {c.ledger.worst_mw / 1000:g} W until capped"
+            return f"new, counted at {c.bound_mw / 1000:g} W until capped"
         if c.ledger.held_above:
             return (f"held at {c.enforced_mw / 1000:g} W above its requested {c.requested_mw / 1000:g} W "
                     "by an outside limit")

@@ -124,12 +124,13 @@ def describe(
     path: Path,
     *,
     card_names: list[str] | None = None,
-    floors: list[tuple[int, str, float | None]] | None = None,
+    floors: list[tuple[int, str, float | None, float | None]] | None = None,
     source: str | None = None,
     verdict: str = "valid",
 ) -> str:
     """The report ``check-config`` prints. ``floors``: (index, name, minimum limit W or
-    None when not controlled) of each card read from ``source``; None: not checked."""
+    None when not controlled, W counted for it when not controlled) of each card read
+    from ``source``; None: not checked."""
     rows = derivation(settings, card_names)
     lw = max(len(r[0]) for r in rows)
     ew = max(len(r[1]) for r in rows)
@@ -148,8 +149,9 @@ def describe(
             f"{' + '.join(_w(f[2]) for f in known if f[2] is not None)} = "
             f"{_w(sum(f[2] for f in known if f[2] is not None))} W, within the "
             f"{_w(settings.effective_budget_w(card_names))} W budget"
-            + (f" ({len(floors) - len(known)} not controlled: counted at their limits)" if len(known) < len(floors) else "")
         )
+        lines += [f"  GPU {index} ({name}): not controlled, counted at {_w(counted)} W"
+                  for index, name, lo, counted in floors if lo is None and counted is not None]
     c = settings.control
     lines.append(
         f"control: tick {_n(c.tick_s)} s, donor hold {_n(c.donor_hold_s)} s, recipient hold "

@@ -40,6 +40,14 @@ def make_controller(
     )
 
 
+def floors(ctl: Controller) -> list[tuple[int, str, float | None, float | None]]:
+    """Each card of a started controller as ``check-config`` reports it: (index, name,
+    minimum limit W where controlled, W it is counted at where not: read afresh, by the
+    bound the controller and ``failsafe`` count it at)."""
+    return [(c.index, c.info.name, c.min_mw / 1000 if c.controllable else None,
+             None if c.controllable else ctl.bank.counted_mw(c) / 1000) for c in ctl.cards]
+
+
 def check_feasible(nvml: Nvml, settings: Settings) -> Controller:
     """Enumerate the cards and check the budget against their floors, writing nothing.
 
