@@ -33,12 +33,13 @@ from powerbudgetd.control import decide, observe
 from powerbudgetd.control.actuator import Actuator
 from powerbudgetd.control.card import CardState
 from powerbudgetd.control.cardset import CardSet
-from powerbudgetd.control.overbudget import OverBudget
+from powerbudgetd.control.overbudget import OverBudget, degraded
 from powerbudgetd.control.report import TickReport, bank_snapshot
 from powerbudgetd.control.writes import WriteEvent, record
 from powerbudgetd.core.model import CardOverride, Mode, Timings
 from powerbudgetd.core.plan import Step, Write, plan_writes
 from powerbudgetd.core.policy import LendingPolicy
+from powerbudgetd.core.snapshot import BankSnapshot
 from powerbudgetd.core.units import budget_mw
 from powerbudgetd.errors import NvmlError, NvmlNoPermission
 from powerbudgetd.hw.calls import InlineCalls
@@ -178,7 +179,7 @@ class Controller:
             self._failsafe_until = now + self.timings.failsafe_hold_s
         if done.no_permission:
             self._monitor_only()
-        self.over.track(now, self, mode)
+        self.over.track(now, self.cards, self.budget_mw, mode)
         # Done is judged on every card we control, those counted where they are while
         # their decrease bites (over budget) too: their writes must be confirmed first.
         self._check_done(now, mode, [c for c in self.cards if self._controlled(c, now)])
@@ -238,7 +239,11 @@ class Controller:
 
     def _report(self, now: float, events: list[WriteEvent], faults: list[str]) -> TickReport:
         return TickReport(now, self.mode, self.ready, self.budget_mw / 1000, self.sum_bound_mw / 1000,
-                          tuple(events), tuple(faults), bank_snapshot(self, now))
+                          tuple(events), tuple(faults), self.snapshot(now))
+
+    def snapshot(self, now: float) -> BankSnapshot:
+        """The bank in W as it stands at ``now`` (what every side channel reads)."""
+        return bank_snapshot(self.cards, now, self.mode, self.ready, self.budget_mw, self.over)
 
     @property
     def sum_bound_mw(self) -> int:
@@ -246,7 +251,7 @@ class Controller:
 
     def degraded(self) -> list[str]:
         """Why the bank is not fully under control, one phrase per card (empty: it is)."""
-        return [f"GPU {c.index} {why}" for c in self.cards if (why := self.over.why(c))]
+        return degraded(self.cards)
 
     def _mode(self, now: float) -> Mode:
         if self.stopping:
