@@ -29,6 +29,15 @@ log = structlog.get_logger("powerbudgetd")
 START_TIMEOUT_S = 30.0  # enumeration at start (outside the loop) may be slow while a driver wakes
 
 
+def _arrived(event: str, c: CardState) -> None:
+    """Log a card that appeared or came back at what its ledger counts it at now."""
+    if event == "card_appeared":
+        log.warning(event, index=c.index, uuid=c.uuid, name=c.info.name, counted_w=c.bound_mw / 1000,
+                    controllable=c.controllable, action="counted at its maximum and capped before anything else is raised")
+    else:
+        log.warning(event, index=c.index, uuid=c.uuid, counted_w=c.bound_mw / 1000)
+
+
 class CardSet:
     """Every card of the bank, in NVML's order of first sight, keyed by UUID (limits mW)."""
 
@@ -165,13 +174,8 @@ class CardSet:
                 info = GpuInfo(info.index, info.uuid, info.name, c.info.min_limit_w, c.info.max_limit_w,
                                c.info.default_limit_w, info.mig_mode)
             c.info, c.gone = info, False
-            # Logged at what the ledger counts it at now (its bound), never another figure.
-            if event == "card_appeared":
-                log.warning(event, index=info.index, uuid=info.uuid, name=info.name, counted_w=c.bound_mw / 1000,
-                            controllable=c.controllable,
-                            action="counted at its maximum and capped before anything else is raised")
-            elif event == "card_returned":
-                log.warning(event, index=info.index, uuid=info.uuid, counted_w=c.bound_mw / 1000)
+            if event is not None:
+                _arrived(event, c)
         present = {i.uuid for i in found}
         for c in self.cards:
             if c.uuid not in present and not c.gone:

@@ -104,15 +104,17 @@ class CardLedger:
         confirmed = self.inflight[-1][0] if self.inflight and self.confirmed(now) else None
         if confirmed is not None:
             if enforced_mw == confirmed != self.enforced_before_mw:
-                # Seen biting (not merely still at the old value): a card applies queued
-                # writes in turn, so every write sent before it has landed already.
-                sent_at = self.inflight[-1][1]
-                self.superseded = [(mw, t) for mw, t in self.superseded if t > sent_at]
+                self._landed_before(self.inflight[-1][1])
             self.inflight.clear()
             self.new = self.overdue = False
             self.unread = 0
         self._foreign(now)
         return confirmed
+
+    def _landed_before(self, sent_at: float) -> None:
+        """Our write sent at ``sent_at`` was seen biting (not merely still at the old
+        value): a card applies queued writes in turn, so every one sent before it landed."""
+        self.superseded = [(mw, t) for mw, t in self.superseded if t > sent_at]
 
     def observe_unknown(self) -> None:
         """The card could not be read (or a call on it is overdue): it counts at the
