@@ -49,9 +49,11 @@ class CardLedger:
     seen_ours: bool = False  # our write in flight has been read back in requested
     # Writes (ours, or another tool's raise) replaced before they were seen biting, with
     # when they were sent (first seen): a card may apply queued writes in turn, each after
-    # the lag, so one may still bite. Counted until confirm_timeout_s after that time, the
-    # longest a write of ours is waited for.
+    # the lag, so one may still bite. Counted until it, or a later write, is seen biting,
+    # else until confirm_timeout_s (the longest a write of ours is waited for) or twice the
+    # longest lag seen on the card, whichever is longer, after that time.
     superseded: list[tuple[int, float]] = field(default_factory=list)
+    lag_seen_s: float = 0.0  # the longest a write was seen taking to bite on this card (s)
     unread: int = 0  # writes in a row never read back while the card kept what it had
     foreign_mw: int | None = None  # a raise we did not make, maybe still in flight
     foreign_since: float | None = None
@@ -80,11 +82,12 @@ class CardLedger:
         (mW) of the write of ours it confirms, if any (the in-flight list is then cleared)."""
         if requested_mw != self.requested_mw:
             self.requested_since = now
+        moved = enforced_mw is not None and self.enforced_mw is not None and enforced_mw != self.enforced_mw
         self.requested_mw, self.enforced_mw = requested_mw, enforced_mw
         for v in (requested_mw, enforced_mw):
             if v is not None and v > self.worst_mw:
                 self.worst_mw = v
-        self.superseded = [(mw, t) for mw, t in self.superseded if now - t < self.timings.confirm_timeout_s]
+        self._forget_landed(now, moved)
         ours = [mw for mw, _ in self.inflight]
         if requested_mw is not None and requested_mw in ours:
             self.seen_ours = True  # our write reached the card: whatever replaces it is news
@@ -111,9 +114,24 @@ class CardLedger:
         self._foreign(now)
         return confirmed
 
+    def _forget_landed(self, now: float, moved: bool) -> None:
+        """Drop the replaced writes that can no longer land, learning the card's lag from
+        each bite seen (``moved``: enforced changed since the last read)."""
+        e = self.enforced_mw
+        if moved and e == self.requested_mw:  # the request seen biting: how long that took
+            self.lag_seen_s = max(self.lag_seen_s, now - self.requested_since)
+        bit = [t for mw, t in self.superseded if moved and mw == e]
+        if bit:  # a replaced write seen biting (the earliest of that value): it and all before it landed
+            self.lag_seen_s = max(self.lag_seen_s, now - min(bit))
+            self._landed_before(min(bit))
+        # The others are counted while they may still land: as long as a write of ours is
+        # waited for, or twice the longest lag seen on this card, whichever is longer.
+        keep_s = max(self.timings.confirm_timeout_s, 2 * self.lag_seen_s)
+        self.superseded = [(mw, t) for mw, t in self.superseded if now - t < keep_s]
+
     def _landed_before(self, sent_at: float) -> None:
-        """Our write sent at ``sent_at`` was seen biting (not merely still at the old
-        value): a card applies queued writes in turn, so every one sent before it landed."""
+        """A write sent at ``sent_at`` was seen biting (not merely still at the old value):
+        a card applies queued writes in turn, so it and every one sent before it landed."""
         self.superseded = [(mw, t) for mw, t in self.superseded if t > sent_at]
 
     def observe_unknown(self) -> None:

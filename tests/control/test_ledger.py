@@ -181,14 +181,17 @@ def test_our_write_superseded_before_it_bites_is_counted_until_it_cannot_land():
     (or to 250 W). The card reads the other value, never ours: news, nothing of ours is
     waited for, and the card may be written again at once. Yet our 300 W is still on its
     way: the bound counts it until confirm_timeout_s after it was sent (the longest any
-    write of ours is waited for). The same for the second such write in a row, which is
-    expired at once (a tool writing back after each of our writes: ours still bite)."""
+    write of ours is waited for; the 250 W bites after 0.1 s, so no longer lag is seen).
+    The same for the second such write in a row, which is expired at once (a tool
+    writing back after each of our writes: ours still bite)."""
     for back_mw in (200_000, 250_000):
         led = CardLedger(T, 400_000)
         led.observe(0.0, 200_000, 200_000)
         led.record_write(300_000, 0.0)
         led.observe(0.1, back_mw, 200_000)
         assert not led.inflight and led.bound_mw == 300_000
+        led.observe(0.2, back_mw, back_mw)
+        assert led.bound_mw == 300_000
         led.observe(T.confirm_timeout_s - 0.01, back_mw, back_mw)
         assert led.bound_mw == 300_000
         led.observe(T.confirm_timeout_s, back_mw, back_mw)
