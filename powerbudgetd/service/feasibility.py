@@ -12,7 +12,7 @@ from collections.abc import Callable
 
 from powerbudgetd.control.cardset import START_TIMEOUT_S
 from powerbudgetd.control.controller import Controller
-from powerbudgetd.hw.calls import InlineCalls
+from powerbudgetd.hw.calls import DeadlineCalls, InlineCalls
 from powerbudgetd.hw.nvml import Nvml
 from powerbudgetd.config import Settings
 
@@ -48,12 +48,16 @@ def floors(ctl: Controller) -> list[tuple[int, str, float | None, float | None]]
              None if c.controllable else ctl.bank.counted_mw(c) / 1000) for c in ctl.cards]
 
 
-def check_feasible(nvml: Nvml, settings: Settings) -> Controller:
+def check_feasible(nvml: Nvml, settings: Settings, calls: InlineCalls | None = None) -> Controller:
     """Enumerate the cards and check the budget against their floors, writing nothing.
 
-    Returns the started (dry-run) controller; raises BudgetInfeasible naming each card's
-    floor against its share, as ``run`` does, or NvmlError.
+    Every NVML call goes through ``calls``, by default with ``run``'s deadline
+    (``call_timeout_s``; enumeration START_TIMEOUT_S), so a hung card fails the check as
+    it fails ``run``'s start instead of hanging it. Returns the started (dry-run)
+    controller; raises BudgetInfeasible naming each card's floor against its share, as
+    ``run`` does, or NvmlError (NvmlTimeout for a hung card).
     """
-    ctl = make_controller(nvml, settings, dry_run=True)
+    calls = calls or DeadlineCalls(settings.control.call_timeout_s)
+    ctl = make_controller(nvml, settings, dry_run=True, calls=calls)
     ctl.start()
     return ctl

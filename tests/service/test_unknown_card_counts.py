@@ -11,6 +11,7 @@ both refuse to start on such a bank alike (an NVML error), and the running daemo
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -22,6 +23,7 @@ from powerbudgetd.hw.nvml import Nvml
 from powerbudgetd.service.feasibility import check_feasible, floors, make_controller
 from powerbudgetd_sim.libnvml import Fault, SimNvmlLibrary
 from powerbudgetd_sim.physics import SimBank
+from support.daemon import cli
 from support.rig import card
 
 UUID = "GPU-test-2"
@@ -89,3 +91,19 @@ def test_the_daemon_failsafe_and_check_config_count_an_unknown_card_alike(kind: 
         return
     (row,) = [f for f in floors(check_feasible(nvml, settings)) if f[0] == 2]
     assert row[2] is None and row[3] == counted_w
+
+
+def test_check_config_counts_a_hung_card_within_runs_deadline(tmp_path: Path) -> None:
+    """``check-config --backend sim`` on the workstation bank whose excluded card 1 hangs
+    every power reading for 60 s of wall time: each call has run's deadline, so the
+    command answers at once, counting the card at its worst case (300 W) as run and
+    failsafe do; it waited on the hung call before."""
+    (tmp_path / "bank.toml").write_text('bank = "workstation-4"\n[[faults]]\ncall = "nvmlDeviceGetPowerUsage"\n'
+                                        'error = "SLOW"\ncard = 1\ndelay_s = 60\n')
+    config = tmp_path / "pb.toml"
+    config.write_text(f'budget_w = 1000\n[cards."1"]\nexclude = true\n[sim]\nscenario = "{tmp_path / "bank.toml"}"\n')
+    t0 = time.monotonic()
+    p = cli("check-config", str(config), "--backend", "sim", timeout=50)
+    assert p.returncode == 0, p.stderr
+    assert time.monotonic() - t0 < 20
+    assert "GPU 1 (" in p.stdout and "not controlled, counted at 300 W" in p.stdout
