@@ -63,6 +63,9 @@ class CardLedger:
     backoff_s: float = 0.0
     refused: set[int] = field(default_factory=set)  # values NVML refused: never resent
     requested_since: float = float("-inf")  # when the requested limit read was first seen
+    # The requested limit was seen biting (enforced moved to it). Enforced merely equal
+    # to it proves nothing: a floor elsewhere may show that value while it is queued.
+    request_landed: bool = False
     enforced_before_mw: int | None = None  # the enforced limit read before our first write in flight
 
     @property
@@ -82,6 +85,9 @@ class CardLedger:
         (mW) of the write of ours it confirms, if any (the in-flight list is then cleared)."""
         if requested_mw != self.requested_mw:
             self.requested_since = now
+            # A new request has landed once enforced is seen moving to it; one found in
+            # force at first sight (start, or back after a failed read) is taken as settled.
+            self.request_landed = self.requested_mw is None and enforced_mw == requested_mw
         moved = enforced_mw is not None and self.enforced_mw is not None and enforced_mw != self.enforced_mw
         self.requested_mw, self.enforced_mw = requested_mw, enforced_mw
         for v in (requested_mw, enforced_mw):
@@ -120,6 +126,7 @@ class CardLedger:
         e = self.enforced_mw
         if moved and e == self.requested_mw:  # the request seen biting: how long that took
             self.lag_seen_s = max(self.lag_seen_s, now - self.requested_since)
+            self.request_landed = True
         bit = [t for mw, t in self.superseded if moved and mw == e]
         if bit:  # a replaced write seen biting (the earliest of that value): it and all before it landed
             self.lag_seen_s = max(self.lag_seen_s, now - min(bit))
@@ -183,12 +190,12 @@ class CardLedger:
     # -- what we write ---------------------------------------------------------------
     def record_write(self, to_mw: int, sent_at: float) -> None:
         """A write of ours was sent at ``sent_at``: it may be in force from now on. The
-        request it replaces, if not read in force yet (ours, or another tool's raise
-        still landing, whatever the card's lag), may still land: it stays counted."""
+        request it replaces, if not seen biting yet (ours, or another tool's raise still
+        landing, whatever the card's lag), may still land: it stays counted."""
         if not self.inflight:
             self.requested_before_mw, self.enforced_before_mw = self.requested_mw, self.enforced_mw
             self.seen_ours = False
-            if self.requested_mw is not None and self.requested_mw != self.enforced_mw:
+            if self.requested_mw is not None and not self.request_landed:
                 since = self.foreign_since if self.foreign_mw == self.requested_mw else None
                 self.superseded.append((self.requested_mw, self.requested_since if since is None else since))
             self.foreign_mw = self.foreign_since = None
