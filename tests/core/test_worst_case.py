@@ -8,6 +8,7 @@ daemon, failsafe and check-config agree); no code stores a bound of its own."""
 from __future__ import annotations
 
 import ast
+from functools import cache
 
 from support.paths import REPO
 from powerbudgetd.core.worstcase import limit_bound_mw, worst_case_mw
@@ -30,6 +31,7 @@ def test_the_bound_counts_the_worst_case_wherever_a_limit_is_unknown() -> None:
     assert limit_bound_mw(250_000, 250_000, 300_000, unknown=True) == 300_000
 
 
+@cache
 def _product() -> list[tuple[str, ast.AST]]:
     return [(str(p.relative_to(REPO)), ast.parse(p.read_text())) for p in sorted(PKG.rglob("*.py"))]
 
