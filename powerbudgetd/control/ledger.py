@@ -83,17 +83,7 @@ class CardLedger:
     def observe(self, now: float, requested_mw: int | None, enforced_mw: int | None) -> int | None:
         """Take one read-back of the card's limits (None: unknown). Returns the target
         (mW) of the write of ours it confirms, if any (the in-flight list is then cleared)."""
-        if requested_mw != self.requested_mw:
-            self.requested_since = now
-            # A new request has landed once enforced is seen moving to it; one found in
-            # force at first sight (start, or back after a failed read) is taken as settled.
-            self.request_landed = self.requested_mw is None and enforced_mw == requested_mw
-        moved = enforced_mw is not None and self.enforced_mw is not None and enforced_mw != self.enforced_mw
-        self.requested_mw, self.enforced_mw = requested_mw, enforced_mw
-        for v in (requested_mw, enforced_mw):
-            if v is not None and v > self.worst_mw:
-                self.worst_mw = v
-        self._forget_landed(now, moved)
+        self._forget_landed(now, self._take(now, requested_mw, enforced_mw))
         ours = [mw for mw, _ in self.inflight]
         if requested_mw is not None and requested_mw in ours:
             self.seen_ours = True  # our write reached the card: whatever replaces it is news
@@ -119,6 +109,19 @@ class CardLedger:
             self.unread = 0
         self._foreign(now)
         return confirmed
+
+    def _take(self, now: float, requested_mw: int | None, enforced_mw: int | None) -> bool:
+        """Keep the limits read (and the worst case they may raise); True when enforced
+        moved since the last read."""
+        if requested_mw != self.requested_mw:
+            self.requested_since = now
+            # A new request has landed once enforced is seen moving to it; one found in
+            # force at first sight (start, or back after a failed read) is taken as settled.
+            self.request_landed = self.requested_mw is None and enforced_mw == requested_mw
+        moved = enforced_mw is not None and self.enforced_mw is not None and enforced_mw != self.enforced_mw
+        self.requested_mw, self.enforced_mw = requested_mw, enforced_mw
+        self.worst_mw = max([self.worst_mw] + [v for v in (requested_mw, enforced_mw) if v is not None])
+        return moved
 
     def _forget_landed(self, now: float, moved: bool) -> None:
         """Drop the replaced writes that can no longer land, learning the card's lag from
