@@ -23,7 +23,6 @@ from prometheus_client import CollectorRegistry
 
 from powerbudgetd.config import FeedConfig, MqttConfig, WallMeterConfig
 from powerbudgetd.control.controller import Controller
-from powerbudgetd.control.report import bank_snapshot
 from powerbudgetd.core.arbiter import BudgetArbiter
 from powerbudgetd.control.budgetkeeper import BudgetKeeper
 from powerbudgetd.service.logs import configure_logging
@@ -61,7 +60,7 @@ def run(n: int, ticks: int) -> dict[str, float]:
         sim.advance_to(now[0])
         report = ctl.tick(now[0])
         t0 = time.process_time()
-        bank_snapshot(ctl, now[0])  # what the tick itself now spends on the snapshot
+        ctl.snapshot(now[0])  # what the tick itself now spends on the snapshot
         keeper.apply(ctl, now[0])
         bridge.on_tick(report)
         t1 = time.process_time()

@@ -390,7 +390,8 @@ def _check_config_cards(args: argparse.Namespace, settings: Settings, path: Path
     """check-config --backend: read the cards and refuse what run would refuse."""
     from powerbudgetd.service.backend import make_nvml
     from powerbudgetd.service.checkconfig import describe
-    from powerbudgetd.service.feasibility import card_names, check_feasible
+    from powerbudgetd.hw.calls import DeadlineCalls
+    from powerbudgetd.service.feasibility import card_names, check_feasible, floors
     from powerbudgetd_sim.scenario import ScenarioError
 
     configure_logging(level="error", stream=sys.stderr)
@@ -406,8 +407,10 @@ def _check_config_cards(args: argparse.Namespace, settings: Settings, path: Path
         return ExitStatus.NVML
     source = f"the simulated bank {scenario!r}" if args.backend == "sim" else "NVML"
     try:
-        names = card_names(nvml)
-        ctl = check_feasible(nvml, settings)
+        calls = DeadlineCalls(settings.control.call_timeout_s)  # run's deadline: a hung card fails, as there
+        names = card_names(nvml, calls)
+        ctl = check_feasible(nvml, settings, calls)
+        counted = floors(ctl)
     except BudgetInfeasible as exc:
         print(describe(settings, path, card_names=names, floors=None, verdict="budget infeasible"))
         print(f"powerbudgetd: budget_infeasible ({source}): {exc}", file=sys.stderr)
@@ -416,9 +419,11 @@ def _check_config_cards(args: argparse.Namespace, settings: Settings, path: Path
         print(f"powerbudgetd: NVML error reading the cards: {exc}", file=sys.stderr)
         return ExitStatus.NVML
     finally:
-        nvml.shutdown()
-    floors = [(c.index, c.info.name, c.min_mw / 1000 if c.controllable else None) for c in ctl.cards]
-    print(describe(settings, path, card_names=names, floors=floors, source=source))
+        try:  # with a call abandoned on a hung card it may never return
+            DeadlineCalls(2.0).call("shutdown", nvml.shutdown)
+        except NvmlError:
+            pass
+    print(describe(settings, path, card_names=names, floors=counted, source=source))
     for text in ctl.override_warnings:
         print(f"warning: {text}")
     return ExitStatus.OK

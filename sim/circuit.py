@@ -159,9 +159,7 @@ class SimHost:
 
     def seen_want_w(self) -> float:
         """What the daemon can see: the controller's own account (as ``HostPower.want_w``)."""
-        from powerbudgetd.control.report import bank_snapshot
-
-        return self.power.want_w(bank_snapshot(self.ctl, self.bank.now))
+        return self.power.want_w(self.ctl.snapshot(self.bank.now))
 
 
 def _host(name: str, sc: Scenario, share_w: float, reserve_fraction: float, timings: Timings, seed: int,

@@ -4,6 +4,10 @@ It applies a plan in order. After the first failed write it applies no more incr
 in that tick (a surprise means what we believe may be wrong), but it still applies the
 remaining decreases, which are always safe. In dry-run mode it writes nothing.
 
+It is also the invariant's last guard: it refuses any increase after which the sum of
+bounds would exceed the budget. The plan never asks for one
+(:func:`powerbudgetd.core.plan.plan_writes`), so a refusal is a bug, logged as one.
+
 Every write goes through ``calls`` (:mod:`powerbudgetd.hw.calls`): in the daemon with a
 deadline in a worker thread. A write that does not return in time is *overdue*: it may
 land whenever the call returns, so the controller counts that card at its worst case.
@@ -16,10 +20,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import structlog
+
 from powerbudgetd.core.plan import Write
 from powerbudgetd.errors import NvmlError, NvmlTimeout
 from powerbudgetd.hw.calls import InlineCalls
 from powerbudgetd.hw.nvml import Nvml
+
+log = structlog.get_logger("powerbudgetd")
 
 
 @dataclass(frozen=True)
@@ -65,10 +73,23 @@ class Actuator:
         that tells whether limits can be written at all. Raises NvmlNoPermission, NvmlError."""
         self._write(uuid, limit_w)
 
-    def apply(self, writes: list[Write]) -> list[Applied]:
+    def apply(self, writes: list[Write], *, sum_bound_mw: int, budget_mw: int) -> list[Applied]:
+        """Send ``writes`` in order; returns what became of each. ``sum_bound_mw``: the
+        sum over every card of the highest limit that may be in force (mW); an increase
+        (``to_mw`` above ``from_mw``, the card's bound) that would take it past
+        ``budget_mw`` is refused (skipped, logged ``plan_breaks_budget``). A decrease
+        frees nothing until it is read back, so it leaves the sum as it is."""
         out: list[Applied] = []
         failed = False
         for w in writes:
+            after_mw = sum_bound_mw + max(0, w.to_mw - w.from_mw)
+            if w.is_increase and after_mw > budget_mw:
+                log.error("plan_breaks_budget", uuid=w.uuid, from_w=w.from_mw / 1000, to_w=w.to_mw / 1000,
+                          sum_after_w=after_mw / 1000, budget_w=budget_mw / 1000, bug=True,
+                          action="increase refused: the sum of what may be in force would pass the budget")
+                out.append(Applied(w, skipped=True))
+                continue
+            sum_bound_mw = after_mw
             if self.dry_run or (failed and w.is_increase):
                 out.append(Applied(w, skipped=True))
                 continue

@@ -53,17 +53,15 @@ class CardState:
     gone: bool = False  # missing from NVML's enumeration
     excluded: bool = False  # left alone by the operator ([cards] exclude): counted, never a fault
     read_errors: dict[str, int] = field(default_factory=dict)  # failed reads by NvmlError.kind (metrics)
+    would_be_mw: int | None = None  # dry run: the limit we would have set (kept out of the ledger)
 
-    bound_mw = _via("ledger", "bound_mw")
     requested_mw = _via("ledger", "requested_mw")
     enforced_mw = _via("ledger", "enforced_mw")
     inflight = _via("ledger", "inflight")
     hold_until = _via("ledger", "hold_until")
     backoff_s = _via("ledger", "backoff_s")
     refused = _via("ledger", "refused")
-    shadow_mw = _via("ledger", "shadow_mw")
     foreign_mw = _via("ledger", "foreign_mw")
-    hw_max_mw = _via("ledger", "worst_mw")
     expected_mw = _via("audit", "expected_mw")
     drift_times = _via("audit", "drift_times")
     contested_until = _via("audit", "contested_until")
@@ -71,6 +69,12 @@ class CardState:
     excursions = _via("audit", "excursions")
     peak_excursion_w = _via("audit", "peak_excursion_w")
     power_unknown = _via("audit", "power_unknown")
+
+    @property
+    def bound_mw(self) -> int:
+        """What the card is counted at (mW): its ledger's bound; in dry run, once a write
+        would have been sent, the limit it would have set (decided on as if in force)."""
+        return self.ledger.bound_mw if self.would_be_mw is None else self.would_be_mw
 
     @property
     def usable_max_mw(self) -> int:

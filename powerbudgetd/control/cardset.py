@@ -18,7 +18,8 @@ from powerbudgetd.control.audit import CardAudit
 from powerbudgetd.control.card import CardState
 from powerbudgetd.control.ledger import CardLedger
 from powerbudgetd.core.model import CardOverride, Role, Timings
-from powerbudgetd.core.units import to_mw
+from powerbudgetd.core.units import opt_mw, to_mw
+from powerbudgetd.core.worstcase import limit_bound_mw, worst_case_mw
 from powerbudgetd.errors import BudgetInfeasible, CardLimitUnknown, NvmlError, NvmlTimeout
 from powerbudgetd.hw.calls import InlineCalls
 from powerbudgetd.hw.nvml import GpuInfo, Nvml, PowerReading
@@ -26,6 +27,15 @@ from powerbudgetd.hw.nvml import GpuInfo, Nvml, PowerReading
 log = structlog.get_logger("powerbudgetd")
 
 START_TIMEOUT_S = 30.0  # enumeration at start (outside the loop) may be slow while a driver wakes
+
+
+def _arrived(event: str, c: CardState) -> None:
+    """Log a card that appeared or came back at what its ledger counts it at now."""
+    if event == "card_appeared":
+        log.warning(event, index=c.index, uuid=c.uuid, name=c.info.name, counted_w=c.bound_mw / 1000,
+                    controllable=c.controllable, action="counted at its maximum and capped before anything else is raised")
+    else:
+        log.warning(event, index=c.index, uuid=c.uuid, counted_w=c.bound_mw / 1000)
 
 
 class CardSet:
@@ -74,10 +84,8 @@ class CardSet:
             log.error("invalid_constraints", index=info.index, uuid=info.uuid, min_w=lo, max_w=hi,
                       action="card left alone and counted at its enforced limit")
         r = self.read(info.uuid)
-        known = [v for v in (hi, info.default_limit_w) + ((r.requested_limit_w, r.enforced_limit_w) if r else ())
-                 if v is not None]
-        # The worst case: the largest limit read or stated, else the operator's max.
-        worst = to_mw(max(known)) if known else to_mw(ov.max_w) if ov.max_w is not None else 0
+        read = (r.requested_limit_w, r.enforced_limit_w) if r else ()
+        worst = worst_case_mw([opt_mw(v) for v in (hi, info.default_limit_w, *read)], opt_mw(ov.max_w)) or 0
         min_mw = to_mw(lo) if valid else 0  # type: ignore[arg-type]
         max_mw = worst if ov.max_w is None else max(min_mw, min(worst, int(ov.max_w * 1000)))
         controllable = not ov.exclude and valid
@@ -106,12 +114,7 @@ class CardSet:
         minimum limits of the cards we control plus what the others hold exceed
         ``budget_mw``."""
         ctl = [c for c in self.cards if c.controllable]
-        fixed_mw = 0
-        for c in self.cards:
-            if not c.controllable:
-                r = self.read(c.uuid)
-                known = [v for v in ((r.enforced_limit_w, r.requested_limit_w) if r else ()) if v is not None]
-                fixed_mw += to_mw(max(known)) if len(known) == 2 else c.ledger.worst_mw
+        fixed_mw = sum(self.counted_mw(c) for c in self.cards if not c.controllable)
         floor_mw = sum(c.min_mw for c in ctl) + fixed_mw
         if floor_mw > budget_mw:
             share = (budget_mw - fixed_mw) / max(len(ctl), 1) / 1000.0
@@ -122,6 +125,14 @@ class CardSet:
                 + (f" plus {fixed_mw / 1000:g} W on cards we cannot control = {floor_mw / 1000:g} W" if fixed_mw else "")
                 + f". {detail}"
             )
+
+    def counted_mw(self, c: CardState) -> int:
+        """What a card we do not control counts for now (mW), read afresh: its bound with
+        nothing of ours in flight, the figure ``failsafe`` counts it at too."""
+        r = self.read(c.uuid)
+        if r is None:
+            return c.ledger.bound_mw
+        return limit_bound_mw(opt_mw(r.requested_limit_w), opt_mw(r.enforced_limit_w), c.ledger.worst_mw)
 
     def look_again(self, now: float) -> None:
         """A lookup failed: enumerate again at the next :meth:`follow`."""
@@ -164,14 +175,13 @@ class CardSet:
         by_id = {c.uuid: c for c in self.cards}
         for info in found:
             c = by_id.get(info.uuid)
+            event = None
             if c is None:
                 c = self.build(info)
                 self.cards.append(c)
-                log.warning("card_appeared", index=info.index, uuid=info.uuid, name=info.name,
-                            counted_w=c.ledger.worst_mw / 1000, controllable=c.controllable,
-                            action="counted at its maximum and capped before anything else is raised")
+                event = "card_appeared"
             elif c.gone:
-                log.warning("card_returned", index=info.index, uuid=info.uuid, counted_w=c.ledger.worst_mw / 1000)
+                event = "card_returned"
             elif c.info.index != info.index:
                 log.info("card_reindexed", uuid=info.uuid, old_index=c.info.index, new_index=info.index)
             if (c.gone or c.uuid not in by_id) and c.controllable:
@@ -180,9 +190,12 @@ class CardSet:
                 info = GpuInfo(info.index, info.uuid, info.name, c.info.min_limit_w, c.info.max_limit_w,
                                c.info.default_limit_w, info.mig_mode)
             c.info, c.gone = info, False
+            if event is not None:
+                _arrived(event, c)
         present = {i.uuid for i in found} | unanswered
         for c in self.cards:
             if c.uuid not in present and not c.gone:
                 c.gone = True
+                c.ledger.observe_unknown()  # off the bus: what it reads is unknown from now
                 log.error("card_gone", index=c.index, uuid=c.uuid, reserved_w=c.bound_mw / 1000,
                           action="reserved at its bound until it returns; the others keep lending")

@@ -33,12 +33,13 @@ from powerbudgetd.control import decide, observe
 from powerbudgetd.control.actuator import Actuator
 from powerbudgetd.control.card import CardState
 from powerbudgetd.control.cardset import CardSet
-from powerbudgetd.control.overbudget import OverBudget
+from powerbudgetd.control.overbudget import OverBudget, degraded
 from powerbudgetd.control.report import TickReport, bank_snapshot
 from powerbudgetd.control.writes import WriteEvent, record
 from powerbudgetd.core.model import CardOverride, Mode, Timings
 from powerbudgetd.core.plan import Step, Write, plan_writes
 from powerbudgetd.core.policy import LendingPolicy
+from powerbudgetd.core.snapshot import BankSnapshot
 from powerbudgetd.core.units import budget_mw
 from powerbudgetd.errors import NvmlError, NvmlNoPermission, NvmlTimeout
 from powerbudgetd.hw.calls import InlineCalls
@@ -174,11 +175,13 @@ class Controller:
         if self._budget_reason is not None and mode != Mode.STOPPING:
             reasons = dict.fromkeys(reasons, self._budget_reason)
         self._budget_reason = None
-        done = record(self.actuator.apply(self._plan(now, active, targets, bool(faults))), {c.uuid: c for c in self.cards},
-                      reasons, self.sum_bound_mw, now, self.dry_run, self.allow_monitor_only)
+        applied = self.actuator.apply(self._plan(now, active, targets, bool(faults)),
+                                      sum_bound_mw=self.sum_bound_mw, budget_mw=self.budget_mw)
+        done = record(applied, {c.uuid: c for c in self.cards}, reasons, self.sum_bound_mw, now, self.dry_run,
+                      self.allow_monitor_only)
         if done.no_permission:
             self._monitor_only()
-        self.over.track(now, self, mode)
+        self.over.track(now, self.cards, self.budget_mw, mode)
         # Done is judged on every card we control, those counted where they are while
         # their decrease bites (over budget) too: their writes must be confirmed first.
         self._check_done(now, mode, [c for c in self.cards if self._controlled(c, now)])
@@ -199,7 +202,7 @@ class Controller:
         # A new card is written even at its target: only a confirmed write of ours ends it.
         # A slow card (its reads time out) keeps its place and takes no write meanwhile.
         steps = [Step(c.uuid, c.bound_mw, targets[c.uuid], c.requested_mw, c.priority,
-                      busy=c.ledger.busy or c.slow_since is not None, force=c.ledger.new)
+                      busy=c.ledger.writing or c.slow_since is not None, force=c.ledger.new)
                  for c in active if targets[c.uuid] not in c.refused]
         planned = {st.uuid for st in steps}
         outside_mw = sum(c.bound_mw for c in self.cards if c.uuid not in planned)  # fixed, lost, held
@@ -240,7 +243,11 @@ class Controller:
 
     def _report(self, now: float, events: list[WriteEvent], faults: list[str]) -> TickReport:
         return TickReport(now, self.mode, self.ready, self.budget_mw / 1000, self.sum_bound_mw / 1000,
-                          tuple(events), tuple(faults), bank_snapshot(self, now))
+                          tuple(events), tuple(faults), self.snapshot(now))
+
+    def snapshot(self, now: float) -> BankSnapshot:
+        """The bank in W as it stands at ``now`` (what every side channel reads)."""
+        return bank_snapshot(self.cards, now, self.mode, self.ready, self.budget_mw, self.over)
 
     @property
     def sum_bound_mw(self) -> int:
@@ -248,7 +255,7 @@ class Controller:
 
     def degraded(self) -> list[str]:
         """Why the bank is not fully under control, one phrase per card (empty: it is)."""
-        return [f"GPU {c.index} {why}" for c in self.cards if (why := self.over.why(c))]
+        return degraded(self.cards)
 
     def _mode(self, now: float) -> Mode:
         if self.stopping:

@@ -9,12 +9,13 @@ only lowers. Each write goes through the actuator and is confirmed by read-back.
 Shares: the budget less what the cards it cannot write may have, split by
 :func:`powerbudgetd.core.fairshare.fair_shares` within each writable card's constraints;
 when the minimums do not fit, every card goes to its minimum (the lowest the bank can be
-held to). A card it cannot write is reserved at its worst case, as the daemon counts it:
-an excluded card or one with invalid constraints at what it reads; a card that cannot be
-enumerated or read (lost, failing, hung) at the largest limit known for it, else its
-``[cards] max_w``, else, unknown, at the highest maximum limit among the cards enumerated.
-A card whose write fails or is not confirmed is then reserved at what it read, and the
-others are lowered again to fit.
+held to). A card it cannot write is reserved at its bound, by the functions the daemon
+counts it with (:mod:`powerbudgetd.core.worstcase`): an excluded card or one with
+invalid constraints at the higher of its limits where both read, else its worst case; a
+card that cannot be enumerated or read (lost, failing, hung) at its worst case: the
+largest limit known for it, else its ``[cards] max_w``, else the highest maximum limit
+among the cards enumerated. A card whose write fails or is not confirmed is then
+reserved at what it read, and the others are lowered again to fit.
 
 Every NVML call goes through ``calls`` (in the command :class:`DeadlineCalls` of
 CALL_TIMEOUT_S): a hung card costs one deadline, once, and the whole run stops starting
@@ -31,6 +32,8 @@ from powerbudgetd.control.actuator import Actuator
 from powerbudgetd.core.fairshare import fair_shares
 from powerbudgetd.core.model import CardOverride
 from powerbudgetd.core.plan import Write
+from powerbudgetd.core.units import opt_mw
+from powerbudgetd.core.worstcase import limit_bound_mw, worst_case_mw
 from powerbudgetd.errors import NvmlError
 from powerbudgetd.hw.calls import InlineCalls
 from powerbudgetd.hw.nvml import GpuInfo, Nvml, PowerReading, to_mw
@@ -41,6 +44,7 @@ INIT_TIMEOUT_S = 5.0  # nvmlInit, before :func:`failsafe`
 # deadline and nvmlShutdown (2 s): 19 s at most, inside the unit's TimeoutStopSec (30 s)
 # with room for the interpreter's start and the circuit grant's give-back.
 DEADLINE_S = 10.0
+UNKNOWN_MW = 10**12  # a card with no limit known anywhere: more than any budget
 
 
 @dataclass(frozen=True)
@@ -48,7 +52,9 @@ class Lowered:
     """One card: its limit before (W, the higher of requested and enforced), its share
     (W), and whether a decrease was written and read back in force. A card it could not
     write has ``error`` (why); one not enumerated or read (``reached`` False) has
-    ``share_w`` what it is counted at (W; None: no maximum known anywhere)."""
+    ``share_w`` what it is counted at (W; None: no maximum known anywhere). A card not
+    ours to write (excluded, invalid constraints) has ``counted_w``, what it is reserved
+    at (W), and no share."""
 
     index: int
     uuid: str
@@ -58,6 +64,7 @@ class Lowered:
     confirmed: bool
     error: str | None = None
     reached: bool = True
+    counted_w: float | None = None
 
 
 @dataclass
@@ -66,6 +73,7 @@ class _Card:
     lo_mw: int
     hi_mw: int
     before_mw: int | None
+    counted_mw: int  # its bound as read: what it is reserved at if it cannot be lowered
 
 
 def _highest_w(r: PowerReading | None) -> float | None:
@@ -95,7 +103,7 @@ def failsafe(
     found = calls.many({f"index {i}": (nvml.device, (i,)) for i in range(count)})
     infos = [v for v in found.values() if isinstance(v, GpuInfo)]
     reads = calls.many({i.uuid: (nvml.read, (i.uuid,)) for i in infos})
-    highest_max_w = max((i.max_limit_w for i in infos if i.max_limit_w), default=None)
+    bank_max_mw = max((to_mw(i.max_limit_w) for i in infos if i.max_limit_w), default=None)
 
     out: dict[int, Lowered] = {}
     ctl: list[_Card] = []
@@ -104,29 +112,31 @@ def failsafe(
         info = found[f"index {i}"]
         ov = _override(overrides, info.uuid if isinstance(info, GpuInfo) else None, i)
         r = reads.get(info.uuid) if isinstance(info, GpuInfo) else None
+        stated = (opt_mw(info.max_limit_w), opt_mw(info.default_limit_w)) if isinstance(info, GpuInfo) else ()
+        req, enf = (opt_mw(r.requested_limit_w), opt_mw(r.enforced_limit_w)) if isinstance(r, PowerReading) \
+            else (None, None)
+        worst = worst_case_mw([*stated, req, enf], opt_mw(ov.max_w), bank_max_mw)
         if isinstance(info, GpuInfo) and isinstance(r, PowerReading):
             lo, hi = info.min_limit_w, info.max_limit_w
             if ov.exclude or lo is None or hi is None or not 0 < lo <= hi:
-                # Not ours to write: counted at what it reads, else its largest limit.
-                reserved_mw += to_mw(_highest_w(r) or max(v or 0.0 for v in (hi, info.default_limit_w)))
+                # Not ours to write: counted at its bound, as the daemon counts it.
+                counted = None if worst is None else limit_bound_mw(req, enf, worst)
+                reserved_mw += UNKNOWN_MW if counted is None else counted
+                out[i] = Lowered(i, info.uuid, _highest_w(r), None, False, True,
+                                 counted_w=None if counted is None else counted / 1000)
                 continue
             max_w = hi if ov.max_w is None else max(lo, min(hi, ov.max_w))
             before = _highest_w(r)
-            ctl.append(_Card(info, to_mw(lo), to_mw(max_w), None if before is None else to_mw(before)))
+            ctl.append(_Card(info, to_mw(lo), to_mw(max_w), None if before is None else to_mw(before),
+                             limit_bound_mw(req, enf, worst or 0)))
             continue
-        # Not enumerated, or unreadable: its worst case, else (unknown) the largest maximum here.
+        # Not enumerated, or unreadable: its worst case.
         error = str(info if isinstance(info, NvmlError) else r)
-        known = [v for v in (info.max_limit_w, info.default_limit_w) if v] if isinstance(info, GpuInfo) else []
-        worst = max(known) if known else ov.max_w if ov.max_w is not None else None
-        counted = worst if worst is not None else highest_max_w
         uuid = info.uuid if isinstance(info, GpuInfo) else ""
-        out[i] = Lowered(i, uuid, None, counted, False, False, error
-                         + ("" if worst is not None else "; its limits unknown: counted at the largest maximum limit here"),
-                         reached=False)
-        if counted is None:  # no card told a maximum: the others go to their minimum
-            reserved_mw += 10**12
-        else:
-            reserved_mw += to_mw(counted)
+        if worst_case_mw([*stated, req, enf], opt_mw(ov.max_w)) is None:
+            error += "; its limits unknown: counted at the largest maximum limit here"
+        out[i] = Lowered(i, uuid, None, None if worst is None else worst / 1000, False, False, error, reached=False)
+        reserved_mw += UNKNOWN_MW if worst is None else worst  # nothing known anywhere: the others to their minimum
 
     actuator = Actuator(nvml, calls=calls)
     while ctl:
@@ -135,9 +145,8 @@ def failsafe(
         failed = _lower(ctl, shares, actuator, calls, nvml, out, end, confirm_timeout_s, clock, sleep)
         if not failed:
             break
-        # Reserved at the most it may have (a timed-out decrease may still land: lower).
-        for c in failed:
-            reserved_mw += c.before_mw if c.before_mw is not None else to_mw(c.info.max_limit_w or 0.0)
+        # Reserved at its bound as read (a timed-out decrease may still land: lower).
+        reserved_mw += sum(c.counted_mw for c in failed)
         ctl = [c for c in ctl if c not in failed]
         if clock() >= end:
             break
@@ -164,7 +173,8 @@ def _lower(ctl: list[_Card], shares: list[int], actuator: Actuator, calls: Inlin
             out[i] = Lowered(i, c.info.uuid, before_w, share_mw / 1000, False, False, "failsafe deadline passed")
             failed.append(c)
             continue
-        applied = actuator.apply([Write(c.info.uuid, c.before_mw or c.hi_mw, share_mw)])[0]
+        # It only lowers: with no budget to spend, the actuator refuses any increase.
+        applied = actuator.apply([Write(c.info.uuid, c.before_mw or c.hi_mw, share_mw)], sum_bound_mw=0, budget_mw=0)[0]
         error = None if applied.error is None else f"write failed: {applied.error}"
         out[i] = Lowered(i, c.info.uuid, before_w, share_mw / 1000, applied.done, False, error)
         if applied.done:

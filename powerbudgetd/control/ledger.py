@@ -10,9 +10,10 @@ For each card the ledger keeps the **bound**, the highest limit that may be in f
 and, where any of those is unknown, the card's **worst case**: the largest limit ever
 read for it or stated for it (its maximum constraint, its default, the operator's
 ``[cards] max_w``). A card that has just appeared (or come back) counts at its worst
-case until a write of ours is confirmed on it. The controller plans increases only into
-``budget - sum(bounds)``, so the sum of what may be in force never passes the budget
-through an action of ours.
+case until a write of ours is confirmed on it. The bound is derived from that state by
+:func:`powerbudgetd.core.worstcase.limit_bound_mw` in one property, never stored.
+The controller plans increases only into ``budget - sum(bounds)``, so the sum of what
+may be in force never passes the budget through an action of ours.
 
 Besides the bound it keeps the write bookkeeping the bound depends on: writes in flight
 and their confirmation by read-back, holds with a doubling backoff after a write that
@@ -25,6 +26,7 @@ from dataclasses import dataclass, field
 
 from powerbudgetd.core.backoff import doubled
 from powerbudgetd.core.model import Timings
+from powerbudgetd.core.worstcase import limit_bound_mw
 
 
 @dataclass
@@ -47,11 +49,12 @@ class CardLedger:
     seen_ours: bool = False  # our write in flight has been read back in requested
     # Writes (ours, or another tool's raise) replaced before they were seen biting, with
     # when they were sent (first seen): a card may apply queued writes in turn, each after
-    # the lag, so one may still bite. Counted until confirm_timeout_s after that time, the
-    # longest a write of ours is waited for.
+    # the lag, so one may still bite. Counted until it, or a later write, is seen biting,
+    # else until confirm_timeout_s (the longest a write of ours is waited for) or twice the
+    # longest lag seen on the card, whichever is longer, after that time.
     superseded: list[tuple[int, float]] = field(default_factory=list)
+    lag_seen_s: float = 0.0  # the longest a write was seen taking to bite on this card (s)
     unread: int = 0  # writes in a row never read back while the card kept what it had
-    bound_mw: int = 0
     foreign_mw: int | None = None  # a raise we did not make, maybe still in flight
     foreign_since: float | None = None
     # A write that did not take (unconfirmed, refused, overdue) holds the card: it counts
@@ -59,20 +62,28 @@ class CardLedger:
     hold_until: float = float("-inf")
     backoff_s: float = 0.0
     refused: set[int] = field(default_factory=set)  # values NVML refused: never resent
-    shadow_mw: int | None = None  # dry run only: the limit we would have set
+    requested_since: float = float("-inf")  # when the requested limit read was first seen
+    # The requested limit was seen biting (enforced moved to it). Enforced merely equal
+    # to it proves nothing: a floor elsewhere may show that value while it is queued.
+    request_landed: bool = False
+    enforced_before_mw: int | None = None  # the enforced limit read before our first write in flight
 
-    def __post_init__(self) -> None:
-        self.bound_mw = max(self.bound_mw, self.worst_mw)
+    @property
+    def bound_mw(self) -> int:
+        """The highest limit that may be in force (mW): requested, enforced, every write
+        that may still land (ours in flight or replaced, another tool's raise), and the
+        worst case where a limit is unknown, the card is new or a call on it is overdue."""
+        landing = [mw for mw, _ in self.inflight + self.superseded]
+        if self.foreign_mw is not None:
+            landing.append(self.foreign_mw)
+        return limit_bound_mw(self.requested_mw, self.enforced_mw, self.worst_mw, landing,
+                              unknown=self.new or self.overdue)
 
     # -- what the card reads ---------------------------------------------------------
     def observe(self, now: float, requested_mw: int | None, enforced_mw: int | None) -> int | None:
         """Take one read-back of the card's limits (None: unknown). Returns the target
         (mW) of the write of ours it confirms, if any (the in-flight list is then cleared)."""
-        self.requested_mw, self.enforced_mw = requested_mw, enforced_mw
-        for v in (requested_mw, enforced_mw):
-            if v is not None and v > self.worst_mw:
-                self.worst_mw = v
-        self.superseded = [(mw, t) for mw, t in self.superseded if now - t < self.timings.confirm_timeout_s]
+        self._forget_landed(now, self._take(now, requested_mw, enforced_mw))
         ours = [mw for mw, _ in self.inflight]
         if requested_mw is not None and requested_mw in ours:
             self.seen_ours = True  # our write reached the card: whatever replaces it is news
@@ -91,40 +102,63 @@ class CardLedger:
                 self.inflight.clear()
         confirmed = self.inflight[-1][0] if self.inflight and self.confirmed(now) else None
         if confirmed is not None:
+            if enforced_mw == confirmed != self.enforced_before_mw:
+                self._landed_before(self.inflight[-1][1])
             self.inflight.clear()
             self.new = self.overdue = False
             self.unread = 0
         self._foreign(now)
-        self._update_bound()
         return confirmed
+
+    def _take(self, now: float, requested_mw: int | None, enforced_mw: int | None) -> bool:
+        """Keep the limits read (and the worst case they may raise); True when enforced
+        moved since the last read."""
+        if requested_mw != self.requested_mw:
+            self.requested_since = now
+            # A new request has landed once enforced is seen moving to it; one found in
+            # force at first sight (start, or back after a failed read) is taken as settled.
+            self.request_landed = self.requested_mw is None and enforced_mw == requested_mw
+        moved = enforced_mw is not None and self.enforced_mw is not None and enforced_mw != self.enforced_mw
+        self.requested_mw, self.enforced_mw = requested_mw, enforced_mw
+        self.worst_mw = max([self.worst_mw] + [v for v in (requested_mw, enforced_mw) if v is not None])
+        return moved
+
+    def _forget_landed(self, now: float, moved: bool) -> None:
+        """Drop the replaced writes that can no longer land, learning the card's lag from
+        each bite seen (``moved``: enforced changed since the last read)."""
+        e = self.enforced_mw
+        if moved and e == self.requested_mw:  # the request seen biting: how long that took
+            self.lag_seen_s = max(self.lag_seen_s, now - self.requested_since)
+            self.request_landed = True
+        bit = [t for mw, t in self.superseded if moved and mw == e]
+        if bit:  # a replaced write seen biting (the earliest of that value): it and all before it landed
+            self.lag_seen_s = max(self.lag_seen_s, now - min(bit))
+            self._landed_before(min(bit))
+        # The others are counted while they may still land: as long as a write of ours is
+        # waited for, or twice the longest lag seen on this card, whichever is longer.
+        keep_s = max(self.timings.confirm_timeout_s, 2 * self.lag_seen_s)
+        self.superseded = [(mw, t) for mw, t in self.superseded if now - t < keep_s]
+
+    def _landed_before(self, sent_at: float) -> None:
+        """A write sent at ``sent_at`` was seen biting (not merely still at the old value):
+        a card applies queued writes in turn, so it and every one sent before it landed."""
+        self.superseded = [(mw, t) for mw, t in self.superseded if t > sent_at]
 
     def observe_unknown(self) -> None:
         """The card could not be read (or a call on it is overdue): it counts at the
         highest limit it may have or come back with; whatever it reads next is news."""
         self.requested_mw = self.enforced_mw = None
-        self.bound_mw = max([self.worst_mw, self.bound_mw] + [mw for mw, _ in self.inflight])
 
     def appeared(self) -> None:
         """The card appeared at runtime or came back: worst case until a write confirms."""
         self.new = True
-        self.bound_mw = max(self.bound_mw, self.worst_mw)
-
-    def _update_bound(self) -> None:
-        known = [v for v in (self.requested_mw, self.enforced_mw) if v is not None]
-        known += [mw for mw, _ in self.inflight + self.superseded]
-        if self.foreign_mw is not None:
-            known.append(self.foreign_mw)
-        if self.requested_mw is None or self.enforced_mw is None or self.new:
-            known.append(self.worst_mw)  # part of it unknown, or not ours yet: its worst
-        self.bound_mw = max(known)
-        if self.shadow_mw is not None:
-            self.bound_mw = self.shadow_mw  # dry run: decide as if what we would have written were in force
 
     def _foreign(self, now: float) -> None:
         """A raise we did not make may still be on its way: requested above enforced with
-        nothing of ours in flight (a run killed mid-write, another tool). Until it lands
-        (or ``settle_s`` shows another limiter holds enforced lower) the card takes no
-        write: the old enforced value could otherwise "confirm" our next write too early."""
+        nothing of ours in flight (a run killed mid-write, another tool). It is counted
+        until it lands (or ``settle_s`` shows another limiter holds enforced lower); a
+        write of ours over it keeps it counted (see :meth:`record_write`), so it is
+        corrected in the tick it is first read, whatever the card's lag."""
         if self.requested_mw is None or self.enforced_mw is None:
             return  # a read without both limits tells nothing of what landed
         pending = not self.inflight and self.held_below
@@ -158,18 +192,22 @@ class CardLedger:
 
     # -- what we write ---------------------------------------------------------------
     def record_write(self, to_mw: int, sent_at: float) -> None:
-        """A write of ours was sent at ``sent_at``: it may be in force from now on."""
+        """A write of ours was sent at ``sent_at``: it may be in force from now on. The
+        request it replaces, if not seen biting yet (ours, or another tool's raise still
+        landing, whatever the card's lag), may still land: it stays counted."""
         if not self.inflight:
-            self.requested_before_mw = self.requested_mw
+            self.requested_before_mw, self.enforced_before_mw = self.requested_mw, self.enforced_mw
             self.seen_ours = False
+            if self.requested_mw is not None and not self.request_landed:
+                since = self.foreign_since if self.foreign_mw == self.requested_mw else None
+                self.superseded.append((self.requested_mw, self.requested_since if since is None else since))
+            self.foreign_mw = self.foreign_since = None
         self.inflight.append((to_mw, sent_at))
-        self.bound_mw = max(self.bound_mw, to_mw)
 
     def record_overdue_write(self, to_mw: int, sent_at: float) -> None:
         """A write that did not return in time may land whenever it returns: worst case."""
         self.record_write(to_mw, sent_at)
         self.overdue = True
-        self.bound_mw = max(self.bound_mw, self.worst_mw)
 
     def confirmed(self, now: float) -> bool:
         """The last write is in force: requested reads it back and enforced equals it; or,
@@ -225,6 +263,12 @@ class CardLedger:
         return candidate
 
     @property
+    def writing(self) -> bool:
+        """A write of ours is not confirmed yet: send nothing more (an enforced limit that
+        has not moved could read equal to a newer target and "confirm" it early)."""
+        return bool(self.inflight)
+
+    @property
     def busy(self) -> bool:
-        """A write (ours or another's) may still be landing: send nothing more."""
+        """A write (ours or another's) may still be landing."""
         return bool(self.inflight) or self.foreign_mw is not None

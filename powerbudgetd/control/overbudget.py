@@ -9,17 +9,18 @@ numbers, and the state the metrics, the status line and MQTT export.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 import structlog
 
+from powerbudgetd.control.card import CardState
 from powerbudgetd.core.model import Mode
 
-if TYPE_CHECKING:
-    from powerbudgetd.control.card import CardState
-    from powerbudgetd.control.controller import Controller
-
 log = structlog.get_logger("powerbudgetd")
+
+
+def degraded(cards: Sequence[CardState]) -> list[str]:
+    """Why the bank is not fully under control, one phrase per card (empty: it is)."""
+    return [f"GPU {c.index} {why}" for c in cards if (why := OverBudget.why(c))]
 
 
 class OverBudget:
@@ -43,11 +44,11 @@ class OverBudget:
     def why(c: CardState) -> str | None:
         """Why a card counts above what we can hold it to, or None."""
         if c.gone:
-            return "gone (reserved at its bound)"
+            return f"gone, reserved at {c.bound_mw / 1000:g} W"
         if c.error is not None:
             return f"unreadable ({c.error.split(':')[0]}), counted at {c.bound_mw / 1000:g} W"
         if c.ledger.new:
-            return f"new, counted at its max {c.ledger.worst_mw / 1000:g} W until capped"
+            return f"new, counted at {c.bound_mw / 1000:g} W until capped"
         if c.ledger.held_above:
             return (f"held at {c.enforced_mw / 1000:g} W above its requested {c.requested_mw / 1000:g} W "
                     "by an outside limit")
@@ -58,39 +59,42 @@ class OverBudget:
         return None
 
     @staticmethod
-    def _raised(ctl: Controller) -> str:
+    def _raised(cards: Sequence[CardState]) -> str:
         """The cards above their share (a reset, another tool), as a cause."""
         above = [f"GPU {c.index} at {c.bound_mw / 1000:g} W (share {c.share_mw / 1000:g} W)"
-                 for c in ctl.cards if c.share_mw is not None and c.bound_mw > c.share_mw]
+                 for c in cards if c.share_mw is not None and c.bound_mw > c.share_mw]
         return "limits raised behind our back (a reset or another tool): " + ", ".join(above or ["?"])
 
-    def track(self, now: float, ctl: Controller, mode: Mode) -> None:
-        over = ctl.sum_bound_mw > ctl.budget_mw
-        lowered = self._budget_mw is not None and ctl.budget_mw < self._budget_mw
-        self._budget_mw = ctl.budget_mw
+    def track(self, now: float, cards: Sequence[CardState], budget_mw: int, mode: Mode) -> None:
+        """Take the bank as the tick left it (``cards``, each counted at its bound, mW,
+        against ``budget_mw``): start, follow or end an episode, logging each."""
+        sum_bound_mw = sum(c.bound_mw for c in cards)
+        over = sum_bound_mw > budget_mw
+        lowered = self._budget_mw is not None and budget_mw < self._budget_mw
+        self._budget_mw = budget_mw
         if self.since is not None and self._last is not None:
             self.seconds += now - self._last
         self._last = now
         if over and self.since is None:
-            outside = ctl.degraded()
+            outside = degraded(cards)
             # Raised behind our back (a reset, another tool): not a card we cannot control,
             # nor the budget: an outside episode all the same.
             raised = not outside and mode != Mode.BOOTING and not lowered
             self.cause = "; ".join(outside) or ("boot: cards at their start-up limits" if mode == Mode.BOOTING
-                                                else "budget lowered" if lowered else self._raised(ctl))
+                                                else "budget lowered" if lowered else self._raised(cards))
             # A lowered budget (UPS, wall meter, remote, reload) is our own step down, its
             # decreases under way: not an outside episode, so no alert counts it.
             outside_episode = bool(outside) or raised
             self.since, self.episodes = now, self.episodes + int(outside_episode or mode == Mode.BOOTING)
-            self.peak_w = ctl.sum_bound_mw / 1000
+            self.peak_w = sum_bound_mw / 1000
             (log.error if outside_episode else log.info)(
-                "over_budget", cause=self.cause, sum_limits_w=self.peak_w, budget_w=ctl.budget_mw / 1000,
+                "over_budget", cause=self.cause, sum_limits_w=self.peak_w, budget_w=budget_mw / 1000,
                 action="lowering the controllable cards (decreases only) until the bank fits")
         elif over:
-            self.peak_w = max(self.peak_w, ctl.sum_bound_mw / 1000)
+            self.peak_w = max(self.peak_w, sum_bound_mw / 1000)
         elif self.since is not None:
             log.info("over_budget_cleared", after_s=round(now - self.since, 3), peak_w=self.peak_w,
-                     sum_limits_w=ctl.sum_bound_mw / 1000, budget_w=ctl.budget_mw / 1000)
+                     sum_limits_w=sum_bound_mw / 1000, budget_w=budget_mw / 1000)
             self.since = None
 
     def infeasible(self, pool_mw: int, active: Sequence[CardState], infeasible: bool) -> None:

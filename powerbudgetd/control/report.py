@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
+from powerbudgetd.control.card import CardState
+from powerbudgetd.control.overbudget import OverBudget
 from powerbudgetd.control.writes import WriteEvent
 from powerbudgetd.core.model import Mode
 from powerbudgetd.core.snapshot import BankSnapshot, CardSnapshot
 from powerbudgetd.core.units import opt_w
-
-if TYPE_CHECKING:
-    from powerbudgetd.control.controller import Controller
 
 
 @dataclass(frozen=True)
@@ -29,14 +28,16 @@ class TickReport:
     snapshot: BankSnapshot
 
 
-def bank_snapshot(ctl: Controller, now: float) -> BankSnapshot:
-    """The bank in W from the controller's card states at ``now``: the one place the
-    side channels' view is computed. An unreadable card's limits and draw are None."""
-    cards = []
-    for c in ctl.cards:
+def bank_snapshot(cards: Sequence[CardState], now: float, mode: Mode, ready: bool, budget_mw: int,
+                  over: OverBudget) -> BankSnapshot:
+    """The bank in W from the controller's card states at ``now`` (its mode, readiness,
+    budget in mW and over-budget tracker): the one place the side channels' view is
+    computed. An unreadable card's limits and draw are None."""
+    snaps = []
+    for c in cards:
         r = c.reading if c.readable else None  # an unreadable card's last values are stale
         info = c.info
-        cards.append(CardSnapshot(
+        snaps.append(CardSnapshot(
             index=c.index, uuid=c.uuid, name=info.name, role=str(c.role), controllable=c.controllable,
             readable=c.readable,
             requested_limit_w=None if r is None else opt_w(c.requested_mw),
@@ -52,10 +53,10 @@ def bank_snapshot(ctl: Controller, now: float) -> BankSnapshot:
             read_errors=tuple(sorted(c.read_errors.items())), readings_rejected=c.audit.readings_rejected,
             mig_mode=info.mig_mode, outside_cap_w=opt_w(c.outside_cap_seen_mw),
         ))
-    floor_mw = sum(c.min_mw if c.controllable else c.bound_mw for c in ctl.cards)
+    floor_mw = sum(c.min_mw if c.controllable else c.bound_mw for c in cards)
     return BankSnapshot(
-        now=now, mode=str(ctl.mode), ready=ctl.ready, budget_w=ctl.budget_mw / 1000,
-        sum_limit_bound_w=ctl.sum_bound_mw / 1000, floor_w=floor_mw / 1000, cards=tuple(cards),
-        over_budget=ctl.over.active, over_budget_cause=ctl.over.cause or None,
-        over_budget_episodes=ctl.over.episodes, over_budget_s=round(ctl.over.seconds, 3),
+        now=now, mode=str(mode), ready=ready, budget_w=budget_mw / 1000,
+        sum_limit_bound_w=sum(c.bound_mw for c in cards) / 1000, floor_w=floor_mw / 1000, cards=tuple(snaps),
+        over_budget=over.active, over_budget_cause=over.cause or None,
+        over_budget_episodes=over.episodes, over_budget_s=round(over.seconds, 3),
     )

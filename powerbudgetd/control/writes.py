@@ -61,7 +61,7 @@ def record(applied: Sequence[Applied], cards: Mapping[str, CardState], reasons: 
             continue
         sent_at = now if a.sent_at is None else a.sent_at
         if dry_run:
-            c.bound_mw = c.shadow_mw = w.to_mw
+            c.would_be_mw = w.to_mw
         elif a.done:
             c.ledger.record_write(w.to_mw, sent_at)
         elif a.overdue:  # it may land whenever the call returns

@@ -125,12 +125,13 @@ def describe(
     path: Path,
     *,
     card_names: list[str] | None = None,
-    floors: list[tuple[int, str, float | None]] | None = None,
+    floors: list[tuple[int, str, float | None, float | None]] | None = None,
     source: str | None = None,
     verdict: str = "valid",
 ) -> str:
     """The report ``check-config`` prints. ``floors``: (index, name, minimum limit W or
-    None when not controlled) of each card read from ``source``; None: not checked."""
+    None when not controlled, W counted for it when not controlled) of each card read
+    from ``source``; None: not checked."""
     rows = derivation(settings, card_names)
     lw = max(len(r[0]) for r in rows)
     ew = max(len(r[1]) for r in rows)
@@ -150,8 +151,9 @@ def describe(
             f"{_w(sum(f[2] for f in known if f[2] is not None))} W, within the "
             f"{_w(settings.reserve_budget_w(card_names))} W budget"
             + (" and every other below" if len(budget_figures(settings, card_names)) > 1 else "")
-            + (f" ({len(floors) - len(known)} not controlled: counted at their limits)" if len(known) < len(floors) else "")
         )
+        lines += [f"  GPU {index} ({name}): not controlled, counted at {_w(counted)} W"
+                  for index, name, lo, counted in floors if lo is None and counted is not None]
     figures = budget_figures(settings, card_names)
     if len(figures) > 1 or figures[0].source != "budget":  # the budget alone is the derivation's last line
         lines += [f"  {f.source}: {_w(f.budget_w)} W, from {f.origin}" for f in figures]

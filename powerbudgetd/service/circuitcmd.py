@@ -367,6 +367,10 @@ def _failsafe(args: argparse.Namespace, settings: Settings) -> int:
             print(f"GPU {r.index}: UNREACHABLE ({r.error}), counted at "
                   f"{'unknown' if r.share_w is None else f'{r.share_w:g} W'}")
             continue
+        if r.share_w is None:  # not ours to write: reserved at its bound
+            print(f"GPU {r.index}: not written (excluded or invalid constraints), counted at "
+                  f"{'unknown' if r.counted_w is None else f'{r.counted_w:g} W'}")
+            continue
         if not r.confirmed:
             log.error("failsafe_card_not_lowered", index=r.index, uuid=r.uuid, before_w=r.before_w,
                       share_w=r.share_w, error=r.error, action="the others lowered to fit it at what it read")

@@ -28,6 +28,7 @@ import dataclasses
 import signal
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import structlog
@@ -39,7 +40,7 @@ from powerbudgetd.core.arbiter import BudgetArbiter
 from powerbudgetd.core.snapshot import CircuitStatus
 from powerbudgetd.config import Settings, load_config, ups_on_reload
 from powerbudgetd.control.budgetkeeper import BudgetKeeper
-from powerbudgetd.control.controller import Controller
+from powerbudgetd.control.controller import Controller, TickReport
 from powerbudgetd.errors import BudgetInfeasible, CardLimitUnknown, ConfigError, ExitStatus, NvmlError, NvmlNoPermission
 from powerbudgetd.service.logs import configure_logging
 from powerbudgetd.core.model import Mode
@@ -78,6 +79,18 @@ def _duration(seconds: float) -> str:
         return f"{h} h {m} min"
     d, h = divmod(h, 24)
     return f"{d} d {h} h"
+
+
+@dataclass
+class _Run:
+    """The loop's own state across ticks (times on the daemon's clock, s)."""
+
+    started: float
+    t0: float = 0.0  # when the current tick began
+    announced: bool = False  # READY sent
+    stop_deadline: float | None = None  # set once stopping began
+    last_watchdog: float = float("-inf")
+    watchdog_s: float | None = field(default_factory=watchdog_interval_s)
 
 
 class Daemon:
@@ -300,86 +313,114 @@ class Daemon:
             log.warning("nvml_shutdown_abandoned", error=str(exc), after_s=NVML_SHUTDOWN_TIMEOUT_S)
 
     async def _loop(self, ctl: Controller) -> int:
+        """Tick until a step ends the run; returns the exit status."""
+        run = _Run(started=self.clock())
+        while (status := await self._on_tick(ctl, run)) is None:
+            await self._sleep(run.t0 + ctl.timings.tick_s, run.stop_deadline)
+        return status
+
+    async def _on_tick(self, ctl: Controller, run: _Run) -> int | None:
+        """One tick's work, in order; the exit status when the run ends here, else None."""
+        self._wake.clear()
+        if self._reload_requested and run.announced and run.stop_deadline is None:
+            self._reload_requested = False
+            self._reload(ctl)  # the tick just below acts on a new budget at once
+        run.t0 = self.clock()
+        report = await self._tick(ctl, run.t0)
+        self._publish(report)
+        status = self._boot_step(ctl, report, run)
+        if status is None:
+            self._notify(ctl, run)
+            status = self._stop_step(ctl, run)
+        return status
+
+    async def _tick(self, ctl: Controller, t0: float) -> TickReport:
+        """The budget sources' news taken in, the controller ticked (off the loop), and
+        its report completed with the budget in force and the circuit's state."""
         assert self.keeper is not None
-        keeper = self.keeper
-        tick_s = ctl.timings.tick_s
-        wd_interval = watchdog_interval_s()
-        last_wd = float("-inf")
-        started = self.clock()
-        stop_deadline: float | None = None
-        announced = False
-        while True:
-            self._wake.clear()
-            if self._reload_requested and announced and stop_deadline is None:
-                self._reload_requested = False
-                self._reload(ctl)  # the tick just below acts on a new budget at once
-            t0 = self.clock()
-            keeper.apply(ctl, t0)  # between ticks: what the sources reported since the last one
-            report = await asyncio.to_thread(ctl.tick, t0)
-            snapshot = report.snapshot.with_budget(keeper.in_force)
-            if self.circuit_status is not None:
-                snapshot = dataclasses.replace(snapshot, circuit=self.circuit_status(t0))
-            report = dataclasses.replace(report, snapshot=snapshot)
-            keeper.arbiter.set_floor(snapshot.floor_w)
-            for channel in self.channels:
-                try:
-                    channel.on_tick(report)
-                except Exception:  # noqa: BLE001 - a side channel must never stop control
-                    log.exception("listener_failed", listener=type(channel).__name__)
-            if not ctl.ready and any(w.error_kind == "no_permission" for w in report.writes):
-                log.error(
-                    "no_permission",
-                    error="writing power limits needs root or CAP_SYS_ADMIN; the budget is NOT enforced",
-                )
-                return ExitStatus.NO_PERMISSION
-            if ctl.ready and not announced:
-                announced = True
-                self._status = self.status_text(ctl)
-                self.notifier.ready(self._status)
-            if not ctl.ready and t0 - started > ctl.timings.boot_timeout_s:
-                if ctl.sum_bound_mw > ctl.budget_mw:  # not only slow: the bank cannot be held within budget
-                    log.error("boot_over_budget", after_s=round(t0 - started, 1), sum_limits_w=ctl.sum_bound_mw / 1000,
-                              budget_w=ctl.budget_mw / 1000, cause="; ".join(ctl.degraded()) or None,
-                              action="the cards we cannot lower leave the bank over budget with every other card "
-                              "at its floor: lift the outside limit, fix the card, or raise the budget")
-                    return ExitStatus.BOOT_OVER_BUDGET
-                log.error("boot_timeout", after_s=round(t0 - started, 1), sum_limits_w=ctl.sum_bound_mw / 1000)
-                return ExitStatus.BOOT_TIMEOUT
-            status = self.status_text(ctl)
-            if status != self._status:
-                self._status = status
-                self.notifier.status(status)
-            if wd_interval is not None and t0 - last_wd >= wd_interval:
-                self.notifier.watchdog()
-                last_wd = t0
-            if self._stop.is_set() and stop_deadline is None:
-                log.info("stopping", reason="signal" if self._exit_status is None else f"exit {self._exit_status}")
-                self.notifier.stopping()
-                # Lease-backed budgets (a circuit grant) end here: the cards return to
-                # the share this host may use without any lease, decreases first.
-                keeper.arbiter.end_leases(t0)
-                keeper.apply(ctl, t0, reason="stopping")
-                ctl.request_stop()
-                stop_deadline = t0 + max(5.0, 3 * ctl.timings.confirm_timeout_s)
-            if stop_deadline is not None and (ctl.stopped or ctl.mode == Mode.DRY_RUN):
-                if ctl.mode == Mode.DRY_RUN:  # nothing was written: say what the cards really have
-                    log.info(
-                        "stopped", dry_run=True, limits_w=[opt_w(c.enforced_mw) for c in ctl.cards],
-                        decided_limits_w=[c.bound_mw / 1000 for c in ctl.cards],
-                        note="dry run: no limit was written, the cards keep the limits they had",
-                    )
-                else:
-                    log.info("stopped", sum_limits_w=ctl.sum_bound_mw / 1000, limits_w=[c.bound_mw / 1000 for c in ctl.cards])
-                return ExitStatus.OK if self._exit_status is None else self._exit_status
-            if stop_deadline is not None and t0 > stop_deadline:
-                log.error("stop_timeout", sum_limits_w=ctl.sum_bound_mw / 1000)
-                return ExitStatus.ERROR
-            delay = t0 + tick_s - self.clock()
-            if delay > 0:
-                try:
-                    await asyncio.wait_for(self._stop_wait(stop_deadline), timeout=delay)
-                except TimeoutError:
-                    pass
+        self.keeper.apply(ctl, t0)  # between ticks: what the sources reported since the last one
+        report = await asyncio.to_thread(ctl.tick, t0)
+        snapshot = report.snapshot.with_budget(self.keeper.in_force)
+        if self.circuit_status is not None:
+            snapshot = dataclasses.replace(snapshot, circuit=self.circuit_status(t0))
+        self.keeper.arbiter.set_floor(snapshot.floor_w)
+        return dataclasses.replace(report, snapshot=snapshot)
+
+    def _publish(self, report: TickReport) -> None:
+        for channel in self.channels:
+            try:
+                channel.on_tick(report)
+            except Exception:  # noqa: BLE001 - a side channel must never stop control
+                log.exception("listener_failed", listener=type(channel).__name__)
+
+    def _boot_step(self, ctl: Controller, report: TickReport, run: _Run) -> int | None:
+        """READY once the boot limits are confirmed; the exit status when boot cannot end."""
+        if not ctl.ready and any(w.error_kind == "no_permission" for w in report.writes):
+            log.error("no_permission", error="writing power limits needs root or CAP_SYS_ADMIN; the budget is NOT enforced")
+            return ExitStatus.NO_PERMISSION
+        if ctl.ready and not run.announced:
+            run.announced = True
+            self._status = self.status_text(ctl)
+            self.notifier.ready(self._status)
+        after_s = run.t0 - run.started
+        if ctl.ready or after_s <= ctl.timings.boot_timeout_s:
+            return None
+        if ctl.sum_bound_mw > ctl.budget_mw:  # not only slow: the bank cannot be held within budget
+            log.error("boot_over_budget", after_s=round(after_s, 1), sum_limits_w=ctl.sum_bound_mw / 1000,
+                      budget_w=ctl.budget_mw / 1000, cause="; ".join(ctl.degraded()) or None,
+                      action="the cards we cannot lower leave the bank over budget with every other card "
+                      "at its floor: lift the outside limit, fix the card, or raise the budget")
+            return ExitStatus.BOOT_OVER_BUDGET
+        log.error("boot_timeout", after_s=round(after_s, 1), sum_limits_w=ctl.sum_bound_mw / 1000)
+        return ExitStatus.BOOT_TIMEOUT
+
+    def _notify(self, ctl: Controller, run: _Run) -> None:
+        """systemd's status line when it changed, and the watchdog when it is due."""
+        status = self.status_text(ctl)
+        if status != self._status:
+            self._status = status
+            self.notifier.status(status)
+        if run.watchdog_s is not None and run.t0 - run.last_watchdog >= run.watchdog_s:
+            self.notifier.watchdog()
+            run.last_watchdog = run.t0
+
+    def _stop_step(self, ctl: Controller, run: _Run) -> int | None:
+        """On a stop: the cards back to fair share (decreases first); the exit status
+        once they are confirmed there, or the stop timed out."""
+        t0 = run.t0
+        if self._stop.is_set() and run.stop_deadline is None:
+            log.info("stopping", reason="signal" if self._exit_status is None else f"exit {self._exit_status}")
+            self.notifier.stopping()
+            # Lease-backed budgets (a circuit grant) end here: the cards return to
+            # the share this host may use without any lease, decreases first.
+            assert self.keeper is not None
+            self.keeper.arbiter.end_leases(t0)
+            self.keeper.apply(ctl, t0, reason="stopping")
+            ctl.request_stop()
+            run.stop_deadline = t0 + max(5.0, 3 * ctl.timings.confirm_timeout_s)
+        if run.stop_deadline is None:
+            return None
+        if ctl.mode == Mode.DRY_RUN:  # nothing was written: say what the cards really have
+            log.info("stopped", dry_run=True, limits_w=[opt_w(c.enforced_mw) for c in ctl.cards],
+                     decided_limits_w=[c.bound_mw / 1000 for c in ctl.cards],
+                     note="dry run: no limit was written, the cards keep the limits they had")
+            return ExitStatus.OK if self._exit_status is None else self._exit_status
+        if ctl.stopped:
+            log.info("stopped", sum_limits_w=ctl.sum_bound_mw / 1000, limits_w=[c.bound_mw / 1000 for c in ctl.cards])
+            return ExitStatus.OK if self._exit_status is None else self._exit_status
+        if t0 > run.stop_deadline:
+            log.error("stop_timeout", sum_limits_w=ctl.sum_bound_mw / 1000)
+            return ExitStatus.ERROR
+        return None
+
+    async def _sleep(self, until: float, stop_deadline: float | None) -> None:
+        """Until the next tick is due (the daemon's clock, s), or a signal wakes the loop."""
+        delay = until - self.clock()
+        if delay > 0:
+            try:
+                await asyncio.wait_for(self._stop_wait(stop_deadline), timeout=delay)
+            except TimeoutError:
+                pass
 
     def _reload(self, ctl: Controller) -> None:
         """Re-read the config file; apply it, or keep the running one and say why."""

@@ -15,7 +15,7 @@ from powerbudgetd.control.cardset import START_TIMEOUT_S
 from powerbudgetd.control.controller import Controller
 from powerbudgetd.core.units import to_mw
 from powerbudgetd.errors import BudgetInfeasible
-from powerbudgetd.hw.calls import InlineCalls
+from powerbudgetd.hw.calls import DeadlineCalls, InlineCalls
 from powerbudgetd.hw.nvml import Nvml
 from powerbudgetd.config import Settings
 
@@ -102,26 +102,39 @@ def make_controller(
     )
 
 
-def check_feasible(nvml: Nvml, settings: Settings) -> Controller:
+def floors(ctl: Controller) -> list[tuple[int, str, float | None, float | None]]:
+    """Each card of a started controller as ``check-config`` reports it: (index, name,
+    minimum limit W where controlled, W it is counted at where not: read afresh, by the
+    bound the controller and ``failsafe`` count it at)."""
+    return [(c.index, c.info.name, c.min_mw / 1000 if c.controllable else None,
+             None if c.controllable else ctl.bank.counted_mw(c) / 1000) for c in ctl.cards]
+
+
+def check_feasible(nvml: Nvml, settings: Settings, calls: InlineCalls | None = None) -> Controller:
     """Enumerate the cards and check every budget a source may hold them to
-    (:func:`budget_figures`) against their floors, writing nothing.
+    (:func:`budget_figures`) against their floors, writing nothing; NVML calls through
+    ``calls`` (see :func:`start_at_reserve`).
 
     Returns the started (dry-run) controller; raises BudgetInfeasible naming the budget,
     where it comes from, and each card's floor against its share, or NvmlError.
     """
-    ctl = start_at_reserve(nvml, settings)
+    ctl = start_at_reserve(nvml, settings, calls)
     check_figures(ctl, budget_figures(settings, [c.info.name for c in ctl.cards]))
     return ctl
 
 
-def start_at_reserve(nvml: Nvml, settings: Settings) -> Controller:
+def start_at_reserve(nvml: Nvml, settings: Settings, calls: InlineCalls | None = None) -> Controller:
     """The dry-run controller started at the budget boot holds the cards to (the circuit
-    reserve where lower: :func:`reserve_figure`). Raises BudgetInfeasible naming that
-    budget and where it comes from, or NvmlError."""
-    ctl = make_controller(nvml, settings, dry_run=True)
+    reserve where lower: :func:`reserve_figure`). Every NVML call goes through ``calls``,
+    by default with ``run``'s deadline (``call_timeout_s``; enumeration START_TIMEOUT_S),
+    so a hung card fails as it fails ``run``'s start instead of hanging the command.
+    Raises BudgetInfeasible naming that budget and where it comes from, or NvmlError
+    (NvmlTimeout for a hung card)."""
+    calls = calls or DeadlineCalls(settings.control.call_timeout_s)
+    ctl = make_controller(nvml, settings, dry_run=True, calls=calls)
     try:
         ctl.start()
     except BudgetInfeasible as exc:
-        figure = reserve_figure(settings, card_names(nvml))
+        figure = reserve_figure(settings, card_names(nvml, calls))
         raise BudgetInfeasible(f"{figure.source} {_n(figure.budget_w)} W ({figure.origin}): {exc}") from None
     return ctl

@@ -107,3 +107,14 @@ def test_a_write_that_hangs_leaves_the_card_reserved_and_the_others_lowered_agai
     assert [limits[i] for i in (0, 2, 3)] == [233_333] * 3
     (bad,) = events(log, "failsafe_card_not_lowered")
     assert bad["index"] == 1 and "write failed" in bad["error"]
+
+
+def test_an_excluded_card_is_counted_at_its_bound_and_said_so(tmp_path: Path) -> None:
+    """Card 1 excluded, its enforced limit not reported: counted at its worst case
+    (300 W, its maximum), as the daemon counts it, and the others lowered to fit."""
+    rc, _, limits, _ = failsafe(tmp_path, fault("nvmlDeviceGetEnforcedPowerLimit", "NOT_SUPPORTED", card=1),
+                                cards='[cards."1"]\nexclude = true\n')
+    assert rc == ExitStatus.OK
+    assert limits == [233_333, 300_000, 233_333, 233_333]
+    p = cli("failsafe", "--backend", "sim", "--config", str(tmp_path / "pb.toml"), timeout=3 * STOP_S)
+    assert "GPU 1: not written (excluded or invalid constraints), counted at 300 W" in p.stdout

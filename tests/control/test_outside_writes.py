@@ -12,7 +12,7 @@ import pytest
 from structlog.testing import capture_logs
 
 from support.inprocess import OnTick
-from support.rig import Fault, busy, card, idle, make_rig
+from support.rig import FAST, Fault, busy, card, idle, make_rig
 from powerbudgetd.control.controller import Controller
 from powerbudgetd.core.model import CardOverride, Mode, Role, Timings
 from powerbudgetd.errors import CardLimitUnknown, ExitStatus
@@ -440,3 +440,37 @@ def test_our_raise_written_back_before_it_bites_is_not_lent_again() -> None:
         truth = rig.bank.sum_limit_bound_mw()
         assert rig.ctl.sum_bound_mw >= truth, (rig.t, rig.ctl.sum_bound_mw, truth)
         assert truth <= budget, (rig.t, truth)
+
+
+@pytest.mark.parametrize("lag_s", [0.1, 0.5, 1.0, 2.0, 4.0])
+def test_another_tools_raise_on_a_lagging_card_is_over_budget_at_most_a_tick_plus_the_lag(lag_s: float) -> None:
+    """Two busy 150-300 W cards at their 250 W shares of 500 W; at t = 10 s another tool
+    raises card 0 to 300 W, and the card applies every limit ``lag_s`` after it is
+    written. The raise counts from the first read that shows it (requested 300 W,
+    enforced still 250 W) and is corrected in that tick, so the truth (the bank's own
+    sum of requested, enforced and in-flight limits, sampled every 10 ms) is over the
+    budget at most one tick plus the lag. At every tick the controller's sum of bounds
+    covers the truth: the other tool's 300 W still landing is counted until it has, also
+    where the lag exceeds confirm_timeout_s (3 s): the card's lag is learnt from the bites
+    it shows (boot's decrease, 4 s after it was sent)."""
+    timings = FAST
+    rig = make_rig([card(0, busy()), card(1, busy())], 500, timings=timings, lag_s=lag_s)
+    raise_at = 10.0
+    rig.bank._events = [(raise_at, 0, BankEvent(raise_at, 0, "set_limit", limit_w=300.0))]
+    budget, tick = rig.ctl.budget_mw, timings.tick_s
+    over_s = 0.0
+    corrected_at = None
+    while rig.t < raise_at + lag_s + 5.0:
+        t = rig.t
+        rep = rig.step()
+        if corrected_at is None and t >= raise_at and any(w.index == 0 and w.to_w < 300.0 for w in rep.writes):
+            corrected_at = rep.now
+        if t >= raise_at:
+            assert rig.ctl.sum_bound_mw >= rig.bank.sum_limit_bound_mw(), (t, rig.ctl.sum_bound_mw)
+        for k in range(10):  # the truth until the next tick
+            rig.bank.advance_to(round(t + k * tick / 10, 9))
+            if rig.bank.now >= raise_at and rig.bank.sum_limit_bound_mw() > budget:
+                over_s += tick / 10
+    assert corrected_at == raise_at  # the tick whose read first showed the raise
+    assert over_s <= tick + lag_s + 1e-6, over_s
+    assert rig.truth_w() <= 500.0 and rig.enforced_w(0) == 250.0

@@ -47,7 +47,7 @@ from aiomqtt.exceptions import MqttConnectError
 from paho.mqtt.subscribeoptions import SubscribeOptions
 from prometheus_client import REGISTRY, CollectorRegistry
 
-from powerbudgetd.channels.mqtt import discovery as ha
+import powerbudgetd.channels.mqtt.discovery as ha
 from powerbudgetd.channels.mqtt.identity import Identity
 from powerbudgetd.channels.mqtt.inbox import Inbox
 from powerbudgetd.channels.mqtt.metrics import MqttMetrics

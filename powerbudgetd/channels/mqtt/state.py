@@ -16,7 +16,7 @@ from typing import Any, Protocol
 
 import structlog
 
-from powerbudgetd.channels.mqtt import discovery as ha
+import powerbudgetd.channels.mqtt.discovery as ha
 from powerbudgetd.channels.mqtt.remote import RemoteBudget
 from powerbudgetd.channels.mqtt.wallmeter import WallMeter
 from powerbudgetd.core.arbiter import BudgetArbiter
