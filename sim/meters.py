@@ -26,6 +26,7 @@ from powerbudgetd_sim.work import work_rate
 SHARE_TOLERANCE_MW = 1000
 FLAP_WINDOW_S = 10.0  # no card's limit may reverse direction ...
 MAX_REVERSALS = 2  # ... more than this many times within the window
+MAX_WRITES_PER_MIN = 12  # no card may be written more often a minute, over the run
 
 
 @dataclass
