@@ -1,15 +1,25 @@
-"""Benchmark: the controller's time per tick for 4, 8 and 64 simulated cards.
+"""Benchmark: the controller's and the NVML layer's time per tick, 1 to 1024 simulated cards.
 
 Each bank has a mix that keeps the policy busy: a quarter of the cards flat out, a
 quarter bursty (2 s on / 3 s off), a quarter waking and sleeping every 20 s, the rest
 idle; the budget is 250 W a card (300 W cards, 150 W floors). The controller runs on
-virtual time through the production NVML layer over the real bindings on the simulated NVML library; the time spent
-inside the NVML layer (reads and writes, which on real hardware are driver calls) is
-measured per tick and subtracted, leaving the controller's own work: bounds, decisions,
-plan and bookkeeping. Times are CPU time of this process (``time.process_time``), so a
-busy machine's preemptions do not count as the controller's.
+virtual time through the production NVML layer over the real bindings on the simulated
+NVML library, its calls made as the daemon makes them (``DeadlineCalls`` with the
+default deadline; ``--inline`` makes them on the controller's thread). Each tick's CPU
+time (``time.process_time``: every thread of this process, so a busy machine's
+preemptions do not count) is split three ways:
 
-    python benchmarks/tick_time.py [--ticks 3000] [--cards 4 8 64]
+- **simulator**: inside the simulated NVML library (its physics; on real hardware the
+  driver's own time takes its place), timed on the calling thread's CPU clock;
+- **NVML layer**: the rest of the time spent in the calls (the bindings, the
+  ``powerbudgetd.hw`` layer, and the worker threads the calls run in);
+- **controller**: everything else in the tick: bounds, decisions, plan, bookkeeping,
+  the tick's report.
+
+Also printed: the tick's wall time (``time.perf_counter``) and the calls that missed
+their deadline (each costs its card one tick of control).
+
+    python benchmarks/tick_time.py [--ticks 600] [--cards 1 8 64 256 1024] [--inline]
 """
 
 from __future__ import annotations
@@ -18,35 +28,73 @@ import argparse
 import json
 import statistics
 import sys
+import threading
 import time
+from collections.abc import Callable
+from typing import Any
 
 from powerbudgetd.control.controller import Controller
-from powerbudgetd.service.logs import configure_logging
 from powerbudgetd.core.model import Timings
+from powerbudgetd.errors import NvmlTimeout
+from powerbudgetd.hw.calls import DeadlineCalls, InlineCalls
 from powerbudgetd.hw.nvml import Nvml
+from powerbudgetd.service.logs import configure_logging
 from powerbudgetd_sim.libnvml import SimNvmlLibrary
 from powerbudgetd_sim.physics import CardSpec, SimBank
 from powerbudgetd_sim.profiles import Phase, Profile
 
 
-class TimedNvml(Nvml):
-    """The NVML layer, with the CPU time spent in it accumulated in :attr:`spent_s`."""
+class SimClock:
+    """CPU seconds spent inside the simulated NVML library, summed over threads."""
 
-    spent_s = 0.0
+    def __init__(self) -> None:
+        self.spent_s = 0.0
+        self._lock = threading.Lock()
 
-    def read(self, uuid):  # type: ignore[no-untyped-def]
+    def wrap(self, lib: SimNvmlLibrary) -> SimNvmlLibrary:
+        serve = lib.serve
+
+        def timed(symbol: str, args: Any) -> Any:
+            t0 = time.thread_time()
+            try:
+                return serve(symbol, args)
+            finally:
+                with self._lock:
+                    self.spent_s += time.thread_time() - t0
+
+        lib.serve = timed  # type: ignore[method-assign]
+        return lib
+
+
+class TimedCalls:
+    """The controller's ``calls``, with the process CPU time spent in them in :attr:`spent_s`
+    (the NVML layer with the simulator in it) and the calls past their deadline counted."""
+
+    def __init__(self, inner: InlineCalls) -> None:
+        self.inner = inner
+        self.spent_s = 0.0
+        self.timeouts = 0
+
+    def _timed(self, fn: Callable[..., Any], *args: Any, **kw: Any) -> Any:
         t0 = time.process_time()
         try:
-            return super().read(uuid)
+            return fn(*args, **kw)
+        except NvmlTimeout:
+            self.timeouts += 1
+            raise
         finally:
             self.spent_s += time.process_time() - t0
 
-    def set_power_limit(self, uuid, limit_w):  # type: ignore[no-untyped-def]
-        t0 = time.process_time()
-        try:
-            return super().set_power_limit(uuid, limit_w)
-        finally:
-            self.spent_s += time.process_time() - t0
+    def call(self, key: str, fn: Callable[..., Any], *args: Any, timeout_s: float | None = None) -> Any:
+        return self._timed(self.inner.call, key, fn, *args, timeout_s=timeout_s)
+
+    def many(self, calls: Any) -> dict[str, Any]:
+        out = self._timed(self.inner.many, calls)
+        self.timeouts += sum(isinstance(r, NvmlTimeout) for r in out.values())
+        return out
+
+    def overdue(self) -> dict[str, float]:
+        return self.inner.overdue()
 
 
 def bank_specs(n: int) -> list[CardSpec]:
@@ -62,55 +110,84 @@ def bank_specs(n: int) -> list[CardSpec]:
     ]
 
 
-def measure(n: int, ticks: int) -> dict[str, float]:
+def _ms(values: list[float], q: float | None = None) -> float:
+    if q is None:
+        return round(1000 * statistics.fmean(values), 4)
+    return round(1000 * sorted(values)[int(len(values) * q)], 4)
+
+
+def measure(n: int, ticks: int, inline: bool = False) -> dict[str, float]:
+    """Run ``ticks`` ticks on ``n`` cards; times per tick in ms (see the module docstring)."""
     bank = SimBank(bank_specs(n), lag_s=0.1, seed=1)
-    nvml = TimedNvml(SimNvmlLibrary(bank))
+    sim = SimClock()
+    nvml = Nvml(sim.wrap(SimNvmlLibrary(bank)))
     nvml.init()
     timings = Timings()
-    ctl = Controller(nvml, 250.0 * n, timings)
-    ctl.start()
-    own, total = [], []
+    calls = TimedCalls(InlineCalls())
+    ctl = Controller(nvml, 250.0 * n, timings, calls=calls)  # type: ignore[arg-type]
+    ctl.start()  # inline: enumeration is not a tick, and on a busy machine may miss its deadline
+    if not inline:
+        calls.inner = DeadlineCalls(timings.call_timeout_s)
+    own, layer, simulator, wall = [], [], [], []
     writes = 0
+    calls.timeouts = 0
     for k in range(ticks):
         t = round(k * timings.tick_s, 9)
         bank.advance_to(t)
-        nvml.spent_s = 0.0
-        t0 = time.process_time()
+        calls.spent_s = sim.spent_s = 0.0
+        w0, t0 = time.perf_counter(), time.process_time()
         rep = ctl.tick(t)
-        elapsed = time.process_time() - t0
+        elapsed, wall_s = time.process_time() - t0, time.perf_counter() - w0
         writes += len(rep.writes)
-        total.append(elapsed)
-        own.append(elapsed - nvml.spent_s)
-    own.sort()
+        own.append(elapsed - calls.spent_s)
+        layer.append(calls.spent_s - sim.spent_s)
+        simulator.append(sim.spent_s)
+        wall.append(wall_s)
     return {
         "cards": n,
         "ticks": ticks,
+        "calls": "inline" if inline else "deadline",
         "limit_writes": writes,
-        "tick_ms_mean": round(1000 * statistics.fmean(total), 4),
-        "controller_ms_mean": round(1000 * statistics.fmean(own), 4),
-        "controller_ms_p50": round(1000 * own[len(own) // 2], 4),
-        "controller_ms_p99": round(1000 * own[int(len(own) * 0.99)], 4),
+        "deadline_misses": calls.timeouts,
+        "controller_ms_mean": _ms(own),
+        "controller_ms_p99": _ms(own, 0.99),
+        "nvml_layer_ms_mean": _ms(layer),
+        "nvml_layer_ms_p99": _ms(layer, 0.99),
+        "controller_plus_nvml_ms_mean": _ms([a + b for a, b in zip(own, layer)]),
+        "simulator_ms_mean": _ms(simulator),
+        "wall_ms_mean": _ms(wall),
+        "wall_ms_p99": _ms(wall, 0.99),
     }
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--ticks", type=int, default=3000, help="ticks per bank (default 3000 = 5 min at 100 ms)")
-    ap.add_argument("--cards", type=int, nargs="+", default=[4, 8, 64])
+    ap.add_argument("--ticks", type=int, default=600, help="ticks per bank (default 600 = 1 min at 100 ms)")
+    ap.add_argument("--cards", type=int, nargs="+", default=[1, 8, 64, 256, 1024])
+    ap.add_argument("--inline", action="store_true", help="make the NVML calls on the controller's thread")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
-    configure_logging(level="warning", stream=sys.stderr)
-    rows = [measure(n, args.ticks) for n in args.cards]
+    configure_logging(level="error", stream=sys.stderr)
+    rows = [measure(n, args.ticks, args.inline) for n in args.cards]
     if args.json:
         print(json.dumps(rows, indent=2))
         return 0
-    print(f"controller time per tick, NVML layer excluded ({args.ticks} ticks each):")
-    print(f"  {'cards':>5} {'mean ms':>9} {'p50 ms':>8} {'p99 ms':>8} {'with NVML layer, mean ms':>26} {'writes':>7}")
+    print(f"time per tick, ms of CPU ({args.ticks} ticks each, NVML calls {rows[0]['calls']}; "
+          "simulator = the simulated library's physics, not counted in the others):")
+    print(f"  {'cards':>5} {'controller':>11} {'p99':>8} {'NVML layer':>11} {'p99':>8} {'ctl+NVML':>9} "
+          f"{'simulator':>10} {'wall':>8} {'wall p99':>9} {'missed':>7} {'writes':>7}")
     for r in rows:
         print(
-            f"  {r['cards']:>5} {r['controller_ms_mean']:>9.3f} {r['controller_ms_p50']:>8.3f} "
-            f"{r['controller_ms_p99']:>8.3f} {r['tick_ms_mean']:>26.3f} {r['limit_writes']:>7}"
+            f"  {r['cards']:>5} {r['controller_ms_mean']:>11.3f} {r['controller_ms_p99']:>8.3f} "
+            f"{r['nvml_layer_ms_mean']:>11.3f} {r['nvml_layer_ms_p99']:>8.3f} {r['controller_plus_nvml_ms_mean']:>9.3f} "
+            f"{r['simulator_ms_mean']:>10.3f} {r['wall_ms_mean']:>8.3f} {r['wall_ms_p99']:>9.3f} "
+            f"{r['deadline_misses']:>7} {r['limit_writes']:>7}"
         )
+    if len(rows) > 1:
+        a, b = rows[-2], rows[-1]
+        ratio = b["controller_plus_nvml_ms_mean"] / max(a["controller_plus_nvml_ms_mean"], 1e-9)
+        print(f"  controller + NVML layer at {b['cards']} cards / at {a['cards']}: {ratio:.2f} "
+              f"(cards x{b['cards'] / a['cards']:g})")
     return 0
 
 

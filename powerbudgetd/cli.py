@@ -30,7 +30,7 @@ from powerbudgetd.service.cliargs import (
 from powerbudgetd.service.logs import configure_logging
 from powerbudgetd.service.output import Progress, pipe_safe
 
-POLICY_NAMES = ("static", "slurm", "reactive", "powerbudgetd", "oracle", "causal")  # simulate.POLICIES
+POLICY_NAMES = ("static", "slurm", "reactive", "powerbudgetd", "oracle", "causal", "ruled")  # simulate.POLICIES
 BACKENDS = ("nvml", "sim")  # service.backend.BACKENDS (imported lazily: it loads the simulator)
 DEFAULT_METRICS_PORT = 19400  # channels.metrics.DEFAULT_PORT
 SIM_MIN_DURATION_S, SIM_MAX_DURATION_S = 1.0, 7 * 86400.0  # powerbudgetd_sim.scenario.MIN/MAX_DURATION_S

@@ -24,7 +24,10 @@ readings, read-back and limit lag as powerbudgetd:
   seen — the latest refresh, not the next one — written with the scenario's limit lag,
   every decrease confirmed (in force) before an increase that needs its watts. What
   perfect knowledge of each card's demand and work curve is worth to a controller that
-  obeys the same timing and ordering as powerbudgetd: the bar a causal one can meet.
+  obeys the same timing and ordering as powerbudgetd.
+- :class:`RuledCausalOraclePolicy`: the causal oracle held to the rules powerbudgetd
+  is scored under (reversals per card per 10 s, writes per card per minute, the
+  smallest move worth a write): the like-for-like bar. Greedy, so a bar, not a bound.
 
 Static and Slurm order their writes as powerbudgetd does (decreases first, increases
 only into the budget minus the limits that may be in force), so that they keep the
@@ -34,17 +37,22 @@ budget: the comparison is about how watts are shared, not about write ordering.
 from __future__ import annotations
 
 import math
-
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 
 from powerbudgetd.errors import NvmlError
 from powerbudgetd.core.fairshare import fair_shares, waterfill
+from powerbudgetd.core.model import Timings
 from powerbudgetd.core.units import to_mw
 from powerbudgetd.hw.nvml import GpuInfo, Nvml, PowerReading
 from powerbudgetd.core.plan import Step, Write, plan_writes
+from powerbudgetd_sim.meters import FLAP_WINDOW_S, MAX_REVERSALS, MAX_WRITES_PER_MIN
 from powerbudgetd_sim.physics import REFRESH_S, SimBank, SimCard
 from powerbudgetd_sim.work import POWER_FRACTIONS, work_rate
+
+_RULE_MARGIN_S = 0.2  # a write shows on the enforced limit a lag and a refresh later
 
 JobStart = Callable[[int, float], "float | None"]  # (card index, now) -> job start s, None if idle
 
@@ -338,6 +346,17 @@ def _fill(alloc: list[int], left: int, segments: list[tuple[int, int, float, int
 
 
 def allocate(budget_mw: int, cards: Sequence[CardDemand]) -> list[int]:
+    """:func:`split`, remembered: demand comes in phases, and an oracle asks for the same
+    split at every reading of one (the suite runs each scenario under three of them)."""
+    return list(_split_cached(budget_mw, tuple(cards)))
+
+
+@lru_cache(maxsize=4096)
+def _split_cached(budget_mw: int, cards: tuple[CardDemand, ...]) -> tuple[int, ...]:
+    return tuple(split(budget_mw, cards))
+
+
+def split(budget_mw: int, cards: Sequence[CardDemand]) -> list[int]:
     """Split ``budget_mw`` over ``cards`` (limits in mW) to maximise the summed work rate.
 
     Water-filling on marginal work: every card starts at its minimum; the rest goes to
@@ -491,9 +510,16 @@ class CausalOraclePolicy:
     def role(self, index: int) -> str:
         return "causal"
 
+    def targets(self, now: float, demands: list[CardDemand]) -> list[int]:
+        """Each card's target limit (mW) for ``demands`` (the latest refresh)."""
+        return allocate(self.budget_mw, demands)
+
+    def write(self, now: float, index: int, mw: int) -> None:
+        self.bank.cards[index].set_limit(now, mw)
+
     def tick(self, now: float) -> int:
         seen = round(int(now / REFRESH_S + 1e-6) * REFRESH_S, 9)  # the latest refresh, already read
-        targets = allocate(self.budget_mw, demands_at(self.bank, seen))
+        targets = self.targets(now, demands_at(self.bank, seen))
         cards = self.bank.cards
         steps = [
             Step(str(c.index), c.limit_bound_mw(now), mw, c.requested_mw, busy=_in_flight(c, now))
@@ -509,10 +535,91 @@ class CausalOraclePolicy:
                 headroom -= to_mw - st.bound_mw
                 writes.append(Write(st.uuid, st.bound_mw, to_mw))
         for w in writes:
-            cards[int(w.uuid)].set_limit(now, w.to_mw)
+            self.write(now, int(w.uuid), w.to_mw)
         # Ready (counted) once the limits that may be in force fit the budget, as at boot.
         self.ready = self.ready or self.bank.sum_limit_bound_mw() <= self.budget_mw
         return len(writes)
+
+
+class RuledCausalOraclePolicy(CausalOraclePolicy):
+    """The causal oracle held to the rules powerbudgetd is scored under (the like-for-like
+    bar): no card's limit reverses direction more than ``MAX_REVERSALS`` times in any
+    ``FLAP_WINDOW_S``, nor is written more than ``MAX_WRITES_PER_MIN`` times a minute
+    over the run (as the scoreboard counts writes: all of them, boot included, over the
+    minutes run; the first minute has the whole minute's allowance); no move is smaller
+    than powerbudgetd's ``min_step_w``. The same demand (the latest refresh), limit lag
+    and write ordering as :class:`CausalOraclePolicy`.
+
+    It keeps the rules as powerbudgetd's policy does (``powerbudgetd.core.policy``): a
+    move away from fair share is made only while it and the move back to fair share
+    still fit both allowances, and a move back to fair share is always allowed. Greedy,
+    each tick: the split of the budget that does the most work; a card whose move there
+    the rules do not allow goes to fair share where that lies on its way, else keeps
+    its limit, and the other cards split what is left (again, until every move is
+    allowed).
+    """
+
+    name = "ruled"
+
+    def __init__(self, bank: SimBank, budget_w: float, min_step_w: float = Timings().min_step_w) -> None:
+        super().__init__(bank, budget_w)
+        n = len(bank.cards)
+        self.min_step_mw = to_mw(min_step_w)
+        self._direction = [0] * n  # sign of each card's last write (+1 up, -1 down)
+        self._reversals: list[deque[float]] = [deque() for _ in range(n)]  # when each card's writes reversed
+        self._writes = [0] * n  # writes to each card so far
+
+    def role(self, index: int) -> str:
+        return "ruled"
+
+    def targets(self, now: float, demands: list[CardDemand]) -> list[int]:
+        cards = self.bank.cards
+        shares = fair_shares(self.budget_mw, [c.min_mw for c in cards], [c.max_mw for c in cards])
+        if not self.ready or shares is None:  # boot: the bank brought under the budget first (its writes count)
+            return super().targets(now, demands)
+        current = [c.requested_mw for c in cards]
+        kept: dict[int, int] = {}
+        while True:
+            free = [i for i in range(len(cards)) if i not in kept]
+            try:
+                wanted = allocate(self.budget_mw - sum(kept.values()), [demands[i] for i in free])
+            except ValueError:  # what the kept cards hold leaves too little: they go back to fair share
+                return [shares[i] if i in kept else t for i, t in enumerate(super().targets(now, demands))]
+            ruled = {i: self.allowed(i, now, current[i], mw, shares[i]) for i, mw in zip(free, wanted)}
+            refused = {i: mw for (i, mw), want in zip(ruled.items(), wanted) if mw != want}
+            if not refused:
+                return [kept.get(i, ruled.get(i, 0)) for i in range(len(cards))]
+            kept |= refused
+
+    def allowed(self, index: int, now: float, current_mw: int, target_mw: int, share_mw: int) -> int:
+        """Where card ``index`` may move from ``current_mw`` toward ``target_mw`` now: the
+        target if the rules allow it, else fair share if that is on the way, else nowhere."""
+        if abs(target_mw - current_mw) < self.min_step_mw:
+            return current_mw
+        reversals = self._reversals[index]
+        while reversals and now - reversals[0] > FLAP_WINDOW_S + _RULE_MARGIN_S:
+            reversals.popleft()
+        up = target_mw > current_mw
+        back = share_mw <= target_mw < current_mw if not up else current_mw < target_mw <= share_mw
+        if back and target_mw == share_mw:
+            return target_mw  # the move back: kept in reserve by every move away
+        reverses = self._direction[index] == (-1 if up else 1)
+        beyond = current_mw > share_mw if up else current_mw < share_mw  # already out on that side
+        writes_left = MAX_WRITES_PER_MIN * max(now, 60.0) / 60.0 - self._writes[index]
+        room = writes_left >= 2 and (  # this move and the move back
+            back or (beyond and not reverses) or len(reversals) + reverses + 1 <= MAX_REVERSALS)
+        if room:
+            return target_mw
+        on_the_way = (current_mw < share_mw) == up and current_mw != share_mw
+        return share_mw if on_the_way else current_mw
+
+    def write(self, now: float, index: int, mw: int) -> None:
+        direction = 1 if mw > self.bank.cards[index].requested_mw else -1
+        if self._direction[index] and direction != self._direction[index]:
+            self._reversals[index].append(now)
+        self._direction[index] = direction
+        self._writes[index] += 1
+        super().write(now, index, mw)
 
 
 def _in_flight(card: SimCard, now: float) -> bool:

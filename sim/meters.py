@@ -11,7 +11,9 @@ the time they had been open (a lower bound).
 
 *Flapping*: a card's enforced limit reversing direction (a rise after a cut, or a cut
 after a rise) more than :data:`MAX_REVERSALS` times within :data:`FLAP_WINDOW_S`. Each
-card's reversals are kept and the most found in any such window is reported.
+card's reversals are kept and the most found in any such window is reported. Beside it,
+the rule on writes: no card written more than :data:`MAX_WRITES_PER_MIN` times a
+minute over the run (the simulator's report, ``writes_per_card_per_min``).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from powerbudgetd_sim.work import work_rate
 SHARE_TOLERANCE_MW = 1000
 FLAP_WINDOW_S = 10.0  # no card's limit may reverse direction ...
 MAX_REVERSALS = 2  # ... more than this many times within the window
+MAX_WRITES_PER_MIN = 12  # no card may be written more often a minute, over the run
 
 
 @dataclass

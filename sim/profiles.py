@@ -77,6 +77,7 @@ class Profile:
     """A card's demand over time; phases sorted by ``at_s``."""
 
     phases: tuple[Phase, ...] = field(default_factory=lambda: (Phase(0.0),))
+    shift_s: float = 0.0  # the demand at t is the phases' at t + shift_s (s >= 0)
 
     def __post_init__(self) -> None:
         starts = tuple(p.at_s for p in self.phases)
@@ -85,11 +86,11 @@ class Profile:
         object.__setattr__(self, "_starts", starts)
 
     def phase_at(self, t_s: float) -> Phase:
-        i = bisect.bisect_right(self._starts, t_s) - 1  # type: ignore[attr-defined]
+        i = bisect.bisect_right(self._starts, t_s + self.shift_s) - 1  # type: ignore[attr-defined]
         return self.phases[max(i, 0)]
 
     def demand_w(self, t_s: float, idle_w: float, tgp_w: float) -> float:
-        return max(idle_w, self.phase_at(t_s).demand_w(t_s, idle_w, tgp_w))
+        return max(idle_w, self.phase_at(t_s).demand_w(t_s + self.shift_s, idle_w, tgp_w))
 
     def workload_at(self, t_s: float) -> str:
         """The workload class (``compute`` or ``memory``) in force at ``t_s``."""

@@ -72,6 +72,7 @@ ScenarioError naming the file, the table, its index and the key, one line per pr
 
 from __future__ import annotations
 
+import dataclasses
 import tomllib
 from dataclasses import dataclass, field
 from importlib import resources
@@ -127,6 +128,14 @@ class Scenario:
     events: tuple[BankEvent, ...] = ()
     feed: dict[str, Any] = field(default_factory=dict)  # without the mains keys
     mains: Mains | None = None  # a UPS battery and mains outages, from [feed]
+
+    def shifted(self, offset_s: float) -> Scenario:
+        """The same scenario with every card's demand ``offset_s`` (s) ahead: the demand at
+        t is the one the scenario gives at t + ``offset_s``. Faults, events and the mains
+        keep their times."""
+        cards = tuple(dataclasses.replace(c, profile=dataclasses.replace(c.profile, shift_s=c.profile.shift_s + offset_s))
+                      for c in self.cards)
+        return dataclasses.replace(self, cards=cards)
 
 
 def scenario_dir() -> Path:

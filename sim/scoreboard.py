@@ -10,17 +10,23 @@ Targets (issue "Policy scoreboard"; never lowered here — a miss is shown as a 
   for at least 10 % of the run, from the scenario's demand);
 - reclaim p99 <= 0.3 s (the scenarios' limit lag is 100 ms: a reclaim takes two, the
   recipients' cut confirmed before the donor's raise);
-- ``powerbudgetd`` ``work_vs_causal`` >= 0.99: the causal oracle is the same allocation
-  as the oracle's acting as a controller must (on the latest reading, through the limit
-  lag, decreases confirmed before increases), so this measures the policy, not timing;
-- no flapping: no card's limit under ``powerbudgetd`` reverses direction more than
-  twice in any 10 s (``powerbudgetd_sim.meters``). Writes per card per minute are
-  reported beside it;
+- ``powerbudgetd`` ``work_vs_ruled`` >= 1.00: the ruled oracle is the causal one (the
+  oracle's allocation acting as a controller must: on the latest reading, through the
+  limit lag, decreases confirmed before increases) held to the rules powerbudgetd is
+  held to (the next target), so this measures the policy, not timing or the price of
+  not flapping. ``work_vs_causal``, against the unconstrained causal oracle, is reported;
+- the rules: no card's limit under ``powerbudgetd`` reverses direction more than twice
+  in any 10 s, and no card is written more than 12 times a minute
+  (``powerbudgetd_sim.meters``);
 - where the mains are lost, ``powerbudgetd`` leaves more runtime on the UPS battery than
   ``static`` (it hears the UPS go on battery and lowers the budget; static does not);
 - ``powerbudgetd`` at the budget its ``[feed]`` derives (the breaker on averages, the UPS
   on peaks: board sum x transient factor; see ``powerbudgetd.core.peaks``) trips no
   breaker or UPS; run as ``powerbudgetd@feed`` where that budget is below the scenario's.
+
+Each scenario runs at several demand offsets (:data:`DEMAND_OFFSETS_S`: every card's
+demand shifted ahead, the same for all): the policy table is the first offset's; the
+work targets are judged on the minimum over the offsets, the others on the worst.
 
 With a mains loss, the work comparison counts the work done before it (from then on
 powerbudgetd sheds power on purpose, and the oracle with it), and reclaims end at the
@@ -39,14 +45,17 @@ from typing import Any
 
 from powerbudgetd.core.fairshare import fair_shares
 from powerbudgetd.config import FeedConfig
-from powerbudgetd_sim.meters import FLAP_WINDOW_S, MAX_REVERSALS
+from powerbudgetd_sim.meters import FLAP_WINDOW_S, MAX_REVERSALS, MAX_WRITES_PER_MIN
 from powerbudgetd_sim.simulate import POLICIES, run_policies, run_scenario
 from powerbudgetd_sim.scenario import Scenario, list_scenarios, load_scenario
 
 MIN_WORK_VS_ORACLE = 0.97
-MIN_WORK_VS_CAUSAL = 0.99
+MIN_WORK_VS_RULED = 1.00
 MAX_RECLAIM_P99_S = 0.3
 IDLE_NEIGHBOUR_FRACTION = 0.10
+# Every card's demand shifted this far ahead (s): 0, then steps that fall at other
+# points of 0.3-5 s burst and idle patterns and off the 100 ms refresh grid.
+DEMAND_OFFSETS_S = (0.0, 1.3, 2.9)
 
 TARGETS = (
     "violation_ticks 0 for every policy except reactive",
@@ -55,9 +64,9 @@ TARGETS = (
     "powerbudgetd work above static and slurm where a card has an idle neighbour",
     f"powerbudgetd reclaim p99 <= {MAX_RECLAIM_P99_S} s",
     "powerbudgetd leaves more battery runtime than static where the mains are lost",
-    f"powerbudgetd work_vs_causal >= {MIN_WORK_VS_CAUSAL}",
+    f"powerbudgetd work_vs_ruled >= {MIN_WORK_VS_RULED:.2f} (the causal oracle held to the same rules)",
     f"powerbudgetd no flapping (no card's limit reverses direction more than {MAX_REVERSALS} times "
-    f"in any {FLAP_WINDOW_S:g} s)",
+    f"in any {FLAP_WINDOW_S:g} s, nor is written more than {MAX_WRITES_PER_MIN} times a minute)",
     "powerbudgetd at the [feed]-derived budget trips no breaker or UPS",
 )
 FEED_RUN = "powerbudgetd@feed"
@@ -88,9 +97,46 @@ def idle_neighbour_s(sc: Scenario, duration_s: float | None = None) -> float:
     return float(seconds)
 
 
-def check_targets(sc: Scenario, reports: dict[str, dict[str, Any]], duration_s: float | None = None) -> list[Check]:
-    """Evaluate every target on one scenario's reports (keyed by policy)."""
+def spread(runs: list[dict[str, Any]]) -> dict[str, dict[str, float | None]]:
+    """powerbudgetd's work against the oracles it has targets against over its runs at
+    every demand offset: ``min`` and ``mean`` of ``work_vs_oracle`` and ``work_vs_ruled``."""
+    out: dict[str, dict[str, float | None]] = {}
+    for key in ("work_vs_oracle", "work_vs_ruled"):
+        values = [r[key] for r in runs if r.get(key) is not None]
+        out[key] = {"min": min(values) if values else None,
+                    "mean": round(sum(values) / len(values), 4) if values else None}
+    return out
+
+
+def worst(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """One powerbudgetd report that is the worst of ``runs`` (one per demand offset; the
+    first is the table's): the least work against each oracle, the slowest reclaim, the
+    most reversals and writes, the most violation ticks."""
+    first = runs[0]
+    flips = max((r["flapping"] for r in runs), key=lambda f: f["max_reversals"])
+    rates = [r["writes_per_card_per_min"] for r in runs if r["writes_per_card_per_min"]["max"] is not None]
+    reclaims = [r["reclaim_latency_s"] for r in runs if r["reclaim_latency_s"]["events"]]
+    return {
+        **first,
+        **{key: v["min"] for key, v in spread(runs).items()},
+        "violation_ticks": max(r["violation_ticks"] for r in runs),
+        "flapping": flips,
+        "writes_per_card_per_min": max(rates, key=lambda w: w["max"]) if rates else first["writes_per_card_per_min"],
+        "reclaim_latency_s": max(reclaims, key=lambda rec: rec["p99"]) if reclaims else first["reclaim_latency_s"],
+    }
+
+
+def check_targets(sc: Scenario, reports: dict[str, dict[str, Any]], duration_s: float | None = None,
+                  offsets: list[dict[str, Any]] | None = None) -> list[Check]:
+    """Evaluate every target on one scenario's reports (keyed by policy); with
+    ``offsets`` (powerbudgetd's report at every demand offset, the table's first), its
+    targets on the worst of them (:func:`worst`)."""
     duration = sc.duration_s if duration_s is None else duration_s
+    runs = offsets or []
+    if len(runs) > 1:
+        reports = {**reports, "powerbudgetd": worst(runs)}
+    over = f" (min over {len(runs)} demand offsets, mean {{}})" if len(runs) > 1 else ""
+    means = spread(runs) if len(runs) > 1 else {}
     out = []
     bad = {p: r["violation_ticks"] for p, r in reports.items() if p != "reactive" and r["violation_ticks"]}
     excused = reports.get("reactive", {}).get("violation_ticks")
@@ -113,7 +159,8 @@ def check_targets(sc: Scenario, reports: dict[str, dict[str, Any]], duration_s: 
         )
     )
     wvo = pbd["work_vs_oracle"]
-    out.append(Check(TARGETS[2], wvo is not None and wvo >= MIN_WORK_VS_ORACLE, f"{wvo}"))
+    out.append(Check(TARGETS[2], wvo is not None and wvo >= MIN_WORK_VS_ORACLE,
+                     f"{wvo}" + over.format(means.get("work_vs_oracle", {}).get("mean"))))
 
     lost_at = pbd.get("mains_lost_at_s")
     span = duration if lost_at is None else min(duration, lost_at)
@@ -147,11 +194,14 @@ def check_targets(sc: Scenario, reports: dict[str, dict[str, Any]], duration_s: 
             sb["empty_at_s"] is not None or (pb["runtime_left_s"] or 0) > (sb["runtime_left_s"] or 0))
         out.append(Check(TARGETS[5], met, f"battery left: powerbudgetd {left[0]}, static {left[1]}"))
 
-    wvc = pbd.get("work_vs_causal")
-    out.append(Check(TARGETS[6], wvc is not None and wvc >= MIN_WORK_VS_CAUSAL, f"{wvc}"))
+    wvr = pbd.get("work_vs_ruled")
+    out.append(Check(TARGETS[6], wvr is not None and wvr >= MIN_WORK_VS_RULED,
+                     f"{wvr}" + over.format(means.get("work_vs_ruled", {}).get("mean"))
+                     + (f"; {pbd['work_vs_causal']} of the unconstrained causal oracle"
+                        if pbd.get("work_vs_causal") is not None else "")))
     flap, wpm = pbd["flapping"], pbd["writes_per_card_per_min"]
     out.append(Check(
-        TARGETS[7], not flap["flapping"],
+        TARGETS[7], not flap["flapping"] and (wpm["max"] is None or wpm["max"] <= MAX_WRITES_PER_MIN),
         f"at most {flap['max_reversals']} reversals in {flap['window_s']:g} s"
         + (f" (GPU {', '.join(str(i) for i in flap['flapping'])} over {MAX_REVERSALS})" if flap["flapping"] else "")
         + (f"; {wpm['mean']:g} writes per card per minute (busiest card {wpm['max']:g})"
@@ -193,26 +243,41 @@ def check_feed_budget(sc: Scenario, reports: dict[str, dict[str, Any]]) -> Check
     )
 
 
-def score_scenario(name: str, duration_s: float | None = None, seed: int | None = None) -> dict[str, Any]:
-    """Run one scenario under every policy, and powerbudgetd at its [feed]-derived
-    budget where that is lower and feasible; its reports and target checks."""
-    sc = load_scenario(name)
+def score_scenario(name: str, duration_s: float | None = None, seed: int | None = None,
+                   offsets_s: tuple[float, ...] = DEMAND_OFFSETS_S) -> dict[str, Any]:
+    """Run one scenario under every policy at the first of ``offsets_s`` (s, every card's
+    demand shifted that far ahead), powerbudgetd and the oracles at the others, and
+    powerbudgetd at its [feed]-derived budget where that is lower and feasible; its
+    reports (the first offset's), the spread over the offsets and the target checks."""
+    sc = load_scenario(name).shifted(offsets_s[0])
     results = run_policies(sc, POLICIES, duration_s=duration_s, seed=seed)
+    runs = [results["powerbudgetd"].report] + [
+        _against_the_bars(load_scenario(name).shifted(o), duration_s, seed) for o in offsets_s[1:]]
     reports = {p: r.report for p, r in results.items()}
     derived = feed_budget_w(sc)
     if derived is not None and derived < sc.budget_w and derived >= sum(c.min_w for c in sc.cards):
         reports[FEED_RUN] = run_scenario(
             dataclasses.replace(sc, budget_w=derived), duration_s=duration_s, seed=seed,
-            oracle_work=reports["oracle"]["work"],
+            oracle_work=reports["oracle"]["work"], compare=False,
         ).report
         reports[FEED_RUN]["policy"] = FEED_RUN
-    checks = check_targets(sc, {p: r for p, r in reports.items() if p != FEED_RUN}, duration_s)
+    checks = check_targets(sc, {p: r for p, r in reports.items() if p != FEED_RUN}, duration_s, runs)
     checks.append(check_feed_budget(sc, reports))
     return {
         "description": sc.description,
         "reports": reports,
+        "offsets_s": list(offsets_s),
+        "spread": spread(runs),
         "checks": [asdict(c) for c in checks],
     }
+
+
+def _against_the_bars(sc: Scenario, duration_s: float | None, seed: int | None) -> dict[str, Any]:
+    """powerbudgetd's report on ``sc`` with its work against the two oracles it has
+    targets against (the clairvoyant and the ruled one), each run once."""
+    kw: dict[str, Any] = dict(duration_s=duration_s, seed=seed, compare=False)
+    bars = {f"{p}_work": run_scenario(sc, policy=p, **kw).report["work"] for p in ("oracle", "ruled")}
+    return run_scenario(sc, policy="powerbudgetd", **bars, **kw).report
 
 
 def _ignore_sigint() -> None:
@@ -265,7 +330,7 @@ def format_table(reports: dict[str, dict[str, Any]]) -> str:
     the UPS battery."""
     battery = any(r.get("battery") is not None for r in reports.values())
     lines = [
-        f"  {'policy':<18}{'work TGP-s':>11}{'vs oracle':>10}{'vs causal':>10}{'viol.ticks':>11}{'draw>budget':>12}"
+        f"  {'policy':<18}{'work TGP-s':>11}{'vs oracle':>10}{'vs causal':>10}{'vs ruled':>9}{'viol.ticks':>11}{'draw>budget':>12}"
         f"{'max wall':>10}{'trips':>16}{'reclaim p50/p99/max s':>23}{'writes':>8}{'/card/min':>10}{'flips':>6}"
         + (f"{'battery left':>15}" if battery else "")
     ]
@@ -277,14 +342,19 @@ def format_table(reports: dict[str, dict[str, Any]]) -> str:
         )
         wvo = "-" if r["work_vs_oracle"] is None else f"{r['work_vs_oracle']:.3f}"
         wvc = "-" if r.get("work_vs_causal") is None else f"{r['work_vs_causal']:.3f}"
+        wvr = "-" if r.get("work_vs_ruled") is None else f"{r['work_vs_ruled']:.3f}"
         wall = "-" if r["max_wall_power_w"] is None else f"{r['max_wall_power_w']:.0f} W"
         lines.append(
-            f"  {p:<18}{r['work']:>11.1f}{wvo:>10}{wvc:>10}{r['violation_ticks']:>11}{r['draw_over_budget_s']:>10.1f} s"
+            f"  {p:<18}{r['work']:>11.1f}{wvo:>10}{wvc:>10}{wvr:>9}{r['violation_ticks']:>11}{r['draw_over_budget_s']:>10.1f} s"
             f"{wall:>10}{trips:>16}{reclaim:>23}{r['cap_changes']:>8}"
             f"{_per_min(r['writes_per_card_per_min']['max']):>10}{r['flapping']['max_reversals']:>6}"
             + (f"{battery_left(r.get('battery')):>15}" if battery else "")
         )
     return "\n".join(lines)
+
+
+def _ratio(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3f}"
 
 
 def _per_min(rate: float | None) -> str:
@@ -313,6 +383,10 @@ def format_suite_scenario(name: str, s: dict[str, Any]) -> str:
     any_r = next(iter(s["reports"].values()))
     out = ["", f"{name}: {s['description']} ({any_r['duration_s']:g} s, seed {any_r['seed']})"]
     out.append(format_table(s["reports"]))
+    if len(s.get("offsets_s", [])) > 1:
+        out.append(f"  powerbudgetd over demand offsets {', '.join(f'{o:g}' for o in s['offsets_s'])} s: " + "; ".join(
+            f"{key.removeprefix('work_')} min {_ratio(v['min'])} mean {_ratio(v['mean'])}"
+            for key, v in s["spread"].items()))
     for c in s["checks"]:
         out.append(f"  [{mark[c['met']]}] {c['target']}: {c['detail']}")
     return "\n".join(out)

@@ -4,7 +4,8 @@ powerbudgetd's controller talks to the simulator through the production NVML lay
 (:class:`powerbudgetd.hw.nvml.Nvml` and the real bindings over the simulated NVML
 library); so do the baselines
 ``static``, ``slurm`` and ``reactive`` (``powerbudgetd_sim.baselines``); the ``oracle``
-writes straight into a bank without limit lag, the ``causal`` oracle into one with it.
+writes straight into a bank without limit lag, the ``causal`` oracle and the ``ruled``
+one (the causal oracle held to powerbudgetd's rules) into one with it.
 Every tick, from the first (boot included), the simulator's own truth is checked: the
 sum over cards of the highest limit that may be in force (requested, enforced or in
 flight) against the budget. ``over_budget_s`` and ``over_budget_episodes`` count every
@@ -29,7 +30,9 @@ from powerbudgetd.core.fairshare import fair_shares
 from powerbudgetd.core.model import Timings
 from powerbudgetd.hw.nvml import Nvml
 from powerbudgetd.control.budgetkeeper import BudgetKeeper
-from powerbudgetd_sim.baselines import CausalOraclePolicy, OraclePolicy, ReactivePolicy, SlurmPolicy, StaticPolicy
+from powerbudgetd_sim.baselines import (
+    CausalOraclePolicy, OraclePolicy, ReactivePolicy, RuledCausalOraclePolicy, SlurmPolicy, StaticPolicy,
+)
 from powerbudgetd_sim.feed import feed_from_dict
 from powerbudgetd_sim.libnvml import SimNvmlLibrary, check_interrupt
 from powerbudgetd_sim.mains import SimUps
@@ -37,8 +40,8 @@ from powerbudgetd_sim.meters import BankMeters
 from powerbudgetd_sim.physics import SimBank
 from powerbudgetd_sim.scenario import Scenario
 
-POLICIES = ("static", "slurm", "reactive", "powerbudgetd", "oracle", "causal")
-ORACLES = ("oracle", "causal")  # no fair share to return to: reclaims are not counted
+POLICIES = ("static", "slurm", "reactive", "powerbudgetd", "oracle", "causal", "ruled")
+ORACLES = ("oracle", "causal", "ruled")  # no fair share to return to: reclaims are not counted
 RATE_MIN_S = 10.0  # s: the shortest run whose limit writes are given per minute
 
 
@@ -160,8 +163,9 @@ def _under_ups(oracle: OraclePolicy | CausalOraclePolicy, sc: Scenario, bank: Si
 
 def _job_start(sc: Scenario) -> Callable[[int, float], float | None]:
     def job_start(index: int, now: float) -> float | None:
-        phase = sc.cards[index].profile.phase_at(now)
-        return None if phase.kind == "idle" else phase.at_s
+        profile = sc.cards[index].profile
+        phase = profile.phase_at(now)
+        return None if phase.kind == "idle" else phase.at_s - profile.shift_s
 
     return job_start
 
@@ -180,6 +184,8 @@ def make_policy(name: str, sc: Scenario, bank: SimBank, nvml: Nvml, timings: Tim
         return _under_ups(OraclePolicy(bank, sc.budget_w), sc, bank)
     if name == "causal":
         return _under_ups(CausalOraclePolicy(bank, sc.budget_w), sc, bank)
+    if name == "ruled":
+        return _under_ups(RuledCausalOraclePolicy(bank, sc.budget_w, timings.min_step_w), sc, bank)
     raise ValueError(f"policy {name!r} is not one of {', '.join(POLICIES)}")
 
 
@@ -193,6 +199,7 @@ def run_scenario(
     policy: str = "powerbudgetd",
     oracle_work: float | None = None,
     causal_work: float | None = None,
+    ruled_work: float | None = None,
     compare: bool = True,
 ) -> SimResult:
     """Simulate ``sc`` under ``policy`` and return the report (W, s; work in TGP-s).
@@ -200,7 +207,7 @@ def run_scenario(
     ``work_vs_oracle`` is this run's work over the oracle's on the same scenario, seed
     and duration: ``oracle_work`` when given, else the oracle is run too (``compare``
     False skips it and reports None); ``work_vs_causal`` the same against the causal
-    oracle (``causal_work``). Raises ValueError for an unknown policy, and
+    oracle (``causal_work``), ``work_vs_ruled`` against the ruled one (``ruled_work``). Raises ValueError for an unknown policy, and
     BudgetInfeasible / ValueError when the minimum limits sum above the budget.
     """
     duration = sc.duration_s if duration_s is None else duration_s
@@ -296,6 +303,10 @@ def run_scenario(
         causal_work = work
     elif causal_work is None and compare:
         causal_work = run_scenario(sc, duration_s=duration, seed=seed, policy="causal", compare=False).report["work"]
+    if policy == "ruled":
+        ruled_work = work
+    elif ruled_work is None and compare:
+        ruled_work = run_scenario(sc, duration_s=duration, seed=seed, policy="ruled", compare=False).report["work"]
     # Boot writes every card once or twice: over a run shorter than RATE_MIN_S that
     # alone reads as a storm of writes per minute, so no rate is given (only the count).
     minutes = span / 60
@@ -319,6 +330,7 @@ def run_scenario(
         "work": round(work, 3),
         "work_vs_oracle": round(work / oracle_work, 4) if oracle_work else None,
         "work_vs_causal": round(work / causal_work, 4) if causal_work else None,
+        "work_vs_ruled": round(work / ruled_work, 4) if ruled_work else None,
         "writes_per_card_per_min": {"mean": round(sum(per_card) / len(per_card), 2) if per_card else None,
                                     "max": round(max(per_card), 2) if per_card else None},
         "flapping": meters.flapping_summary(),
@@ -345,24 +357,23 @@ def run_policies(
     timings: Timings | None = None,
     keep_series: bool = False,
 ) -> dict[str, SimResult]:
-    """Run each of ``policies`` on the same scenario, seed and duration; the two oracles
-    run once (first) and every ``work_vs_oracle`` and ``work_vs_causal`` is against
-    them. Keyed by policy name, in the order given."""
+    """Run each of ``policies`` on the same scenario, seed and duration; the three oracles
+    run once (first) and every ``work_vs_oracle``, ``work_vs_causal`` and ``work_vs_ruled``
+    is against them. Keyed by policy name, in the order given."""
     unknown = [p for p in policies if p not in POLICIES]
     if unknown:
         raise ValueError(f"policy {unknown[0]!r} is not one of {', '.join(POLICIES)}")
     kw: dict[str, Any] = dict(duration_s=duration_s, seed=seed, timings=timings, keep_series=keep_series)
     oracle = run_scenario(sc, policy="oracle", compare=False, **kw)
     causal = run_scenario(sc, policy="causal", compare=False, **kw)
-    oracle_work, causal_work = oracle.report["work"], causal.report["work"]
-    for r in (oracle, causal):
-        r.report["work_vs_oracle"] = round(r.report["work"] / oracle_work, 4) if oracle_work else None
-        r.report["work_vs_causal"] = round(r.report["work"] / causal_work, 4) if causal_work else None
-    done = {"oracle": oracle, "causal": causal}
-    return {
-        name: done.get(name) or run_scenario(sc, policy=name, oracle_work=oracle_work, causal_work=causal_work, **kw)
-        for name in policies
-    }
+    ruled = run_scenario(sc, policy="ruled", compare=False, **kw)
+    bars = {"oracle_work": oracle.report["work"], "causal_work": causal.report["work"],
+            "ruled_work": ruled.report["work"]}
+    for r in (oracle, causal, ruled):
+        for bar, work in bars.items():
+            r.report[f"work_vs_{bar.removesuffix('_work')}"] = round(r.report["work"] / work, 4) if work else None
+    done = {"oracle": oracle, "causal": causal, "ruled": ruled}
+    return {name: done.get(name) or run_scenario(sc, policy=name, **bars, **kw) for name in policies}
 
 
 def format_report(r: dict[str, Any]) -> str:
@@ -383,9 +394,11 @@ def format_report(r: dict[str, Any]) -> str:
                           for d, v in r["trips"].items() if v is not None)
         wvo = "-" if r["work_vs_oracle"] is None else f"{r['work_vs_oracle']:.3f}"
         wvc = "-" if r.get("work_vs_causal") is None else f"{r['work_vs_causal']:.3f}"
+        wvr = "-" if r.get("work_vs_ruled") is None else f"{r['work_vs_ruled']:.3f}"
         flap = r["flapping"]
         lines += [
-            f"  work                 {r['work']:g} TGP-s ({wvo} of the oracle's, {wvc} of the causal oracle's)",
+            f"  work                 {r['work']:g} TGP-s ({wvo} of the oracle's, {wvc} of the causal oracle's, "
+            f"{wvr} of the ruled one's)",
             (f"  limit writes         {r['writes_per_card_per_min']['mean']:g} per card per minute "
              f"(busiest card {r['writes_per_card_per_min']['max']:g}); " if r['writes_per_card_per_min']['mean'] is not None
              else f"  limit writes         {sum(c['limit_writes'] for c in r['cards'])} in all (under {RATE_MIN_S:g} s "

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 
 from powerbudgetd.control.card import CardState
 from powerbudgetd.control.overbudget import OverBudget
-from powerbudgetd.core.fairshare import fair_shares
+from powerbudgetd.core.fairshare import cached_fair_shares
 from powerbudgetd.core.model import Mode, Role
 from powerbudgetd.core.policy import CardView, LendingPolicy
 from powerbudgetd.core.units import opt_mw
@@ -27,11 +27,16 @@ def targets(cards: Sequence[CardState], active: Sequence[CardState], budget_mw: 
     """Targets (mW) and reasons, by UUID, for the ``active`` cards among ``cards``; sets
     each card's fair share and role, and tells ``over`` whether the shares fit (not while
     ``settling``: a card reserved only until its decrease bites is not outside our control)."""
+    # By UUID: ``c in active`` over a list compares dataclasses, N x N per tick.
+    active_ids = {c.uuid for c in active}
+    outside_mw = 0
     for c in cards:
-        if c.readable and c not in active:
-            c.role = Role.FIXED
-    pool = budget_mw - sum(c.bound_mw for c in cards if c not in active)
-    shares = fair_shares(pool, [c.min_mw for c in active], [c.usable_max_mw for c in active])
+        if c.uuid not in active_ids:
+            outside_mw += c.bound_mw
+            if c.readable:
+                c.role = Role.FIXED
+    pool = budget_mw - outside_mw
+    shares = cached_fair_shares(pool, tuple(c.min_mw for c in active), tuple(c.usable_max_mw for c in active))
     over.infeasible(pool, active, shares is None and not settling)
     for c, share in zip(active, shares or [c.min_mw for c in active]):
         c.share_mw = share

@@ -6,6 +6,7 @@ All arithmetic in integer mW, rounded down (toward safety).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import lru_cache
 
 
 def waterfill(amount_mw: int, lows: Sequence[int], highs: Sequence[int]) -> list[int]:
@@ -37,3 +38,11 @@ def fair_shares(budget_mw: int, lows: Sequence[int], highs: Sequence[int]) -> li
     if sum(lows) > budget_mw:
         return None
     return waterfill(budget_mw, lows, highs)
+
+
+@lru_cache(maxsize=8)
+def cached_fair_shares(budget_mw: int, lows: tuple[int, ...], highs: tuple[int, ...]) -> tuple[int, ...] | None:
+    """:func:`fair_shares` remembered for the last few inputs: a tick's pool and its
+    cards' limits seldom change, and the water-fill is a bisection over every card."""
+    shares = fair_shares(budget_mw, lows, highs)
+    return None if shares is None else tuple(shares)

@@ -7,8 +7,9 @@ from hypothesis import strategies as st
 from powerbudgetd.core.fairshare import fair_shares
 from powerbudgetd.hw.nvml import Nvml
 from powerbudgetd_sim.simulate import run_policies, run_scenario
-from powerbudgetd_sim.baselines import CardDemand, SlurmPolicy, allocate, hull_bound
+from powerbudgetd_sim.baselines import CardDemand, RuledCausalOraclePolicy, SlurmPolicy, allocate, hull_bound
 from powerbudgetd_sim.libnvml import SimNvmlLibrary
+from powerbudgetd_sim.meters import MAX_REVERSALS, MAX_WRITES_PER_MIN
 from powerbudgetd_sim.physics import SimBank
 from powerbudgetd_sim.scenario import load_scenario
 from powerbudgetd_sim.work import work_rate
@@ -164,3 +165,36 @@ def test_causal_oracle_cuts_one_reading_after_the_demand_and_raises_two_after():
 def test_causal_oracle_is_a_policy_of_the_command_line():
     r = run_scenario(load_scenario("one-busy"), policy="causal", duration_s=5).report
     assert r["policy"] == "causal" and r["work_vs_causal"] == 1.0 and 0.9 < r["work_vs_oracle"] <= 1.0
+
+
+@pytest.mark.parametrize("name,offset_s", [("ada-2", 0.0), ("ada-2", 2.9), ("bursty", 0.0), ("workstation-4", 1.3),
+                                           ("mixed-bank", 0.0)])
+def test_ruled_oracle_keeps_the_rules_it_is_compared_under(name, offset_s):
+    """The like-for-like bar, measured on the enforced limits by the same meters as
+    powerbudgetd: at most MAX_REVERSALS in any FLAP_WINDOW_S and at most
+    MAX_WRITES_PER_MIN writes a minute on every card, within the budget; the
+    unconstrained causal oracle breaks both on the same demand."""
+    sc = load_scenario(name).shifted(offset_s)
+    results = run_policies(sc, ["causal", "ruled"], duration_s=90)
+    ruled, causal = results["ruled"].report, results["causal"].report
+    assert ruled["violation_ticks"] == 0
+    assert ruled["flapping"]["max_reversals"] <= MAX_REVERSALS and not ruled["flapping"]["flapping"]
+    assert ruled["writes_per_card_per_min"]["max"] <= MAX_WRITES_PER_MIN
+    assert causal["flapping"]["max_reversals"] > MAX_REVERSALS
+    assert causal["writes_per_card_per_min"]["max"] > MAX_WRITES_PER_MIN
+    assert ruled["work_vs_ruled"] == 1.0 and ruled["work"] <= causal["work"] * 1.001
+
+
+def test_ruled_oracle_always_allows_the_move_back_to_fair_share():
+    """A card out of moves (two reversals in the window) still returns to fair share, the
+    move every move away kept in reserve; a move away then is refused."""
+    bank = SimBank(list(load_scenario("ada-2").cards), lag_s=0.1, seed=1)
+    oracle = RuledCausalOraclePolicy(bank, 400.0)
+    for t, mw in ((1.0, 250_000), (2.0, 150_000), (3.0, 250_000)):  # up, down (1 reversal), up (2)
+        oracle.write(t, 0, mw)
+    assert oracle.allowed(0, 4.0, 250_000, 200_000, 200_000) == 200_000  # back to fair share: allowed
+    assert oracle.allowed(0, 4.0, 250_000, 150_000, 200_000) == 200_000  # past it: only as far as fair share
+    assert oracle.allowed(0, 4.0, 250_000, 280_000, 200_000) == 280_000  # further out: its return is counted
+    assert oracle.allowed(0, 4.0, 200_000, 150_000, 200_000) == 200_000  # from fair share out: no room left
+    assert oracle.allowed(0, 4.0, 250_000, 252_000, 200_000) == 250_000  # under min_step_w: not worth a write
+    assert oracle.allowed(0, 14.0, 250_000, 150_000, 200_000) == 150_000  # the reversals have left the window
