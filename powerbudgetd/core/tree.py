@@ -200,18 +200,24 @@ class PowerTree:
         loads = self.loads_w(draw_w, lost)
         return {n: w - self.nodes[n].budget_w for n, w in loads.items() if w > self.nodes[n].budget_w + EPS_W}
 
+    def room_for_w(self, host: str, held_w: Mapping[str, float], lost: str | None = None) -> float:
+        """The most ``host`` may draw in all (wall W, may be < 0) beside every other
+        host's ``held_w`` so that every node on its cords' paths stays within its budget:
+        committed (``lost`` None: failover counted) or the flow with ``lost`` dead
+        (inf for a host no live node carries)."""
+        best = math.inf
+        for node, hs in self.coefficients(lost).items():
+            if host in hs:
+                others = sum(c * held_w.get(h, 0.0) for h, c in hs.items() if h != host)
+                best = min(best, (self.nodes[node].budget_w - others) / hs[host])
+        return best
+
     def largest_grant_w(self, host: str, held_w: Mapping[str, float]) -> float:
         """The largest grant (wall W above its reserve) ``host`` may hold beside every
         other host's ``held_w`` (reserve + grant) so that every node on its cords' paths
         stays within its budget, failover counted (redundant: the host's whole draw on
         each cord; oversubscribed: its share). 0 when even its reserve does not fit."""
-        best = math.inf
-        for node, hs in self.coefficients().items():
-            if host not in hs:
-                continue
-            others = sum(c * held_w.get(h, 0.0) for h, c in hs.items() if h != host)
-            best = min(best, (self.nodes[node].budget_w - others) / hs[host])
-        return max(0.0, best - self.hosts[host].reserve_w)
+        return max(0.0, self.room_for_w(host, held_w) - self.hosts[host].reserve_w)
 
     def worst_unshed_w(self, lost: str) -> dict[str, float]:
         """Right after ``lost`` goes, before any host is lowered: the most each surviving
