@@ -94,7 +94,7 @@ class PowerTree:
     nodes: Mapping[str, Node]
     hosts: Mapping[str, Host]
     pairs: Mapping[frozenset[str], Pair] = field(default_factory=dict)
-    _coefficients: dict[str | None, dict[str, dict[str, float]]] = field(default_factory=dict, compare=False, repr=False)
+    _coefficients: dict[tuple[str | None, bool], dict[str, dict[str, float]]] = field(default_factory=dict, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         problems = [*self._node_problems(), *self._host_problems()]
@@ -167,37 +167,39 @@ class PowerTree:
         return replace(self, pairs=pairs, _coefficients={})
 
     # -- what each node carries -------------------------------------------------------
-    def coefficients(self, lost: str | None = None) -> dict[str, dict[str, float]]:
+    def coefficients(self, lost: str | None = None, *, flow: bool = False) -> dict[str, dict[str, float]]:
         """node -> host -> the fraction of the host's wall draw the node carries (> 0).
 
-        ``lost`` None: *committed* coefficients, failover counted (module docstring).
-        ``lost`` a node: the *flow* once that node and all below it are dead: a host's
-        live cords share its draw in proportion to their shares; dead nodes and hosts
-        with no live cord are left out."""
-        if lost not in self._coefficients:
-            self._coefficients[lost] = self._coefficients_of(lost)
-        return self._coefficients[lost]
+        ``lost`` None (and not ``flow``): *committed* coefficients, failover counted
+        (module docstring). ``flow``, or ``lost`` a node: where the current flows, with
+        that node and all below it dead: a host's live cords share its draw in
+        proportion to their shares; dead nodes and hosts with no live cord are left out."""
+        key = (lost, flow or lost is not None)
+        if key not in self._coefficients:
+            self._coefficients[key] = self._coefficients_of(*key)
+        return self._coefficients[key]
 
-    def _coefficients_of(self, lost: str | None) -> dict[str, dict[str, float]]:
+    def _coefficients_of(self, lost: str | None, flow: bool) -> dict[str, dict[str, float]]:
         dead = set() if lost is None else {n for n in self.nodes if lost in self.path(n)}
         out: dict[str, dict[str, float]] = {n: {} for n in self.nodes if n not in dead}
         for host in self.hosts.values():
             live = {leaf: s for leaf, s in host.cords.items() if leaf not in dead}
-            whole = lost is None and self.mode_of(host.name) == "redundant"
+            whole = not flow and self.mode_of(host.name) == "redundant"
             for node in out:
                 under = sum(s for leaf, s in live.items() if node in self.path(leaf))
                 if under > 0:
                     out[node][host.name] = 1.0 if whole else min(1.0, under / sum(live.values()))
         return out
 
-    def loads_w(self, draw_w: Mapping[str, float], lost: str | None = None) -> dict[str, float]:
+    def loads_w(self, draw_w: Mapping[str, float], lost: str | None = None, *, flow: bool = False) -> dict[str, float]:
         """Each node's load (wall W) for each host's ``draw_w`` (a seat plus grant, or a
-        measured draw): committed (``lost`` None) or the flow with ``lost`` dead."""
-        return {n: sum(c * draw_w.get(h, 0.0) for h, c in hs.items()) for n, hs in self.coefficients(lost).items()}
+        measured draw): committed, or the flow (``flow``, or ``lost`` dead)."""
+        return {n: sum(c * draw_w.get(h, 0.0) for h, c in hs.items())
+                for n, hs in self.coefficients(lost, flow=flow).items()}
 
-    def over_w(self, draw_w: Mapping[str, float], lost: str | None = None) -> dict[str, float]:
-        """The nodes whose load exceeds their budget, and by how much (W)."""
-        loads = self.loads_w(draw_w, lost)
+    def over_w(self, draw_w: Mapping[str, float], lost: str | None = None, *, flow: bool = False) -> dict[str, float]:
+        """The nodes whose load (as :meth:`loads_w`) exceeds their budget, and by how much (W)."""
+        loads = self.loads_w(draw_w, lost, flow=flow)
         return {n: w - self.nodes[n].budget_w for n, w in loads.items() if w > self.nodes[n].budget_w + EPS_W}
 
     def room_for_w(self, host: str, held_w: Mapping[str, float], lost: str | None = None) -> float:
@@ -218,14 +220,6 @@ class PowerTree:
         stays within its budget, failover counted (redundant: the host's whole draw on
         each cord; oversubscribed: its share). 0 when even its reserve does not fit."""
         return max(0.0, self.room_for_w(host, held_w) - self.hosts[host].reserve_w)
-
-    def worst_unshed_w(self, lost: str) -> dict[str, float]:
-        """Right after ``lost`` goes, before any host is lowered: the most each surviving
-        node can carry (wall W) when every node's committed load was at its budget: the
-        flow of the largest committed draws the budgets allow (:func:`divide` with wants
-        unbounded), moved onto the live cords."""
-        held = divide(self, {h: math.inf for h in self.hosts})
-        return self.loads_w(held, lost)
 
 
 def divide(tree: PowerTree, wants_w: Mapping[str, float], lost: str | None = None) -> dict[str, float]:
