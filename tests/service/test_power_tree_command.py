@@ -1,8 +1,10 @@
-"""`simulate --circuit --tree`: its arguments checked before any work, a bad tree file
-refused with its problems, one line each."""
+"""`simulate --circuit --tree` and `check-config --tree`: arguments checked before any
+work, a bad tree file refused with its problems one line each, the scoreboard printed,
+and a host's place in the tree checked against its config."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -64,3 +66,17 @@ def test_check_config_refuses_a_host_the_tree_does_not_count(tmp_path, capsys, h
     cfg.write_text(CONFIG.format(host=host, reserve=reserve))
     assert main(["check-config", str(cfg), "--tree", str(PACKAGED)]) == ExitStatus.CONFIG
     assert f"powerbudgetd: {PACKAGED}: {problem}" in capsys.readouterr().err
+
+
+@pytest.mark.slow  # four runs of 40 simulated hosts
+def test_simulate_circuit_tree_prints_the_scoreboard(capsys):
+    assert main(["simulate", "--circuit", "--tree", "row-4", "--duration", "4", "--json"]) == ExitStatus.OK
+    result = json.loads(capsys.readouterr().out)
+    assert list(result) == ["static", "redundant", "oversubscribed", "oracle"]
+    for r in result.values():
+        assert r["hosts"] == 40 and r["feed_lost"] == "feed-a" and r["lost_at_s"] == 2  # half-way: 60 s is past the end
+        assert {"work_tgp_s", "work_vs_oracle", "trips", "shed_s", "draw_shed_s", "survivors"} <= set(r)
+    assert main(["simulate", "--circuit", "--tree", "row-4", "--duration", "4"]) == ExitStatus.OK
+    out = capsys.readouterr().out
+    assert out.startswith("power tree: 40 hosts, 4 s, feed-a lost at 2 s\n")
+    assert all(f"  {name} " in out for name in result)
