@@ -87,8 +87,8 @@ class PowerTree:
     """Nodes, hosts and the declared pairs (a pair not declared is redundant).
 
     Raises ValueError naming the node or host for a tree that is not one: an unknown
-    parent or cord, a cycle, not exactly one root, a cord on a node with children, two
-    cords on one leaf, shares that do not sum to 1.
+    parent or cord, a cycle, not exactly one root, a cord on a node with children, not
+    one cord or two, shares that do not sum to 1.
     """
 
     nodes: Mapping[str, Node]
@@ -109,12 +109,12 @@ class PowerTree:
             if node.parent is not None and node.parent not in self.nodes:
                 yield f"nodes.{node.name}.parent: no node {node.parent!r}"
                 continue
-            seen, up = {node.name}, node.parent
+            seen, up = [node.name], node.parent
             while up is not None and up in self.nodes:
                 if up in seen:
                     yield f"nodes.{node.name}.parent: a cycle ({' -> '.join([*seen, up])})"
                     break
-                seen.add(up)
+                seen.append(up)
                 up = self.nodes[up].parent
 
     def _host_problems(self) -> Iterable[str]:
