@@ -279,6 +279,12 @@ class _StateCollector(Collector):
             "The power limit another tool keeps writing on this card; present only while the card is "
             "contested (nothing is raised then)", CARD_LABELS, "watts",
         )
+        outside_cap = gauge(
+            "powerbudgetd_gpu_outside_power_cap_watts",
+            "The enforced limit an outside limiter (a BMC, a node-level cap) holds this card at, below what "
+            "powerbudgetd requested; present only while it does (the card is given what it can use, the rest "
+            "lent)", CARD_LABELS, "watts",
+        )
         excursions = CounterMetricFamily(
             "powerbudgetd_gpu_power_excursions",
             "Times the instant draw rose above the enforced limit (normal at load onset: the limit caps "
@@ -337,6 +343,8 @@ class _StateCollector(Collector):
                     role.add_metric([*labels, str(r)], 1.0 if str(r) == c.role else 0.0)
                 if c.contested_w is not None:
                     contested.add_metric(list(labels), c.contested_w)
+                if c.outside_cap_w is not None:
+                    outside_cap.add_metric(list(labels), c.outside_cap_w)
                 excursions.add_metric(list(labels), c.excursions)
                 for reason, n in c.readings_rejected:
                     rejected.add_metric([*labels, reason], n)
@@ -356,6 +364,7 @@ class _StateCollector(Collector):
         yield role
         yield mig
         yield contested
+        yield outside_cap
         yield excursions
         yield rejected
         yield peak

@@ -25,6 +25,12 @@ log = structlog.get_logger("powerbudgetd")
 IMPOSSIBLE_FACTOR = 3.0
 # NVML reports power in unsigned mW: a wrapped or garbage value reads this high.
 OVERFLOW_W = 2**31 / 1000
+# Readings are judged over a short window, with hysteresis: an impossible value is taken
+# for a fault (power unknown: the card neither lends nor borrows) only once readings have
+# been impossible for this long, and believed again only once they have been plausible
+# for as long. A lone bad sample (one 100 ms reading) is dropped: the last plausible
+# values stand, so it changes no role and causes no write.
+IMPLAUSIBLE_WINDOW_S = 0.3
 # A 1 s average that has not moved by one mW for this long is suspect (it refreshes every
 # 100 ms and carries noise): the energy counter is then asked, at most once per
 # ENERGY_CHECK_S, whether the card really drew that much. More than the tolerance apart
@@ -53,6 +59,9 @@ class CardAudit:
     implausible_readings: int = 0  # impossible readings not believed (exported as a counter)
     frozen_readings: int = 0  # frozen readings not believed (exported as a counter)
     frozen: bool = False  # the power reading is stuck while the energy counter moves
+    _bad_since: float | None = None  # impossible readings in a row since (s)
+    _good_since: float | None = None  # plausible readings in a row since (s), in an episode
+    _plausible: tuple[float | None, float | None] = (None, None)  # last believed (avg W, instant W)
     _same_w: float | None = None  # the 1 s average last seen ...
     _same_since: float = 0.0  # ... unchanged since (s)
     _energy_mark: tuple[float, float] | None = None  # (s, J) of the last energy read while suspect
@@ -69,22 +78,35 @@ class CardAudit:
     def drifted_at(self, now: float) -> bool:
         return bool(self.drift_times) and self.drift_times[-1] == now
 
-    def check_power(self, r: PowerReading, worst_mw: int, index: int, uuid: str) -> PowerReading:
-        """The reading with impossible power values (negative, an overflowed counter, far
-        above the card's highest limit) made unknown; logged once per episode."""
+    def check_power(self, now: float, r: PowerReading, worst_mw: int, index: int, uuid: str) -> PowerReading:
+        """The reading judged over ``IMPLAUSIBLE_WINDOW_S``: an impossible power value
+        (negative, an overflowed counter, far above the card's highest limit) at ``now``
+        (s) is replaced by the last plausible values until impossible readings have
+        lasted the window; then the power is unknown (logged once per episode) until
+        plausible readings have lasted the window too. Every impossible reading is counted."""
         limit_w = max(worst_mw / 1000, 1.0)
         why = None
         for name, v in (("power_avg_w", r.power_avg_w), ("power_instant_w", r.power_instant_w)):
             if v is not None and (v < 0 or v >= OVERFLOW_W or v > IMPOSSIBLE_FACTOR * limit_w):
                 why = f"{name} {v:g} W outside 0..{IMPOSSIBLE_FACTOR * limit_w:g} W"
         if why is None:
+            self._bad_since = None
             if self.implausible is not None:
+                self._good_since = now if self._good_since is None else self._good_since
+                if now - self._good_since < IMPLAUSIBLE_WINDOW_S - 1e-9:
+                    return PowerReading(None, None, r.requested_limit_w, r.enforced_limit_w)
                 log.info("power_reading_plausible_again", index=index, uuid=uuid)
-            self.implausible = None
+                self.implausible = None
+            self._plausible = (r.power_avg_w, r.power_instant_w)
             return r
         self.implausible_readings += 1
+        self._good_since = None
+        self._bad_since = now if self._bad_since is None else self._bad_since
+        if self.implausible is None and now - self._bad_since < IMPLAUSIBLE_WINDOW_S - 1e-9:
+            return PowerReading(*self._plausible, r.requested_limit_w, r.enforced_limit_w)
         if self.implausible is None:
             log.warning("power_reading_impossible", index=index, uuid=uuid, reason=why,
+                        impossible_for_s=round(now - self._bad_since, 3),
                         action="treated as unknown: the card neither lends nor borrows until it reads sane")
         self.implausible = why
         return PowerReading(None, None, r.requested_limit_w, r.enforced_limit_w)

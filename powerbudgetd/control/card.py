@@ -43,6 +43,13 @@ class CardState:
     share_mw: int | None = None
     role: Role = Role.FAIR
     error: str | None = None  # why the card cannot be read now (None: readable)
+    slow_since: float | None = None  # its reads have timed out since (s); None: answered
+    # An outside limiter (a BMC, a node-level cap) holds enforced below what we request:
+    # the cap planned around (None: none known, or offered its share again to see whether
+    # it lifted), the cap of the episode (None: no episode), and when it was last seen.
+    outside_cap_mw: int | None = None
+    outside_cap_seen_mw: int | None = None
+    outside_cap_at: float = float("-inf")
     gone: bool = False  # missing from NVML's enumeration
     excluded: bool = False  # left alone by the operator ([cards] exclude): counted, never a fault
     read_errors: dict[str, int] = field(default_factory=dict)  # failed reads by NvmlError.kind (metrics)
@@ -64,6 +71,12 @@ class CardState:
     excursions = _via("audit", "excursions")
     peak_excursion_w = _via("audit", "peak_excursion_w")
     power_unknown = _via("audit", "power_unknown")
+
+    @property
+    def usable_max_mw(self) -> int:
+        """The most it can use: its max, or an outside cap below it (never under its min)."""
+        cap = self.outside_cap_mw
+        return self.max_mw if cap is None else max(self.min_mw, min(self.max_mw, cap))
 
     @property
     def readable(self) -> bool:

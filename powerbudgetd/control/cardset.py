@@ -19,7 +19,7 @@ from powerbudgetd.control.card import CardState
 from powerbudgetd.control.ledger import CardLedger
 from powerbudgetd.core.model import CardOverride, Role, Timings
 from powerbudgetd.core.units import to_mw
-from powerbudgetd.errors import BudgetInfeasible, CardLimitUnknown, NvmlError
+from powerbudgetd.errors import BudgetInfeasible, CardLimitUnknown, NvmlError, NvmlTimeout
 from powerbudgetd.hw.calls import InlineCalls
 from powerbudgetd.hw.nvml import GpuInfo, Nvml, PowerReading
 
@@ -133,18 +133,34 @@ class CardSet:
         except NvmlError:
             return -1
 
+    def _lookup(self, count: int) -> tuple[list[GpuInfo], set[str]]:
+        """The cards at NVML indices ``0..count-1``, each looked up on its own worker (the
+        card last seen at that index, else one for the index), so a hung card holds up no
+        other's lookup. Returns what answered, and the known cards whose lookup timed out
+        (slow or hung: not gone)."""
+        at = {c.info.index: c.uuid for c in self.cards if not c.gone}
+        keys = {i: at.get(i, f"index {i}") for i in range(count)}
+        answers = self.calls.many({keys[i]: (self.nvml.device, (i,)) for i in range(count)})
+        found = [a for a in answers.values() if isinstance(a, GpuInfo)]
+        unanswered = {k for k, a in answers.items() if isinstance(a, NvmlTimeout) and not k.startswith("index ")}
+        return found, unanswered
+
     def follow(self, now: float) -> None:
         """Follow NVML's device set: every ``enumerate_s``, after a lookup error, and at
-        once when the device count changes."""
-        if now < self._next_enumerate and self._device_count() == self._count:
+        once when the device count changes. A card whose lookup times out is kept (slow
+        or hung, not gone); a device count that cannot be read is logged once."""
+        count = self._device_count()
+        if now < self._next_enumerate and count == self._count:
             return
         self._next_enumerate = now + self.timings.enumerate_s
-        self._count = self._device_count()
-        try:
-            found = self.calls.call("bank", self.nvml.devices, True)
-        except NvmlError as exc:
-            log.warning("enumeration_failed", error=str(exc), retry_in_s=self.timings.enumerate_s)
+        if count < 0:
+            if self._count >= 0:
+                log.warning("enumeration_failed", error="nvmlDeviceGetCount gave no answer",
+                            retry_in_s=self.timings.enumerate_s)
+            self._count = count
             return
+        self._count = count
+        found, unanswered = self._lookup(count)
         by_id = {c.uuid: c for c in self.cards}
         for info in found:
             c = by_id.get(info.uuid)
@@ -164,7 +180,7 @@ class CardSet:
                 info = GpuInfo(info.index, info.uuid, info.name, c.info.min_limit_w, c.info.max_limit_w,
                                c.info.default_limit_w, info.mig_mode)
             c.info, c.gone = info, False
-        present = {i.uuid for i in found}
+        present = {i.uuid for i in found} | unanswered
         for c in self.cards:
             if c.uuid not in present and not c.gone:
                 c.gone = True

@@ -40,7 +40,7 @@ from powerbudgetd.core.model import CardOverride, Mode, Timings
 from powerbudgetd.core.plan import Step, Write, plan_writes
 from powerbudgetd.core.policy import LendingPolicy
 from powerbudgetd.core.units import budget_mw
-from powerbudgetd.errors import NvmlError, NvmlNoPermission
+from powerbudgetd.errors import NvmlError, NvmlNoPermission, NvmlTimeout
 from powerbudgetd.hw.calls import InlineCalls
 from powerbudgetd.hw.nvml import Nvml
 
@@ -58,9 +58,10 @@ class Controller:
     fair share; then :attr:`stopped` turns true.
 
     Faults never raise out of :meth:`tick`: a card that cannot be read counts at the
-    highest limit it may have; a write that does not take holds that card (retried with
-    backoff); a fault returns the bank to fair share for ``failsafe_hold_s``; a limit
-    someone else keeps changing marks the card contested and stops every increase.
+    highest limit it may have, and returns the bank to fair share for ``failsafe_hold_s``;
+    a write that does not take holds that card alone (counted at its bound, retried with
+    backoff) while the others keep lending; a limit someone else keeps changing marks
+    the card contested and stops every increase.
     ``clock`` (s, the daemon's) stamps each write when it is sent; without it, ``now``.
     """
 
@@ -151,6 +152,9 @@ class Controller:
     def tick(self, now: float) -> TickReport:
         self.bank.follow(now)
         faults = self._observe_all(now)
+        # A write that did not take holds its own card (counted at its bound, retried with
+        # backoff): the others keep lending among themselves, the bank is not in failsafe.
+        held = [f for c in self.cards if (f := observe.expire(c, now))]
         if faults and not self.dry_run:
             self._failsafe_until = now + self.timings.failsafe_hold_s
         self._over = self.sum_bound_mw > self.budget_mw
@@ -161,7 +165,7 @@ class Controller:
             self.mode = shown
         if self.monitor_only:
             self.ready, self.stopped = True, self.stopping
-            return self._report(now, [], faults)
+            return self._report(now, [], faults + held)
 
         active = [c for c in self.cards if self._active(c, now)]
         settling = any(self._over and c.ledger.above_requested and not c.ledger.held_above for c in self.cards)
@@ -172,15 +176,13 @@ class Controller:
         self._budget_reason = None
         done = record(self.actuator.apply(self._plan(now, active, targets, bool(faults))), {c.uuid: c for c in self.cards},
                       reasons, self.sum_bound_mw, now, self.dry_run, self.allow_monitor_only)
-        if done.failed:
-            self._failsafe_until = now + self.timings.failsafe_hold_s
         if done.no_permission:
             self._monitor_only()
         self.over.track(now, self, mode)
         # Done is judged on every card we control, those counted where they are while
         # their decrease bites (over budget) too: their writes must be confirmed first.
         self._check_done(now, mode, [c for c in self.cards if self._controlled(c, now)])
-        return self._report(now, done.events, faults)
+        return self._report(now, done.events, faults + held)
 
     def _plan(self, now: float, active: list[CardState], targets: dict[str, int], fault: bool = False) -> list[Write]:
         """The writes that move the active cards to their targets, decreases first,
@@ -195,8 +197,10 @@ class Controller:
                 # the others are fitted around it, instead of lending watts it still holds.
                 c.hold(now, "write_refused", target_w=targets[c.uuid] / 1000, counted_w=c.bound_mw / 1000)
         # A new card is written even at its target: only a confirmed write of ours ends it.
-        steps = [Step(c.uuid, c.bound_mw, targets[c.uuid], c.requested_mw, c.priority, busy=c.ledger.busy,
-                      force=c.ledger.new) for c in active if targets[c.uuid] not in c.refused]
+        # A slow card (its reads time out) keeps its place and takes no write meanwhile.
+        steps = [Step(c.uuid, c.bound_mw, targets[c.uuid], c.requested_mw, c.priority,
+                      busy=c.ledger.busy or c.slow_since is not None, force=c.ledger.new)
+                 for c in active if targets[c.uuid] not in c.refused]
         planned = {st.uuid for st in steps}
         outside_mw = sum(c.bound_mw for c in self.cards if c.uuid not in planned)  # fixed, lost, held
         hold_raises = fault or any(c.contested(now) for c in self.cards) or any(c.ledger.new for c in active)
@@ -216,17 +220,17 @@ class Controller:
             self.stopped = True
 
     def _observe_all(self, now: float) -> list[str]:
-        """Read every card (in parallel, each with its deadline) into its ledger; then
-        hold those whose last write did not take. Returns the faults found."""
+        """Read every card (in parallel, each with its deadline) into its ledger. Returns
+        the faults found."""
         results = self.calls.many({c.uuid: (self.nvml.read, (c.uuid,)) for c in self.cards})
         faults = []
         for c in self.cards:
             r = results[c.uuid]
-            if isinstance(r, NvmlError):
-                self.bank.look_again(now)  # a lookup error: enumerate again
+            if isinstance(r, NvmlError) and not isinstance(r, NvmlTimeout):
+                self.bank.look_again(now)  # a lookup error (not a slow card): enumerate again
             if fault := observe.observe(c, r, now, lambda c=c: self._energy_j(c.uuid)):  # type: ignore[misc]
                 faults.append(fault)
-        return faults + [f for c in self.cards if (f := observe.expire(c, now))]
+        return faults
 
     def _energy_j(self, uuid: str) -> float | None:
         try:

@@ -31,20 +31,21 @@ def targets(cards: Sequence[CardState], active: Sequence[CardState], budget_mw: 
         if c.readable and c not in active:
             c.role = Role.FIXED
     pool = budget_mw - sum(c.bound_mw for c in cards if c not in active)
-    shares = fair_shares(pool, [c.min_mw for c in active], [c.max_mw for c in active])
+    shares = fair_shares(pool, [c.min_mw for c in active], [c.usable_max_mw for c in active])
     over.infeasible(pool, active, shares is None and not settling)
     for c, share in zip(active, shares or [c.min_mw for c in active]):
         c.share_mw = share
     drift = {c.uuid: "drift" for c in active if c.requested_mw != c.expected_mw and c.audit.drifted_at(now)}
-    # Held below its requested limit from outside: it cannot use what it is counted at.
-    outside = {c.uuid for c in active if c.ledger.held_below and not c.ledger.busy}
+    # Held below its requested limit from outside: it cannot use what it is counted at
+    # (once the cap is known, it is planned at it: see observe.outside_cap).
+    outside = {c.uuid for c in active if c.ledger.held_below and not c.ledger.busy and c.outside_cap_mw is None}
     if mode != Mode.DYNAMIC:
         policy.reset()
         for c in active:
             c.role = Role.FAIR
         reason = MODE_REASON[mode]
         return {c.uuid: c.share_mw for c in active}, {c.uuid: drift.get(c.uuid, reason) for c in active}  # type: ignore[misc]
-    views = [CardView(c.uuid, c.share_mw, c.min_mw, c.max_mw,  # type: ignore[arg-type]
+    views = [CardView(c.uuid, c.share_mw, c.min_mw, c.usable_max_mw,  # type: ignore[arg-type]
                       c.bound_mw if dry_run or c.enforced_mw is None else c.enforced_mw,
                       None if c.uuid in outside else opt_mw(c.reading.power_avg_w if c.reading else None),
                       None if c.uuid in outside else opt_mw(c.reading.power_instant_w if c.reading else None),

@@ -50,7 +50,7 @@ def bank_snapshot(ctl: Controller, now: float) -> BankSnapshot:
             error=c.error, contested_w=c.contested_w if c.contested(now) else None,
             excursions=c.excursions, peak_excursion_w=c.peak_excursion_w,
             read_errors=tuple(sorted(c.read_errors.items())), readings_rejected=c.audit.readings_rejected,
-            mig_mode=info.mig_mode,
+            mig_mode=info.mig_mode, outside_cap_w=opt_w(c.outside_cap_seen_mw),
         ))
     floor_mw = sum(c.min_mw if c.controllable else c.bound_mw for c in ctl.cards)
     return BankSnapshot(

@@ -2,8 +2,8 @@
 
 A write that returned counts from the moment it was sent (until read back); one that
 did not return in time may land whenever it returns (the card counts at its worst); one
-NVML refused is never resent; any failure holds the card (it counts at its bound, the
-others are fitted around it) and tells the controller to stop lending for a while.
+NVML refused is never resent; any failure holds that card alone (it counts at its bound,
+retried with backoff) while the others are fitted around it and keep lending.
 """
 
 from __future__ import annotations
@@ -41,11 +41,10 @@ class WriteEvent:
 
 @dataclass(frozen=True)
 class Recorded:
-    """The tick's write events; whether any failed; whether one found we may not write
-    (where the operator allows monitoring only: the controller then only watches)."""
+    """The tick's write events; whether one found we may not write (where the operator
+    allows monitoring only: the controller then only watches)."""
 
     events: list[WriteEvent]
-    failed: bool = False
     no_permission: bool = False
 
 
@@ -54,7 +53,7 @@ def record(applied: Sequence[Applied], cards: Mapping[str, CardState], reasons: 
     """Take the actuator's results into the cards' ledgers (by UUID in ``cards``); the
     events carry the sum of bounds (from ``sum_bound_mw``, mW) once each write landed."""
     events = []
-    failed = no_permission = False
+    no_permission = False
     running_mw = sum_bound_mw
     for a in applied:
         w, err, c = a.write, a.error, cards[a.write.uuid]
@@ -76,7 +75,6 @@ def record(applied: Sequence[Applied], cards: Mapping[str, CardState], reasons: 
         if err is None:
             log.info("power_limit_would_set" if dry_run else "power_limit_set", **ev.fields())
             continue
-        failed = True
         log.error("power_limit_write_failed", **ev.fields(), kind=err.kind, error=str(err))
         if isinstance(err, NvmlInvalidArgument):  # never resend the same refused value
             c.ledger.refuse(w.to_mw)
@@ -87,4 +85,4 @@ def record(applied: Sequence[Applied], cards: Mapping[str, CardState], reasons: 
             no_permission = True
         else:  # it did not take: counted at what it reads, the others fit around it
             c.hold(now, "write_failed", target_w=w.to_mw / 1000, counted_w=c.bound_mw / 1000)
-    return Recorded(events, failed, no_permission)
+    return Recorded(events, no_permission)

@@ -23,7 +23,8 @@ class CardSnapshot:
     lowered by ``[cards] max_w``); ``hw_min_limit_w``/``hw_max_limit_w``: as the card
     reports them. ``limit_bound_w``: the highest limit that may be in force (requested,
     enforced or in flight). ``contested_w``: the value another tool keeps writing, while
-    the card is contested. ``read_errors``: failed reads so far, by NvmlError kind;
+    the card is contested. ``outside_cap_w``: the enforced limit an outside limiter (a
+    BMC, a node-level cap) holds it at, below what was requested. ``read_errors``: failed reads so far, by NvmlError kind;
     ``readings_rejected``: power readings not believed so far (``impossible``: negative,
     overflowed, far above the card's maximum; ``frozen``: stuck while the energy counter
     moves), by reason: the card's draw is unknown (None) while they last.
@@ -51,6 +52,7 @@ class CardSnapshot:
     read_errors: tuple[tuple[str, int], ...] = ()
     readings_rejected: tuple[tuple[str, int], ...] = ()
     mig_mode: bool | None = None  # MIG enabled on this (parent) GPU; None: no MIG
+    outside_cap_w: float | None = None  # an outside limiter holds it at this (W); None: none seen
 
     @property
     def power_peak_w(self) -> float | None:

@@ -1,16 +1,24 @@
 """NVML calls with a deadline, off the caller's thread, so that no call can stall control.
 
 :class:`InlineCalls` runs each call in the caller's thread (virtual time: the simulator
-and the tests, where a call cannot hang in real time). :class:`DeadlineCalls` runs each
-call in a daemon thread of its own and waits at most ``timeout_s``: a call that has not
-returned by then is **abandoned, not awaited** (its thread runs on; NVML gives no way to
-cancel a call) and raises :class:`~powerbudgetd.errors.NvmlTimeout`. Until an abandoned
-call returns, every further call under the same key (one key per card) raises
-NvmlTimeout at once instead of queueing behind it.
+and the tests, where a call cannot hang in real time). :class:`DeadlineCalls` hands each
+call to the long-lived **worker** of its key (one key per card, ``"bank"`` for calls on
+no card), which serves that key's calls one after another, and waits at most
+``timeout_s``. No thread is started per call: a key's worker is started by its first call
+and ends after ``IDLE_EXIT_S`` without one.
+
+A call that has not returned by its deadline is **abandoned, not awaited** (NVML gives
+no way to cancel a call) and raises :class:`~powerbudgetd.errors.NvmlTimeout`. Its worker
+stays the key's worker: until the call returns, every further call under the same key
+raises NvmlTimeout at once instead of queueing behind it, and none is sent beside it
+(no replacement worker), so nothing overtakes a limit write that may still land. A hung
+card therefore ties up its own worker only (the cap: one thread per key), and the other
+keys' calls go on.
 """
 
 from __future__ import annotations
 
+import queue
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -19,6 +27,8 @@ from typing import Any
 from powerbudgetd.errors import NvmlError, NvmlTimeout
 
 Call = tuple[Callable[..., Any], tuple[Any, ...]]
+
+IDLE_EXIT_S = 30.0  # a worker with no call for this long ends (a card gone, a one-off key)
 
 
 class InlineCalls:
@@ -41,13 +51,59 @@ class InlineCalls:
         return {}
 
 
+class _Job:
+    """One call handed to a worker: ``gate`` is released when it has returned."""
+
+    __slots__ = ("fn", "args", "started", "gate", "done", "value", "error")
+
+    def __init__(self, fn: Callable[..., Any], args: tuple[Any, ...], started: float) -> None:
+        self.fn, self.args, self.started = fn, args, started
+        self.gate = threading.Lock()
+        self.gate.acquire()
+        self.done = False
+        self.value: Any = None
+        self.error: BaseException | None = None
+
+
+class _Worker:
+    """One key's thread: runs the key's jobs in order, ends after ``IDLE_EXIT_S`` idle."""
+
+    def __init__(self, owner: DeadlineCalls, key: str) -> None:
+        self.owner, self.key = owner, key
+        self.jobs: queue.SimpleQueue[_Job] = queue.SimpleQueue()
+        self.queued = 0  # jobs handed over and not yet finished (under the owner's lock)
+        threading.Thread(target=self._serve, name=f"nvml-{key}", daemon=True).start()
+
+    def _serve(self) -> None:
+        owner = self.owner
+        while True:
+            try:
+                job = self.jobs.get(timeout=IDLE_EXIT_S)
+            except queue.Empty:
+                with owner._lock:
+                    if self.queued == 0:  # nothing handed over meanwhile: leave
+                        owner._workers.pop(self.key, None)
+                        return
+                continue
+            try:
+                job.value = job.fn(*job.args)
+            except BaseException as exc:  # noqa: BLE001 - handed to the caller
+                job.error = exc
+            with owner._lock:
+                job.done = True
+                self.queued -= 1
+                owner._running.pop(self.key, None)  # an abandoned call of this key has returned
+            job.gate.release()
+
+
 class DeadlineCalls(InlineCalls):
-    """Run calls in worker threads with a deadline of ``timeout_s`` (s)."""
+    """Run calls on per-key worker threads with a deadline of ``timeout_s`` (s)."""
 
     def __init__(self, timeout_s: float, clock: Callable[[], float] = time.monotonic) -> None:
         self.timeout_s = timeout_s
         self.clock = clock
         self._lock = threading.Lock()
+        self._workers: dict[str, _Worker] = {}
         self._running: dict[str, float] = {}  # key -> when its abandoned call started
 
     def overdue(self) -> dict[str, float]:
@@ -55,57 +111,55 @@ class DeadlineCalls(InlineCalls):
         with self._lock:
             return dict(self._running)
 
-    def _start(self, key: str, fn: Callable[..., Any], args: tuple[Any, ...]) -> tuple[threading.Event, dict, float]:
+    def _start(self, key: str, fn: Callable[..., Any], args: tuple[Any, ...]) -> _Job:
         with self._lock:
             since = self._running.get(key)
-        if since is not None:
-            raise NvmlTimeout(f"an NVML call on {key} has not returned for {self.clock() - since:.1f} s", call="deadline")
-        box: dict[str, Any] = {}
-        done = threading.Event()
-        started = self.clock()
+            if since is not None:
+                raise NvmlTimeout(f"an NVML call on {key} has not returned for {self.clock() - since:.1f} s",
+                                  call="deadline")
+            worker = self._workers.get(key)
+            if worker is None:
+                worker = self._workers[key] = _Worker(self, key)
+            job = _Job(fn, args, self.clock())
+            worker.queued += 1
+            worker.jobs.put(job)
+        return job
 
-        def work() -> None:
-            try:
-                box["value"] = fn(*args)
-            except BaseException as exc:  # noqa: BLE001 - handed to the caller
-                box["error"] = exc
-            finally:
-                with self._lock:
-                    done.set()
-                    self._running.pop(key, None)
-
-        threading.Thread(target=work, name=f"nvml-{key}", daemon=True).start()
-        return done, box, started
-
-    def _finish(self, key: str, done: threading.Event, box: dict, started: float) -> Any:
+    def _finish(self, key: str, job: _Job) -> Any:
         with self._lock:
-            if not done.is_set():
-                self._running[key] = started
+            if not job.done:
+                self._running[key] = job.started
                 raise NvmlTimeout(f"an NVML call on {key} did not return in time", call="deadline")
-        if "error" in box:
-            raise box["error"]
-        return box["value"]
+        if job.error is not None:
+            raise job.error
+        return job.value
 
     def call(self, key: str, fn: Callable[..., Any], *args: Any, timeout_s: float | None = None) -> Any:
-        """``fn(*args)`` within ``timeout_s`` (default: the instance's). Raises NvmlTimeout."""
-        done, box, started = self._start(key, fn, args)
-        done.wait(self.timeout_s if timeout_s is None else timeout_s)
-        return self._finish(key, done, box, started)
+        """``fn(*args)`` on ``key``'s worker within ``timeout_s`` (default: the instance's).
+        Raises NvmlTimeout, or what the call raised."""
+        job = self._start(key, fn, args)
+        job.gate.acquire(timeout=self.timeout_s if timeout_s is None else timeout_s)
+        return self._finish(key, job)
 
     def many(self, calls: Mapping[str, Call]) -> dict[str, Any]:
-        """All calls at once, one thread each, under one deadline; by key."""
+        """All calls at once, each on its key's worker, under one deadline; by key."""
         out: dict[str, Any] = {}
-        started: dict[str, tuple[threading.Event, dict, float]] = {}
+        started: dict[str, _Job] = {}
         for key, (fn, args) in calls.items():
             try:
                 started[key] = self._start(key, fn, args)
             except NvmlError as exc:
                 out[key] = exc
         deadline = self.clock() + self.timeout_s
-        for key, (done, box, t0) in started.items():
-            done.wait(max(0.0, deadline - self.clock()))
+        for key, job in started.items():
+            job.gate.acquire(timeout=max(0.0, deadline - self.clock()))
             try:
-                out[key] = self._finish(key, done, box, t0)
+                out[key] = self._finish(key, job)
             except NvmlError as exc:
                 out[key] = exc
         return {k: out[k] for k in calls}
+
+    def workers(self) -> int:
+        """Worker threads alive now, one per key called within ``IDLE_EXIT_S``."""
+        with self._lock:
+            return len(self._workers)

@@ -241,9 +241,9 @@ class Nvml:
         except self._lib.NVMLError as exc:
             code = getattr(exc, "value", None)
             kind = _ERROR_KINDS.get(code, NvmlError) if isinstance(code, int) else NvmlError
-            if kind not in (NvmlNotSupported, NvmlInvalidArgument, NvmlNoPermission):
+            if kind not in (NvmlNotSupported, NvmlInvalidArgument, NvmlNoPermission, NvmlTimeout):
                 # A handle may not survive a reset or re-enumeration, whatever error says
-                # so: look it up again by UUID next time.
+                # so: look it up again by UUID next time (a slow answer says nothing of it).
                 self._handles = {u: h for u, h in self._handles.items() if not (args and h is args[0])}
             raise kind(f"{name}: {exc}", code=code, call=name) from None
 
@@ -252,6 +252,8 @@ class Nvml:
         if handle is None:
             try:
                 handle = self._call("nvmlDeviceGetHandleByUUID", self._lib.nvmlDeviceGetHandleByUUID, uuid)
+            except NvmlTimeout:
+                raise  # a slow lookup is no sign the card is gone
             except NvmlError as exc:
                 raise NvmlGpuLost(f"GPU {uuid} not found: {exc}", code=exc.code, call=exc.call) from None
             self._handles[uuid] = handle

@@ -312,6 +312,16 @@ def test_contested_limit_is_exposed_only_while_contested() -> None:
     assert ex.value("powerbudgetd_gpu_contested_power_limit_watts", **lab) == 300.0
 
 
+def test_an_outside_cap_is_exposed_only_while_it_holds_the_card() -> None:
+    rig, ex = make_rig()
+    rig.bank._events = [(3.0, 0, BankEvent(3.0, 0, "ceiling", limit_w=180.0))]  # card 0 busy
+    rig.run_until(2.5)
+    lab = ex.card(0)
+    assert ex.value("powerbudgetd_gpu_outside_power_cap_watts", **lab) is None
+    rig.run_until(6.0)
+    assert ex.value("powerbudgetd_gpu_outside_power_cap_watts", **lab) == 180.0
+
+
 # Present only under a condition the rig above does not reach.
 CONDITIONAL = {"powerbudgetd_gpu_contested_power_limit_watts"}
 

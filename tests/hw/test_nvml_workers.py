@@ -1,0 +1,108 @@
+"""NVML calls run on one long-lived worker per card: no thread per call, and a hung card
+holds up its own worker only."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from powerbudgetd.errors import NvmlTimeout
+from powerbudgetd.hw import calls as calls_module
+from powerbudgetd.hw.calls import DeadlineCalls
+from powerbudgetd.hw.nvml import Nvml
+from powerbudgetd_sim.libnvml import SimNvmlLibrary
+from powerbudgetd_sim.physics import CardSpec, SimBank
+
+
+def sim_nvml(cards: int) -> tuple[Nvml, list[str]]:
+    bank = SimBank([CardSpec(f"GPU-w-{i}", "worker test card", 150.0, 300.0, 300.0, 30.0) for i in range(cards)],
+                   seed=1)
+    nvml = Nvml(SimNvmlLibrary(bank))
+    nvml.init()
+    return nvml, [i.uuid for i in nvml.devices()]
+
+
+@pytest.fixture
+def started_threads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The names of the threads started from now on (threading.Thread.start counted)."""
+    names: list[str] = []
+    start = threading.Thread.start
+
+    def counting(self: threading.Thread) -> None:
+        names.append(self.name)
+        start(self)
+
+    monkeypatch.setattr(threading.Thread, "start", counting)
+    return names
+
+
+def test_many_calls_on_four_cards_start_one_thread_per_card_not_per_call(started_threads: list[str]) -> None:
+    nvml, uuids = sim_nvml(4)
+    calls = DeadlineCalls(2.0)
+    for _ in range(100):  # 100 ticks: each card read at once, then an energy read and a write each
+        reads = calls.many({u: (nvml.read, (u,)) for u in uuids})
+        assert all(r.requested_limit_w in (300.0, 250.0) for r in reads.values())
+        for u in uuids:
+            calls.call(u, nvml.energy_j, u)
+            calls.call(u, nvml.set_power_limit, u, 250.0)
+        calls.call("bank", nvml.device_count)
+    assert sorted(started_threads) == sorted(f"nvml-{k}" for k in [*uuids, "bank"])  # 5 threads for 1300 calls
+    assert calls.workers() == 5
+
+
+def test_a_hung_card_does_not_delay_another_cards_calls() -> None:
+    """Card 0's call blocks until released; meanwhile card 1's calls return at once, and
+    further calls on card 0 fail at once rather than queue behind the hung one."""
+    nvml, (hung_uuid, other_uuid) = sim_nvml(2)
+    release, entered = threading.Event(), threading.Event()
+
+    def hangs() -> str:
+        entered.set()
+        release.wait(30.0)
+        return "late"
+
+    calls = DeadlineCalls(0.05)
+    try:
+        with pytest.raises(NvmlTimeout, match="did not return in time"):
+            calls.call(hung_uuid, hangs)
+        assert entered.is_set() and hung_uuid in calls.overdue()
+        # A generous deadline: were the other card's calls queued behind the hung one
+        # (one shared worker) they would time out; they are answered, every one.
+        for _ in range(50):
+            out = calls.many({hung_uuid: (nvml.read, (hung_uuid,)), other_uuid: (nvml.read, (other_uuid,))})
+            assert isinstance(out[hung_uuid], NvmlTimeout) and "has not returned for" in str(out[hung_uuid])
+            assert out[other_uuid].enforced_limit_w == 300.0
+            assert calls.call(other_uuid, nvml.energy_j, other_uuid, timeout_s=5.0) is not None
+        assert not release.is_set()  # the hung call was still running throughout
+    finally:
+        release.set()
+
+
+def test_the_hung_cards_worker_serves_it_again_once_its_call_returns(started_threads: list[str]) -> None:
+    nvml, (uuid,) = sim_nvml(1)
+    release = threading.Event()
+    calls = DeadlineCalls(0.05)
+    with pytest.raises(NvmlTimeout):
+        calls.call(uuid, release.wait, 30.0)
+    release.set()
+    for _ in range(200):  # until the abandoned call has returned on its worker
+        try:
+            reading = calls.call(uuid, nvml.read, uuid, timeout_s=5.0)
+            break
+        except NvmlTimeout:
+            threading.Event().wait(0.01)
+    assert reading.enforced_limit_w == 300.0 and calls.overdue() == {}
+    assert started_threads == [f"nvml-{uuid}"]  # no replacement worker: the same one carried on
+
+
+def test_an_idle_worker_ends_and_a_later_call_starts_it_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(calls_module, "IDLE_EXIT_S", 0.05)
+    calls = DeadlineCalls(2.0)
+    assert calls.call("card", lambda: 1) == 1
+    for _ in range(200):
+        if calls.workers() == 0:
+            break
+        threading.Event().wait(0.01)
+    assert calls.workers() == 0
+    assert calls.call("card", lambda: 2) == 2 and calls.workers() == 1
