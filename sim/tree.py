@@ -321,7 +321,7 @@ def format_compare(result: dict[str, Any]) -> str:
     over = result.get("oversubscribed")
     if over and over["shed_s"] is not None:
         lines.append(f"  oversubscribed: shed in {over['shed_s']:g} s (stated {over['shed_s_stated']:g} s); the surviving side "
-                     "at its worst instant load before the shed:")
+                     "while it was over its budget:")
         for s in over["survivors"]:
             tol = "holds for good" if s["tolerance_s"] is None else f"trips after {s['tolerance_s']:g} s, margin {s['margin_s']:g} s"
             lines.append(f"    {s['node']:<8} budget {s['budget_w']:g} W, limits up to {s['worst_limits_w']:g} W: {tol} "
