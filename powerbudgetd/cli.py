@@ -16,9 +16,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from powerbudgetd import __version__
+from powerbudgetd.core.feed import DEFAULT_UPS_MARGIN
 from powerbudgetd.errors import AlreadyRunning, BudgetInfeasible, ConfigError, ExitStatus, NvmlError
 from powerbudgetd.service.cliargs import (
     DefaultsHelpFormatter,
+    OneLineParser,
     duration,
     positive_float,
     refuse_conflicts,
@@ -75,7 +77,7 @@ class _VersionAction(argparse.Action):
 
 def _parser() -> argparse.ArgumentParser:
     fmt = DefaultsHelpFormatter
-    p = argparse.ArgumentParser(
+    p = OneLineParser(
         prog="powerbudgetd",
         description="Keep the sum of this host's GPU power limits under one budget.",
         formatter_class=fmt,
@@ -255,13 +257,17 @@ def _parser() -> argparse.ArgumentParser:
     ini.add_argument("--derating", type=positive_float("fraction", upper=1), default=0.8, metavar="F",
                      help="with --breaker-a: continuous load share (NEC: 0.8)")
     ini.add_argument("--ups-w", type=positive_float("watts"), metavar="W",
-                     help="with --breaker-a: a UPS's real watt rating, budgeted at 80 %% (default: no UPS)")
+                     help=f"with --breaker-a: a UPS's real watt rating, budgeted at {(1 - DEFAULT_UPS_MARGIN) * 100:.0f} %% "
+                     "(the [feed] default ups_margin; default: no UPS)")
     ini.add_argument("--ttl", type=int, default=30, metavar="S",
                      help="lease TTL in s: must exceed each host's WatchdogSec + fallback_s + TTL/6")
     ini.add_argument("--force", action="store_true", help="replace an existing circuit's budget and TTL "
                      "(refused when its seats and grants exceed the new budget)")
     circuit_parsers["status"].add_argument("--json", action="store_true", help="print one JSON object")
     circuit_parsers["join"].add_argument("--host", help="the host to seat (default: the config's [circuit] host)")
+    circuit_parsers["join"].add_argument(
+        "--backend", choices=BACKENDS, default="nvml",
+        help="where the cards are read, to refuse a reserve below their floors (sim: the config's [sim] bank)")
     lv = circuit_parsers["leave"]
     lv.add_argument("--host", help="the host whose seat goes (default: the config's [circuit] host)")
     lv.add_argument("--force", action="store_true", help="even while the host's lease is held")
@@ -472,7 +478,8 @@ def _simulate(args: argparse.Namespace) -> int:
         if args.replay:
             from powerbudgetd_sim.replay import load_replay
 
-            sc = load_replay(args.replay, draw=args.replay_draw or "avg")
+            # --budget goes in here: the replay's description says at what budget it ran
+            sc = load_replay(args.replay, draw=args.replay_draw or "avg", budget_w=args.budget)
         else:
             sc = load_scenario(args.scenario or "workstation-4")
         if args.budget is not None:
@@ -802,7 +809,15 @@ def _run_locked(args: argparse.Namespace, settings: Settings, config_path: Path)
         daemon.register(recorder)
     registry = CollectorRegistry()  # what /metrics serves, MQTT's metrics included
     bridge = None
-    if settings.mqtt is not None:  # aiomqtt is imported only when MQTT is configured
+    guest = args.dry_run  # beside the service: none of its topics, seats or ports
+    if guest and (settings.mqtt is not None or settings.circuit is not None):
+        import structlog
+
+        structlog.get_logger("powerbudgetd").info(
+            "dry_run_guest", left_out=[s for s, c in (("mqtt", settings.mqtt), ("circuit", settings.circuit)) if c],
+            detail="a dry run publishes nothing on the service's MQTT topics and takes no seat or grant on its "
+            "circuit: it decides on the configured budget, the UPS and the recorder alone")
+    if settings.mqtt is not None and not guest:  # aiomqtt is imported only when MQTT is configured
         from powerbudgetd.channels.mqtt.session import MqttBridge
 
         bridge = MqttBridge(settings.mqtt, daemon.arbiter, feed, registry=registry, energy_j=daemon.nvml.energy_j)
@@ -816,19 +831,19 @@ def _run_locked(args: argparse.Namespace, settings: Settings, config_path: Path)
             recorder.extras["ups"] = ups.record
         if bridge is not None:  # Home Assistant's UPS sensor and "on battery"
             bridge.attach_ups(ups.record)
-    if settings.circuit is not None:  # aetcd is imported only when a circuit is configured
+    if settings.circuit is not None and not guest:  # aetcd is imported only when a circuit is configured
         from powerbudgetd.channels.circuit.channel import CircuitChannel
 
         cc = settings.circuit
         circuit = CircuitChannel(
             cc, cc.host_power(settings.feed), daemon.arbiter, lower_s=cc.fence_lower_s(settings.control.timings()),
-            registry=registry, clock=daemon.clock,
+            registry=registry, clock=daemon.clock, on_fatal=daemon.request_exit,
         )
         daemon.register(circuit)
         daemon.circuit_status = circuit.status
         if recorder is not None:
             recorder.extras["circuit"] = lambda: circuit.status(daemon.clock()).fields()
-    server = _serve_metrics(settings, daemon, registry)
+    server = _serve_metrics(settings, daemon, registry, guest=guest)
     if bridge is not None and server is not None:  # Home Assistant's device page links to /metrics
         from powerbudgetd.channels.metrics import endpoint_url
 
@@ -841,9 +856,11 @@ def _run_locked(args: argparse.Namespace, settings: Settings, config_path: Path)
             server.server_close()
 
 
-def _serve_metrics(settings: Settings, daemon: Daemon, registry: CollectorRegistry) -> WSGIServer | None:
+def _serve_metrics(settings: Settings, daemon: Daemon, registry: CollectorRegistry,
+                   guest: bool = False) -> WSGIServer | None:
     """Start /metrics before the daemon boots (so before READY=1). A port that cannot be
-    bound is logged, not fatal: keeping the budget matters more than reporting on it."""
+    bound is logged, not fatal: keeping the budget matters more than reporting on it.
+    ``guest`` (a dry run): on a port the system picks, never the service's."""
     import structlog
 
     from powerbudgetd.channels.metrics import Metrics, serve
@@ -856,7 +873,7 @@ def _serve_metrics(settings: Settings, daemon: Daemon, registry: CollectorRegist
     daemon.register(metrics)
     log = structlog.get_logger("powerbudgetd")
     try:
-        server = serve(metrics.registry, str(cfg.listen_address), cfg.port)
+        server = serve(metrics.registry, str(cfg.listen_address), 0 if guest else cfg.port)
     except OSError as exc:
         log.error("metrics_unavailable", address=str(cfg.listen_address), port=cfg.port, error=str(exc))
         return None

@@ -100,4 +100,5 @@ class ExitStatus(IntEnum):
     CARD_UNKNOWN = 8  # a card's limits cannot be read and [cards] gives it no max_w
     BOOT_OVER_BUDGET = 9  # boot could not bring the bank within budget (cards we cannot lower)
     FAILSAFE_INCOMPLETE = 10  # failsafe: a card could not be reached, read or lowered to its share
+    DUPLICATE_HOST = 11  # another machine holds this host's claim on its circuit name
     INTERRUPTED = 130  # a command stopped by Ctrl-C (SIGINT): 128 + 2, as the shell reports it

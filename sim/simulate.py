@@ -18,6 +18,7 @@ card's limit reverses direction (flapping).
 
 from __future__ import annotations
 
+import textwrap
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -53,12 +54,25 @@ class Series:
     work: list[float] = field(default_factory=list)
     wall_w: list[float] = field(default_factory=list)
     role: list[list[str]] = field(default_factory=list)  # per card: fair_share, donor, recipient, ...
+    budget_w: list[float] = field(default_factory=list)  # the budget in force (a UPS on battery lowers it)
+    on_battery: list[bool] = field(default_factory=list)  # the scenario's mains lost
+    ups_rating_w: float | None = None  # the feed's UPS rating at the plug (W), where it states one
 
 
 @dataclass
 class SimResult:
     report: dict[str, Any]
     series: Series
+
+
+def _budget_in_force_w(pol: Any, configured_w: float) -> float:
+    """The budget the policy holds the bank to now (W): powerbudgetd's or the oracle's
+    under a UPS on battery, else the scenario's."""
+    if isinstance(pol, ControllerPolicy):
+        return pol.ctl.budget_mw / 1000
+    if isinstance(pol, UpsOracle):
+        return pol.oracle.budget_mw / 1000
+    return configured_w
 
 
 class Policy(Protocol):
@@ -250,8 +264,11 @@ def run_scenario(
             series.work.append(sum(meters.work))
             series.wall_w.append(meters.wall_w)
             series.role.append([pol.role(c.index) for c in bank.cards])
+            series.budget_w.append(_budget_in_force_w(pol, sc.budget_w))
+            series.on_battery.append(bool(sc.mains and sc.mains.lost(t)))
         k += 1
     meters.close()
+    series.ups_rating_w = meters.feed.ups_w if meters.feed is not None else None
 
     span = bank.now  # s simulated; 0 only for a run too short to have ticked past boot
     cards = []
@@ -421,8 +438,10 @@ def plot(result: SimResult, budget_w: float, path: str, title: str) -> None:
 def plot_figure(result: SimResult, budget_w: float, title: str) -> Any:
     """The figure :func:`plot` saves: one panel per card (instant and 1 s average draw,
     enforced limit, the card's floor, its role as a band along the bottom), the bank
-    panel (sum of limits and draw against the budget), boot marked on every panel, and
-    one legend for the figure."""
+    panel (sum of limits, summed 1 s average and instant draw against the budget in
+    force, a step line, and the configured one), with a feed the plug panel (wall power
+    against the UPS rating); boot marked, on-battery windows shaded and trips marked on
+    every panel, the title wrapped to the figure, and one legend for the figure."""
     try:
         import matplotlib
 
@@ -435,7 +454,9 @@ def plot_figure(result: SimResult, budget_w: float, title: str) -> Any:
     n = len(s.avg_w[0]) if s.avg_w else 0
     boot_s = result.report.get("boot_s")
     floors = [c["min_w"] for c in result.report["cards"]]
-    fig, axes = plt.subplots(n + 1, 1, figsize=(12, 2.2 * (n + 1) + 0.8), sharex=True, squeeze=False)
+    wall = bool(s.wall_w) and any(w > 0 for w in s.wall_w)
+    rows = n + 1 + int(wall)
+    fig, axes = plt.subplots(rows, 1, figsize=(12, 2.2 * rows + 0.8), sharex=True, squeeze=False)
     axes = axes[:, 0]
     handles: dict[str, Any] = {}
     for i in range(n):
@@ -456,29 +477,76 @@ def plot_figure(result: SimResult, budget_w: float, title: str) -> Any:
                     start = k
         ax.set_ylabel(f"GPU {i} (W)")
     ax = axes[n]
+    handles["summed instant draw"], = ax.plot(s.t, [sum(r) for r in s.instant_w], color="tab:orange", lw=0.4,
+                                              alpha=0.6)
     handles["sum of limits"], = ax.plot(s.t, [sum(r) for r in s.limit_w], color="black", drawstyle="steps-post")
     handles["sum of 1 s average draw"], = ax.plot(s.t, [sum(r) for r in s.avg_w], color="tab:blue", lw=0.9)
-    handles[f"budget {budget_w:g} W"] = ax.axhline(budget_w, color="tab:red", ls="--")
+    if s.budget_w and any(abs(b - budget_w) > 0.5 for b in s.budget_w):
+        handles[f"configured budget {budget_w:g} W"] = ax.axhline(budget_w, color="tab:red", ls=":", lw=0.8)
+    handles["budget in force"], = ax.plot(s.t, s.budget_w or [budget_w] * len(s.t), color="tab:red", ls="--",
+                                          drawstyle="steps-post", label="budget in force")
+    ax.set_ylabel("bank (W)")
+    if wall:
+        ax = axes[n + 1]
+        handles["wall power (summed instant, through the PSU)"], = ax.plot(s.t, s.wall_w, color="tab:olive", lw=0.5)
+        if s.ups_rating_w:
+            handles[f"UPS rating {s.ups_rating_w:g} W"] = ax.axhline(s.ups_rating_w, color="tab:red", ls="-.")
+        ax.set_ylabel("at the plug (W)")
     for a in axes:
         if boot_s is not None:
             handles["boot: caps in force (before it, the cards' limits as found)"] = a.axvline(
                 boot_s, color="tab:gray", ls="-.", lw=1.0)
             a.axvspan(s.t[0] if s.t else 0, boot_s, color="0.93", lw=0)
-    ax.set_ylabel("bank (W)")
-    ax.set_xlabel("time (s)")
+        for t0, t1 in _windows(s.t, s.on_battery):
+            handles["on battery (mains lost)"] = a.axvspan(t0, t1, color="tab:cyan", alpha=0.15, lw=0,
+                                                           label="on battery")
+        for device, at in (result.report.get("trip_at_s") or {}).items():
+            if at is not None:
+                handles[f"{device} trip"] = a.axvline(at, color="tab:red", lw=2.0)
+    for device, at in (result.report.get("trip_at_s") or {}).items():
+        if at is not None:
+            axes[n].annotate(f"{device} trips", (at, axes[n].get_ylim()[1]), xytext=(3, -12),
+                             textcoords="offset points", color="tab:red", fontsize=8)
+    axes[-1].set_xlabel("time (s)")
     seen_roles = sorted({r for row in s.role for r in row}) if s.role else []
     for role in seen_roles:
         handles[f"role: {role}"] = Patch(color=ROLE_COLOURS.get(role, "0.6"))
+    wrapped = _wrap_title(title, fig.get_figwidth())
+    fig.suptitle(wrapped, y=0.995, fontsize=11)
+    lines = wrapped.count("\n") + 1
     fig.legend(list(handles.values()), list(handles), loc="upper center", ncol=4, fontsize=7,
-               bbox_to_anchor=(0.5, 1.0 - 0.35 / fig.get_figheight()))
-    fig.suptitle(title, y=0.995)
-    fig.tight_layout(rect=(0, 0, 1, 1 - 1.0 / fig.get_figheight()))
+               bbox_to_anchor=(0.5, 1.0 - (0.12 + 0.2 * lines) / fig.get_figheight()))
+    fig.tight_layout(rect=(0, 0, 1, 1 - (0.6 + 0.2 * lines) / fig.get_figheight()))
     return fig
 
 
+def _wrap_title(title: str, width_in: float, fontsize: float = 11) -> str:
+    """``title`` broken into lines that fit a figure ``width_in`` inches wide (about
+    0.55 x the font size in points per character)."""
+    chars = max(20, int(width_in * 72 / (0.55 * fontsize)))
+    return textwrap.fill(title, chars)
+
+
+def _windows(t: list[float], flags: list[bool]) -> list[tuple[float, float]]:
+    """The [start, end) spans of ``t`` (s) where ``flags`` holds."""
+    out = []
+    start = None
+    for ti, f in zip(t, flags):
+        if f and start is None:
+            start = ti
+        elif not f and start is not None:
+            out.append((start, ti))
+            start = None
+    if start is not None and t:
+        out.append((start, t[-1]))
+    return out
+
+
 def plot_compare(results: dict[str, SimResult], budget_w: float, path: str, title: str) -> None:
-    """The policies over time on one figure (PNG): summed enforced limits, summed 1 s
-    average draw against the budget, wall power, and cumulative work."""
+    """The policies side by side (PNG): small multiples, one panel per policy on shared
+    axes (sum of enforced limits and summed 1 s average draw against the budget in
+    force, on-battery windows shaded, trips marked), and below them every policy's work
+    so far against the oracle's."""
     try:
         import matplotlib
 
@@ -486,31 +554,48 @@ def plot_compare(results: dict[str, SimResult], budget_w: float, path: str, titl
         import matplotlib.pyplot as plt
     except ImportError as exc:  # pragma: no cover - depends on the install
         raise SystemExit("--plot needs matplotlib: pip install 'powerbudgetd[plot]'") from exc
-    has_wall = any(r.report.get("max_wall_power_w") is not None for r in results.values())
-    rows = 4 if has_wall else 3
-    fig, axes = plt.subplots(rows, 1, figsize=(12, 2.6 * rows), sharex=True)
+    names = list(results)
+    cols = 2 if len(names) > 1 else 1
+    rows = -(-len(names) // cols)
+    fig = plt.figure(figsize=(12, 2.4 * rows + 3.2))
+    grid = fig.add_gridspec(rows + 1, cols, height_ratios=[1.0] * rows + [1.2])
+    first = None
+    handles: dict[str, Any] = {}
+    for k, name in enumerate(names):
+        s = results[name].series
+        ax = fig.add_subplot(grid[k // cols, k % cols], sharex=first, sharey=first)
+        first = first or ax
+        handles["sum of enforced limits"], = ax.plot(s.t, [sum(r) for r in s.limit_w], lw=1.0, color="black",
+                                                     drawstyle="steps-post")
+        handles["sum of 1 s average draw"], = ax.plot(s.t, [sum(r) for r in s.avg_w], lw=0.7, color="tab:blue")
+        handles["budget in force"], = ax.plot(s.t, s.budget_w or [budget_w] * len(s.t), color="tab:red", ls="--",
+                                              lw=1.0, drawstyle="steps-post", label="budget in force")
+        for t0, t1 in _windows(s.t, s.on_battery):
+            handles["on battery (mains lost)"] = ax.axvspan(t0, t1, color="tab:cyan", alpha=0.15, lw=0)
+        for device, at in (results[name].report.get("trip_at_s") or {}).items():
+            if at is not None:
+                handles["a trip (breaker or UPS)"] = ax.axvline(at, color="tab:red", lw=2.0)
+                ax.annotate(f"{device} trips", (at, 0), xycoords=("data", "axes fraction"), xytext=(3, 4),
+                            textcoords="offset points", color="tab:red", fontsize=7)
+        ax.set_title(f"{name}: work {results[name].report['work']:g} TGP-s", fontsize=9, loc="left")
+        if k % cols == 0:
+            ax.set_ylabel("W")
+        ax.tick_params(labelsize=7)
+    work_ax = fig.add_subplot(grid[rows, :], sharex=first)
     ref = results["oracle"].series.work if "oracle" in results else None
     for name, res in results.items():
         s = res.series
-        axes[0].plot(s.t, [sum(r) for r in s.limit_w], lw=1.0, drawstyle="steps-post", label=name)
-        axes[1].plot(s.t, [sum(r) for r in s.avg_w], lw=0.8, label=name)
         # Work so far against the oracle's so far shows where each policy loses.
         ys = [w / o if o > 0 else 1.0 for w, o in zip(s.work, ref)] if ref else s.work
-        axes[-1].plot(s.t, ys, lw=1.0, label=f"{name} ({res.report['work']:g} TGP-s)")
-        if has_wall:
-            axes[2].plot(s.t, s.wall_w, lw=0.5, alpha=0.8, label=name)
-    for k, ax in enumerate(axes[:2]):
-        # Not a policy colour (the cycle starts at tab:blue): black, dashed, and labelled.
-        ax.axhline(budget_w, color="black", ls="--", lw=1.0, label=f"budget {budget_w:g} W" if k == 0 else None)
-    axes[0].set_ylabel("sum of enforced\nlimits (W)")
-    axes[1].set_ylabel("sum of 1 s average\ndraw (W)")
-    if has_wall:
-        axes[2].set_ylabel("wall power (W)")
-    axes[-1].set_ylabel("work so far\n/ oracle's" if ref else "work (TGP-s)")
-    axes[-1].set_xlabel("time (s)")
-    axes[0].legend(loc="lower right", fontsize=7, ncol=len(results) + 1)
-    axes[-1].legend(loc="upper left", fontsize=7)
-    fig.suptitle(title)
-    fig.tight_layout()
+        work_ax.plot(s.t, ys, lw=1.0, label=name)
+    work_ax.set_ylabel("work so far\n/ oracle's" if ref else "work (TGP-s)")
+    work_ax.set_xlabel("time (s)")
+    work_ax.legend(loc="lower right", fontsize=7, ncol=len(results))
+    wrapped = _wrap_title(title, fig.get_figwidth())
+    lines = wrapped.count("\n") + 1
+    fig.suptitle(wrapped, y=0.995, fontsize=11)
+    fig.legend(list(handles.values()), list(handles), loc="upper center", ncol=5, fontsize=7,
+               bbox_to_anchor=(0.5, 1.0 - (0.12 + 0.2 * lines) / fig.get_figheight()))
+    fig.tight_layout(rect=(0, 0, 1, 1 - (0.3 + 0.2 * lines) / fig.get_figheight()))
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -121,6 +121,13 @@ def test_python_versions_agree_with_ci() -> None:
     readme = (ROOT / "README.md").read_text()
     versions = ", ".join(".".join(map(str, v)) for v in listed)
     assert f"Python {versions}" in readme, f"README's install section must name Python {versions}"
+    # and CI tests each: the machine's python3 with the whole suite, the others it names
+    # with the quick profile (.ci/run fails when one of them is missing).
+    ci = (ROOT / ".ci" / "run").read_text()
+    m = re.search(r"^OTHER_PYTHONS=\(([0-9. ]+)\)", ci, re.MULTILINE)
+    assert m, ".ci/run names no OTHER_PYTHONS"
+    others = sorted(tuple(int(x) for x in v.split(".")) for v in m.group(1).split())
+    assert [listed[0], *others] == listed, (others, listed)  # the oldest runs the whole suite
 
 
 def test_license_form_builds_on_the_minimum() -> None:

@@ -1,9 +1,9 @@
 """Prometheus metrics: what each card is capped at and draws, and how the bank stands.
 
-Names carry the ``powerbudgetd_`` prefix and base units (W, J, s). Per-card series are
-labelled ``gpu`` (index), ``UUID`` and ``modelName``, spelled as dcgm-exporter spells
-them, so a dashboard can join our caps with its draw; no hostname label (the scrape
-target adds ``instance``).
+Every name, label set and help text is declared in :mod:`~powerbudgetd.channels.metricnames`
+(the contract every reader uses); no hostname label (the scrape target adds
+``instance``). Beside them: ``process_*`` (CPU, memory, descriptors), and no counter
+``_created`` series (they would only repeat the process's start time).
 
 The daemon feeds :class:`Metrics` each tick's bank snapshot through the side-channel
 hook (cheap: a reference kept and a few counter increments on the event loop); the
@@ -16,6 +16,7 @@ but nothing for a scrape every 15 s.
 from __future__ import annotations
 
 import asyncio
+from collections import deque
 import ipaddress
 import platform
 import socket
@@ -26,11 +27,13 @@ from socketserver import ThreadingMixIn
 from typing import TYPE_CHECKING, Any
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, make_wsgi_app
+from prometheus_client import CollectorRegistry, ProcessCollector, disable_created_metrics, make_wsgi_app
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from powerbudgetd import __version__
+from powerbudgetd.channels import metricnames as names
+from powerbudgetd.channels.metricnames import PEAK_WINDOW_S
 from powerbudgetd.errors import NvmlError
 from powerbudgetd.core.model import Mode, Role
 
@@ -41,7 +44,6 @@ if TYPE_CHECKING:
     from powerbudgetd.config import Settings
 
 DEFAULT_PORT = 19400  # outside 9100-9999 (all claimed by exporters); not 9400 (dcgm-exporter)
-CARD_LABELS = ("gpu", "UUID", "modelName")  # dcgm-exporter's spelling
 # Every kind an NvmlError can carry, so each card's error counters start at 0 and the
 # first error shows in increase() (a series born at 1 does not).
 ERROR_KINDS = tuple(dict.fromkeys([NvmlError.kind] + [cls.kind for cls in NvmlError.__subclasses__()]))
@@ -106,37 +108,18 @@ class Metrics:
         self._labels: dict[str, tuple[str, str, str]] = {}
         self._read_errors_seen: dict[tuple[str, str], int] = {}
 
-        self.tick_duration = Histogram(
-            "powerbudgetd_tick_duration_seconds",
-            "Wall time of one control tick (reads, decisions, writes), start to the metrics listener",
-            buckets=TICK_BUCKETS_S, registry=registry,
-        )
-        self.last_tick = Gauge(
-            "powerbudgetd_last_tick_timestamp_seconds",
-            "Unix time at which the last control tick completed", registry=registry,
-        )
-        self.limit_changes = Counter(
-            "powerbudgetd_gpu_limit_changes",
-            "Power limit writes that NVML accepted, by reason (boot, lend, reclaim, release, fail_static, shutdown, ...)",
-            [*CARD_LABELS, "reason"], registry=registry,
-        )
-        self.nvml_errors = Counter(
-            "powerbudgetd_nvml_errors",
-            "NVML calls that failed, by kind (reads each tick, limit writes, energy reads at scrape time)",
-            [*CARD_LABELS, "kind"], registry=registry,
-        )
-        self.reload_success = Gauge(
-            "powerbudgetd_config_last_reload_success",
-            "1 if the last configuration load succeeded, 0 if it failed (the previous one stays in force)",
-            registry=registry,
-        )
-        self.reload_timestamp = Gauge(
-            "powerbudgetd_config_last_reload_timestamp_seconds",
-            "Unix time of the last configuration load, successful or not", registry=registry,
-        )
-        Info("powerbudgetd_build", "powerbudgetd build", registry=registry).info(
-            {"version": __version__, "python_version": platform.python_version()}
-        )
+        self.tick_duration = names.histogram(names.TICK_DURATION, registry, TICK_BUCKETS_S)
+        self.last_tick = names.gauge(names.LAST_TICK, registry)
+        self.limit_changes = names.counter(names.LIMIT_CHANGES, registry)
+        self.nvml_errors = names.counter(names.NVML_ERRORS, registry)
+        self.reload_success = names.gauge(names.RELOAD_SUCCESS, registry)
+        self.reload_timestamp = names.gauge(names.RELOAD_TIMESTAMP, registry)
+        # A counter's _created series says when this process made it: the start time,
+        # which process_start_time_seconds already gives once.
+        disable_created_metrics()
+        names.info(names.BUILD, registry).info({"version": __version__, "python_version": platform.python_version()})
+        ProcessCollector(registry=registry)  # process_* (CPU, memory, descriptors, start time)
+        self._peaks: dict[str, PeakWindow] = {}
         registry.register(_StateCollector(self))
 
     # -- hooks ----------------------------------------------------------------------
@@ -177,7 +160,19 @@ class Metrics:
                 self.nvml_errors.labels(*labels, w.error_kind).inc()
             elif not w.dry_run:  # a dry run changes nothing
                 self.limit_changes.labels(*labels, w.reason).inc()
+        for c in snap.cards:
+            window = self._peaks.setdefault(c.uuid, PeakWindow(PEAK_WINDOW_S))
+            if c.power_instant_w is not None:
+                window.add(report.now, c.power_instant_w)
+            else:
+                window.expire(report.now)
         self._snapshot = snap
+
+    def peak_w(self, uuid: str) -> float | None:
+        """The card's highest instant reading (W) over the last :data:`PEAK_WINDOW_S`
+        of ticks; None when it read none (no instant field, or unreadable)."""
+        window = self._peaks.get(uuid)
+        return None if window is None else window.max_w
 
     # -- scrape time ----------------------------------------------------------------
     def _energy(self, uuid: str) -> float | None:
@@ -194,6 +189,36 @@ class Metrics:
         return j
 
 
+def held_at_floors(s: BankSnapshot) -> bool:
+    """A budget source asks for less than the bank's floor: the cards are held at their
+    minimums (the arbiter's ``below_floor``, from the sources' values in ``s``)."""
+    wanted = min((w for _, w in s.sources), default=s.budget_w)
+    return wanted < s.floor_w - 0.5
+
+
+class PeakWindow:
+    """The maximum of readings over a sliding window of ``window_s`` (s, on the
+    readings' clock): a monotonic queue, O(1) amortised per reading."""
+
+    def __init__(self, window_s: float) -> None:
+        self.window_s = window_s
+        self._q: deque[tuple[float, float]] = deque()  # (at s, W), W decreasing
+
+    def add(self, at_s: float, w: float) -> None:
+        while self._q and self._q[-1][1] <= w:
+            self._q.pop()
+        self._q.append((at_s, w))
+        self.expire(at_s)
+
+    def expire(self, now_s: float) -> None:
+        while self._q and self._q[0][0] < now_s - self.window_s:
+            self._q.popleft()
+
+    @property
+    def max_w(self) -> float | None:
+        return self._q[0][1] if self._q else None
+
+
 class _StateCollector(Collector):
     """Renders the last tick's snapshot (and energy, read now) at each scrape."""
 
@@ -207,118 +232,44 @@ class _StateCollector(Collector):
         return list(self._families(self.m._snapshot))
 
     def _families(self, s: BankSnapshot | None) -> Iterator[Metric]:
-        def gauge(name: str, doc: str, labels: tuple[str, ...] = (), unit: str = "") -> GaugeMetricFamily:
-            return GaugeMetricFamily(name, doc, labels=labels, unit=unit)
+        def gauge(spec: names.MetricSpec) -> GaugeMetricFamily:
+            return GaugeMetricFamily(spec.name, spec.doc, labels=spec.labels, unit=spec.unit)
+
+        def counter(spec: names.MetricSpec) -> CounterMetricFamily:
+            return CounterMetricFamily(spec.name, spec.doc, labels=spec.labels, unit=spec.unit)
 
         bank = {
-            "budget": gauge("powerbudgetd_budget_watts", "The bank's board-power budget", unit="watts"),
-            "sum_limits": gauge(
-                "powerbudgetd_sum_power_limits_watts",
-                "Sum over cards of the highest power limit that may be in force (requested, enforced or "
-                "in flight); stays <= the budget once booted",
-                unit="watts",
-            ),
-            "sum_draw": gauge(
-                "powerbudgetd_sum_power_draw_watts",
-                "Sum of the cards' 1 s average board power (absent while a card is unreadable)", unit="watts",
-            ),
-            "headroom": gauge(
-                "powerbudgetd_headroom_watts", "Budget minus the sum of power limits", unit="watts"
-            ),
+            "budget": gauge(names.BUDGET), "sum_limits": gauge(names.SUM_LIMITS), "sum_draw": gauge(names.SUM_DRAW),
+            "headroom": gauge(names.HEADROOM), "floor": gauge(names.FLOOR),
         }
-        over = gauge(
-            "powerbudgetd_over_budget",
-            "1 while the sum of power limits that may be in force is above the budget (any cause: boot's "
-            "descent, a limit held or raised elsewhere, a card that appeared); corrected by decreases only",
-        )
-        over_episodes = CounterMetricFamily(
-            "powerbudgetd_over_budget_episodes",
-            "Episodes of the bank over budget since start (one over_budget log line each, with the cause)",
-        )
-        over_seconds = CounterMetricFamily(
-            "powerbudgetd_over_budget_seconds", "Time the bank spent over budget since start", unit="seconds",
-        )
-        mode = gauge("powerbudgetd_mode", "1 for the bank's current operating mode, 0 for the others", ("mode",))
-        source_w = gauge(
-            "powerbudgetd_budget_source_watts",
-            "Each budget source's current value: config (the file or its [feed] derivation), wall_meter, remote; "
-            "the lowest is in force, never above config", ("source",), "watts",
-        )
-        in_force = gauge(
-            "powerbudgetd_budget_source_in_force",
-            "1 for the budget source whose value is in force, 0 for the others", ("source",),
-        )
+        held = gauge(names.HELD_AT_FLOORS)
+        over = gauge(names.OVER_BUDGET)
+        over_episodes = counter(names.OVER_BUDGET_EPISODES)
+        over_seconds = counter(names.OVER_BUDGET_SECONDS)
+        mode = gauge(names.MODE)
+        source_w = gauge(names.BUDGET_SOURCE_WATTS)
+        in_force = gauge(names.BUDGET_SOURCE_IN_FORCE)
         card = {
-            "limit": gauge(
-                "powerbudgetd_gpu_power_limit_watts",
-                "Power limit set on the card (nvmlDeviceGetPowerManagementLimit, read back)", CARD_LABELS, "watts",
-            ),
-            "enforced": gauge(
-                "powerbudgetd_gpu_enforced_power_limit_watts",
-                "Power limit in force after every limiter (nvmlDeviceGetEnforcedPowerLimit)", CARD_LABELS, "watts",
-            ),
-            "min": gauge(
-                "powerbudgetd_gpu_power_limit_min_watts", "Lowest power limit the card accepts", CARD_LABELS, "watts"
-            ),
-            "max": gauge(
-                "powerbudgetd_gpu_power_limit_max_watts",
-                "Highest power limit powerbudgetd will set (the card's, or lower from [cards] max_w)",
-                CARD_LABELS, "watts",
-            ),
-            "draw": gauge(
-                "powerbudgetd_gpu_power_draw_watts",
-                "Board power, trailing 1 s average (nvmlDeviceGetPowerUsage)", CARD_LABELS, "watts",
-            ),
-            "instant": gauge(
-                "powerbudgetd_gpu_power_draw_instant_watts",
-                "Board power, instant (NVML field 186, refreshed every 100 ms)", CARD_LABELS, "watts",
-            ),
+            "limit": gauge(names.GPU_LIMIT), "enforced": gauge(names.GPU_ENFORCED), "min": gauge(names.GPU_LIMIT_MIN),
+            "max": gauge(names.GPU_LIMIT_MAX), "draw": gauge(names.GPU_DRAW), "instant": gauge(names.GPU_DRAW_INSTANT),
+            "peak": gauge(names.GPU_DRAW_PEAK),
         }
-        contested = gauge(
-            "powerbudgetd_gpu_contested_power_limit_watts",
-            "The power limit another tool keeps writing on this card; present only while the card is "
-            "contested (nothing is raised then)", CARD_LABELS, "watts",
-        )
-        outside_cap = gauge(
-            "powerbudgetd_gpu_outside_power_cap_watts",
-            "The enforced limit an outside limiter (a BMC, a node-level cap) holds this card at, below what "
-            "powerbudgetd requested; present only while it does (the card is given what it can use, the rest "
-            "lent)", CARD_LABELS, "watts",
-        )
-        excursions = CounterMetricFamily(
-            "powerbudgetd_gpu_power_excursions",
-            "Times the instant draw rose above the enforced limit (normal at load onset: the limit caps "
-            "the 1 s average)", labels=CARD_LABELS,
-        )
-        rejected = CounterMetricFamily(
-            "powerbudgetd_gpu_power_readings_rejected",
-            "Power readings not believed, by reason: impossible (negative, overflowed, far above the card's "
-            "maximum) or frozen (stuck while the energy counter moves); the draw counts as unknown meanwhile",
-            labels=(*CARD_LABELS, "reason"),
-        )
-        peak = gauge(
-            "powerbudgetd_gpu_power_excursion_peak_watts",
-            "Highest instant draw seen above the enforced limit", CARD_LABELS, "watts",
-        )
-        mig = gauge(
-            "powerbudgetd_gpu_mig_mode",
-            "1 while MIG is enabled on the GPU, 0 while disabled; absent where the card has no MIG. Limits "
-            "are set on the parent GPU and cover all its MIG devices", CARD_LABELS,
-        )
-        role = gauge(
-            "powerbudgetd_gpu_role", "1 for the card's current role, 0 for the others", (*CARD_LABELS, "role")
-        )
-        energy = CounterMetricFamily(
-            "powerbudgetd_gpu_energy_joules",
-            "Board energy since the driver loaded (nvmlDeviceGetTotalEnergyConsumption), read at scrape time",
-            labels=CARD_LABELS, unit="joules",
-        )
+        contested = gauge(names.GPU_CONTESTED)
+        outside_cap = gauge(names.GPU_OUTSIDE_CAP)
+        excursions = counter(names.GPU_EXCURSIONS)
+        rejected = counter(names.GPU_READINGS_REJECTED)
+        peak = gauge(names.GPU_EXCURSION_PEAK)
+        mig = gauge(names.GPU_MIG)
+        role = gauge(names.GPU_ROLE)
+        energy = counter(names.GPU_ENERGY)
         if s is not None:
             bank["budget"].add_metric([], s.budget_w)
             bank["sum_limits"].add_metric([], s.sum_limit_bound_w)
             if s.power_complete:
                 bank["sum_draw"].add_metric([], s.sum_power_avg_w)
             bank["headroom"].add_metric([], s.headroom_w)
+            bank["floor"].add_metric([], s.floor_w)
+            held.add_metric([], 1.0 if held_at_floors(s) else 0.0)
             over.add_metric([], 1.0 if s.over_budget else 0.0)
             over_episodes.add_metric([], s.over_budget_episodes)
             over_seconds.add_metric([], s.over_budget_s)
@@ -333,6 +284,7 @@ class _StateCollector(Collector):
                 values: tuple[tuple[str, float | None], ...] = (
                     ("limit", c.requested_limit_w), ("enforced", c.enforced_limit_w), ("min", c.min_limit_w),
                     ("max", c.max_limit_w), ("draw", c.power_avg_w), ("instant", c.power_instant_w),
+                    ("peak", self.m.peak_w(c.uuid)),
                 )
                 for key, reading in values:
                     if reading is not None:  # unknown is absent, never 0 W
@@ -354,6 +306,7 @@ class _StateCollector(Collector):
                 if j is not None:
                     energy.add_metric(list(labels), j)
         yield from bank.values()
+        yield held
         yield over
         yield over_episodes
         yield over_seconds

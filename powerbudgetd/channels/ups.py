@@ -33,8 +33,9 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import aionut
 import structlog
-from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge
+from prometheus_client import REGISTRY, CollectorRegistry, Gauge
 
+from powerbudgetd.channels import metricnames as names
 from powerbudgetd.core.backoff import Backoff
 from powerbudgetd.core.feed import Feed
 from powerbudgetd.core.ups import BOUNDS, KNOWN_FLAGS, REASONS, UpsConstraint, UpsGuard, UpsParams, UpsReading, parse_vars
@@ -73,41 +74,18 @@ class UpsMetrics:
     (or reported out of bounds) is NaN, never 0."""
 
     def __init__(self, registry: CollectorRegistry) -> None:
-        self.state = Gauge(
-            "powerbudgetd_ups_data_state", "1 for the state of the UPS data: ok, waiting, or why it is silent",
-            ["state"], registry=registry,
-        )
-        self.status = Gauge(
-            "powerbudgetd_ups_status", "1 while the UPS reports the ups.status flag (OL, OB, LB, FSD, OVER, ...)",
-            ["flag"], registry=registry,
-        )
-        self.load = Gauge("powerbudgetd_ups_load_ratio", "UPS load (ups.load / 100)", registry=registry)
-        self.realpower = Gauge(
-            "powerbudgetd_ups_realpower_watts",
-            "UPS output real power: ups.realpower, else ups.load x ups.realpower.nominal", registry=registry,
-        )
-        self.nominal = Gauge("powerbudgetd_ups_realpower_nominal_watts", "ups.realpower.nominal", registry=registry)
-        self.charge = Gauge("powerbudgetd_ups_battery_charge_ratio", "battery.charge / 100", registry=registry)
-        self.runtime = Gauge("powerbudgetd_ups_battery_runtime_seconds", "battery.runtime", registry=registry)
-        self.age = Gauge(
-            "powerbudgetd_ups_data_age_seconds", "Seconds since the last fresh UPS reading", registry=registry
-        )
-        self.budget = Gauge(
-            "powerbudgetd_ups_budget_watts",
-            "Board budget the UPS allows (the configured budget when it does not limit)", registry=registry,
-        )
-        self.limiting = Gauge(
-            "powerbudgetd_ups_budget_reason", "1 for the reason the UPS lowers the budget, if it does",
-            ["reason"], registry=registry,
-        )
-        self.polls_failed = Counter(
-            "powerbudgetd_ups_polls_failed", "Polls of upsd that gave no usable data, by cause", ["cause"],
-            registry=registry,
-        )
-        self.rejected = Counter(
-            "powerbudgetd_ups_values_rejected", "NUT values ignored as non-numeric or out of bounds, by variable",
-            ["variable"], registry=registry,
-        )
+        self.state = names.gauge(names.UPS_DATA_STATE, registry)
+        self.status = names.gauge(names.UPS_STATUS, registry)
+        self.load = names.gauge(names.UPS_LOAD, registry)
+        self.realpower = names.gauge(names.UPS_REALPOWER, registry)
+        self.nominal = names.gauge(names.UPS_REALPOWER_NOMINAL, registry)
+        self.charge = names.gauge(names.UPS_CHARGE, registry)
+        self.runtime = names.gauge(names.UPS_RUNTIME, registry)
+        self.age = names.gauge(names.UPS_DATA_AGE, registry)
+        self.budget = names.gauge(names.UPS_BUDGET, registry)
+        self.limiting = names.gauge(names.UPS_BUDGET_REASON, registry)
+        self.polls_failed = names.counter(names.UPS_POLLS_FAILED, registry)
+        self.rejected = names.counter(names.UPS_VALUES_REJECTED, registry)
         for state in STATES:
             self.state.labels(state).set(1 if state == "waiting" else 0)
         for flag in SHOWN_FLAGS:

@@ -275,6 +275,27 @@ def default_node_id() -> str:
     return re.sub(r"[^A-Za-z0-9_-]", "_", short) or "powerbudgetd"
 
 
+MACHINE_ID_FILE = Path("/etc/machine-id")
+
+
+def read_machine_id(path: Path = MACHINE_ID_FILE) -> str:
+    """This machine's id (systemd's ``/etc/machine-id``: 32 hex digits, unique per
+    install, kept across boots). Raises ValueError when it is missing or not that."""
+    try:
+        text = path.read_text(errors="replace").strip()
+    except OSError as exc:
+        raise ValueError(f"cannot read the machine id in {path}: {exc.strerror or exc}") from None
+    if not re.fullmatch(r"[0-9a-f]{32}", text):
+        raise ValueError(f"{path}: not a machine id (32 hex digits); systemd-machine-id-setup writes one")
+    return text
+
+
+def default_circuit_host(machine_id: str) -> str:
+    """A circuit seat name for this host: its short name and the first 8 hex digits of
+    its machine id, so that cloned hosts with one hostname do not share a seat."""
+    return f"{default_node_id()[:55]}-{machine_id[:8]}"
+
+
 class WallMeterConfig(_Section):
     """A smart plug or metered PDU that reports the host's wall (plug) power over MQTT.
 
@@ -361,19 +382,28 @@ def credential_path(name: str) -> Path | None:
     return path if path.is_file() else None
 
 
+def check_secret_mode(path: Path) -> None:
+    """Raises ValueError when this process is root and ``path`` (a file holding a secret:
+    a password, a private key) is open to group or others, or cannot be read."""
+    try:
+        st = path.stat()
+    except OSError as exc:
+        raise ValueError(f"cannot read the secret in {path}: {exc.strerror or exc}") from None
+    if os.geteuid() == 0 and st.st_mode & 0o077:
+        raise ValueError(
+            f"{path} holds a secret but is open to group or others (mode {stat.S_IMODE(st.st_mode):04o}); "
+            f"fix: chmod 600 {path}"
+        )
+
+
 def read_secret(path: Path) -> str:
     """A secret file's contents, without the trailing newline.
 
     Raises ValueError naming the file (never its contents): unreadable, empty, too long,
     or, when this process is root, readable by group or others.
     """
+    check_secret_mode(path)
     try:
-        st = path.stat()
-        if os.geteuid() == 0 and st.st_mode & 0o077:
-            raise ValueError(
-                f"{path} holds a secret but is open to group or others (mode {stat.S_IMODE(st.st_mode):04o}); "
-                f"fix: chmod 600 {path}"
-            )
         with open(path, "rb") as fh:
             data = fh.read(MAX_SECRET_BYTES + 1)
     except OSError as exc:
@@ -459,7 +489,9 @@ class CircuitConfig(_Section):
     ``name``: the circuit (created once with ``powerbudgetd circuit init``, which also
     stores its wall budget and lease TTL); ``endpoints``: etcd client endpoints
     ``host:port`` (several: the next is tried when one fails); ``host``: this host's
-    seat name (default: the short host name); ``reserve_w``: the wall watts this host
+    seat name (default: the short host name and the first 8 hex digits of the machine
+    id); ``machine_id_file``: where this machine's id is read (default
+    ``/etc/machine-id``; the daemon claims its seat name with it); ``reserve_w``: the wall watts this host
     may always use (its seat). ``psu_efficiency``/``host_w`` convert wall to board watts
     (default: from ``[feed]``). The etcd password, as for MQTT, first found wins:
     ``password``, ``POWERBUDGETD_CIRCUIT__PASSWORD``, ``password_file`` (mode 0600), or
@@ -477,7 +509,8 @@ class CircuitConfig(_Section):
 
     name: str = Field(pattern=r"^[A-Za-z0-9_.-]{1,64}$")
     endpoints: list[str] = Field(default_factory=lambda: ["127.0.0.1:2379"], min_length=1, max_length=16)
-    host: str = Field(default_factory=default_node_id, pattern=r"^[A-Za-z0-9_.-]{1,64}$")
+    host: str = Field("", pattern=r"^([A-Za-z0-9_.-]{1,64})?$")  # "": from the host name and machine id
+    machine_id_file: Path = MACHINE_ID_FILE
     reserve_w: float = Field(gt=0, le=1_000_000)
     psu_efficiency: float | None = Field(None, gt=0.5, le=1)
     host_w: float | None = Field(None, ge=0, le=100_000)
@@ -518,13 +551,28 @@ class CircuitConfig(_Section):
             raise ValueError("give both username and password for etcd authentication, or neither")
         if (self.cert_file is None) != (self.key_file is None):
             raise ValueError("give both cert_file and key_file for a client certificate, or neither")
+        if not self.host:
+            self.host = default_circuit_host(self.machine_id())
         if not self.tls and any(v for v in (self.ca_file, self.cert_file)):
             raise ValueError("ca_file, cert_file and key_file need tls = true")
         for name in ("ca_file", "cert_file", "key_file"):
             path = getattr(self, name)
             if path is not None and not path.is_file():
                 raise ValueError(f"{name}: no such file: {path}")
+        if self.key_file is not None:
+            check_secret_mode(self.key_file)
         return self
+
+    def machine_id(self) -> str:
+        """This machine's id (see :func:`read_machine_id`); ValueError when unreadable."""
+        return read_machine_id(self.machine_id_file)
+
+    def warnings(self) -> list[str]:
+        """What is allowed but unsafe: a password sent to etcd without TLS."""
+        if self.username is not None and not self.tls:
+            return [f"[circuit] username {self.username!r} without tls = true: etcd's password crosses the network "
+                    "in clear text, and anyone who reads it can rewrite the circuit; set tls = true (and ca_file)"]
+        return []
 
     def fence_lower_s(self, timings: Timings) -> float:
         """The time to lower the cards and confirm (s): ``lower_s``, else 2 ticks +
@@ -742,6 +790,9 @@ def load_config(path: str | Path, *, euid: int | None = None) -> Settings:
                 f"(mode {stat.S_IMODE(mode):04o}); fix: chmod 600 {path}, or move the secret out of the file "
                 f"({'; '.join(_secret_advice(secrets))})"
             )
+    cased = key_case_problems(data, Settings)
+    if cased:
+        raise ConfigError(f"{path}: invalid configuration\n" + "\n".join(f"  {p}" for p in cased))
     quoted = quoted_numbers(data)
     if quoted:
         raise ConfigError(f"{path}: invalid configuration\n" + "\n".join(
@@ -776,7 +827,50 @@ def load_config(path: str | Path, *, euid: int | None = None) -> Settings:
         except ValidationError as exc2:
             raise ConfigError(format_validation_error(path, exc2)) from None
     settings._warnings.extend(warnings)
+    if settings.circuit is not None:
+        settings._warnings.extend(settings.circuit.warnings())
     return settings
+
+
+def key_case_problems(table: dict[str, Any], model: type[BaseModel], where: str = "") -> list[str]:
+    """Keys TOML keeps apart but the settings would not: a setting spelled in another
+    case (``budget_W``: settings are lower case), and two keys of one table that differ
+    only in case (``budget_w`` beside ``Budget_w``; in a map such as ``[cards]`` or
+    ``transient_factors`` too: two spellings of one key are a mistake either way). One
+    line per problem, naming the keys as written."""
+    out = []
+    seen: dict[str, str] = {}
+    for key in table:
+        folded = key.casefold()
+        if folded in seen:
+            out.append(f"{where}{seen[folded]} and {where}{key}: the same key in two spellings; keep one")
+        seen.setdefault(folded, key)
+    fields = model.model_fields
+    for key, value in table.items():
+        name = key if key in fields else next((f for f in fields if f.casefold() == key.casefold()), None)
+        if name is None:
+            continue  # not a setting: the model's own check names it
+        if name != key:
+            out.append(f"{where}{key}: settings are lower case: write {name}")
+        sub = _model_of(fields[name].annotation)
+        if sub is not None and isinstance(value, dict):
+            out += key_case_problems(value, sub, f"{where}{name}.")
+        elif isinstance(value, dict):
+            out += key_case_problems(value, _NoFields, f"{where}{name}.")
+    return out
+
+
+class _NoFields(BaseModel):
+    """A map's table (keys are data, not settings): only same-key spellings are checked."""
+
+
+def _model_of(annotation: Any) -> type[BaseModel] | None:
+    """The settings model a field holds (through ``X | None``), else None."""
+    candidates = typing.get_args(annotation) or (annotation,)
+    for c in candidates:
+        if isinstance(c, type) and issubclass(c, BaseModel):
+            return c
+    return None
 
 
 def _settings(data: dict[str, Any], ignored_env: frozenset[str]) -> Settings:

@@ -42,7 +42,10 @@ class CircuitView:
     ``seats``: each seated host's reserve; ``grants``: each live grant (under a
     lease); ``wants``: what each live host's recipients could use above its reserve;
     ``pending``: reserves of hosts whose seat did not fit (they run on them anyway,
-    so the pool counts them).
+    so the pool counts them); ``unknown``: hosts whose seat or grant could not be read
+    (counted at the whole budget: nothing is raised while one is there, but nobody's
+    grant is taken back for it); ``seat_order``: each seat's create revision (the
+    earlier seat keeps its place when seats no longer fit a changed budget).
     """
 
     budget_w: float
@@ -51,6 +54,8 @@ class CircuitView:
     wants: Mapping[str, float] = field(default_factory=dict)
     pending: Mapping[str, float] = field(default_factory=dict)
     revision: int = 0
+    unknown: frozenset[str] = frozenset()
+    seat_order: Mapping[str, int] = field(default_factory=dict)
 
     @property
     def seats_w(self) -> float:
@@ -74,6 +79,35 @@ class CircuitView:
     def free_w(self) -> float:
         """Not seated, not granted, not pending (W; < 0 when over-committed)."""
         return self.pool_w - self.grants_w
+
+    @property
+    def known_pool_w(self) -> float:
+        """:attr:`pool_w` over the seats that could be read (W): what the fair shares
+        divide (raises stay bounded by :attr:`free_w`, which counts the unknown)."""
+        return self.budget_w - sum(w for h, w in self.seats.items() if h not in self.unknown) - sum(self.pending.values())
+
+    @property
+    def free_known_w(self) -> float:
+        """:attr:`free_w` over the records that could be read (W): what says whether
+        the grants themselves over-commit the circuit."""
+        seats = sum(w for h, w in self.seats.items() if h not in self.unknown)
+        grants = sum(w for h, w in self.grants.items() if h not in self.unknown)
+        return self.budget_w - seats - sum(self.pending.values()) - grants
+
+    def seat_in_budget(self, host: str) -> bool:
+        """Whether ``host``'s seat lies within the budget when seats are counted in the
+        order they were created (a budget lowered under the seats leaves the latest out;
+        an unreadable seat puts nobody else out)."""
+        if host not in self.seats:
+            return False
+        order = sorted((h for h in self.seats if h not in self.unknown or h == host),
+                       key=lambda h: (self.seat_order.get(h, 0), h))
+        total = 0.0
+        for h in order:
+            total += self.seats[h]
+            if h == host:
+                return total <= self.budget_w + 1e-9
+        return False
 
     def seat_fits(self, reserve_w: float, host: str) -> bool:
         """Whether ``host``'s seat of ``reserve_w`` (W) fits beside every other seat and
@@ -130,13 +164,13 @@ class GrantPolicy:
     def target_w(self, view: CircuitView, host: str, current_w: float, now: float) -> float:
         """The grant (W) this host should hold now: a raise only within the free watts
         of ``view``; a lowering after the hold; else ``current_w``."""
-        fair = max_min_fair(view.pool_w, view.wants).get(host, 0.0)
+        fair = max_min_fair(view.known_pool_w, view.wants).get(host, 0.0)
         if fair > current_w:
             self._above_since = None
             raise_to = current_w + min(fair - current_w, max(0.0, view.free_w))
             return raise_to if raise_to - current_w >= self.step_w else current_w
         if current_w - fair >= min(self.step_w, current_w) and current_w > 0:
-            if view.free_w < 0:  # over-committed (a pending seat): give back now
+            if view.free_known_w < 0:  # over-committed (a pending seat): give back now
                 self._above_since = None
                 return fair
             if self._above_since is None:
@@ -191,12 +225,29 @@ class Fence:
         return sent_s + self.usable_s(ttl_s)
 
 
-def required_ttl_s(watchdog_s: float, fallback_s: float, keepalive_s: float) -> float:
-    """The shortest lease TTL (s) a host whose daemon may hang can use: a hung daemon
-    renews nothing after its last keepalive (up to ``keepalive_s`` before the hang);
-    the watchdog kills it within ``watchdog_s`` and the cards are back at the reserve
-    share within ``fallback_s`` (ExecStopPost failsafe, or restart and boot)."""
-    return watchdog_s + fallback_s + keepalive_s
+def grace_s(watchdog_s: float, fallback_s: float, clock_rate_allowance: float = DEFAULT_CLOCK_RATE_ALLOWANCE) -> int:
+    """Whole seconds a host's lease outlives the circuit's TTL (the *grace*), so that a
+    daemon that hangs (or is stopped) right after a keepalive is killed by its watchdog
+    (``watchdog_s``) and has its cards at the reserve share (``fallback_s``: the
+    ExecStopPost failsafe) before etcd can expire the lease and hand its grant to
+    another host. Stretched by the clock-rate allowance, as the fence is."""
+    r = clock_rate_allowance
+    return math.ceil((watchdog_s + fallback_s) * (1 + r) / (1 - r))
+
+
+def fenced_lease_ttl_s(ttl_s: int, watchdog_s: float, fallback_s: float,
+                       clock_rate_allowance: float = DEFAULT_CLOCK_RATE_ALLOWANCE) -> int:
+    """The TTL (s) a sharing host asks for its lease: the circuit's ``ttl_s`` (keepalives
+    every ``ttl_s``/6, the fence from it) plus :func:`grace_s`.
+
+    Why it bounds the overlap: the last keepalive etcd acknowledged was sent at t0; the
+    next is due by t0 + ttl_s/6, so a daemon that stops renewing hung by then; its
+    watchdog kills it by t0 + ttl_s/6 + watchdog_s, and the failsafe has the cards at
+    the reserve share by t0 + ttl_s/6 + watchdog_s + fallback_s. etcd expires the lease
+    (and the grant under it) no earlier than (ttl_s + grace) x (1 - r) / (1 + r) after
+    t0, which is later. A daemon alive but cut off is at its reserve by its fence, earlier
+    still."""
+    return int(ttl_s) + grace_s(watchdog_s, fallback_s, clock_rate_allowance)
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,7 @@ from pathlib import Path
 from powerbudgetd.core.peaks import FeedLine, peak_wall_w
 from powerbudgetd.core.tree import PowerTree
 from powerbudgetd.config import Settings, classify_env
+from powerbudgetd.service.feasibility import budget_figures
 
 LINE_LABELS = {"circuit": "breaker line", "UPS": "UPS line", "PSU": "PSU line"}
 
@@ -148,9 +149,13 @@ def describe(
             f"floors: checked on {len(floors)} card{'s' if len(floors) != 1 else ''} of {source}: minimum limits "
             f"{' + '.join(_w(f[2]) for f in known if f[2] is not None)} = "
             f"{_w(sum(f[2] for f in known if f[2] is not None))} W, within the "
-            f"{_w(settings.effective_budget_w(card_names))} W budget"
+            f"{_w(settings.reserve_budget_w(card_names))} W budget"
+            + (" and every other below" if len(budget_figures(settings, card_names)) > 1 else "")
             + (f" ({len(floors) - len(known)} not controlled: counted at their limits)" if len(known) < len(floors) else "")
         )
+    figures = budget_figures(settings, card_names)
+    if len(figures) > 1 or figures[0].source != "budget":  # the budget alone is the derivation's last line
+        lines += [f"  {f.source}: {_w(f.budget_w)} W, from {f.origin}" for f in figures]
     c = settings.control
     lines.append(
         f"control: tick {_n(c.tick_s)} s, donor hold {_n(c.donor_hold_s)} s, recipient hold "

@@ -11,6 +11,7 @@ from typing import Any
 
 from powerbudgetd.errors import ConfigError, ExitStatus, NvmlError
 from powerbudgetd.config import CircuitConfig, Settings, default_config_path, load_config
+from powerbudgetd.service.output import printable
 
 
 def _settings(path: Path | None) -> Settings:
@@ -30,11 +31,17 @@ def _circuit_cfg(args: argparse.Namespace) -> CircuitConfig:
     path = args.config or default_config_path()
     operator_box = args.circuit_command != "join"  # join seats this host's reserve_w: its config is needed
     if operator_box and args.config is None and "endpoints" in overrides and "name" in overrides and not path.is_file():
-        return CircuitConfig(reserve_w=1, **overrides)  # an operator's box: no host config needed
+        # An operator's box: no host config needed (nor a machine id for a default name).
+        return CircuitConfig(reserve_w=1, **{"host": "operator", **overrides})
     settings = load_config(path)
     if settings.circuit is None:
         raise ConfigError(f"{path}: no [circuit] section (or give --endpoint and --name)")
     return settings.circuit.model_copy(update=overrides)
+
+
+def _hosts_w(hosts: dict[str, float]) -> str:
+    """``host W, ...`` with every name made safe for a terminal."""
+    return ", ".join(f"{printable(h)} {w:g} W" for h, w in sorted(hosts.items()))
 
 
 def circuit_command(args: argparse.Namespace) -> int:
@@ -46,6 +53,10 @@ def circuit_command(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(f"powerbudgetd: {exc}", file=sys.stderr)
         return ExitStatus.CONFIG
+    if args.circuit_command == "join":
+        refused = _reserve_refused(args)
+        if refused is not None:
+            return refused
     store = store_from_config(cfg)
 
     async def go() -> int:
@@ -67,6 +78,35 @@ def circuit_command(args: argparse.Namespace) -> int:
         return ExitStatus.ERROR
 
 
+def _reserve_refused(args: argparse.Namespace) -> int | None:
+    """``circuit join``: the reserve this host would be seated with, through the feed
+    model, checked against its cards' floors (``--backend``); the exit status when it
+    is refused or the cards cannot be read, None when it fits."""
+    from powerbudgetd.errors import BudgetInfeasible
+    from powerbudgetd.service.backend import make_nvml
+    from powerbudgetd.service.feasibility import start_at_reserve
+
+    settings = _settings(args.config)
+    try:
+        nvml = make_nvml(args.backend, settings.sim.scenario, settings.sim.seed, settings.sim.lag_s)
+        nvml.init()
+    except NvmlError as exc:
+        print(f"powerbudgetd: circuit join: NVML unavailable, the reserve cannot be checked against the cards' "
+              f"floors: {exc}", file=sys.stderr)
+        return ExitStatus.NVML
+    try:
+        start_at_reserve(nvml, settings)
+    except BudgetInfeasible as exc:
+        print(f"powerbudgetd: circuit join: refused: {exc}", file=sys.stderr)
+        return ExitStatus.INFEASIBLE
+    except NvmlError as exc:
+        print(f"powerbudgetd: circuit join: NVML error reading the cards: {exc}", file=sys.stderr)
+        return ExitStatus.NVML
+    finally:
+        nvml.shutdown()
+    return None
+
+
 async def _init(store: Any, args: argparse.Namespace) -> int:
     from powerbudgetd.core.feed import Feed
 
@@ -84,8 +124,13 @@ async def _init(store: Any, args: argparse.Namespace) -> int:
     if not ok:
         read = await store.read()
         if args.force:
-            print(f"powerbudgetd: circuit {store.name}: seats and grants ({read.view.committed_w:g} W) exceed "
-                  f"{budget:g} W; lower them first", file=sys.stderr)
+            live = read.unseated_live()
+            print(f"powerbudgetd: circuit {store.name}: seats and grants ({read.view.committed_w:g} W)"
+                  + (f" and live hosts without a seat ({_hosts_w(live)})" if live else "")
+                  + f" exceed {budget:g} W; lower them first", file=sys.stderr)
+        elif read.spec is None:
+            print(f"powerbudgetd: circuit {store.name}: live hosts without a seat ({_hosts_w(read.unseated_live())}) "
+                  f"exceed {budget:g} W: their daemons still run on those reserves", file=sys.stderr)
         else:
             spec = read.spec
             print(f"powerbudgetd: circuit {store.name} exists ({spec.budget_w:g} W, TTL {spec.ttl_s} s); "
@@ -98,7 +143,11 @@ async def _init(store: Any, args: argparse.Namespace) -> int:
 
 async def _join(store: Any, host: str, reserve_w: float) -> int:
     """Register ``host``'s seat before its daemon first runs: from then on its reserve is
-    counted, so no other host's grant can stand in its way when it boots."""
+    counted, so no other host's grant can stand in its way when it boots. Refused when it
+    does not fit beside the seats, grants and live hosts without a seat (a wiped circuit
+    whose daemons have not seated themselves again yet), naming them."""
+    from powerbudgetd.channels.circuit.store import seat_fits
+
     for _ in range(20):  # a compare that fails only means something changed: read again
         read = await store.read()
         if read.spec is None:
@@ -107,12 +156,14 @@ async def _join(store: Any, host: str, reserve_w: float) -> int:
         if read.view.seats.get(host) == reserve_w:
             print(f"circuit {store.name}: {host} already seated with {reserve_w:g} W")
             return ExitStatus.OK
-        if not read.view.seat_fits(reserve_w, host):
+        if not seat_fits(read, host, reserve_w):
             v = read.view
-            print(f"powerbudgetd: circuit {store.name}: {host}'s seat of {reserve_w:g} W does not fit: other seats "
-                  f"{v.seats_w - v.seats.get(host, 0):g} W + grants {v.grants_w - v.grants.get(host, 0):g} W of "
-                  f"{v.budget_w:g} W (grants are given back within a release hold: try again, or lower reserve_w)",
-                  file=sys.stderr)
+            live = {h: w for h, w in read.unseated_live().items() if h != host}
+            print(f"powerbudgetd: circuit {store.name}: {printable(host)}'s seat of {reserve_w:g} W does not fit: other "
+                  f"seats {v.seats_w - v.seats.get(host, 0):g} W + grants {v.grants_w - v.grants.get(host, 0):g} W"
+                  + (f" + live hosts without a seat ({_hosts_w(live)})" if live else "")
+                  + f" of {v.budget_w:g} W (grants are given back within a release hold: try again, or lower "
+                  "reserve_w)", file=sys.stderr)
             return ExitStatus.ERROR
         if await store.register_seat(read, host, reserve_w):
             print(f"circuit {store.name}: {host} seated with {reserve_w:g} W")
@@ -133,43 +184,110 @@ async def _leave(store: Any, host: str, force: bool) -> int:
 
 
 async def _status(store: Any, as_json: bool) -> int:
+    """The circuit as etcd holds it and as the hosts measure it; see :func:`status_doc`."""
     read = await store.read()
-    v = read.view
-    hosts = sorted(set(v.seats) | set(v.grants) | set(v.wants) | set(v.pending))
-    rows = []
-    for h in hosts:
-        lease = read.leases.get(h)
-        left = await store.lease_ttl_s(lease) if lease else None
-        rows.append({
-            "host": h, "seat_w": v.seats.get(h), "pending_w": v.pending.get(h), "want_w": v.wants.get(h),
-            "grant_w": v.grants.get(h, 0.0), "alive": lease is not None,
-            "lease_left_s": left if left is not None and left >= 0 else None,
-        })
-    doc = {
-        "circuit": store.name, "revision": read.revision, "initialised": read.spec is not None,
-        "budget_w": read.spec.budget_w if read.spec else None, "ttl_s": read.spec.ttl_s if read.spec else None,
-        "seats_w": v.seats_w, "grants_w": v.grants_w, "pending_w": sum(v.pending.values()),
-        "committed_w": v.committed_w, "free_w": v.free_w if read.spec else None,
-        "within_budget": v.holds() if read.spec else None, "hosts": rows,
-    }
+    lease_info = {}
+    for lease in set(read.leases.values()):
+        lease_info[lease] = await store.lease_info(lease)
+    doc = status_doc(store.name, read, lease_info)
     if as_json:
-        print(json.dumps(doc, indent=2))
+        print(json.dumps(doc, indent=2, allow_nan=False))
         return ExitStatus.OK
     if read.spec is None:
-        print(f"circuit {store.name}: not initialised (powerbudgetd circuit init --budget W)")
+        why = doc["spec_error"]
+        print(f"circuit {printable(store.name)}: " + (f"its spec is unreadable ({printable(why)}): re-create it "
+              "(powerbudgetd circuit init --force)" if why else "not initialised (powerbudgetd circuit init --budget W)"))
         return ExitStatus.ERROR
-    print(f"circuit {store.name}: budget {v.budget_w:g} W, lease TTL {read.spec.ttl_s} s, revision {read.revision}")
-    print(f"  seats {v.seats_w:g} W + grants {v.grants_w:g} W = {v.committed_w:g} W "
+    v = read.view
+    print(f"circuit {printable(store.name)}: budget {v.budget_w:g} W, lease TTL {read.spec.ttl_s} s, revision {read.revision}")
+    print(f"  records: seats {v.seats_w:g} W + grants {v.grants_w:g} W = {v.committed_w:g} W "
           f"({'within' if v.holds() else 'OVER'} budget; free {v.free_w:g} W)")
+    for label, key in (("caps", "caps_w"), ("measured draw", "draw_w")):
+        total = doc[key]
+        print(f"  hosts' {label}: {'unknown' if total is None else f'{total:g} W'} at the wall"
+              + ("" if total is None else f" ({'within' if total <= v.budget_w else 'OVER'} budget)"))
+    for flag, text in (("no_seat", "LIVE WITHOUT A SEAT (their reserves are not counted)"),
+                       ("duplicate", "TWO DAEMONS BEHIND ONE NAME"), ("stale", "STALE (missed renewals: frozen or cut off?)"),
+                       ("unreadable", "UNREADABLE RECORDS (counted at the whole budget)")):
+        if doc["flags"][flag]:
+            print(f"  {text}: {', '.join(printable(h) for h in doc['flags'][flag])}")
     if v.pending:
-        print(f"  NOT SEATED (their seats do not fit): {', '.join(f'{h} {w:g} W' for h, w in sorted(v.pending.items()))}")
-    print(f"  {'host':<20} {'seat W':>8} {'want W':>8} {'grant W':>8} {'lease s':>8}")
-    for r in rows:
+        print(f"  NOT SEATED (their seats do not fit): {_hosts_w(dict(v.pending))}")
+    print(f"  {'host':<24} {'seat W':>8} {'want W':>8} {'grant W':>8} {'caps W':>8} {'draw W':>8} {'lease s':>8}")
+    for r in doc["hosts"]:
         def f(x: float | None) -> str:
             return "-" if x is None else f"{x:g}"
         seat = f(r["seat_w"]) if r["seat_w"] is not None else f"({f(r['pending_w'])})"
-        print(f"  {r['host']:<20} {seat:>8} {f(r['want_w']):>8} {f(r['grant_w']):>8} {f(r['lease_left_s']):>8}")
+        print(f"  {printable(r['host'])[:24]:<24} {seat:>8} {f(r['want_w']):>8} {f(r['grant_w']):>8} {f(r['caps_w']):>8} "
+              f"{f(r['draw_w']):>8} {f(r['lease_left_s']):>8}" + (f"  {','.join(r['flags'])}" if r["flags"] else ""))
+    for key, why in sorted(read.bad.items()):
+        print(f"  unreadable: {printable(key)}: {printable(why)}")
     return ExitStatus.OK
+
+
+def status_doc(name: str, read: Any, lease_info: dict[int, tuple[int, int]]) -> dict[str, Any]:
+    """``circuit status --json``: every figure finite (records are parsed bounded), every
+    host name as etcd holds it (JSON escapes it). Per host: seat, pending seat, want,
+    grant, caps and measured draw at the wall (W, as the host published them), lease
+    seconds left, flags (``no_seat``: live without a seat; ``duplicate``: a record under
+    another lease than the claim's; ``stale``: its lease missed two renewals;
+    ``unreadable``: a record that could not be read). ``lease_info``: lease id ->
+    (seconds left, granted TTL)."""
+    from powerbudgetd.channels.circuit.channel import KEEPALIVES_PER_TTL
+
+    v = read.view
+    ttl = read.spec.ttl_s if read.spec else None
+    bad_hosts = {k.rsplit("/", 1)[-1] for k in read.bad if k.count("/") >= 2 and not k.endswith("/spec")}
+    hosts = sorted(set(v.seats) | set(v.grants) | set(v.wants) | set(v.pending) | set(read.claims) | bad_hosts)
+    rows = []
+    flags: dict[str, list[str]] = {"no_seat": [], "duplicate": [], "stale": [], "unreadable": []}
+    for h in hosts:
+        lease = read.leases.get(h)
+        left, granted = lease_info.get(lease, (-1, 0)) if lease else (-1, 0)
+        alive = lease is not None and left >= 0
+        rec = read.records.get(h)
+        claim = read.claims.get(h)
+        mine: list[str] = []
+        if alive and h not in v.seats:
+            mine.append("no_seat")
+        if rec is not None and claim is not None and rec.lease and rec.lease != claim.lease:
+            mine.append("duplicate")
+        if alive and ttl and left < granted - 2 * ttl / KEEPALIVES_PER_TTL - 1:
+            mine.append("stale")
+        if h in bad_hosts:
+            mine.append("unreadable")
+        for flag in mine:
+            flags[flag].append(h)
+        rows.append({
+            "host": h, "seat_w": v.seats.get(h), "pending_w": v.pending.get(h), "want_w": v.wants.get(h),
+            "grant_w": v.grants.get(h, 0.0), "caps_w": rec.caps_w if rec else None,
+            "draw_w": rec.draw_w if rec else None, "alive": alive, "lease_left_s": left if alive else None,
+            "identity": claim.identity() if claim else None, "flags": mine,
+        })
+    live = [r for r in rows if r["alive"]]
+
+    def total(key: str) -> float | None:
+        vals = [r[key] for r in live]
+        return None if not live or any(x is None for x in vals) else round(sum(vals), 1)
+
+    caps, draw = total("caps_w"), total("draw_w")
+    budget = read.spec.budget_w if read.spec else None
+    spec_key = next((k for k in read.bad if k.endswith("/spec")), None)
+    return {
+        "circuit": name, "revision": read.revision, "initialised": read.spec is not None,
+        "spec_error": read.bad.get(spec_key) if spec_key else None,
+        "budget_w": budget, "ttl_s": ttl,
+        "seats_w": v.seats_w if not v.unknown else None, "grants_w": v.grants_w if not v.unknown else None,
+        "pending_w": sum(v.pending.values()),
+        "committed_w": v.committed_w if not v.unknown else None,
+        "free_w": v.free_w if read.spec and not v.unknown else None,
+        "within_budget": (v.holds() and not v.unknown and not flags["no_seat"] and not flags["duplicate"]
+                          and (caps is None or caps <= budget) and (draw is None or draw <= budget))
+        if budget is not None else None,
+        "caps_w": caps, "draw_w": draw,
+        "draw_within_budget": None if draw is None or budget is None else draw <= budget,
+        "flags": flags, "unreadable": dict(sorted(read.bad.items())), "hosts": rows,
+    }
 
 
 def failsafe_command(args: argparse.Namespace) -> int:
@@ -212,13 +330,15 @@ def _failsafe(args: argparse.Namespace, settings: Settings) -> int:
     from powerbudgetd.control.failsafe import CALL_TIMEOUT_S, INIT_TIMEOUT_S, failsafe
     from powerbudgetd.hw.calls import DeadlineCalls
     from powerbudgetd.service.backend import make_nvml
+    from powerbudgetd.service.feasibility import reserve_figure
     from powerbudgetd.service.logs import configure_logging
 
     configure_logging(level=settings.log_level)
     log = structlog.get_logger("powerbudgetd")
     calls = DeadlineCalls(CALL_TIMEOUT_S)
-    budget = settings.reserve_budget_w()
-    source = "the circuit reserve" if settings.circuit else "configured"
+    figure = reserve_figure(settings)
+    budget = figure.budget_w
+    source = "the circuit reserve" if figure.source == "circuit reserve" else "configured"
     try:
         nvml = make_nvml(args.backend, settings.sim.scenario, settings.sim.seed, settings.sim.lag_s, settings.sim.state_file)
         calls.call("init", nvml.init, timeout_s=INIT_TIMEOUT_S)
@@ -256,25 +376,40 @@ def _failsafe(args: argparse.Namespace, settings: Settings) -> int:
     log.info("failsafe_done", budget_w=budget, budget_source=source, within_share=ok,
              lowered=[r.index for r in result if r.written and r.confirmed],
              not_lowered=[r.index for r in result if not r.confirmed])
+    held_w = sum(r.share_w for r in result if r.share_w is not None)
+    infeasible = held_w > budget + 0.5  # the shares were clamped up to the cards' minimums
+    if infeasible:
+        log.error("failsafe_budget_below_floors", budget_w=budget, budget_source=source, origin=figure.origin,
+                  floors_w=held_w, action="every card at its minimum")
+        print(f"powerbudgetd: failsafe: {figure.source} {budget:g} W ({figure.origin}) is below what the cards can be "
+              f"held to: their minimum limits sum to {held_w:g} W; every card is at its minimum", file=sys.stderr)
     print(f"failsafe: budget {budget:g} W ({source}): "
-          f"{'every card within its share' if ok else 'NOT every card confirmed'}")
+          f"{'every card within its share' if ok and not infeasible else 'every card at its minimum, ABOVE the budget' if ok else 'NOT every card confirmed'}")
     if ok and settings.circuit is not None:
         _give_back(settings.circuit)
-    return ExitStatus.OK if ok else ExitStatus.FAILSAFE_INCOMPLETE
+    if not ok:
+        return ExitStatus.FAILSAFE_INCOMPLETE
+    return ExitStatus.INFEASIBLE if infeasible else ExitStatus.OK
 
 
 def _give_back(cfg: CircuitConfig) -> None:
-    """The cards are at the reserve share: this host's grant can go (lowering needs no check)."""
-    from powerbudgetd.channels.circuit.channel import store_from_config
+    """The cards are at the reserve share: this host's grant can go (lowering needs no
+    check), unless another machine or boot holds the host's name (a duplicate refused at
+    start: the grant is the holder's)."""
+    from powerbudgetd.channels.circuit.channel import boot_id, store_from_config
     from powerbudgetd.channels.circuit.store import LeaseGone, StoreUnavailable
 
     store = store_from_config(cfg)
 
     async def go() -> None:
         try:
-            await store.give_back(cfg.host)
+            holder = await store.give_back(cfg.host, cfg.machine_id(), boot_id())
+            if holder is not None:
+                print(f"failsafe: {cfg.host} on circuit {cfg.name} is claimed by {printable(holder.identity())}: "
+                      "its grant is not this machine's to give back", file=sys.stderr)
+                return
             print(f"failsafe: {cfg.host}'s grant on circuit {cfg.name} given back")
-        except (StoreUnavailable, LeaseGone) as exc:
+        except (StoreUnavailable, LeaseGone, ValueError, OSError) as exc:  # ValueError, OSError: no machine id
             print(f"failsafe: grant not given back ({exc}); it lapses with its lease", file=sys.stderr)
         finally:
             await store.close()

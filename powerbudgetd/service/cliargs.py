@@ -11,8 +11,17 @@ import argparse
 import math
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import NoReturn
 
 PLOT_SUFFIXES = (".png", ".svg", ".pdf")
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse with usage errors in one line on stderr, ``PROG: error: MESSAGE (see
+    PROG --help)``, and exit 2; ``--help`` still prints the whole usage."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
 def positive_float(what: str, *, lower: float | None = None, upper: float | None = None) -> Callable[[str], float]:

@@ -64,6 +64,21 @@ RESTART_ONLY = (
 )
 
 
+def _duration(seconds: float) -> str:
+    """``seconds`` for people: ``4.2 s``, ``12 min 5 s``, ``3 h 2 min``, ``2 d 4 h``."""
+    s = max(0.0, seconds)
+    if s < 60:
+        return f"{s:.1f} s"
+    m, sec = divmod(int(s), 60)
+    if m < 60:
+        return f"{m} min {sec} s"
+    h, m = divmod(m, 60)
+    if h < 24:
+        return f"{h} h {m} min"
+    d, h = divmod(h, 24)
+    return f"{d} d {h} h"
+
+
 class Daemon:
     """Runs one controller until SIGTERM/SIGINT; see :meth:`run`.
 
@@ -96,6 +111,7 @@ class Daemon:
         self.circuit_status: Callable[[float], CircuitStatus] | None = None
         self.controller: Controller | None = None
         self._stop = asyncio.Event()
+        self._exit_status: int | None = None  # request_exit's
         self._wake = asyncio.Event()  # a signal arrived: end the wait between ticks
         self._reload_requested = False
         self._reload_note = ""
@@ -111,8 +127,9 @@ class Daemon:
     def status_text(self, ctl: Controller) -> str:
         """The one STATUS= line: :meth:`status_line`, then warnings and the last reload."""
         text = self.status_line(ctl)
-        if ctl.over.active:
-            text += f"; OVER BUDGET since {ctl.over.since:.1f} s: {ctl.over.cause}"
+        if (since := ctl.over.since) is not None:
+            # a duration: ``since`` is a reading of the daemon's (monotonic) clock
+            text += f"; OVER BUDGET for {_duration(self.clock() - since)}: {ctl.over.cause}"
         elif ctl.ready and (degraded := ctl.degraded()):
             text += f"; degraded: {', '.join(degraded)}"
         if self._persistence_off:
@@ -128,6 +145,13 @@ class Daemon:
     def request_stop(self) -> None:
         self._stop.set()
         self._wake.set()
+
+    def request_exit(self, status: int) -> None:
+        """Stop as on SIGTERM (back to fair share), then exit with ``status``: a side
+        channel found a reason this daemon must not run (a duplicate circuit host)."""
+        if self._exit_status is None:
+            self._exit_status = status
+        self.request_stop()
 
     def request_reload(self) -> None:
         self._reload_requested = True
@@ -305,7 +329,7 @@ class Daemon:
                 self.notifier.watchdog()
                 last_wd = t0
             if self._stop.is_set() and stop_deadline is None:
-                log.info("stopping", reason="signal")
+                log.info("stopping", reason="signal" if self._exit_status is None else f"exit {self._exit_status}")
                 self.notifier.stopping()
                 # Lease-backed budgets (a circuit grant) end here: the cards return to
                 # the share this host may use without any lease, decreases first.
@@ -322,7 +346,7 @@ class Daemon:
                     )
                 else:
                     log.info("stopped", sum_limits_w=ctl.sum_bound_mw / 1000, limits_w=[c.bound_mw / 1000 for c in ctl.cards])
-                return ExitStatus.OK
+                return ExitStatus.OK if self._exit_status is None else self._exit_status
             if stop_deadline is not None and t0 > stop_deadline:
                 log.error("stop_timeout", sum_limits_w=ctl.sum_bound_mw / 1000)
                 return ExitStatus.ERROR

@@ -8,13 +8,75 @@ found (their model names pick the transient factor), checked against their floor
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 from powerbudgetd.control.cardset import START_TIMEOUT_S
 from powerbudgetd.control.controller import Controller
+from powerbudgetd.core.units import to_mw
+from powerbudgetd.errors import BudgetInfeasible
 from powerbudgetd.hw.calls import InlineCalls
 from powerbudgetd.hw.nvml import Nvml
 from powerbudgetd.config import Settings
+
+
+@dataclass(frozen=True)
+class BudgetFigure:
+    """One budget the bank may be held to (board W), ``source`` naming it and ``origin``
+    saying where the figure comes from (the settings and the arithmetic)."""
+
+    source: str
+    budget_w: float
+    origin: str
+
+
+def _n(x: float) -> str:
+    return f"{round(x, 1):g}"
+
+
+def reserve_figure(settings: Settings, names: Sequence[str] | None = None) -> BudgetFigure:
+    """The budget boot and ``failsafe`` hold the cards to: the configured one, or with a
+    ``[circuit]`` the reserve through the feed model when that is lower."""
+    configured = settings.effective_budget_w(names)
+    if settings.circuit is None:
+        return BudgetFigure("budget", configured, "budget_w / [feed]")
+    power = settings.circuit.host_power(settings.feed)
+    board = power.board_budget_w()
+    if board >= configured:
+        return BudgetFigure("budget", configured, "budget_w / [feed] (below the circuit reserve)")
+    origin = (f"[circuit] reserve_w {_n(power.reserve_w)} W at the wall x {_n(power.feed.psu_efficiency)} PSU "
+              f"efficiency - {_n(power.feed.host_w or 0.0)} W host")
+    return BudgetFigure("circuit reserve", board, origin)
+
+
+def budget_figures(settings: Settings, names: Sequence[str] | None = None) -> list[BudgetFigure]:
+    """Every budget a source may hold the bank to, lowest last: the configured budget
+    (or the circuit reserve below it) and, with ``[ups]``, the on-battery budget. (A low
+    battery holds every card at its floor by design; a remote budget is refused below
+    the floors by the channel itself.)"""
+    figures = [reserve_figure(settings, names)]
+    ups = settings.ups
+    if ups is not None:
+        configured = settings.effective_budget_w(names)
+        if ups.on_battery_budget_w is not None:
+            on_battery = min(ups.on_battery_budget_w, configured)
+            origin = f"[ups] on_battery_budget_w {_n(ups.on_battery_budget_w)} W"
+        else:
+            fraction = ups.battery_fraction() or 0.0
+            on_battery = configured * fraction
+            origin = f"[ups] on_battery_fraction {fraction:g} x {_n(configured)} W"
+        figures.append(BudgetFigure("UPS on battery", on_battery, origin))
+    return figures
+
+
+def check_figures(ctl: Controller, figures: Sequence[BudgetFigure]) -> None:
+    """Raise BudgetInfeasible, naming the figure and where it comes from, for the first
+    of ``figures`` below what ``ctl``'s cards can be held to (``ctl`` started)."""
+    for f in figures:
+        try:
+            ctl.bank.check_feasible(to_mw(f.budget_w))
+        except BudgetInfeasible as exc:
+            raise BudgetInfeasible(f"{f.source} {_n(f.budget_w)} W ({f.origin}): {exc}") from None
 
 
 def card_names(nvml: Nvml, calls: InlineCalls | None = None) -> list[str]:
@@ -41,11 +103,25 @@ def make_controller(
 
 
 def check_feasible(nvml: Nvml, settings: Settings) -> Controller:
-    """Enumerate the cards and check the budget against their floors, writing nothing.
+    """Enumerate the cards and check every budget a source may hold them to
+    (:func:`budget_figures`) against their floors, writing nothing.
 
-    Returns the started (dry-run) controller; raises BudgetInfeasible naming each card's
-    floor against its share, as ``run`` does, or NvmlError.
+    Returns the started (dry-run) controller; raises BudgetInfeasible naming the budget,
+    where it comes from, and each card's floor against its share, or NvmlError.
     """
+    ctl = start_at_reserve(nvml, settings)
+    check_figures(ctl, budget_figures(settings, [c.info.name for c in ctl.cards]))
+    return ctl
+
+
+def start_at_reserve(nvml: Nvml, settings: Settings) -> Controller:
+    """The dry-run controller started at the budget boot holds the cards to (the circuit
+    reserve where lower: :func:`reserve_figure`). Raises BudgetInfeasible naming that
+    budget and where it comes from, or NvmlError."""
     ctl = make_controller(nvml, settings, dry_run=True)
-    ctl.start()
+    try:
+        ctl.start()
+    except BudgetInfeasible as exc:
+        figure = reserve_figure(settings, card_names(nvml))
+        raise BudgetInfeasible(f"{figure.source} {_n(figure.budget_w)} W ({figure.origin}): {exc}") from None
     return ctl

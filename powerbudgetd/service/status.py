@@ -11,19 +11,23 @@ from __future__ import annotations
 import argparse
 import ipaddress
 import json
+import math
+import os
 import shutil
 import sys
 import tomllib
 import time
-import urllib.error
-import urllib.request
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from powerbudgetd.channels import metricnames as n
 from powerbudgetd.errors import ConfigError
+from powerbudgetd.service import scrape
+from powerbudgetd.service.instance import LOCK_NAME, runtime_dir
+from powerbudgetd.service.output import printable
 
 if TYPE_CHECKING:
     from powerbudgetd.config import MetricsConfig
@@ -41,7 +45,7 @@ class StatusError(Exception):
 class CardStatus:
     """One card as the daemon last saw it (W; None: unknown)."""
 
-    index: int
+    index: int | None  # None: the daemon's gpu label is not an index
     uuid: str
     name: str
     cap_w: float | None  # the enforced power limit
@@ -50,25 +54,59 @@ class CardStatus:
     max_w: float | None
     draw_w: float | None  # 1 s average
     instant_w: float | None
-    peak_w: float | None  # highest instant draw seen (this status session, or the daemon's peak series)
+    peak_w: float | None  # highest 100 ms instant draw over the daemon's peak window
     role: str | None
     warnings: list[str] = field(default_factory=list)
 
 
 @dataclass
+class UpsStatus:
+    """The UPS as the daemon last read it: ``ups.status`` flags set, load and charge
+    (0-1), runtime (s), the board budget it allows (W) and why it lowers it, if it does."""
+
+    flags: list[str]
+    load_ratio: float | None
+    runtime_s: float | None
+    charge_ratio: float | None
+    budget_w: float | None
+    limiting: str | None
+
+
+@dataclass
+class CircuitSeat:
+    """This host on a shared circuit (wall W): the circuit's budget, this host's reserve
+    and grant, whether its seat fits and etcd answers."""
+
+    budget_w: float | None
+    reserve_w: float | None
+    grant_w: float | None
+    seat_fits: bool
+    etcd_reachable: bool
+
+
+@dataclass
 class BankStatus:
-    """The bank: budget (W) and where it comes from, sums, mode, cards, warnings."""
+    """The bank: the budget in force (W) and the source the arbiter chose it from, the
+    configured budget, sums, floor, mode, UPS and circuit where configured, cards,
+    warnings. ``caps_in_force_w``: the sum of caps the cards hold (a dry run's cards keep
+    their own; ``sum_limits_w`` is then what it would set)."""
 
     url: str
     version: str | None
     budget_w: float | None
     budget_source: str
+    configured_w: float | None
     sum_limits_w: float | None
     sum_draw_w: float | None
     headroom_w: float | None
+    floor_w: float | None
+    held_at_floors: bool
     mode: str | None
     last_tick_age_s: float | None
     cards: list[CardStatus]
+    caps_in_force_w: float | None = None
+    ups: UpsStatus | None = None
+    circuit: CircuitSeat | None = None
     warnings: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
@@ -119,100 +157,135 @@ def _metrics_table(path: Path) -> MetricsConfig | None:
         return None
 
 
-def fetch(url: str, timeout_s: float) -> str:
-    """The endpoint's text. Raises StatusError naming the URL and the cause."""
+def fetch(url: str, timeout_s: float, euid: int | None = None) -> str:
+    """The endpoint's text, read within ``timeout_s`` (s, the whole exchange) and a byte
+    cap (see ``service.scrape``). As root (``euid`` 0; default: this process's), a local
+    listener is read only when it is the daemon's. Raises StatusError naming the URL."""
+    euid = os.geteuid() if euid is None else euid
     try:
-        with urllib.request.urlopen(url, timeout=timeout_s) as resp:  # noqa: S310 - an operator's URL
-            return resp.read().decode("utf-8", "replace")
-    except urllib.error.HTTPError as exc:
-        raise StatusError(f"{url} answered HTTP {exc.code} {exc.reason}") from None
-    except (urllib.error.URLError, OSError, ValueError) as exc:
-        reason = getattr(exc, "reason", exc)
-        raise StatusError(f"cannot reach the daemon's metrics at {url}: {reason}") from None
+        target = scrape.Target.parse(url)
+        if euid == 0 and scrape.is_local(target.host):
+            ok, why = scrape.listener_trusted(target.port, runtime_dir() / LOCK_NAME)
+            if not ok and why.startswith("nothing listens"):
+                raise StatusError(f"cannot reach the daemon's metrics at {printable(url)}: {why}")
+            if not ok:
+                raise StatusError(f"not reading {printable(url)} as root: {why}. Any local user can listen on a "
+                                  "free port; start the daemon, or run status as an unprivileged user")
+        return scrape.get(url, timeout_s)
+    except scrape.ScrapeError as exc:
+        raise StatusError(str(exc)) from None
+
+
+def _card_index(text: str) -> int | None:
+    """A ``gpu`` label as an index; None for anything but a few ASCII digits ("1.5",
+    "-1", "²", a 20-digit number)."""
+    return int(text) if text.isascii() and text.isdigit() and len(text) < 6 else None
 
 
 def parse(text: str, url: str, now_s: float | None = None) -> BankStatus:
-    """The bank from one scrape. Raises StatusError when the text is not powerbudgetd's."""
+    """The bank from one scrape. Raises StatusError when the text is not powerbudgetd's.
+    Reads only the names declared in ``channels.metricnames``; every label value comes
+    from outside and is shown through ``printable``."""
     now_s = time.time() if now_s is None else now_s
-    bank: dict[str, float] = {}
+    single: dict[str, float] = {}
     mode: str | None = None
     source: str | None = None
     version: str | None = None
     cards: dict[str, dict[str, Any]] = {}
     errors: dict[str, float] = {}
-    reload_ok: float | None = None
-    mqtt_seen = False
-    meter_budget: float | None = None
+    ups_flags: list[str] = []
+    ups_reason: str | None = None
     try:
         families = list(text_string_to_metric_families(text))
     except ValueError as exc:
-        raise StatusError(f"{url} does not answer in the Prometheus text format: {exc}") from None
+        raise StatusError(f"{printable(url)} does not answer in the Prometheus text format: "
+                          f"{printable(str(exc)[:200])}") from None
     for fam in families:
         for s in fam.samples:
             name, labels, value = s.name, s.labels, s.value
-            if name.startswith("powerbudgetd_mqtt") or name.startswith("powerbudgetd_wall"):
-                mqtt_seen = True
-            if name in ("powerbudgetd_budget_watts", "powerbudgetd_sum_power_limits_watts",
-                        "powerbudgetd_sum_power_draw_watts", "powerbudgetd_headroom_watts",
-                        "powerbudgetd_last_tick_timestamp_seconds"):
-                bank[name] = value
-            elif name == "powerbudgetd_wall_meter_budget_watts":
-                meter_budget = value
-            elif name == "powerbudgetd_mode" and value == 1:
-                mode = labels.get("mode")
-            elif name == "powerbudgetd_budget_source" and value == 1:
-                source = labels.get("source")
-            elif name == "powerbudgetd_build_info":
-                version = labels.get("version")
-            elif name == "powerbudgetd_config_last_reload_success":
-                reload_ok = value
-            elif name == "powerbudgetd_nvml_errors_total":
+            if name in _SINGLE:
+                single[name] = value
+            elif name == n.MODE.sample and value == 1:
+                mode = printable(labels.get("mode", "?"))
+            elif name == n.BUDGET_SOURCE_IN_FORCE.sample and value == 1:
+                source = printable(labels.get("source", "?"))
+            elif name == n.BUILD.sample:
+                version = printable(labels.get("version", "?"))
+            elif name == n.UPS_STATUS.sample and value == 1:
+                ups_flags.append(printable(labels.get("flag", "?")))
+            elif name == n.UPS_BUDGET_REASON.sample and value == 1:
+                ups_reason = printable(labels.get("reason", "?"))
+            elif name == n.NVML_ERRORS.sample:
                 errors[labels.get("UUID", "")] = errors.get(labels.get("UUID", ""), 0.0) + value
-            elif name.startswith("powerbudgetd_gpu_") and "UUID" in labels:
-                c = cards.setdefault(labels["UUID"], {"index": int(labels.get("gpu", -1)),
-                                                      "name": labels.get("modelName", "")})
-                if name == "powerbudgetd_gpu_role":
+            elif name in _CARD and "UUID" in labels:
+                c = cards.setdefault(labels["UUID"], {"index": _card_index(labels.get("gpu", "")),
+                                                      "name": printable(labels.get("modelName", ""))})
+                if name == n.GPU_ROLE.sample:
                     if value == 1:
-                        c["role"] = labels.get("role")
+                        c["role"] = printable(labels.get("role", "?"))
                 else:
                     c[name] = value
-    if "powerbudgetd_budget_watts" not in bank and version is None:
-        raise StatusError(f"{url} answers, but not with powerbudgetd's metrics (another exporter on that port?)")
+    if n.BUDGET.sample not in single and version is None:
+        raise StatusError(f"{printable(url)} answers, but not with powerbudgetd's metrics "
+                          "(another exporter on that port?)")
+
+    def get(spec: n.MetricSpec) -> float | None:
+        v = single.get(spec.sample)
+        return None if v is None or math.isnan(v) else v
+
     out = BankStatus(
-        url=url, version=version, budget_w=bank.get("powerbudgetd_budget_watts"),
-        budget_source=source or _guess_source(mqtt_seen, meter_budget, bank.get("powerbudgetd_budget_watts")),
-        sum_limits_w=bank.get("powerbudgetd_sum_power_limits_watts"),
-        sum_draw_w=bank.get("powerbudgetd_sum_power_draw_watts"),
-        headroom_w=bank.get("powerbudgetd_headroom_watts"), mode=mode,
-        last_tick_age_s=(now_s - bank["powerbudgetd_last_tick_timestamp_seconds"])
-        if "powerbudgetd_last_tick_timestamp_seconds" in bank else None,
+        url=printable(url), version=version, budget_w=get(n.BUDGET),
+        budget_source=source or "?", configured_w=None,
+        sum_limits_w=get(n.SUM_LIMITS), sum_draw_w=get(n.SUM_DRAW), headroom_w=get(n.HEADROOM),
+        floor_w=get(n.FLOOR), held_at_floors=get(n.HELD_AT_FLOORS) == 1, mode=mode,
+        last_tick_age_s=(now_s - single[n.LAST_TICK.sample]) if n.LAST_TICK.sample in single else None,
         cards=[],
     )
-    for uuid, c in sorted(cards.items(), key=lambda kv: kv[1]["index"]):
-        peak = c.get("powerbudgetd_gpu_power_draw_peak_watts", c.get("powerbudgetd_gpu_power_draw_instant_watts"))
+    for fam in families:  # the configured budget, when another source holds a lower one
+        for s in fam.samples:
+            if s.name == n.BUDGET_SOURCE_WATTS.sample and s.labels.get("source") == "config":
+                out.configured_w = s.value
+    if n.UPS_DATA_STATE.sample in {f.name for f in families}:
+        out.ups = UpsStatus(
+            flags=ups_flags, load_ratio=get(n.UPS_LOAD), runtime_s=get(n.UPS_RUNTIME), charge_ratio=get(n.UPS_CHARGE),
+            budget_w=get(n.UPS_BUDGET), limiting=ups_reason,
+        )
+    if get(n.CIRCUIT_RESERVE) is not None:
+        out.circuit = CircuitSeat(
+            budget_w=get(n.CIRCUIT_BUDGET), reserve_w=get(n.CIRCUIT_RESERVE), grant_w=get(n.CIRCUIT_GRANT),
+            seat_fits=get(n.CIRCUIT_SEAT_FITS) == 1, etcd_reachable=get(n.CIRCUIT_ETCD_REACHABLE) == 1,
+        )
+    for uuid, c in sorted(cards.items(), key=lambda kv: (kv[1]["index"] is None, kv[1]["index"] or 0)):
         card = CardStatus(
-            index=c["index"], uuid=uuid, name=c["name"],
-            cap_w=c.get("powerbudgetd_gpu_enforced_power_limit_watts"),
-            limit_w=c.get("powerbudgetd_gpu_power_limit_watts"),
-            min_w=c.get("powerbudgetd_gpu_power_limit_min_watts"),
-            max_w=c.get("powerbudgetd_gpu_power_limit_max_watts"),
-            draw_w=c.get("powerbudgetd_gpu_power_draw_watts"),
-            instant_w=c.get("powerbudgetd_gpu_power_draw_instant_watts"),
-            peak_w=peak, role=c.get("role"),
+            index=c["index"], uuid=printable(uuid), name=c["name"],
+            cap_w=c.get(n.GPU_ENFORCED.sample), limit_w=c.get(n.GPU_LIMIT.sample),
+            min_w=c.get(n.GPU_LIMIT_MIN.sample), max_w=c.get(n.GPU_LIMIT_MAX.sample),
+            draw_w=c.get(n.GPU_DRAW.sample), instant_w=c.get(n.GPU_DRAW_INSTANT.sample),
+            peak_w=c.get(n.GPU_DRAW_PEAK.sample), role=c.get("role"),
         )
         card.warnings = _card_warnings(card, c, errors.get(uuid, 0.0))
         out.cards.append(card)
-    out.warnings = _bank_warnings(out, reload_ok)
+    if out.mode == "dry-run":  # nothing is written: the caps in force are the cards' own
+        caps = [c.cap_w for c in out.cards]
+        out.caps_in_force_w = None if None in caps else sum(c or 0.0 for c in caps)
+    else:
+        out.caps_in_force_w = out.sum_limits_w
+    out.warnings = _bank_warnings(out, get(n.RELOAD_SUCCESS))
     return out
 
 
-def _guess_source(mqtt_seen: bool, meter_budget: float | None, budget: float | None) -> str:
-    # Until the daemon exports its budget's source, infer what can be inferred.
-    if not mqtt_seen:
-        return "config"
-    if meter_budget is not None and budget is not None and abs(meter_budget - budget) < 0.5:
-        return "wall_meter"
-    return "config or remote (not exported by this daemon)"
+_SINGLE = {spec.sample for spec in (
+    n.BUDGET, n.SUM_LIMITS, n.SUM_DRAW, n.HEADROOM, n.FLOOR, n.HELD_AT_FLOORS, n.LAST_TICK, n.RELOAD_SUCCESS,
+    n.UPS_LOAD, n.UPS_RUNTIME, n.UPS_CHARGE, n.UPS_BUDGET,
+    n.CIRCUIT_BUDGET, n.CIRCUIT_RESERVE, n.CIRCUIT_GRANT, n.CIRCUIT_SEAT_FITS, n.CIRCUIT_ETCD_REACHABLE,
+)}
+_CARD = {spec.sample for spec in (
+    n.GPU_ENFORCED, n.GPU_LIMIT, n.GPU_LIMIT_MIN, n.GPU_LIMIT_MAX, n.GPU_DRAW, n.GPU_DRAW_INSTANT, n.GPU_DRAW_PEAK,
+    n.GPU_CONTESTED, n.GPU_ROLE,
+)}
+READS = (*_SINGLE, *_CARD, n.MODE.sample, n.BUDGET_SOURCE_IN_FORCE.sample, n.BUDGET_SOURCE_WATTS.sample,
+         n.BUILD.sample, n.UPS_STATUS.sample, n.UPS_BUDGET_REASON.sample, n.UPS_DATA_STATE.sample, n.NVML_ERRORS.sample)
+"""Every sample name status reads (the metrics contract's test checks each is declared and served)."""
 
 
 def _card_warnings(card: CardStatus, raw: dict[str, Any], nvml_errors: float) -> list[str]:
@@ -221,7 +294,7 @@ def _card_warnings(card: CardStatus, raw: dict[str, Any], nvml_errors: float) ->
         w.append("unreadable: counted at the highest limit it may come back with")
     if card.role == "fixed":
         w.append("fixed: a write was refused or not confirmed")
-    contested = raw.get("powerbudgetd_gpu_contested_power_limit_watts")
+    contested = raw.get(n.GPU_CONTESTED.sample)
     if contested is not None:
         w.append(f"contested: another tool keeps writing {contested:.0f} W")
     if card.cap_w is not None and card.limit_w is not None and abs(card.cap_w - card.limit_w) > 1:
@@ -240,15 +313,20 @@ def _bank_warnings(b: BankStatus, reload_ok: float | None) -> list[str]:
     elif b.mode == "monitor-only":
         w.append("monitor-only: no permission to write limits, the budget is NOT enforced")
     elif b.mode == "dry-run":
-        w.append("dry-run: decisions are logged, no limit is written")
+        w.append(f"dry-run: no limit is written; the cards hold {_w(b.caps_in_force_w)} W of caps, "
+                 f"the daemon would set {_w(b.sum_limits_w)} W")
+    if b.held_at_floors:
+        w.append(f"held at floors: the {b.budget_source} budget is below the cards' minimum limits "
+                 f"({_w(b.floor_w)} W); every card is at its minimum")
     if b.budget_w is None:
         w.append("no tick yet: the daemon is still starting")
-    elif b.sum_limits_w is not None and b.sum_limits_w > b.budget_w + 0.5 and b.mode not in ("booting", None):
+    elif (b.mode != "dry-run" and b.sum_limits_w is not None and b.sum_limits_w > b.budget_w + 0.5
+          and b.mode not in ("booting", None)):
         w.append(f"sum of limits {b.sum_limits_w:.0f} W is above the budget {b.budget_w:.0f} W")
     if b.last_tick_age_s is not None and b.last_tick_age_s > STALE_TICK_S:
         w.append(f"the control loop last ticked {b.last_tick_age_s:.0f} s ago")
     if reload_ok == 0:
-        w.append("the last config reload failed: the previous config is in force (see the log)")
+        w.append("the last config reload failed: see reload_failed in the log for what is in force")
     return w
 
 
@@ -258,17 +336,37 @@ def _w(v: float | None) -> str:
 
 def format_status(b: BankStatus, bars: bool = False, width: int = 100) -> str:
     """The bank for people; ``bars``: a bar per card, draw against cap against max."""
+    caps, headroom = b.caps_in_force_w, b.headroom_w
+    if b.mode == "dry-run" and caps is not None and b.budget_w is not None:
+        headroom = b.budget_w - caps
+    configured = (f", configured {_w(b.configured_w)} W" if b.configured_w is not None and b.budget_w is not None
+                  and abs(b.configured_w - b.budget_w) > 0.5 else "")
     lines = [
         f"powerbudgetd {b.version or '?'} at {b.url}",
-        f"budget {_w(b.budget_w)} W ({b.budget_source}), sum of caps {_w(b.sum_limits_w)} W, "
-        f"headroom {_w(b.headroom_w)} W, draw {_w(b.sum_draw_w)} W, mode {b.mode or '?'}",
+        f"budget {_w(b.budget_w)} W (source: {b.budget_source}{configured}), sum of caps {_w(caps)} W, "
+        f"headroom {_w(headroom)} W, draw {_w(b.sum_draw_w)} W, mode {b.mode or '?'}",
     ]
+    if b.ups is not None:
+        u = b.ups
+        state = "on battery" if "OB" in u.flags else "on line" if "OL" in u.flags else "state unknown"
+        flags = " ".join(u.flags) or "-"
+        load = "-" if u.load_ratio is None else f"{u.load_ratio * 100:.0f} %"
+        runtime = "-" if u.runtime_s is None else f"{u.runtime_s:.0f} s"
+        charge = "-" if u.charge_ratio is None else f"{u.charge_ratio * 100:.0f} %"
+        limit = f", lowers the budget to {_w(u.budget_w)} W ({u.limiting})" if u.limiting else ""
+        lines.append(f"ups {state} ({flags}), load {load}, battery {charge}, runtime {runtime}{limit}")
+    if b.circuit is not None:
+        cs = b.circuit
+        lines.append(f"circuit budget {_w(cs.budget_w)} W, seat (reserve) {_w(cs.reserve_w)} W"
+                     f"{'' if cs.seat_fits else ' NOT SEATED'}, grant {_w(cs.grant_w)} W (wall), "
+                     f"etcd {'reachable' if cs.etcd_reachable else 'UNREACHABLE'}")
     lines += [f"  warning: {w}" for w in b.warnings]
-    lines.append(f"  {'gpu':>3}  {'name':<22} {'cap W':>6} {'draw W':>7} {'peak W':>7}  {'role':<10} warnings")
+    lines.append(f"  {'gpu':>3}  {'name':<22} {'cap W':>6} {'draw W':>7} {'peak W':>7}  {'role':<10} warnings"
+                 f"  (peak: highest 100 ms reading over {n.PEAK_WINDOW_S:.0f} s)")
     bar_w = max(10, min(50, width - 50))
     for c in b.cards:
         lines.append(
-            f"  {c.index:>3}  {c.name[:22]:<22} {_w(c.cap_w):>6} {_w(c.draw_w):>7} {_w(c.peak_w):>7}  "
+            f"  {'?' if c.index is None else c.index:>3}  {c.name[:22]:<22} {_w(c.cap_w):>6} {_w(c.draw_w):>7} {_w(c.peak_w):>7}  "
             f"{(c.role or '?'):<10} {'; '.join(c.warnings)}"
         )
         if bars:
@@ -316,25 +414,18 @@ def _unreachable(exc: StatusError, origin: str) -> str:
 
 
 def _watch(url: str, origin: str, interval_s: float, timeout_s: float) -> int:
+    """Redraw every ``interval_s`` until Ctrl-C, which ``cli.main`` turns into one line
+    and exit 130."""
     tty = sys.stdout.isatty()
-    peaks: dict[str, float] = {}
-    try:
-        while True:
-            try:
-                status = parse(fetch(url, timeout_s), url)
-                for c in status.cards:  # the highest instant draw seen while watching
-                    if c.peak_w is not None:
-                        peaks[c.uuid] = max(peaks.get(c.uuid, 0.0), c.peak_w)
-                    c.peak_w = peaks.get(c.uuid, c.peak_w)
-                text = format_status(status, bars=True, width=shutil.get_terminal_size().columns)
-            except StatusError as exc:
-                text = _unreachable(exc, origin) + "\n  (retrying)"
-            stamp = time.strftime("%H:%M:%S")
-            if tty:
-                sys.stdout.write("\x1b[H\x1b[2J")
-            sys.stdout.write(f"{text}\n  {stamp}, every {interval_s:g} s; peak = highest seen while watching; "
-                             "Ctrl-C to stop\n" + ("" if tty else "\n"))
-            sys.stdout.flush()
-            time.sleep(interval_s)
-    except KeyboardInterrupt:
-        return 0
+    while True:
+        try:
+            status = parse(fetch(url, timeout_s), url)
+            text = format_status(status, bars=True, width=shutil.get_terminal_size().columns)
+        except StatusError as exc:
+            text = _unreachable(exc, origin) + "\n  (retrying)"
+        stamp = time.strftime("%H:%M:%S")
+        if tty:
+            sys.stdout.write("\x1b[H\x1b[2J")
+        sys.stdout.write(f"{text}\n  {stamp}, every {interval_s:g} s; Ctrl-C to stop\n" + ("" if tty else "\n"))
+        sys.stdout.flush()
+        time.sleep(interval_s)

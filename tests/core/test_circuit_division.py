@@ -10,10 +10,10 @@ from powerbudgetd.core.circuit import (
     CircuitView,
     Fence,
     GrantPolicy,
+    fenced_lease_ttl_s,
     HostPower,
     max_min_fair,
     raise_allowed,
-    required_ttl_s,
 )
 from powerbudgetd.core.feed import Feed
 from support.examples import examples
@@ -146,11 +146,51 @@ def test_local_validity_ends_before_the_server_can_reassign(ttl, lower, r, host_
     assert at_reserve_real <= server_expiry_real + 1e-6
 
 
+@settings(max_examples=examples(500), deadline=None)
+@given(
+    ttl=st.integers(2, 120),
+    watchdog=st.floats(0.1, 60),
+    fallback=st.floats(0, 60),
+    host_rate=st.floats(1 - 1e-3, 1 + 1e-3),
+    server_rate=st.floats(1 - 1e-3, 1 + 1e-3),
+    uplink=st.floats(0, 5),
+    hang=st.floats(0, 1),
+)
+def test_a_hung_host_is_at_its_reserve_before_its_lease_can_expire(ttl, watchdog, fallback, host_rate, server_rate,
+                                                                   uplink, hang):
+    """Real time from the last keepalive etcd acknowledged (sent at 0): the daemon hangs
+    at most TTL/6 later (the next renewal was due then; ``hang`` of that), its watchdog
+    kills it ``watchdog`` s after that and the failsafe ends ``fallback`` s after the kill
+    (both on the host's clock). etcd, at its own rate, expires the lease no earlier than
+    the fenced TTL after it received the keepalive: the cards are down first."""
+    lease_ttl = fenced_lease_ttl_s(ttl, watchdog, fallback)
+    at_reserve_real = (hang * ttl / 6 + watchdog + fallback) / host_rate
+    server_expiry_real = uplink + lease_ttl / server_rate
+    assert at_reserve_real <= server_expiry_real
+
+
+def test_unreadable_records_stop_raises_but_take_no_grant_back():
+    """Another host's unreadable grant counts at the whole budget: no raise fits, but
+    a host's own grant is not given back for it (it was granted when the records held)."""
+    view = CircuitView(3000, {"a": 1000, "b": 1000}, {"a": 400, "b": 3000}, {"a": 1000}, unknown=frozenset({"b"}))
+    policy = GrantPolicy(step_w=10, release_hold_s=60)
+    assert view.free_w < 0 and view.free_known_w > 0
+    assert policy.target_w(view, "a", 400, 0.0) == 400
+    assert policy.target_w(view, "a", 400, 120.0) == 400  # past the release hold too: its fair share is known
+    assert not raise_allowed(view, "a", 500)
+
+
+def test_seats_over_a_lowered_budget_keep_the_earliest():
+    view = CircuitView(2000, {"a": 800, "b": 800, "c": 800}, seat_order={"a": 5, "b": 9, "c": 7})
+    assert view.seat_in_budget("a") and view.seat_in_budget("c") and not view.seat_in_budget("b")
+    assert not view.seat_in_budget("z")
+
+
 def test_fence_numbers_and_ttl_check():
     fence = Fence(lower_s=1.0)
     assert fence.valid_until(100.0, 30) == pytest.approx(100 + 30 * 0.999 / 1.001 - 1.0)
     assert fence.usable_s(1) <= 0.0
-    assert required_ttl_s(10, 10, 5) == 25
+    assert fenced_lease_ttl_s(30, 10, 10) == 30 + 21  # 20 s stretched by 1000 ppm each way, whole seconds
     with pytest.raises(ValueError):
         Fence(lower_s=-1)
 

@@ -19,7 +19,17 @@ from pathlib import Path
 
 import pytest
 
-from support.circuit import Checker, EtcdCluster, Host, TcpProxy, circuit_status, init_circuit
+from support.circuit import (
+    Checker,
+    EtcdCluster,
+    Host,
+    TcpProxy,
+    circuit_status,
+    granted,
+    init_circuit,
+    start_hosts,
+    stop_hosts,
+)
 from support.wait import wait_until
 
 pytestmark = pytest.mark.slow  # real etcd members and daemons: the full run (CI) covers it
@@ -58,33 +68,13 @@ def _hosts(tmp_path: Path, endpoints: list[str] | dict[str, list[str]], n: int =
     return hosts
 
 
-def _granted(hosts: list[Host], at_least: int) -> bool:
-    return sum(1 for h in hosts if (h.metric("powerbudgetd_circuit_grant_watts") or 0) > 0) >= at_least
-
-
-def _start(hosts: list[Host]) -> None:
-    # The set-up step: each host's seat registered before its daemon first runs (else
-    # a host booting while another holds the pool runs on a reserve not yet counted).
-    for h in hosts:
-        h.join()
-    for h in hosts:
-        h.start()
-    for h in hosts:
-        h.wait_ready()
-
-
-def _stop(hosts: list[Host]) -> None:
-    for h in hosts:
-        h.stop()
-
-
 def test_hosts_share_the_pool_and_stay_within_the_circuit(etcd1: EtcdCluster, tmp_path: Path) -> None:
     init_circuit(etcd1.endpoints, "lab", BUDGET_W, TTL_S)
     hosts = _hosts(tmp_path, etcd1.endpoints)
     try:
         with Checker(hosts, BUDGET_W) as checker:
-            _start(hosts)
-            wait_until(lambda: _granted(hosts, 3), 20, "a grant on every host")
+            start_hosts(hosts)
+            wait_until(lambda: granted(hosts, 3), 20, "a grant on every host")
             time.sleep(3)
             status = circuit_status(etcd1.endpoints, "lab")
         margin = checker.assert_within()
@@ -97,7 +87,7 @@ def test_hosts_share_the_pool_and_stay_within_the_circuit(etcd1: EtcdCluster, tm
         assert all(w is not None and w > RESERVE_W + 150 for w in walls), walls  # the grants are in use
         _figures("sharing", worst_margin_w=round(margin, 1), grants_w=grants)
     finally:
-        _stop(hosts)
+        stop_hosts(hosts)
     # A clean stop gives the grant back only with the cards at the reserve share.
     for h in hosts:
         assert h.wall_w() is not None and h.wall_w() <= RESERVE_W + 1e-3
@@ -110,8 +100,8 @@ def test_all_of_etcd_stopped_every_host_back_to_reserve_before_any_lease_could_e
     hosts = _hosts(tmp_path, etcd1.endpoints)
     try:
         with Checker(hosts, BUDGET_W) as checker:
-            _start(hosts)
-            wait_until(lambda: _granted(hosts, 3), 20, "a grant on every host")
+            start_hosts(hosts)
+            wait_until(lambda: granted(hosts, 3), 20, "a grant on every host")
             last_ack = time.monotonic()
             etcd1.stop_all()
             stopped = time.monotonic()
@@ -124,7 +114,7 @@ def test_all_of_etcd_stopped_every_host_back_to_reserve_before_any_lease_could_e
             assert back <= bound, (back - stopped, bound - stopped)
             time.sleep(1.0)
             etcd1.start(new=False)
-            wait_until(lambda: _granted(hosts, 3), 30, "grants again after etcd is back")
+            wait_until(lambda: granted(hosts, 3), 30, "grants again after etcd is back")
             regranted = time.monotonic()
         margin = checker.assert_within()
         # The metric follows each round (poll_s 0.2 s, request timeout 0.5 s): on a loaded
@@ -135,7 +125,7 @@ def test_all_of_etcd_stopped_every_host_back_to_reserve_before_any_lease_could_e
                  fence_bound_s=round(bound - stopped, 2), at_reserve_total_s=round(regranted - back, 2),
                  last_ack_before_stop_s=round(stopped - last_ack, 2))
     finally:
-        _stop(hosts)
+        stop_hosts(hosts)
 
 
 def test_leader_killed_in_a_three_member_cluster(etcd3: EtcdCluster, tmp_path: Path) -> None:
@@ -145,19 +135,19 @@ def test_leader_killed_in_a_three_member_cluster(etcd3: EtcdCluster, tmp_path: P
     hosts = _hosts(tmp_path, eps)
     try:
         with Checker(hosts, BUDGET_W) as checker:
-            _start(hosts)
-            wait_until(lambda: _granted(hosts, 3), 20, "a grant on every host")
+            start_hosts(hosts)
+            wait_until(lambda: granted(hosts, 3), 20, "a grant on every host")
             leader = etcd3.leader()
             killed = time.monotonic()
             etcd3.kill(leader)
             time.sleep(TTL_S + 1)  # past a whole TTL: the grants must have survived (renewed elsewhere)
-            wait_until(lambda: _granted(hosts, 3), 15, "every host granted after the election")
+            wait_until(lambda: granted(hosts, 3), 15, "every host granted after the election")
             lost = sum(h.metric("powerbudgetd_circuit_grant_lost_total") or 0 for h in hosts)
         margin = checker.assert_within()
         reserve_s = {h.name: round(checker.at_reserve_s(h.name, RESERVE_W, killed), 2) for h in hosts}
         _figures("leader killed", worst_margin_w=round(margin, 1), grants_lost=lost, at_reserve_s=reserve_s)
     finally:
-        _stop(hosts)
+        stop_hosts(hosts)
 
 
 def test_one_host_cut_off_while_the_others_keep_going(etcd1: EtcdCluster, tmp_path: Path) -> None:
@@ -167,8 +157,8 @@ def test_one_host_cut_off_while_the_others_keep_going(etcd1: EtcdCluster, tmp_pa
     hosts = _hosts(tmp_path, eps)
     try:
         with Checker(hosts, BUDGET_W) as checker:
-            _start(hosts)
-            wait_until(lambda: _granted(hosts, 3), 20, "a grant on every host")
+            start_hosts(hosts)
+            wait_until(lambda: granted(hosts, 3), 20, "a grant on every host")
             cut = time.monotonic()
             proxy.cut()
             # h0 falls back to its reserve on its own, before its lease can expire ...
@@ -182,12 +172,12 @@ def test_one_host_cut_off_while_the_others_keep_going(etcd1: EtcdCluster, tmp_pa
             wait_until(lambda: hosts[0].metric("powerbudgetd_circuit_etcd_reachable") == 0, ROUND_S,
                        "h0 reading etcd unreachable")
             proxy.heal()
-            wait_until(lambda: _granted(hosts[:1], 1), 30, "h0 granted again after the cut heals")
+            wait_until(lambda: granted(hosts[:1], 1), 30, "h0 granted again after the cut heals")
         margin = checker.assert_within()
         _figures("host cut off", worst_margin_w=round(margin, 1), cut_host_at_reserve_after_s=round(h0_back, 2),
                  others_regranted_after_s=round(others, 2))
     finally:
-        _stop(hosts)
+        stop_hosts(hosts)
         proxy.close()
 
 
@@ -196,8 +186,8 @@ def test_sigstopped_daemon_is_killed_by_the_watchdog_and_the_failsafe_lowers_it(
     hosts = _hosts(tmp_path, etcd1.endpoints)
     try:
         with Checker(hosts, BUDGET_W) as checker:
-            _start(hosts)
-            wait_until(lambda: _granted(hosts, 3), 20, "a grant on every host")
+            start_hosts(hosts)
+            wait_until(lambda: granted(hosts, 3), 20, "a grant on every host")
             assert hosts[0].proc is not None
             frozen = time.monotonic()
             os.kill(hosts[0].proc.pid, signal.SIGSTOP)
@@ -214,7 +204,7 @@ def test_sigstopped_daemon_is_killed_by_the_watchdog_and_the_failsafe_lowers_it(
         margin = checker.assert_within()
         _figures("SIGSTOP + watchdog", worst_margin_w=round(margin, 1), failsafe_done_after_s=round(at - frozen, 2))
     finally:
-        _stop(hosts)
+        stop_hosts(hosts)
 
 
 def test_kill_9_mid_grant_then_failsafe_as_systemd_runs_it(etcd1: EtcdCluster, tmp_path: Path) -> None:
@@ -222,8 +212,8 @@ def test_kill_9_mid_grant_then_failsafe_as_systemd_runs_it(etcd1: EtcdCluster, t
     hosts = _hosts(tmp_path, etcd1.endpoints)
     try:
         with Checker(hosts, BUDGET_W) as checker:
-            _start(hosts)
-            wait_until(lambda: _granted(hosts, 3), 20, "a grant on every host")
+            start_hosts(hosts)
+            wait_until(lambda: granted(hosts, 3), 20, "a grant on every host")
             assert hosts[0].proc is not None
             # Mid-grant: its cards use it.
             wait_until(lambda: (hosts[0].wall_w() or 0) > RESERVE_W + 150, 5, "h0's cards raised with its grant")
@@ -242,7 +232,7 @@ def test_kill_9_mid_grant_then_failsafe_as_systemd_runs_it(etcd1: EtcdCluster, t
         _figures("kill -9 + failsafe", worst_margin_w=round(margin, 1), failsafe_done_after_s=round(at - killed, 2),
                  others_regranted_after_s=round(regrant, 2))
     finally:
-        _stop(hosts)
+        stop_hosts(hosts)
 
 
 def test_a_host_whose_seat_does_not_fit_takes_no_grant_and_says_so(etcd1: EtcdCluster, tmp_path: Path) -> None:
@@ -250,8 +240,8 @@ def test_a_host_whose_seat_does_not_fit_takes_no_grant_and_says_so(etcd1: EtcdCl
     hosts = _hosts(tmp_path, etcd1.endpoints, n=2)
     late = Host("late", tmp_path, etcd1.endpoints, "lab", reserve_w=1500.0)
     try:
-        _start(hosts)
-        wait_until(lambda: _granted(hosts, 2), 20, "grants on the seated hosts")
+        start_hosts(hosts)
+        wait_until(lambda: granted(hosts, 2), 20, "grants on the seated hosts")
         with pytest.raises(AssertionError, match="does not fit"):
             late.join()  # the set-up step says so first
         late.start()  # started anyway: the daemon says so too, and takes nothing
@@ -268,4 +258,4 @@ def test_a_host_whose_seat_does_not_fit_takes_no_grant_and_says_so(etcd1: EtcdCl
         assert late.metric("powerbudgetd_circuit_grant_watts") == 0
         assert (late.wall_w() or 1e9) <= 1500 + 1e-3
     finally:
-        _stop([*hosts, late])
+        stop_hosts([*hosts, late])

@@ -493,23 +493,20 @@ def test_9_plot_marks_boot_floors_roles_and_has_one_legend():
     assert len(fig.legends) == 1 and all(ax.get_legend() is None for ax in fig.axes)
     labels = [t.get_text() for t in fig.legends[0].get_texts()]
     assert any(lbl.startswith("boot") for lbl in labels)
-    assert "floor (minimum limit)" in labels and "budget 1000 W" in labels
+    assert "floor (minimum limit)" in labels and "budget in force" in labels and "summed instant draw" in labels
     assert {"role: donor", "role: recipient"} <= set(labels)
     # Each card's floor is drawn at its minimum limit.
-    for i, ax in enumerate(fig.axes[:-1]):
+    for i, ax in enumerate(fig.axes[:len(res.report["cards"])]):
         assert any(list(line.get_ydata()) == [150.0, 150.0] for line in ax.get_lines()), i
 
 
-def test_9_compare_plot_labels_the_budget_in_no_policy_colour():
+def _figure_of(draw, *args):  # type: ignore[no-untyped-def]
+    """The figure ``draw(*args)`` would save."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from powerbudgetd_sim.scenario import load_scenario
-    from powerbudgetd_sim.simulate import plot_compare, run_policies
-
-    results = run_policies(load_scenario("ada-2"), ("static", "powerbudgetd"), duration_s=5, keep_series=True)
     captured = {}
     real_savefig = plt.Figure.savefig
 
@@ -518,14 +515,68 @@ def test_9_compare_plot_labels_the_budget_in_no_policy_colour():
 
     plt.Figure.savefig = keep  # type: ignore[method-assign]
     try:
-        plot_compare(results, 400.0, "unused.png", "t")
+        draw(*args)
     finally:
         plt.Figure.savefig = real_savefig  # type: ignore[method-assign]
-    ax = captured["fig"].axes[0]
-    budget = next(line for line in ax.get_lines() if line.get_label() == "budget 400 W")
-    policy_colours = {line.get_color() for line in ax.get_lines() if line is not budget}
-    assert budget.get_color() not in policy_colours
-    assert "budget 400 W" in [t.get_text() for t in ax.get_legend().get_texts()]
+    return captured["fig"]
+
+
+def test_9_the_plot_tells_the_power_story_budget_in_force_battery_and_trips():
+    """power-event: a minute on battery lowers the budget in force (a step line, not the
+    configured one), the window is shaded on every panel; incident: the UPS trip is
+    marked, and the plug panel holds the wall power against the UPS rating."""
+    from powerbudgetd_sim.scenario import load_scenario
+    from powerbudgetd_sim.simulate import plot_figure, run_scenario
+
+    res = run_scenario(load_scenario("power-event"), keep_series=True, compare=False)
+    fig = plot_figure(res, 1000.0, "power-event")
+    bank = fig.axes[len(res.report["cards"])]
+    in_force = next(line for line in bank.get_lines() if line.get_label() == "budget in force")
+    assert max(in_force.get_ydata()) == 1000.0 and min(in_force.get_ydata()) < 1000.0
+    labels = [t.get_text() for t in fig.legends[0].get_texts()]
+    assert "on battery (mains lost)" in labels and "configured budget 1000 W" in labels
+    for ax in fig.axes:  # the minute on battery (40-100 s), shaded on every panel
+        spans = [p for p in ax.patches if p.get_label() == "on battery"]
+        assert len(spans) == 1 and spans[0].get_x() == pytest.approx(40, abs=0.2), ax.get_ylabel()
+
+    res = run_scenario(load_scenario("incident"), keep_series=True, compare=False)
+    trip = res.report["trip_at_s"]["ups"]
+    assert trip is not None
+    fig = plot_figure(res, 1000.0, "incident")
+    labels = [t.get_text() for t in fig.legends[0].get_texts()]
+    assert "ups trip" in labels and any(lbl.startswith("UPS rating") for lbl in labels)
+    for ax in fig.axes:
+        assert any(list(line.get_xdata()) == [trip, trip] for line in ax.get_lines())
+    assert fig.axes[-1].get_ylabel() == "at the plug (W)"
+
+
+def test_9_a_long_title_is_wrapped_to_the_figure():
+    from powerbudgetd_sim.scenario import load_scenario
+    from powerbudgetd_sim.simulate import plot_figure, run_scenario
+
+    res = run_scenario(load_scenario("ada-2"), duration_s=5, keep_series=True, compare=False)
+    title = "ada-2: " + "a description long enough to run past the edge of any figure " * 4
+    fig = plot_figure(res, 400.0, title)
+    lines = fig._suptitle.get_text().splitlines()
+    assert len(lines) >= 2 and " ".join(lines) == " ".join(title.split())
+    fig.canvas.draw()
+    box = fig._suptitle.get_window_extent()
+    assert box.x0 >= 0 and box.x1 <= fig.bbox.width
+
+
+def test_9_policy_all_is_small_multiples_with_the_budget_in_no_policy_colour():
+    from powerbudgetd_sim.scenario import load_scenario
+    from powerbudgetd_sim.simulate import plot_compare, run_policies
+
+    results = run_policies(load_scenario("ada-2"), ("static", "reactive", "powerbudgetd"), duration_s=5,
+                           keep_series=True)
+    fig = _figure_of(plot_compare, results, 400.0, "unused.png", "t")
+    panels = [ax for ax in fig.axes if ax.get_title(loc="left")]
+    assert [ax.get_title(loc="left").split(":")[0] for ax in panels] == ["static", "reactive", "powerbudgetd"]
+    for ax in panels:
+        budget = next(line for line in ax.get_lines() if line.get_label() == "budget in force")
+        assert budget.get_color() not in {line.get_color() for line in ax.get_lines() if line is not budget}
+    assert "budget in force" in [t.get_text() for t in fig.legends[0].get_texts()]
 
 
 # -- status ----------------------------------------------------------------------------

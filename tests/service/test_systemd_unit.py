@@ -69,6 +69,7 @@ def test_restart_is_prevented_for_statuses_a_restart_cannot_fix() -> None:
     prevented = {int(v) for v in d["RestartPreventExitStatus"][0].split()}
     assert prevented == {
         ExitStatus.CONFIG, ExitStatus.INFEASIBLE, ExitStatus.NO_PERMISSION, ExitStatus.ALREADY_RUNNING,
+        ExitStatus.DUPLICATE_HOST,
     }
     # NVML trouble and a boot timeout may clear on their own (a driver still loading)
     assert ExitStatus.NVML not in prevented and ExitStatus.BOOT_TIMEOUT not in prevented

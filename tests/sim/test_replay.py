@@ -15,6 +15,7 @@ from powerbudgetd.powerlog.reader import load_samples, scan_log
 from powerbudgetd_sim.simulate import run_scenario
 from powerbudgetd_sim.replay import ReplayProfile, load_replay
 from powerbudgetd_sim.scenario import ScenarioError
+from support.daemon import cli
 from support.rig import scenario_rig
 
 T0 = 1_750_000_000.0
@@ -125,3 +126,14 @@ def test_nothing_to_replay(tmp_path: Path) -> None:
         load_replay(tmp_path)
     with pytest.raises(ScenarioError, match="draw must be"):
         load_replay(tmp_path, draw="median")
+
+
+def test_simulate_replay_with_a_budget_says_the_budget_it_ran_at(recorded: Path) -> None:
+    """`simulate --replay DIR --budget 700`: the report's description names 700 W (given
+    with --budget), never the recorded budget."""
+    p = cli("simulate", "--replay", str(recorded), "--budget", "700", "--duration", "5", "--json")
+    assert p.returncode == 0, p.stderr
+    report = json.loads(p.stdout)
+    assert report["budget_w"] == 700
+    text = cli("simulate", "--replay", str(recorded), "--budget", "700", "--duration", "5").stdout
+    assert "replayed at 700 W (--budget)" in text and "replayed at 800 W" not in text, text

@@ -18,11 +18,14 @@ circuit's wall sum.
 
 from __future__ import annotations
 
+import asyncio
+import hashlib
 import json
 import os
 import shutil
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import threading
@@ -31,6 +34,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from powerbudgetd.channels.circuit.store import CircuitStore
 from support.daemon import DaemonProcess, json_lines, metric
 from support.wait import free_port, reap, wait_until
 
@@ -56,8 +60,45 @@ class Member:
         return f"127.0.0.1:{self.client_port}"
 
 
+@dataclass(frozen=True)
+class Certs:
+    """A test CA, a server certificate for 127.0.0.1 and a client certificate, made with
+    openssl (files mode 0600)."""
+
+    ca: Path
+    server_cert: Path
+    server_key: Path
+    client_cert: Path
+    client_key: Path
+
+
+def make_certs(tmp: Path) -> Certs:
+    d = tmp / "pki"
+    d.mkdir()
+
+    def run(*args: str) -> None:
+        subprocess.run(["openssl", *args], check=True, capture_output=True, cwd=d, timeout=60)
+
+    run("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", "/CN=test-ca",
+        "-keyout", "ca.key", "-out", "ca.pem")
+    for name, ext in (("server", "subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth"),
+                      ("client", "extendedKeyUsage=clientAuth")):
+        (d / f"{name}.ext").write_text(ext + "\n")
+        run("req", "-newkey", "rsa:2048", "-nodes", "-subj", f"/CN={name}", "-keyout", f"{name}.key",
+            "-out", f"{name}.csr")
+        run("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial",
+            "-days", "2", "-extfile", f"{name}.ext", "-out", f"{name}.pem")
+    for f in d.iterdir():
+        f.chmod(0o600)
+    return Certs(d / "ca.pem", d / "server.pem", d / "server.key", d / "client.pem", d / "client.key")
+
+
 class EtcdCluster:
-    def __init__(self, tmp: Path, n: int = 1) -> None:
+    """``n`` members; with ``certs``, clients speak TLS and must show a certificate the
+    test CA signed (``--client-cert-auth``)."""
+
+    def __init__(self, tmp: Path, n: int = 1, certs: Certs | None = None) -> None:
+        self.certs = certs
         self.members = [
             Member(f"m{i}", free_port(), free_port(), tmp / f"etcd-m{i}", tmp / f"etcd-m{i}.log") for i in range(n)
         ]
@@ -70,22 +111,27 @@ class EtcdCluster:
     def start(self, i: int | None = None, *, new: bool = True) -> None:
         for m in self.members if i is None else [self.members[i]]:
             m.data_dir.mkdir(exist_ok=True)
+            scheme = "https" if self.certs else "http"
             cmd = [
                 ETCD, "--name", m.name, "--data-dir", str(m.data_dir),
-                "--listen-client-urls", f"http://{m.endpoint}", "--advertise-client-urls", f"http://{m.endpoint}",
+                "--listen-client-urls", f"{scheme}://{m.endpoint}", "--advertise-client-urls", f"{scheme}://{m.endpoint}",
                 "--listen-peer-urls", f"http://127.0.0.1:{m.peer_port}",
                 "--initial-advertise-peer-urls", f"http://127.0.0.1:{m.peer_port}",
                 "--initial-cluster", self.initial, "--initial-cluster-state", "new",
                 "--initial-cluster-token", "powerbudgetd-test",
                 "--heartbeat-interval", "50", "--election-timeout", "500", "--logger", "zap", "--log-outputs", "stderr",
             ]
+            if self.certs:
+                c = self.certs
+                cmd += ["--cert-file", str(c.server_cert), "--key-file", str(c.server_key),
+                        "--trusted-ca-file", str(c.ca), "--client-cert-auth"]
             m.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=open(m.log, "ab"))  # noqa: SIM115
         self.wait_healthy()
 
     def wait_healthy(self, timeout_s: float = 20.0) -> None:
         def healthy() -> bool:
             live = [m for m in self.members if m.proc is not None and m.proc.poll() is None]
-            return bool(live) and all(_health(m) for m in live)
+            return bool(live) and all(_health(m, self.certs) for m in live)
 
         wait_until(healthy, timeout_s, "etcd to become healthy", step_s=0.1,
                    log=lambda: "; ".join(m.log.read_text()[-600:] for m in self.members))
@@ -108,9 +154,14 @@ class EtcdCluster:
             self.kill(i)
 
 
-def _health(m: Member) -> bool:
+def _health(m: Member, certs: Certs | None = None) -> bool:
+    ctx = None
+    if certs is not None:
+        ctx = ssl.create_default_context(cafile=str(certs.ca))
+        ctx.load_cert_chain(str(certs.client_cert), str(certs.client_key))
     try:
-        with urllib.request.urlopen(f"http://{m.endpoint}/health", timeout=1) as r:
+        with urllib.request.urlopen(f"{'https' if certs else 'http'}://{m.endpoint}/health", timeout=1,
+                                    context=ctx) as r:
             return json.loads(r.read()).get("health") == "true"
     except (OSError, ValueError):
         return False
@@ -214,6 +265,11 @@ class Host:
     busy: int = 4
     watchdog_s: float = 1.5
     extra: str = ""
+    seat: str | None = None  # the [circuit] host name (default: ``name``)
+    machine_id: str = ""  # default: one of its own, from ``name``
+    enforce_watchdog: bool = True  # False: WATCHDOG_USEC alone, and nothing kills it when the pings stop
+    failsafe_delay_s: float = 0.0  # ExecStopPost waits this long before the failsafe (a slow one)
+    fallback_s: float = 2.5
     port: int = field(default_factory=free_port)
     proc: subprocess.Popen | None = None
     failsafe_runs: list[tuple[float, int, str]] = field(default_factory=list)
@@ -228,6 +284,8 @@ class Host:
         self.config = self.dir / "powerbudgetd.toml"
         self.log = self.dir / "daemon.log"
         sc = scenario(self.dir / "scenario.toml", self.busy)
+        self.machine_id = self.machine_id or hashlib.md5(self.name.encode()).hexdigest()
+        (self.dir / "machine-id").write_text(self.machine_id + "\n")
         eps = ", ".join(f'"{e}"' for e in self.endpoints)
         self.config.write_text(f"""budget_w = 1200
 [control]
@@ -242,13 +300,14 @@ enabled = false
 [circuit]
 name = "{self.circuit}"
 endpoints = [{eps}]
-host = "{self.name}"
+host = "{self.seat or self.name}"
+machine_id_file = "{self.dir / 'machine-id'}"
 reserve_w = {self.reserve_w}
 psu_efficiency = {PSU_EFFICIENCY}
 host_w = {HOST_W}
 poll_s = 0.2
 request_timeout_s = 0.5
-fallback_s = 2.5
+fallback_s = {self.fallback_s}
 release_hold_s = 2
 step_w = 10
 {self.extra}
@@ -256,7 +315,8 @@ step_w = 10
 
     def join(self) -> None:
         """``circuit join``: the seat registered before the daemon first runs."""
-        r = subprocess.run([EXE, "circuit", "join", "--config", str(self.config)], capture_output=True, text=True,
+        r = subprocess.run([EXE, "circuit", "join", "--backend", "sim", "--config", str(self.config)],
+                           capture_output=True, text=True,
                            timeout=30)
         assert r.returncode == 0, r.stdout + r.stderr
 
@@ -271,7 +331,7 @@ step_w = 10
         self.last_ping = time.monotonic()
         self.exited_at = None
         self.daemon = DaemonProcess(self.config, log=self.log, notify=self.notify_path, watchdog_s=self.watchdog_s,
-                                    append=True)
+                                    append=True, watchdog_pid=self.enforce_watchdog)
         self.proc = self.daemon.proc
         self._supervisor = threading.Thread(target=self._supervise, daemon=True)
         self._supervisor.start()
@@ -291,7 +351,7 @@ step_w = 10
                 self.booted = True
             if "WATCHDOG=1" in msg or "READY=1" in msg:
                 self.last_ping = time.monotonic()
-            if self.ready.is_set() and time.monotonic() - self.last_ping > self.watchdog_s:
+            if self.enforce_watchdog and self.ready.is_set() and time.monotonic() - self.last_ping > self.watchdog_s:
                 self.killed_by_watchdog = True
                 self.proc.send_signal(signal.SIGCONT)  # systemd sends SIGABRT then SIGKILL; the result is a kill
                 self.proc.kill()
@@ -300,6 +360,7 @@ step_w = 10
         self.run_failsafe()
 
     def run_failsafe(self) -> None:
+        time.sleep(self.failsafe_delay_s)
         r = subprocess.run([EXE, "failsafe", "--backend", "sim", "--config", str(self.config)],
                            capture_output=True, text=True, timeout=60)
         self.failsafe_runs.append((time.monotonic(), r.returncode, r.stdout + r.stderr))
@@ -410,3 +471,53 @@ def circuit_status(endpoints: list[str], name: str) -> dict:
     assert r.returncode == 0, r.stderr
     return json.loads(r.stdout)
 
+
+def circuit_cli(endpoints: list[str], *args: str) -> subprocess.CompletedProcess[str]:
+    """``powerbudgetd circuit ARGS --endpoint ...`` (the operator's box: no config)."""
+    return subprocess.run([EXE, "circuit", *args, *[a for e in endpoints for a in ("--endpoint", e)]],
+                          capture_output=True, text=True, timeout=30)
+
+
+def etcd_edit(endpoints: list[str], name: str, *, put: dict[str, bytes] | None = None, delete: tuple[str, ...] = (),
+              wipe: bool = False, lease_ttl_s: int | None = None) -> None:
+    """What anyone with write access to the circuit's prefix can do: delete all of it
+    (``wipe``); then, in one transaction (so no daemon's round falls between them),
+    delete keys below it and put raw values there (under a new lease of ``lease_ttl_s``
+    s, else none). Keys are relative to the circuit (``seats/h0``)."""
+    async def go() -> None:
+        store = CircuitStore(endpoints, name, timeout_s=5)
+        try:
+            if wipe:
+                await store.wipe()
+            lease = (await store.grant_lease(lease_ttl_s))[0] if lease_ttl_s else None
+            if put or delete:
+                await store._call(lambda c: c.transaction(compare=[], success=[
+                    *[c.transactions.delete(store.base + k.encode()) for k in delete],
+                    *[c.transactions.put(store.base + k.encode(), v, lease=lease) for k, v in (put or {}).items()],
+                ], failure=[]))
+        finally:
+            await store.close()
+
+    asyncio.run(go())
+
+
+def granted(hosts: list[Host], at_least: int) -> bool:
+    """Whether at least ``at_least`` of ``hosts`` have a grant in use."""
+    return sum(1 for h in hosts if (h.metric("powerbudgetd_circuit_grant_watts") or 0) > 0) >= at_least
+
+
+def start_hosts(hosts: list[Host]) -> None:
+    """The set-up step (each seat registered before its daemon first runs: else a host
+    booting while another holds the pool runs on a reserve not yet counted), then the
+    daemons, until each is ready."""
+    for h in hosts:
+        h.join()
+    for h in hosts:
+        h.start()
+    for h in hosts:
+        h.wait_ready()
+
+
+def stop_hosts(hosts: list[Host]) -> None:
+    for h in hosts:
+        h.stop()

@@ -14,8 +14,16 @@ acknowledged keepalive (``core.circuit.Fence``), and ``board(reserve)`` after it
 arbiter falls back on its own, whatever this task is doing. A renewal that etcd
 answers with an expired lease drops the grant (``circuit_grant_lost``).
 
-A host whose seat does not fit, whose lease TTL is too short for its watchdog, or that
-runs without a watchdog, takes no grant and says so (it runs on its reserve).
+Each round is also an audit of the records against this host (see :meth:`round`):
+its claim on its name (one daemon per name, see ``store.Claim``), the circuit's spec
+(a re-created circuit is validated again), its seat (a vanished seat is registered
+again, or the cards go to their floors), and whether seats and grants fit the budget.
+
+A host whose seat does not fit, or whose watchdog is not enforced (systemd's
+``WATCHDOG_USEC`` with ``WATCHDOG_PID`` naming this process), takes no grant and says
+so (it runs on its reserve). A sharing host's lease outlives the circuit's TTL by its
+grace (``core.circuit.fenced_lease_ttl_s``). Lease deadlines are kept on
+``CLOCK_BOOTTIME``, which counts a system suspend.
 """
 
 from __future__ import annotations
@@ -27,12 +35,23 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import structlog
-from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client import CollectorRegistry
 
-from powerbudgetd.channels.circuit.store import CircuitStore, LeaseGone, Read, StoreUnavailable, Tls
+from powerbudgetd.channels import metricnames as names
+from powerbudgetd.channels.circuit.store import (
+    CircuitStore,
+    Claim,
+    HostRecord,
+    LeaseGone,
+    Read,
+    StoreUnavailable,
+    Tls,
+    seat_fits,
+)
 from powerbudgetd.core.arbiter import BudgetArbiter
-from powerbudgetd.core.circuit import Fence, GrantPolicy, HostPower, raise_allowed, required_ttl_s
+from powerbudgetd.core.circuit import Fence, GrantPolicy, HostPower, fenced_lease_ttl_s, raise_allowed
 from powerbudgetd.core.snapshot import CircuitStatus
+from powerbudgetd.errors import ExitStatus
 
 if TYPE_CHECKING:
     from powerbudgetd.control.report import TickReport
@@ -43,14 +62,30 @@ log = structlog.get_logger("powerbudgetd.circuit")
 
 SOURCE = "circuit"  # the arbiter's name for this budget source
 KEEPALIVES_PER_TTL = 6  # renew six times per TTL: five may be lost before the fence
-PREFIX = "powerbudgetd_circuit_"  # of every metric here
+
+
+BOOT_ID_FILE = "/proc/sys/kernel/random/boot_id"
+
+
+def boottime() -> float:
+    """Seconds on CLOCK_BOOTTIME: monotonic, and counting a system suspend (CLOCK_MONOTONIC
+    stops during one, so a lease deadline on it would outlive the lease)."""
+    return time.clock_gettime(time.CLOCK_BOOTTIME)
+
+
+def boot_id(path: str = BOOT_ID_FILE) -> str:
+    """The kernel's id of this boot (a new one at each boot)."""
+    with open(path) as fh:
+        return fh.read().strip()[:64] or "unknown"
 
 
 def watchdog_s(environ: dict[str, str] | None = None) -> float | None:
-    """``$WATCHDOG_USEC`` in s (systemd's WatchdogSec), None when unset or not ours."""
+    """``$WATCHDOG_USEC`` in s (systemd's WatchdogSec) when systemd enforces it on this
+    process: ``$WATCHDOG_PID`` must name it (systemd sets both for the service's main
+    process). None otherwise: unset, malformed, or meant for another process."""
     env = os.environ if environ is None else environ
     usec, pid = env.get("WATCHDOG_USEC"), env.get("WATCHDOG_PID")
-    if not usec or (pid and pid != str(os.getpid())):
+    if not usec or pid != str(os.getpid()):
         return None
     try:
         value = int(usec)
@@ -72,24 +107,28 @@ class CircuitMetrics:
     """The circuit's gauges, in the registry ``/metrics`` serves."""
 
     def __init__(self, registry: CollectorRegistry) -> None:
-        def gauge(name: str, doc: str) -> Gauge:
-            return Gauge(PREFIX + name, doc, registry=registry)
-
-        self.budget = gauge("budget_watts", "The circuit's wall budget (W), as etcd holds it")
-        self.reserve = gauge("reserve_watts", "This host's reserve: wall W it may always use")
-        self.grant = gauge("grant_watts", "This host's grant in use above its reserve (wall W)")
-        self.grant_held = gauge("grant_held_watts", "This host's grant as etcd holds it (wall W)")
-        self.want = gauge("want_watts", "What this host's recipients could use above its reserve (wall W)")
-        self.lease_left = gauge("lease_valid_seconds", "Seconds the grant stays valid here without a renewal "
-                                "(the fence: before the lease can expire in etcd)")
-        self.reachable = gauge("etcd_reachable", "1 when the last etcd call answered")
-        self.seated = gauge("seat_fits", "1 when this host's seat is registered (fits the circuit)")
-        self.seats = gauge("seats_watts", "Sum of every seat (wall W)")
-        self.committed = gauge("committed_watts", "Sum of seats and grants (wall W)")
-        self.pending = gauge("pending_watts", "Reserves of hosts whose seat did not fit (wall W)")
-        self.grants_ok = gauge("grants_allowed", "1 when this host may take grants (seat fits, TTL long enough for the watchdog)")
-        self.lost = Counter(PREFIX + "grant_lost", "Grants lost: the lease expired before a renewal", registry=registry)
-        self.conflicts = Counter(PREFIX + "txn_conflicts", "Raise transactions that failed their compare", registry=registry)
+        self.budget = names.gauge(names.CIRCUIT_BUDGET, registry)
+        self.reserve = names.gauge(names.CIRCUIT_RESERVE, registry)
+        self.grant = names.gauge(names.CIRCUIT_GRANT, registry)
+        self.grant_held = names.gauge(names.CIRCUIT_GRANT_HELD, registry)
+        self.want = names.gauge(names.CIRCUIT_WANT, registry)
+        self.lease_left = names.gauge(names.CIRCUIT_LEASE_VALID, registry)
+        self.reachable = names.gauge(names.CIRCUIT_ETCD_REACHABLE, registry)
+        self.seated = names.gauge(names.CIRCUIT_SEAT_FITS, registry)
+        self.seats = names.gauge(names.CIRCUIT_SEATS, registry)
+        self.committed = names.gauge(names.CIRCUIT_COMMITTED, registry)
+        self.pending = names.gauge(names.CIRCUIT_PENDING, registry)
+        self.grants_ok = names.gauge(names.CIRCUIT_GRANTS_ALLOWED, registry)
+        self.lost = names.counter(names.CIRCUIT_GRANT_LOST, registry)
+        self.conflicts = names.counter(names.CIRCUIT_TXN_CONFLICTS, registry)
+        self.claim_ok = names.gauge(names.CIRCUIT_CLAIM_HELD, registry)
+        self.at_floors = names.gauge(names.CIRCUIT_AT_FLOORS, registry)
+        self.bad_records = names.gauge(names.CIRCUIT_BAD_RECORDS, registry)
+        self.caps = names.gauge(names.CIRCUIT_CAPS, registry)
+        self.draw = names.gauge(names.CIRCUIT_DRAW, registry)
+        self.info = names.gauge(names.CIRCUIT_INFO, registry)
+        self.vanished = names.counter(names.CIRCUIT_SEAT_VANISHED, registry)
+        self.bad_seen = names.counter(names.CIRCUIT_BAD_RECORDS_SEEN, registry)
 
 
 class CircuitChannel:
@@ -105,18 +144,31 @@ class CircuitChannel:
         store: CircuitStore | None = None,
         registry: CollectorRegistry | None = None,
         clock: Callable[[], float] = time.monotonic,
+        lease_clock: Callable[[], float] = boottime,
         environ: dict[str, str] | None = None,
+        on_fatal: Callable[[int], None] | None = None,
+        boot: str | None = None,
     ) -> None:
         self.cfg = cfg
         self.host = cfg.host
         self.power = power
         self.arbiter = arbiter
         self.store = store or store_from_config(cfg)
-        self.clock = clock
+        self.clock = clock  # the daemon's (the arbiter's times)
+        self.lease_clock = lease_clock  # lease deadlines: counts a suspend
+        self.on_fatal = on_fatal
         self.fence = Fence(lower_s=lower_s, clock_rate_allowance=cfg.clock_rate_allowance)
         self.policy = GrantPolicy(step_w=cfg.step_w, release_hold_s=cfg.release_hold_s)
         self.metrics = CircuitMetrics(registry or CollectorRegistry())
         self.watchdog_s = watchdog_s(environ)
+        self.identity = Claim(cfg.machine_id(), boot or boot_id(), os.getpid(), self.watchdog_s or 0.0,
+                              cfg.fallback_s, power.reserve_w)
+        self.claimed = False  # this daemon holds the claim on its name
+        self.ever_claimed = False
+        self.spec_created = 0  # the spec this host validated its seat against (create revision)
+        self.at_floors = False
+        self.had_seat = False  # seated once: a seat lost with no room again sends the cards to their floors
+        self.raises_after = float("-inf")  # no raise before (lease clock): a circuit just (re-)created
         self.lease_id: int | None = None
         self.ttl_s: int | None = None
         self.valid_until = float("-inf")
@@ -124,7 +176,8 @@ class CircuitChannel:
         self.held_w = 0.0  # the grant as etcd holds it (as far as we know: never below)
         self.in_use_w = 0.0  # the grant offered to the arbiter (<= held_w)
         self.want_w = 0.0
-        self.published_want: float | None = None
+        self.published: HostRecord | None = None
+        self.sharing_ok = False
         self.seated = False
         self.grants_ok = False
         self.reachable = False
@@ -132,18 +185,22 @@ class CircuitChannel:
         self.snapshot: BankSnapshot | None = None
         self.stopping = False
         self._said: dict[str, object] = {}
+        self._bad_said: dict[str, str] = {}
         self.metrics.reserve.set(power.reserve_w)
+        self.metrics.info.labels(circuit=cfg.name).set(1)
         # From the first tick: the reserve, whatever etcd says (or does not).
         self.arbiter.offer(SOURCE, power.board_budget_w(), clock())
 
     def status(self, now: float) -> CircuitStatus:
-        """This host's place on the circuit at ``now`` (the daemon's clock, s)."""
+        """This host's place on the circuit at ``now`` (the daemon's clock, s; the lease
+        figures are read on the lease clock)."""
         read = self.last_read
-        valid = self.in_use_w > 0 and now < self.valid_until
+        left = self.valid_until - self.lease_clock()
+        valid = self.in_use_w > 0 and left > 0
         return CircuitStatus(
             name=self.store.name, budget_w=None if read is None or read.spec is None else read.spec.budget_w,
             reserve_w=self.power.reserve_w, grant_w=self.in_use_w if valid else 0.0, held_w=self.held_w,
-            lease_left_s=max(0.0, self.valid_until - now) if self.lease_id is not None else 0.0,
+            lease_left_s=max(0.0, left) if self.lease_id is not None else 0.0,
             etcd_reachable=self.reachable, seat_fits=self.seated, grants_allowed=self.grants_ok,
         )
 
@@ -155,9 +212,13 @@ class CircuitChannel:
             self.stopping = True
         self.want_w = self.power.want_w(snap)
         self.metrics.want.set(self.want_w)
-        self.metrics.lease_left.set(max(0.0, self.valid_until - self.clock()) if self.in_use_w > 0 else 0.0)
-        if self.clock() >= self.valid_until and self.in_use_w > 0:
-            self.metrics.grant.set(0.0)  # the arbiter has fallen back to the reserve already
+        left = self.valid_until - self.lease_clock()
+        self.metrics.lease_left.set(max(0.0, left) if self.in_use_w > 0 else 0.0)
+        if left <= 0 and self.in_use_w > 0:
+            # Past the deadline on the clock that counts a suspend: whatever the daemon's
+            # clock says, the grant is over (after a resume: at the first tick).
+            self.in_use_w = 0.0
+            self._offer()
 
     def on_reload(self, ok: bool, settings: Settings | None) -> None:
         pass  # [circuit] needs a restart (daemon.RESTART_ONLY)
@@ -186,63 +247,106 @@ class CircuitChannel:
 
     # -- one round ----------------------------------------------------------------------
     async def round(self) -> None:
-        """Renew, read, publish the want, move the grant. Raises StoreUnavailable."""
+        """Read; audit the records against this host (claim, spec, seat, the budget);
+        renew; publish this host's record; move the grant. Raises StoreUnavailable."""
         read = await self.store.read()
         self.last_read = read
+        self._report_bad(read)
         self._show(read)
         if read.spec is None:
-            self._say("circuit_not_initialised", True, log.error, circuit=self.store.name,
-                      action="create it once: powerbudgetd circuit init --budget W; running on the reserve")
+            self._to_reserve()
+            self.seated = False
+            if self.lease_id is not None:  # wiped: keep the lease and claim the name again, so
+                # that an operator re-creating the circuit sees this live host (its reserve)
+                if self.lease_clock() - self.last_sent >= self._keepalive_every_s():
+                    await self._keepalive()
+                if self.lease_id is not None:
+                    await self._check_claim(read)
+            bad = read.bad.get(self.store.spec_key.decode())
+            if bad:
+                self._say("circuit_spec_unreadable", bad, log.error, circuit=self.store.name, error=bad,
+                          action="running on the reserve; re-create it: powerbudgetd circuit init --force")
+            else:
+                self._say("circuit_not_initialised", True, log.error, circuit=self.store.name,
+                          action="create it once: powerbudgetd circuit init --budget W; running on the reserve")
             return
-        self._check_ttl(read.spec.ttl_s)
+        self._check_spec(read)
+        self._check_sharing()
         await self._ensure_lease(read.spec.ttl_s)
         assert self.lease_id is not None
-        if self.clock() - self.last_sent >= self._keepalive_every_s():
+        if self.lease_clock() - self.last_sent >= self._keepalive_every_s():
             await self._keepalive()
             if self.lease_id is None:
                 return
-        if not self.seated:
-            await self._seat(read)
+        if not await self._check_claim(read):
+            return
+        if not await self._check_seat(read):
             read = await self.store.read()
             self.last_read = read
-        await self._publish_want()
+        self.grants_ok = self.sharing_ok and self.seated and self.claimed and not self.at_floors
+        self._show(read)
+        await self._publish(read)
         await self._move_grant(read)
         self._offer()
 
     def _keepalive_every_s(self) -> float:
-        return max(0.05, (self.ttl_s or 1) / KEEPALIVES_PER_TTL)
+        return max(0.05, self._circuit_ttl_s() / KEEPALIVES_PER_TTL)
+
+    def _circuit_ttl_s(self) -> int:
+        """The circuit's TTL (s; keepalives every sixth of it), not the longer lease's."""
+        read = self.last_read
+        return read.spec.ttl_s if read is not None and read.spec is not None else (self.ttl_s or 1)
 
     def _next_wait_s(self) -> float:
-        until_keepalive = self.last_sent + self._keepalive_every_s() - self.clock()
+        until_keepalive = self.last_sent + self._keepalive_every_s() - self.lease_clock()
         return max(0.02, min(self.cfg.poll_s, until_keepalive))
 
-    def _check_ttl(self, ttl_s: int) -> None:
-        keepalive = ttl_s / KEEPALIVES_PER_TTL
-        if self.watchdog_s is None:
-            ok, why = False, "no watchdog (WATCHDOG_USEC unset): a hung daemon could keep a grant's watts after its lease expires"
-        else:
-            need = required_ttl_s(self.watchdog_s, self.cfg.fallback_s, keepalive)
-            ok = ttl_s >= need and self.fence.usable_s(ttl_s) > 0
-            why = (f"lease TTL {ttl_s} s < watchdog {self.watchdog_s:g} s + fallback_s {self.cfg.fallback_s:g} s "
-                   f"+ keepalive {keepalive:g} s = {need:g} s")
-        self.grants_ok = ok and self.seated
+    def _check_sharing(self) -> None:
+        """Grants only with an enforced watchdog: the grace that keeps a hung host's
+        grant from being handed on counts on it."""
+        ok = self.watchdog_s is not None
+        self.sharing_ok = ok
         if not ok:
+            why = ("no enforced watchdog (WATCHDOG_USEC with WATCHDOG_PID naming this process, as systemd sets "
+                   "them under WatchdogSec=): a hung daemon could keep a grant's watts after its lease expires")
             self._say("circuit_grants_refused", why, log.error, reason=why,
-                      action="running on the reserve; raise the circuit's TTL (circuit init --force) or lower WatchdogSec")
+                      action="running on the reserve; run it under the unit (WatchdogSec=)")
+
+    def _check_spec(self, read: Read) -> None:
+        """A circuit re-created (a new create revision of its spec) is validated again:
+        the seat is checked against it as if new."""
+        assert read.spec is not None
+        if read.spec_created != self.spec_created:
+            if self.spec_created:
+                log.warning("circuit_redefined", circuit=self.store.name, budget_w=read.spec.budget_w,
+                            ttl_s=read.spec.ttl_s, host=self.host, raises_after_s=read.spec.ttl_s,
+                            detail="the circuit was created again: this host's seat and claim are checked against "
+                            "it; nothing is raised for one TTL, while every live host seats itself again")
+            self.seated = False
+            # Every live host renews within a TTL and seats itself in that round: until
+            # then a raise could take watts an unseated live host's reserve uses.
+            if self.spec_created:
+                self.raises_after = self.lease_clock() + read.spec.ttl_s
+        self.spec_created = read.spec_created
 
     async def _ensure_lease(self, ttl_s: int) -> None:
         if self.lease_id is not None:
             return
-        sent = self.clock()
-        self.lease_id, self.ttl_s = await self.store.grant_lease(ttl_s)
+        want_ttl = ttl_s
+        if self.watchdog_s is not None:
+            want_ttl = fenced_lease_ttl_s(ttl_s, self.watchdog_s, self.cfg.fallback_s, self.cfg.clock_rate_allowance)
+        sent = self.lease_clock()
+        self.lease_id, self.ttl_s = await self.store.grant_lease(want_ttl)
         self.last_sent = sent
-        self.valid_until = self.fence.valid_until(sent, self.ttl_s)
-        self.published_want = None
-        log.info("circuit_lease", lease=f"{self.lease_id:x}", ttl_s=self.ttl_s, circuit=self.store.name, host=self.host)
+        self.valid_until = self.fence.valid_until(sent, min(self.ttl_s, ttl_s))
+        self.published = None
+        self.claimed = False
+        log.info("circuit_lease", lease=f"{self.lease_id:x}", ttl_s=self.ttl_s, circuit_ttl_s=ttl_s,
+                 circuit=self.store.name, host=self.host)
 
     async def _keepalive(self) -> None:
         assert self.lease_id is not None
-        sent = self.clock()
+        sent = self.lease_clock()
         try:
             ttl = await self.store.keepalive(self.lease_id)
         except LeaseGone:
@@ -250,57 +354,163 @@ class CircuitChannel:
             return
         self.last_sent = sent
         self.ttl_s = ttl
-        self.valid_until = self.fence.valid_until(sent, ttl)
+        # The fence runs on the circuit's TTL, not the longer lease's: a host that is
+        # alive but cut off is at its reserve as before; the grace only covers a hung one.
+        self.valid_until = self.fence.valid_until(sent, min(ttl, self._circuit_ttl_s()))
 
     def _lease_lost(self) -> None:
         was = self.held_w
         self.lease_id, self.held_w, self.in_use_w = None, 0.0, 0.0
-        self.published_want = None
-        self.arbiter.offer(SOURCE, self.power.board_budget_w(), self.clock())
+        self.published = None
+        self.claimed = False
+        self._offer()
         if was > 0:
             self.metrics.lost.inc()
             log.error("circuit_grant_lost", grant_w=was, host=self.host,
                       detail="the lease expired in etcd before a renewal; the cards were at the reserve before then")
 
-    async def _seat(self, read: Read) -> None:
+    def _to_reserve(self) -> None:
+        """The grant out of use at once (the offer; etcd follows once the cards are down)."""
+        self.in_use_w = 0.0
+        self._offer()
+
+    async def _check_claim(self, read: Read) -> bool:
+        """This daemon's claim on its name: made once (create-only), made again when it
+        vanished. Another machine's claim: refused at start (``on_fatal``), or the reserve
+        at once at runtime. Another boot of this machine (a reboot within the TTL): wait
+        at the reserve for its lease to end. False: not held."""
+        assert self.lease_id is not None
+        mine = self.identity
+        theirs = read.claims.get(self.host)
+        if theirs is not None and theirs.lease == self.lease_id and theirs.same_boot(mine):
+            self.claimed = True
+        elif theirs is None or theirs.same_boot(mine):
+            # None there, or an earlier daemon of this same boot (the instance lock allows
+            # one at a time): take it, create-only or over exactly what was read.
+            # (An unreadable value there is no claim of ours: create-only fails on it, and
+            # the host stays at its reserve while the bad key is reported.)
+            replace = theirs.mod if theirs is not None else 0
+            self.claimed = await self.store.claim(self.host, mine, self.lease_id, replace_mod=replace)
+            if self.claimed:
+                self.ever_claimed = True
+                self._said.pop("circuit_claim_lost", None)
+                log.info("circuit_claimed", host=self.host, identity=mine.identity(), lease=f"{self.lease_id:x}")
+        else:
+            self.claimed = False
+        self.metrics.claim_ok.set(1 if self.claimed else 0)
+        if self.claimed:
+            return True
+        self._to_reserve()
+        self.grants_ok = False
+        if theirs is None:
+            return False  # a race: read again next round
+        if theirs.machine_id == mine.machine_id:
+            self._say("circuit_claim_wait", theirs.identity(), log.warning, host=self.host, holder=theirs.identity(),
+                      mine=mine.identity(), detail="another boot of this machine holds the name (a reboot within "
+                      "the lease, or a clone with the same machine id): running on the reserve until its lease ends")
+            return False
+        if not self.ever_claimed and self.on_fatal is not None:
+            if "circuit_duplicate_host" not in self._said:  # once: the daemon stops within a few ticks
+                self._say("circuit_duplicate_host", True, log.error, host=self.host, holder=theirs.identity(),
+                          mine=mine.identity(), action="two machines use one circuit host name: give each its own "
+                          "[circuit] host (or leave it unset: the default adds the machine id); this daemon stops")
+                self.on_fatal(ExitStatus.DUPLICATE_HOST)
+            return False
+        self._say("circuit_claim_lost", theirs.identity(), log.error, host=self.host, holder=theirs.identity(),
+                  mine=mine.identity(), action="another machine claimed this host name: this host dropped to its "
+                  "reserve at once and takes no grant; give each machine its own [circuit] host")
+        return False
+
+    async def _check_seat(self, read: Read) -> bool:
+        """The seat as etcd holds it against this host's reserve, and against the budget.
+        Registered again when gone or changed and it fits; else the cards go to their
+        floors. True: nothing was written."""
         reserve = self.power.reserve_w
-        if read.view.seats.get(self.host) == reserve or await self.store.register_seat(read, self.host, reserve):
-            self.seated = True
+        seat = read.view.seats.get(self.host)
+        if seat == reserve and self.host not in read.view.unknown:
+            if not self.seated:
+                log.info("circuit_seated", host=self.host, reserve_w=reserve, circuit=self.store.name)
+            self.seated = self.had_seat = True
             self._said.pop("circuit_seat_does_not_fit", None)
+            self._set_floors(not read.view.seat_in_budget(self.host), read, "the seats exceed the budget and "
+                             "this seat is among the latest registered")
+            return True
+        if self.seated:
+            self.metrics.vanished.inc()
+            log.error("circuit_seat_vanished", host=self.host, reserve_w=reserve, found_w=seat, circuit=self.store.name,
+                      action="registering it again where it fits; else the cards go to their floors")
+        self.seated = False
+        self._to_reserve()
+        if seat_fits(read, self.host, reserve) and await self.store.register_seat(read, self.host, reserve):
+            self.seated = self.had_seat = True
+            self._set_floors(False, read, "")
             log.info("circuit_seated", host=self.host, reserve_w=reserve, circuit=self.store.name)
-            return
-        if read.view.seat_fits(reserve, self.host):
-            return  # the compare failed: something changed; try again next round
+            return False
+        if seat_fits(read, self.host, reserve):
+            return False  # the compare failed: something changed; try again next round
         assert self.lease_id is not None
         await self.store.put_pending(self.host, reserve, self.lease_id)
-        others = read.view.seats_w - read.view.seats.get(self.host, 0.0)
+        v = read.view
+        others = v.seats_w - v.seats.get(self.host, 0.0)
+        if self.had_seat:
+            # Running, and the seat it had is gone with no room for it: the reserve is not
+            # covered any more, so the cards go to the lowest level they can be held to.
+            self._set_floors(True, read, "its seat vanished and no longer fits")
         self._say("circuit_seat_does_not_fit", True, log.error, host=self.host, reserve_w=reserve,
-                  other_seats_w=others, grants_w=read.view.grants_w, budget_w=read.view.budget_w,
+                  other_seats_w=others, grants_w=v.grants_w, budget_w=v.budget_w,
                   action="this host takes no grant and runs on its reserve, which the circuit does NOT cover: "
                   "lower reserve_w here or elsewhere, or raise the circuit budget")
+        return False
 
-    async def _publish_want(self) -> None:
+    def _set_floors(self, on: bool, read: Read, why: str) -> None:
+        if on and not self.at_floors:
+            log.error("circuit_at_floors", host=self.host, reason=why, budget_w=read.view.budget_w,
+                      seats_w=read.view.seats_w, action="the cards are held at their floors; fix the seats "
+                      "(circuit status) or raise the budget")
+        elif not on and self.at_floors:
+            log.info("circuit_floors_lifted", host=self.host)
+        self.at_floors = on
+        self.metrics.at_floors.set(1 if on else 0)
+        if on:
+            self._to_reserve()
+
+    async def _publish(self, read: Read) -> None:
+        """This host's record: want, caps and measured draw (at the wall, through the
+        feed model), seat and grant; again each round any of them moved (5 W or more)."""
         assert self.lease_id is not None
-        want = round(self.want_w / 5) * 5.0  # 5 W steps: no churn for noise
-        if self.published_want is None or abs(want - self.published_want) >= max(5.0, self.cfg.step_w / 2):
-            await self.store.put_want(self.host, want, self.lease_id)
-            self.published_want = want
+        snap = self.snapshot
+        rec = HostRecord(
+            want_w=round(self.want_w / 5) * 5.0,
+            caps_w=None if snap is None else self.power.feed.wall_w(snap.sum_limit_bound_w),
+            draw_w=None if snap is None or not snap.power_complete else self.power.feed.wall_w(snap.sum_power_avg_w),
+            seat_w=read.view.seats.get(self.host), grant_w=self.held_w,
+        )
+        self.metrics.caps.set(rec.caps_w or 0.0)
+        self.metrics.draw.set(rec.draw_w or 0.0)
+        if self.published is None or _moved(self.published, rec, max(5.0, self.cfg.step_w / 2)):
+            await self.store.put_record(self.host, rec, self.lease_id)
+            self.published = rec
 
     async def _move_grant(self, read: Read) -> None:
         assert self.lease_id is not None
-        now = self.clock()
+        now = self.lease_clock()
         held = read.view.grants.get(self.host, 0.0)
+        if self.host in read.view.unknown:
+            held = self.held_w  # our own key unreadable: we know what we hold; rewritten below
+            await self.store.lower_grant(self.host, self.held_w, self.lease_id)
         if held < self.held_w:  # etcd holds less than we thought (we never raise without it)
             self.held_w = held
             self.in_use_w = min(self.in_use_w, held)
         allowed = self.grants_ok and not self.stopping and now < self.valid_until
         target = self.policy.target_w(read.view, self.host, self.held_w, now) if allowed else 0.0
+        if now < self.raises_after:
+            target = min(target, self.held_w)  # keep (or lower) the grant; raise nothing
         if target > self.held_w and self.in_use_w == self.held_w:  # no lowering under way
-            if not raise_allowed(read.view, self.host, target):
+            if not raise_allowed(read.view, self.host, target) or read.unseated_live().keys() - {self.host}:
                 return
             if await self.store.raise_grant(read, self.host, target, self.lease_id):
                 self.held_w = target
-                if self.clock() < self.valid_until:
+                if self.lease_clock() < self.valid_until:
                     self.in_use_w = target
                 log.info("circuit_grant_raised", grant_w=target, want_w=round(self.want_w, 1), host=self.host)
             else:
@@ -324,15 +534,30 @@ class CircuitChannel:
 
     def _offer(self) -> None:
         now = self.clock()
-        reserve_board = self.power.board_budget_w()
-        if self.in_use_w > 0 and now < self.valid_until:
+        left = self.valid_until - self.lease_clock()
+        reserve_board = 0.0 if self.at_floors else self.power.board_budget_w()
+        if self.in_use_w > 0 and left > 0 and not self.at_floors:
             self.arbiter.offer(SOURCE, self.power.board_budget_w(self.in_use_w), now,
-                               expires_at_s=self.valid_until, expired_w=reserve_board)
+                               expires_at_s=now + left, expired_w=reserve_board)
         else:
             self.arbiter.offer(SOURCE, reserve_board, now)
-        self.metrics.grant.set(self.in_use_w if now < self.valid_until else 0.0)
+        self.metrics.grant.set(self.in_use_w if left > 0 else 0.0)
         self.metrics.grant_held.set(self.held_w)
-        self.metrics.lease_left.set(max(0.0, self.valid_until - now) if self.lease_id is not None else 0.0)
+        self.metrics.lease_left.set(max(0.0, left) if self.lease_id is not None else 0.0)
+
+    def _report_bad(self, read: Read) -> None:
+        """One log line per bad key and value (again only when its value changes)."""
+        self.metrics.bad_records.set(len(read.bad))
+        for key, why in read.bad.items():
+            if self._bad_said.get(key) != why:
+                self._bad_said[key] = why
+                self.metrics.bad_seen.inc()
+                log.error("circuit_record_unreadable", key=key, error=why, host=self.host,
+                          detail="left out (a seat or grant: counted at the whole budget, nothing raised while it is "
+                          "there); fix or delete the key")
+        for key in list(self._bad_said):
+            if key not in read.bad:
+                del self._bad_said[key]
 
     def _show(self, read: Read) -> None:
         v = read.view
@@ -375,3 +600,14 @@ class CircuitChannel:
             pass
         except Exception:  # noqa: BLE001 - on the way out: the lease lapses on its own
             log.exception("circuit_leave_failed", host=self.host)
+
+
+def _moved(old: HostRecord, new: HostRecord, step_w: float) -> bool:
+    """Whether a record changed enough to publish again: seat or grant at all; want,
+    caps or draw by ``step_w`` (W) or more, or appearing or vanishing."""
+    if (old.seat_w, old.grant_w) != (new.seat_w, new.grant_w):
+        return True
+    for a, b in ((old.want_w, new.want_w), (old.caps_w, new.caps_w), (old.draw_w, new.draw_w)):
+        if (a is None) != (b is None) or (a is not None and b is not None and abs(a - b) >= step_w):
+            return True
+    return False

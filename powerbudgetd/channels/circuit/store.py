@@ -4,15 +4,23 @@ Keys, under ``<prefix>/<circuit>/``::
 
     spec            {"budget_w", "ttl_s"}      written once by ``circuit init``
     seats/<host>    {"reserve_w"}              persistent: the host's reserve (wall W)
+    claims/<host>   {"machine_id", "boot_id", "pid", "watchdog_s", "fallback_s",
+                     "reserve_w"}              under the host's lease, created only where
+                                               none is: one daemon per name
     grants/<host>   {"grant_w"}                under the host's lease
-    wants/<host>    {"want_w"}                 under the host's lease (also: it is alive)
+    wants/<host>    {"want_w", "caps_w", "draw_w", "seat_w", "grant_w"}
+                                               under the lease: the host's record, each round
     pending/<host>  {"reserve_w"}              under the lease: a seat that did not fit
 
+Every value read goes through ``records`` (bounded size and depth, finite numbers);
+one that fails is reported in :attr:`Read.bad` and never raises.
+
 A grant (or a seat) is raised only by a transaction whose compares fail when the spec,
-any seat or any grant changed since the read it was computed from: each key's mod
-revision as read, and every key in the seats and grants ranges no newer than the read
-revision (a key created since). A deletion can only lower the sum, so it need not
-fail the compare. Lowering a grant is a plain put or delete. Hence at every revision
+any seat, any grant or any claim changed since the read it was computed from: the
+spec's mod revision as read, and every key in the seats, grants and claims ranges no
+newer than the read revision (one compare per range, so the transaction's size does
+not grow with the hosts). A deletion can only lower the sum, so it need not fail the
+compare. Lowering a grant is a plain put or delete. Hence at every revision
 ``sum(seats) + sum(grants) <= budget``.
 
 Several endpoints: each call goes to the current one; a call that fails or takes
@@ -23,7 +31,6 @@ the next endpoint (etcd forwards writes to its leader).
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,6 +43,7 @@ import aetcd.utils
 import aetcd.watcher
 import grpc
 
+from powerbudgetd.channels.circuit import records
 from powerbudgetd.core.circuit import CircuitView
 
 T = TypeVar("T")
@@ -58,19 +66,68 @@ class Spec:
 
 
 @dataclass(frozen=True)
+class Claim:
+    """A daemon's claim on a host name (``claims/<host>``, under its lease): which
+    machine (``/etc/machine-id``) and boot (``boot_id``) it runs on, its PID, the
+    deadlines that bound its grace (``watchdog_s``: 0 when no watchdog is enforced;
+    ``fallback_s``), its reserve (W) and its lease."""
+
+    machine_id: str
+    boot_id: str
+    pid: int
+    watchdog_s: float
+    fallback_s: float
+    reserve_w: float
+    lease: int = 0
+    mod: int = 0
+
+    def identity(self) -> str:
+        return f"machine {self.machine_id} boot {self.boot_id} pid {self.pid}"
+
+    def same_boot(self, other: Claim) -> bool:
+        return (self.machine_id, self.boot_id) == (other.machine_id, other.boot_id)
+
+
+@dataclass(frozen=True)
+class HostRecord:
+    """What a live host publishes each round under its lease (``wants/<host>``), in wall
+    W: its want above the reserve, its sum of caps (the highest limit that may be in
+    force on each card) and its measured draw (the cards' 1 s averages; None while a
+    card's reading is unknown), both through its feed model to the plug, and the seat
+    and grant it holds as it sees them."""
+
+    want_w: float
+    caps_w: float | None = None
+    draw_w: float | None = None
+    seat_w: float | None = None
+    grant_w: float | None = None
+    lease: int = 0
+
+
+@dataclass(frozen=True)
 class Read:
     """One consistent read of a circuit (one etcd revision).
 
-    ``mods``: every seat and grant key's mod revision; ``leases``: each live host's
-    lease id (from its want); ``spec_mod``: the spec key's mod revision (0: none).
+    ``leases``: each live host's
+    lease id (from its claim, else its record); ``spec_mod``/``spec_created``: the spec
+    key's mod and create revisions (0: none; a new create revision is a re-created
+    circuit); ``claims``, ``records``: each host's; ``bad``: each key whose value could
+    not be read, with why (see ``records``).
     """
 
     spec: Spec | None
     view: CircuitView
     revision: int
     spec_mod: int = 0
-    mods: dict[bytes, int] = field(default_factory=dict)
     leases: dict[str, int] = field(default_factory=dict)
+    spec_created: int = 0
+    claims: dict[str, Claim] = field(default_factory=dict)
+    records: dict[str, HostRecord] = field(default_factory=dict)
+    bad: dict[str, str] = field(default_factory=dict)
+
+    def unseated_live(self) -> dict[str, float]:
+        """Hosts with a live claim but no seat: their claimed reserve (W) each."""
+        return {h: c.reserve_w for h, c in self.claims.items() if h not in self.view.seats}
 
 
 @dataclass(frozen=True)
@@ -115,21 +172,28 @@ def _range_end(prefix: bytes) -> bytes:
     return aetcd.utils.prefix_range_end(prefix)
 
 
-def _loads(value: bytes) -> dict[str, Any]:
-    try:
-        out = json.loads(value)
-    except (ValueError, UnicodeDecodeError):
-        return {}
-    return out if isinstance(out, dict) else {}
+def _spec(doc: dict[str, Any]) -> Spec:
+    budget = records.watts(doc, "budget_w")
+    ttl = doc.get("ttl_s")
+    if budget is None or budget <= 0 or isinstance(ttl, bool) or not isinstance(ttl, int) or not 1 <= ttl <= 3600:
+        raise records.BadRecord("budget_w must be > 0 W and ttl_s a whole number of seconds in [1, 3600]")
+    return Spec(budget, ttl)
 
 
-def _watts(doc: dict[str, Any], key: str) -> float | None:
-    v = doc.get(key)
-    return float(v) if isinstance(v, int | float) and not isinstance(v, bool) and v >= 0 else None
+def _claim(doc: dict[str, Any], lease: int, mod: int) -> Claim:
+    pid = doc.get("pid")
+    if isinstance(pid, bool) or not isinstance(pid, int) or not 0 < pid < 2**31:
+        raise records.BadRecord("pid: not a process id")
+    return Claim(records.text(doc, "machine_id"), records.text(doc, "boot_id"), pid,
+                 records.seconds(doc, "watchdog_s") or 0.0, records.seconds(doc, "fallback_s") or 0.0,
+                 records.watts(doc, "reserve_w") or 0.0, lease, mod)
 
 
-def _dumps(**fields: Any) -> bytes:
-    return json.dumps(fields, sort_keys=True).encode()
+def _record(doc: dict[str, Any], lease: int) -> HostRecord:
+    def w(key: str) -> float | None:
+        return records.watts(doc, key, optional=True)
+
+    return HostRecord(records.watts(doc, "want_w") or 0.0, w("caps_w"), w("draw_w"), w("seat_w"), w("grant_w"), lease)
 
 
 class CircuitStore:
@@ -166,6 +230,7 @@ class CircuitStore:
         self.grants = base + b"grants/"
         self.wants = base + b"wants/"
         self.pending = base + b"pending/"
+        self.claims = base + b"claims/"
         self.calls = 0  # etcd requests sent (for the load test's ops/s)
 
     @property
@@ -213,92 +278,130 @@ class CircuitStore:
 
     # -- reads ----------------------------------------------------------------------
     async def read(self) -> Read:
-        """The circuit at one revision (a single range read over its prefix)."""
+        """The circuit at one revision (a single range read over its prefix). A value
+        that cannot be read is left out and named in :attr:`Read.bad`; an unreadable
+        seat or grant is counted at the whole budget and its host marked unknown."""
         res = await self._call(lambda c: c.get_prefix(self.base))
         revision = int(res.header.revision)
+        kvs = [(bytes(kv.key), bytes(kv.value), int(kv.mod_revision), int(kv.create_revision), int(kv.lease))
+               for kv in res]
         spec: Spec | None = None
-        spec_mod = 0
+        spec_mod = spec_created = 0
+        bad: dict[str, str] = {}
+
+        def name(key: bytes) -> str:
+            return key.decode(errors="replace")
+
+        for key, value, mod, created, _ in kvs:
+            if key == self.spec_key:
+                spec_mod, spec_created = mod, created
+                try:
+                    spec = _spec(records.parse(value))
+                except records.BadRecord as exc:
+                    bad[name(key)] = str(exc)
+        budget = spec.budget_w if spec else float("inf")
         seats: dict[str, float] = {}
         grants: dict[str, float] = {}
-        wants: dict[str, float] = {}
         pending: dict[str, float] = {}
-        mods: dict[bytes, int] = {}
-        leases: dict[str, int] = {}
-        for kv in res:
-            key, doc = bytes(kv.key), _loads(kv.value)
-            if key == self.spec_key:
-                budget, ttl = _watts(doc, "budget_w"), doc.get("ttl_s")
-                if budget is not None and isinstance(ttl, int) and ttl > 0:
-                    spec, spec_mod = Spec(budget, ttl), int(kv.mod_revision)
+        order: dict[str, int] = {}
+        unknown: set[str] = set()
+        claims: dict[str, Claim] = {}
+        recs: dict[str, HostRecord] = {}
+        for key, value, mod, created, lease in kvs:
+            kind = next((k for k in (self.seats, self.grants, self.wants, self.pending, self.claims)
+                         if key.startswith(k)), None)
+            if kind is None:
                 continue
-            for kind, out, field_name in ((self.seats, seats, "reserve_w"), (self.grants, grants, "grant_w"),
-                                          (self.wants, wants, "want_w"), (self.pending, pending, "reserve_w")):
-                if key.startswith(kind):
-                    host = key[len(kind):].decode(errors="replace")
-                    w = _watts(doc, field_name)
-                    if kind in (self.seats, self.grants):
-                        mods[key] = int(kv.mod_revision)
-                        if w is None:  # unreadable: count it as the whole budget (safe)
-                            w = spec.budget_w if spec else float("inf")
-                    if w is not None:
-                        out[host] = w
-                    if kind == self.wants and kv.lease:
-                        leases[host] = int(kv.lease)
-        view = CircuitView(spec.budget_w if spec else 0.0, seats, grants, wants, pending, revision)
-        return Read(spec, view, revision, spec_mod, mods, leases)
+            host = key[len(kind):].decode(errors="replace")
+            try:
+                doc = records.parse(value)
+                if kind == self.seats:
+                    seats[host], order[host] = records.watts(doc, "reserve_w") or 0.0, created
+                elif kind == self.grants:
+                    grants[host] = records.watts(doc, "grant_w") or 0.0
+                elif kind == self.pending:
+                    pending[host] = records.watts(doc, "reserve_w") or 0.0
+                elif kind == self.claims:
+                    claims[host] = _claim(doc, lease, mod)
+                else:
+                    recs[host] = _record(doc, lease)
+            except records.BadRecord as exc:
+                bad[name(key)] = str(exc)
+                if kind in (self.seats, self.grants):  # unknown watts: count the whole budget (safe)
+                    (seats if kind == self.seats else grants)[host] = budget
+                    order.setdefault(host, created)
+                    unknown.add(host)
+        leases = {h: r.lease for h, r in recs.items() if r.lease}
+        leases.update({h: c.lease for h, c in claims.items() if c.lease})
+        wants = {h: r.want_w for h, r in recs.items()}
+        view = CircuitView(spec.budget_w if spec else 0.0, seats, grants, wants, pending, revision,
+                           frozenset(unknown), order)
+        return Read(spec, view, revision, spec_mod, leases, spec_created, claims, recs, bad)
 
-    async def lease_ttl_s(self, lease_id: int) -> int:
-        """Seconds left on ``lease_id`` (-1: gone)."""
+    async def lease_info(self, lease_id: int) -> tuple[int, int]:
+        """(seconds left, granted TTL s) of ``lease_id``; seconds left -1: gone."""
         res = await self._call(lambda c: c.get_lease_info(lease_id, keys=False))
-        return int(res.TTL)
+        return int(res.TTL), int(res.grantedTTL)
 
     # -- the operator's writes --------------------------------------------------------
     async def init(self, budget_w: float, ttl_s: int, *, force: bool = False) -> bool:
-        """Create the circuit (False: it exists and ``force`` is off). ``force`` replaces
-        the budget only when the seats and grants fit the new one (else False)."""
-        body = _dumps(budget_w=budget_w, ttl_s=ttl_s)
+        """Create the circuit (False: it exists and ``force`` is off, or live hosts
+        without a seat, their claimed reserves, exceed ``budget_w``: a wiped circuit whose
+        daemons still run). ``force`` replaces the budget only when the seats, grants and
+        those live hosts fit the new one (else False)."""
+        body = records.dumps(budget_w=budget_w, ttl_s=ttl_s)
         if not force:
+            if sum((await self.read()).unseated_live().values()) > budget_w:
+                return False
             ok, _ = await self._call(lambda c: c.transaction(
                 compare=[c.transactions.create(self.spec_key) == 0],
                 success=[c.transactions.put(self.spec_key, body)], failure=[]))
             return bool(ok)
         read = await self.read()
-        if read.view.committed_w > budget_w:
+        if read.view.committed_w + sum(read.unseated_live().values()) > budget_w:
             return False
         ok, _ = await self._call(lambda c: c.transaction(
             compare=self._unchanged(c, read), success=[c.transactions.put(self.spec_key, body)], failure=[]))
         return bool(ok)
 
     async def leave(self, host: str) -> None:
-        """Remove ``host``'s seat, grant, want and pending seat (lowering: no check)."""
+        """Remove ``host``'s seat, grant, record and pending seat (lowering: no check).
+        Its claim stays: a daemon still running there re-seats itself or lowers its cards."""
         await self._call(lambda c: c.transaction(compare=[], success=[
             c.transactions.delete(self.key(kind, host)) for kind in (self.seats, self.grants, self.wants, self.pending)
         ], failure=[]))
+
+    async def wipe(self) -> None:
+        """Delete every key of the circuit (the operator's reset; tests)."""
+        await self._call(lambda c: c.delete_prefix(self.base))
 
     # -- a host's writes --------------------------------------------------------------
     def _unchanged(self, c: _Client, read: Read) -> list[Any]:
         """Compares that fail when the spec, a seat or a grant changed since ``read``."""
         t = c.transactions
-        compares = [t.mod(self.spec_key) == read.spec_mod]
-        compares += [t.mod(key) == mod for key, mod in sorted(read.mods.items())]
-        # A key created (or changed) since the read has a newer mod revision.
-        compares += [t.mod(kind, _range_end(kind)) < read.revision + 1 for kind in (self.seats, self.grants)]
-        return compares
+        # A key created (or changed) since the read has a newer mod revision: one compare
+        # per range, whatever the number of hosts (etcd allows 128 operations in a
+        # transaction by default; a compare per key stopped the circuit at about 60).
+        # A deletion only lowers the sum. A claim created since: a live host whose
+        # reserve the read did not see.
+        return [t.mod(self.spec_key) == read.spec_mod] + [
+            t.mod(kind, _range_end(kind)) < read.revision + 1 for kind in (self.seats, self.grants, self.claims)]
 
     async def register_seat(self, read: Read, host: str, reserve_w: float) -> bool:
-        """Write ``host``'s seat if it fits beside every seat and grant of ``read`` and
-        nothing changed since (False otherwise: read again)."""
-        if not read.view.seat_fits(reserve_w, host):
+        """Write ``host``'s seat if it fits beside every seat, grant and other live
+        unseated host's reserve of ``read`` and nothing changed since (False otherwise:
+        read again)."""
+        if not seat_fits(read, host, reserve_w):
             return False
         key = self.key(self.seats, host)
         ok, _ = await self._call(lambda c: c.transaction(
             compare=self._unchanged(c, read),
-            success=[c.transactions.put(key, _dumps(reserve_w=reserve_w)), c.transactions.delete(self.key(self.pending, host))],
+            success=[c.transactions.put(key, records.dumps(reserve_w=reserve_w)), c.transactions.delete(self.key(self.pending, host))],
             failure=[]))
         return bool(ok)
 
     async def put_pending(self, host: str, reserve_w: float, lease_id: int) -> None:
-        await self._call(lambda c: c.put(self.key(self.pending, host), _dumps(reserve_w=reserve_w), lease=lease_id))
+        await self._call(lambda c: c.put(self.key(self.pending, host), records.dumps(reserve_w=reserve_w), lease=lease_id))
 
     async def raise_grant(self, read: Read, host: str, grant_w: float, lease_id: int) -> bool:
         """Set ``host``'s grant to ``grant_w`` under ``lease_id`` if nothing changed since
@@ -306,7 +409,7 @@ class CircuitStore:
         key = self.key(self.grants, host)
         ok, _ = await self._call(lambda c: c.transaction(
             compare=self._unchanged(c, read),
-            success=[c.transactions.put(key, _dumps(grant_w=grant_w), lease=lease_id)], failure=[]))
+            success=[c.transactions.put(key, records.dumps(grant_w=grant_w), lease=lease_id)], failure=[]))
         return bool(ok)
 
     async def lower_grant(self, host: str, grant_w: float, lease_id: int) -> None:
@@ -315,16 +418,54 @@ class CircuitStore:
         if grant_w <= 0:
             await self._call(lambda c: c.delete(key))
         else:
-            await self._call(lambda c: c.put(key, _dumps(grant_w=grant_w), lease=lease_id))
+            await self._call(lambda c: c.put(key, records.dumps(grant_w=grant_w), lease=lease_id))
 
-    async def give_back(self, host: str) -> None:
-        """Delete ``host``'s grant and want (a daemon that is gone: lowering, no check)."""
-        await self._call(lambda c: c.transaction(compare=[], success=[
-            c.transactions.delete(self.key(self.grants, host)), c.transactions.delete(self.key(self.wants, host)),
-        ], failure=[]))
+    async def give_back(self, host: str, machine_id: str, boot_id: str) -> Claim | None:
+        """Delete ``host``'s grant and record (a daemon that is gone: lowering, no check),
+        unless another machine or boot claims ``host`` (a duplicate's failsafe must not
+        take the grant the name's holder uses): then nothing, and that claim is returned.
+        The delete is conditional on the claim read being unchanged."""
+        key = self.key(self.claims, host)
+        res = await self._call(lambda c: c.get_prefix(key))  # the exact key, with its mod revision
+        claim: Claim | None = None
+        mod = 0
+        for kv in res:
+            if bytes(kv.key) == key:
+                mod = int(kv.mod_revision)
+                try:
+                    claim = _claim(records.parse(bytes(kv.value)), int(kv.lease), mod)
+                except records.BadRecord:
+                    claim = None
+        if mod and (claim is None or (claim.machine_id, claim.boot_id) != (machine_id, boot_id)):
+            return claim or Claim("unreadable", "unreadable", 1, 0.0, 0.0, 0.0)
+        ok, _ = await self._call(lambda c: c.transaction(
+            compare=[c.transactions.mod(key) == mod], success=[
+                c.transactions.delete(self.key(self.grants, host)), c.transactions.delete(self.key(self.wants, host)),
+            ], failure=[]))
+        return None if ok else await self.give_back(host, machine_id, boot_id)
+
+    async def put_record(self, host: str, record: HostRecord, lease_id: int) -> None:
+        """Publish ``host``'s record (its want, caps, draw, seat and grant) under its lease."""
+        fields = {k: round(v, 1) for k, v in (("want_w", record.want_w), ("caps_w", record.caps_w),
+                  ("draw_w", record.draw_w), ("seat_w", record.seat_w),
+                  ("grant_w", record.grant_w)) if v is not None}
+        await self._call(lambda c: c.put(self.key(self.wants, host), records.dumps(**fields), lease=lease_id))
 
     async def put_want(self, host: str, want_w: float, lease_id: int) -> None:
-        await self._call(lambda c: c.put(self.key(self.wants, host), _dumps(want_w=round(want_w, 1)), lease=lease_id))
+        """A record with the want alone (the load benchmark's clients have no cards)."""
+        await self.put_record(host, HostRecord(want_w), lease_id)
+
+    async def claim(self, host: str, claim: Claim, lease_id: int, *, replace_mod: int = 0) -> bool:
+        """Claim ``host`` under ``lease_id``: created only where no claim is (or, with
+        ``replace_mod``, only over the claim read at that mod revision: an earlier
+        instance of this same daemon). False: someone else's claim is there."""
+        key = self.key(self.claims, host)
+        body = records.dumps(machine_id=claim.machine_id, boot_id=claim.boot_id, pid=claim.pid,
+                             watchdog_s=claim.watchdog_s, fallback_s=claim.fallback_s, reserve_w=claim.reserve_w)
+        ok, _ = await self._call(lambda c: c.transaction(
+            compare=[c.transactions.create(key) == 0] if not replace_mod else [c.transactions.mod(key) == replace_mod],
+            success=[c.transactions.put(key, body, lease=lease_id)], failure=[]))
+        return bool(ok)
 
     # -- leases -----------------------------------------------------------------------
     async def grant_lease(self, ttl_s: int) -> tuple[int, int]:
@@ -343,6 +484,13 @@ class CircuitStore:
 
     async def revoke(self, lease_id: int) -> None:
         await self._call(lambda c: c.revoke_lease(lease_id))
+
+
+def seat_fits(read: Read, host: str, reserve_w: float) -> bool:
+    """Whether ``host``'s seat of ``reserve_w`` (W) fits ``read``: beside every other
+    seat and grant and every other live host without a seat (its claimed reserve)."""
+    others = sum(w for h, w in read.unseated_live().items() if h != host)
+    return read.view.seat_fits(reserve_w + others, host)
 
 
 def _lease_not_found(exc: BaseException) -> bool:

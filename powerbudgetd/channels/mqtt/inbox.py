@@ -18,6 +18,7 @@ from typing import Any
 import structlog
 
 from powerbudgetd.channels.mqtt._text import shown
+from powerbudgetd.channels.mqtt.discovery import ONLINE
 from powerbudgetd.channels.mqtt.identity import Identity
 from powerbudgetd.channels.mqtt.metrics import MqttMetrics
 from powerbudgetd.channels.mqtt.state import Publisher, StatePublisher
@@ -65,6 +66,8 @@ class Inbox:
             return "ha_status", MAX_OTHER_BYTES
         if topic == self.layout.instance:
             return "instance", MAX_OTHER_BYTES
+        if topic == self.layout.availability:
+            return "availability", MAX_OTHER_BYTES
         if self.layout.is_ours(topic):
             return "own", MAX_OWN_BYTES
         return None
@@ -100,6 +103,13 @@ class Inbox:
         drops it)."""
         if kind == "instance":
             self.identity.on_announcement(payload)
+        elif kind == "availability":
+            # We are connected (this arrived): anything but "online" on our own topic (a
+            # will or a goodbye of another client with our node id, a stale retained
+            # "offline") is corrected at once.
+            if payload != ONLINE.encode():
+                log.info("mqtt_availability_restored", topic=topic, found=shown(payload))
+                await client.publish(topic, ONLINE, qos=1, retain=self.state.retain)
         elif kind == "own":
             # Our own topics: only what the broker held from before counts (a live
             # message here is our own publish coming back; an empty one a clearing).

@@ -1,8 +1,10 @@
-"""The MQTT side channel's Prometheus metrics (names kept from the single-module days)."""
+"""The MQTT side channel's Prometheus metrics (declared in ``channels.metricnames``)."""
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client import CollectorRegistry, Gauge
+
+from powerbudgetd.channels import metricnames as names
 
 READING_ERRORS = ("stale", "garbled", "negative", "implausible")
 
@@ -12,40 +14,18 @@ class MqttMetrics:
 
     def __init__(self, registry: CollectorRegistry) -> None:
         self.registry = registry
-        self.connected = Gauge(
-            "powerbudgetd_mqtt_connected", "1 while connected to the MQTT broker", registry=registry
-        )
+        self.connected = names.gauge(names.MQTT_CONNECTED, registry)
         # No wall-power series until a valid reading exists: 0 W would read as measured.
         self._wall_power: Gauge | None = None
         self._non_gpu_wall: Gauge | None = None
-        self.meter_waiting = Gauge(
-            "powerbudgetd_wall_meter_waiting", "1 until the wall meter's first valid reading", registry=registry
-        )
-        self.dropped = Counter(
-            "powerbudgetd_mqtt_messages_dropped", "MQTT messages dropped unhandled, by topic kind and reason",
-            ["kind", "reason"], registry=registry,
-        )
-        self.message_age = Gauge(
-            "powerbudgetd_mqtt_last_message_age_seconds", "Seconds since the last message on each subscribed topic",
-            ["topic"], registry=registry,
-        )
-        self.instance_conflicts = Counter(
-            "powerbudgetd_mqtt_node_id_conflicts", "Other instances seen announcing this node id", registry=registry
-        )
-        self.meter_budget = Gauge(
-            "powerbudgetd_wall_meter_budget_watts",
-            "Board budget the wall meter allows after hysteresis (the configured budget when it does not limit)",
-            registry=registry,
-        )
-        self.meter_ok = Gauge(
-            "powerbudgetd_wall_meter_ok", "1 while the wall meter's last reading is fresh and valid", registry=registry
-        )
-        self.ignored = Counter(
-            "powerbudgetd_wall_readings_ignored", "Wall readings ignored, by reason", ["reason"], registry=registry
-        )
-        self.remote = Counter(
-            "powerbudgetd_remote_budget_commands", "Remote budget commands, by result", ["result"], registry=registry
-        )
+        self.meter_waiting = names.gauge(names.WALL_METER_WAITING, registry)
+        self.dropped = names.counter(names.MQTT_DROPPED, registry)
+        self.message_age = names.gauge(names.MQTT_MESSAGE_AGE, registry)
+        self.instance_conflicts = names.counter(names.MQTT_NODE_ID_CONFLICTS, registry)
+        self.meter_budget = names.gauge(names.WALL_METER_BUDGET, registry)
+        self.meter_ok = names.gauge(names.WALL_METER_OK, registry)
+        self.ignored = names.counter(names.WALL_READINGS_IGNORED, registry)
+        self.remote = names.counter(names.REMOTE_COMMANDS, registry)
         for reason in READING_ERRORS:
             self.ignored.labels(reason)
         for result in ("accepted", "rejected", "retained_ignored", "rate_limited"):
@@ -54,12 +34,7 @@ class MqttMetrics:
     def wall_power(self, wall_w: float, non_gpu_w: float) -> None:
         """Export a valid reading (W); the series exist from the first one on."""
         if self._wall_power is None or self._non_gpu_wall is None:
-            self._wall_power = Gauge(
-                "powerbudgetd_wall_power_watts", "Last valid wall (plug) power reading", registry=self.registry
-            )
-            self._non_gpu_wall = Gauge(
-                "powerbudgetd_wall_non_gpu_watts", "Wall power not explained by GPU board power / PSU efficiency",
-                registry=self.registry,
-            )
+            self._wall_power = names.gauge(names.WALL_POWER, self.registry)
+            self._non_gpu_wall = names.gauge(names.WALL_NON_GPU, self.registry)
         self._wall_power.set(wall_w)
         self._non_gpu_wall.set(non_gpu_w)

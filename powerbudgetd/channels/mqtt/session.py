@@ -240,7 +240,7 @@ class MqttBridge:
 
     def _subscriptions(self) -> list[str]:
         """Every topic a session subscribes to, in order."""
-        topics = [self.layout.instance]
+        topics = [self.layout.instance, self.layout.availability]
         if self.cfg.discovery:
             topics.append(self.layout.ha_status)
         if self.meter is not None:
