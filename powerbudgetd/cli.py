@@ -124,9 +124,13 @@ def _parser() -> argparse.ArgumentParser:
         "--fidelity", action="store_true",
         help="replay each recorded trace into a simulated card: real vs simulated peaks, overshoot, rise time",
     )
-    s.add_argument("--circuit", metavar="A,B,...",
+    s.add_argument("--circuit", metavar="A,B,...", nargs="?", const="",
                    help="several hosts (one packaged scenario each) on one circuit: static reserves vs sharing "
-                   "through a lease store vs oracle grants, and sharing through a 30 s etcd outage (default: none)")
+                   "through a lease store vs oracle grants, and sharing through a 30 s etcd outage (default: none); "
+                   "alone, with --tree: the hosts of a power tree")
+    s.add_argument("--tree", metavar="NAME|FILE",
+                   help="with --circuit: a power tree file (or the packaged row-4) through a feed loss: static reserves "
+                   "vs tree sharing, redundant and oversubscribed, vs an oracle (default: none)")
 
     pr = sub.add_parser(
         "probe", help="read every card's limits and draw (read-only)", formatter_class=fmt,
@@ -210,6 +214,9 @@ def _parser() -> argparse.ArgumentParser:
         help="also read the cards (read-only) and check the budget against their floors, as run does "
         "(default: none: the floors are not checked)",
     )
+    c.add_argument("--tree", metavar="FILE", type=Path,
+                   help="also check this host's place in a power tree file: [circuit] host among its hosts, "
+                   "its cords, feed pair and seat against [circuit] reserve_w (default: none)")
     c.add_argument("--scenario", metavar="NAME_OR_FILE",
                    help="the simulated bank for --backend sim (default: the config's [sim] scenario)")
     fs = sub.add_parser(
@@ -279,12 +286,15 @@ _SIMULATE_CONFLICTS = (
     ("--replay", ("--scenario",), "the replayed log is the scenario"),
     ("--circuit", ("--scenario", "--replay", "--policy", "--suite", "--plot", "--budget", "--seed", "--fidelity"),
      "the circuit runs each host's packaged scenario under each way of splitting the circuit"),
+    ("--tree", ("--scenario", "--replay", "--policy", "--suite", "--plot", "--budget", "--seed", "--fidelity", "--list"),
+     "the tree file names each host's packaged scenario and the feed lost"),
     ("--suite", ("--scenario", "--replay", "--policy", "--plot", "--budget"),
      "the suite runs every packaged scenario under every policy at its own budget"),
     ("--fidelity", ("--scenario", "--replay", "--policy", "--suite", "--plot", "--budget", "--duration", "--list"),
      "--fidelity replays each recorded trace, whole, at the limit it was recorded at"),
 )
-_SIMULATE_NEEDS = (("--replay-draw", "--replay", lambda a: a.replay is not None),)
+_SIMULATE_NEEDS = (("--replay-draw", "--replay", lambda a: a.replay is not None),
+                   ("--tree", "--circuit without hosts (the tree names them)", lambda a: a.circuit == ""))
 
 
 def _validate(args: argparse.Namespace) -> None:
@@ -382,8 +392,26 @@ def _check_config(args: argparse.Namespace) -> int:
         return ExitStatus.CONFIG
     if args.backend is None:
         print(describe(settings, path))
-        return ExitStatus.OK
-    return _check_config_cards(args, settings, path)
+    status = ExitStatus.OK if args.backend is None else _check_config_cards(args, settings, path)
+    return _check_config_tree(args.tree, settings) if args.tree is not None and status == ExitStatus.OK else status
+
+
+def _check_config_tree(tree_file: Path, settings: Settings) -> int:
+    """check-config --tree: the tree file valid, and this host's place in it."""
+    from powerbudgetd.config.tree import load_tree
+    from powerbudgetd.service.checkconfig import tree_place
+
+    try:
+        tree, _ = load_tree(tree_file)
+    except ConfigError as exc:
+        print(f"powerbudgetd: {exc}", file=sys.stderr)
+        return ExitStatus.CONFIG
+    lines, problems = tree_place(settings, tree)
+    for line in lines:
+        print(line)
+    for problem in problems:
+        print(f"powerbudgetd: {tree_file}: {problem}", file=sys.stderr)
+    return ExitStatus.CONFIG if problems else ExitStatus.OK
 
 
 def _check_config_cards(args: argparse.Namespace, settings: Settings, path: Path) -> int:
@@ -447,7 +475,9 @@ def _simulate(args: argparse.Namespace) -> int:
         return _suite(args)
     if args.fidelity:
         return _fidelity(args)
-    if args.circuit:
+    if args.tree:
+        return _tree_sim(args)
+    if args.circuit is not None:
         return _circuit_sim(args)
     try:
         if args.replay:
@@ -525,6 +555,19 @@ def _circuit_sim(args: argparse.Namespace) -> int:
         result = compare(hosts, duration_s=args.duration or 300.0)
     except (ScenarioError, ValueError, BudgetInfeasible) as exc:
         print(f"powerbudgetd: --circuit: {exc}", file=sys.stderr)
+        return ExitStatus.CONFIG
+    print(json.dumps(result, indent=2) if args.json else format_compare(result))
+    return ExitStatus.OK
+
+
+def _tree_sim(args: argparse.Namespace) -> int:
+    from powerbudgetd_sim.scenario import ScenarioError
+    from powerbudgetd_sim.tree import compare, format_compare
+
+    try:
+        result = compare(args.tree, duration_s=args.duration or 120.0)
+    except (ScenarioError, ConfigError, ValueError) as exc:
+        print(f"powerbudgetd: --tree: {exc}", file=sys.stderr)
         return ExitStatus.CONFIG
     print(json.dumps(result, indent=2) if args.json else format_compare(result))
     return ExitStatus.OK

@@ -184,6 +184,13 @@ def _host(name: str, sc: Scenario, share_w: float, reserve_fraction: float, timi
     return SimHost(name, sc, power, share_w, bank, ctl, meters, GrantPolicy(step_w, release_hold_s), keeper)
 
 
+def make_host(name: str, sc: Scenario, reserve_w: float, timings: Timings, seed: int, policy: str) -> SimHost:
+    """One host for another model of sharing (``tree.py``): its seat ``reserve_w`` (wall
+    W; at least its bank's floor), under ``policy`` (``static``: held at the seat;
+    ``circuit``: the arbiter takes offers; ``oracle``: the same, writes landing at once)."""
+    return _host(name, sc, reserve_w, 1.0, timings, seed, policy, release_hold_s=10.0, step_w=20.0)
+
+
 def run_circuit(
     scenarios: list[str],
     *,

@@ -17,7 +17,7 @@ PKG = ROOT / "powerbudgetd"
 ALLOWED: dict[str, set[str]] = {
     "errors": set(),
     "core": {"core", "errors"},
-    "config": {"core", "errors"},
+    "config": {"core", "errors", "config"},
     "hw": {"core", "errors", "hw"},
     "control": {"core", "errors", "hw", "control"},
     "powerlog": {"core", "errors", "config", "powerlog"},

@@ -19,6 +19,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from powerbudgetd.core.peaks import FeedLine, peak_wall_w
+from powerbudgetd.core.tree import PowerTree
 from powerbudgetd.config import Settings, classify_env
 from powerbudgetd.service.feasibility import budget_figures
 
@@ -178,3 +179,32 @@ def describe(
         lines.append(f"not settings, ignored (service links an orchestrator sets): {', '.join(env.links)}")
     lines += [f"warning: {w}" for w in settings.warnings]
     return "\n".join(lines)
+
+
+def tree_place(settings: Settings, tree: PowerTree) -> tuple[list[str], list[str]]:
+    """This host's place in a power tree (``check-config --tree``): (lines to print,
+    problems). The host is ``[circuit] host``; a problem: no ``[circuit]``, a host the
+    tree does not name, or a ``reserve_w`` above the seat the tree counts for it."""
+    if settings.circuit is None:
+        return [], ["--tree needs [circuit]: its host names this host in the tree"]
+    name, reserve = settings.circuit.host, settings.circuit.reserve_w
+    host = tree.hosts.get(name)
+    if host is None:
+        return [], [f"[circuit] host {name!r} is not in the tree (hosts: {', '.join(sorted(tree.hosts))})"]
+    cords = ", ".join(f"{leaf} ({share:.0%}) <- {' <- '.join(tree.path(leaf)[1:])}" for leaf, share in host.cords.items())
+    pair = tree.pair_of(name)
+    mode = tree.mode_of(name)
+    shed = next((p.shed_s for p in tree.pairs.values() if p.feeds == pair and p.shed_s is not None), None)
+    lines = [f"power tree: host {name}, class {host.priority}: {cords}",
+             "  " + (f"feed pair {' / '.join(sorted(pair))}: {mode}" + (f", shed within {_n(shed)} s" if shed else "")
+                     if pair else "single-corded: its whole draw on one cord")]
+    seats = {h: other.reserve_w for h, other in tree.hosts.items()}
+    grant = tree.largest_grant_w(name, seats)
+    lines.append(f"  seat {_w(host.reserve_w)} W in the tree; the largest grant beside every other seat: {_w(grant)} W")
+    problems = []
+    if reserve > host.reserve_w + 1e-9:
+        problems.append(f"[circuit] reserve_w {_w(reserve)} W is above this host's seat in the tree ({_w(host.reserve_w)} W): "
+                        "the tree would not count the difference")
+    elif reserve < host.reserve_w - 1e-9:
+        lines.append(f"  note: [circuit] reserve_w {_w(reserve)} W is below the tree's seat: the tree keeps the difference idle")
+    return lines, problems

@@ -1,0 +1,274 @@
+"""A power tree: budgets at every level, A/B cords, failover and priorities (pure).
+
+Real racks are not one circuit. A site feeds two UPSes (A and B), each a panel, each
+panel a PDU per rack; a GPU server has two power supplies, one corded to the rack's
+PDU A, one to its PDU B. Every *node* (site, feed or UPS, panel, PDU, circuit) has a
+budget in wall W (``budget_w``: derived from its breaker and UPS by ``core.feed``, see
+``config.tree``). A *host* hangs off one leaf (single-corded) or two (dual-corded); each
+cord carries its ``share`` of the host's draw (about half), and all of it when the other
+cord's feed is lost.
+
+A dual-corded host's two cords meet at their lowest common node; the two children of
+that node on its cords' paths are the host's *feed pair*. Each pair has a mode:
+
+- ``redundant`` (the default): each cord must be able to carry the whole host, so a
+  node counts the host's whole draw on each of its cords. A feed loss then overloads
+  nothing.
+- ``oversubscribed``: a node counts the host's normal split (its cord's share). On a
+  feed loss the surviving side carries both shares and must be brought back within its
+  budget (the hosts lowered: :func:`divide` under the loss) within the pair's
+  ``shed_s``, shorter than what the surviving breaker and UPS tolerate at that overload.
+
+What the invariant bounds, at every node ``n`` (*committed*, failover counted)::
+
+    sum over hosts h of  coefficient(h, n) x (reserve_h + grant_h)  <=  budget_w(n)
+
+with ``coefficient`` 1 for a single-corded or redundant host with a cord under ``n``,
+the cord's share for an oversubscribed one (1 when both its cords are under ``n``), 0
+otherwise. Under a feed loss the *flow* coefficients apply: a host's live cords carry
+its draw in proportion to their shares; a host with no live cord is down.
+
+*Priorities*: each host has a class (``priority``, higher is more important). When a
+node is short, :func:`divide` fills every class's reserves (highest first) before any
+watt above a reserve, then the wants above the reserves class by class: lower classes
+are lowered first and lend first, and a higher class is never lowered below its reserve
+to feed a lower one. Within a class the division is max-min fair (``core.circuit``'s).
+
+Pure: no I/O, no clock. Figures in wall W, shed times in s.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, replace
+
+from powerbudgetd.core.circuit import max_min_fair
+
+MODES = ("redundant", "oversubscribed")
+KINDS = ("site", "feed", "ups", "panel", "pdu", "circuit")
+EPS_W = 1e-6
+
+
+@dataclass(frozen=True)
+class Node:
+    """One level of the tree: ``budget_w`` (wall W, on averages), its ``parent`` (None at
+    the root) and its ``kind`` (one of :data:`KINDS`, for the operator)."""
+
+    name: str
+    budget_w: float
+    parent: str | None = None
+    kind: str = "circuit"
+
+
+@dataclass(frozen=True)
+class Host:
+    """One host: its ``cords`` (leaf name -> share of its draw, summing to 1; one or two),
+    its seat ``reserve_w`` (wall W it may always use) and its ``priority`` class."""
+
+    name: str
+    cords: Mapping[str, float]
+    reserve_w: float = 0.0
+    priority: int = 0
+
+
+@dataclass(frozen=True)
+class Pair:
+    """A feed pair (two sibling nodes) and its redundancy mode; ``shed_s``: the time the
+    operator states for shedding on a feed loss (oversubscribed only)."""
+
+    feeds: frozenset[str]
+    mode: str = "redundant"
+    shed_s: float | None = None
+
+
+@dataclass(frozen=True)
+class PowerTree:
+    """Nodes, hosts and the declared pairs (a pair not declared is redundant).
+
+    Raises ValueError naming the node or host for a tree that is not one: an unknown
+    parent or cord, a cycle, not exactly one root, a cord on a node with children, not
+    one cord or two, shares that do not sum to 1.
+    """
+
+    nodes: Mapping[str, Node]
+    hosts: Mapping[str, Host]
+    pairs: Mapping[frozenset[str], Pair] = field(default_factory=dict)
+    _coefficients: dict[tuple[str | None, bool], dict[str, dict[str, float]]] = field(default_factory=dict, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        problems = [*self._node_problems(), *self._host_problems()]
+        if problems:
+            raise ValueError("; ".join(problems))
+
+    def _node_problems(self) -> Iterable[str]:
+        roots = [n.name for n in self.nodes.values() if n.parent is None]
+        if len(roots) != 1:
+            yield f"the tree needs exactly one root (a node without parent), found {len(roots)}: {', '.join(roots) or 'none'}"
+        for node in self.nodes.values():
+            if node.parent is not None and node.parent not in self.nodes:
+                yield f"nodes.{node.name}.parent: no node {node.parent!r}"
+                continue
+            seen, up = [node.name], node.parent
+            while up is not None and up in self.nodes:
+                if up in seen:
+                    yield f"nodes.{node.name}.parent: a cycle ({' -> '.join([*seen, up])})"
+                    break
+                seen.append(up)
+                up = self.nodes[up].parent
+
+    def _host_problems(self) -> Iterable[str]:
+        parents = {n.parent for n in self.nodes.values()}
+        for host in self.hosts.values():
+            if not 1 <= len(host.cords) <= 2:
+                yield f"hosts.{host.name}.cords: one cord or two, got {len(host.cords)}"
+            for leaf in host.cords:
+                if leaf not in self.nodes:
+                    yield f"hosts.{host.name}.cords: no node {leaf!r}"
+                elif leaf in parents:
+                    yield f"hosts.{host.name}.cords: {leaf!r} has children: a cord goes to a leaf"
+            if abs(sum(host.cords.values()) - 1.0) > 1e-6 or any(s <= 0 for s in host.cords.values()):
+                yield f"hosts.{host.name}.cords: shares must be > 0 and sum to 1, got {dict(host.cords)}"
+
+    # -- shape ------------------------------------------------------------------------
+    def path(self, node: str) -> list[str]:
+        """``node`` and its ancestors up to the root."""
+        out = []
+        at: str | None = node
+        while at is not None:
+            out.append(at)
+            at = self.nodes[at].parent
+        return out
+
+    def pair_of(self, host: str) -> frozenset[str] | None:
+        """The feed pair a dual-corded host's cords part at (None: single-corded)."""
+        cords = list(self.hosts[host].cords)
+        if len(cords) < 2:
+            return None
+        a, b = self.path(cords[0]), self.path(cords[1])
+        common = next(n for n in a if n in b)
+        return frozenset((a[a.index(common) - 1], b[b.index(common) - 1]))
+
+    def mode_of(self, host: str) -> str:
+        """``redundant`` or ``oversubscribed`` for a dual-corded host (its pair's mode);
+        a single-corded host counts whole on its one cord, as ``redundant``."""
+        pair = self.pair_of(host)
+        return "redundant" if pair is None else self.pairs.get(pair, Pair(pair)).mode
+
+    def feeds(self) -> list[str]:
+        """Every node that is one side of some host's feed pair: the feeds whose loss
+        moves a host's draw onto its other cord."""
+        return sorted({f for h in self.hosts for f in (self.pair_of(h) or ())})
+
+    def with_mode(self, mode: str, shed_s: float | None = None) -> PowerTree:
+        """The same tree with every feed pair in ``mode`` (``shed_s`` for oversubscribed)."""
+        pairs = {p: Pair(p, mode, shed_s if mode == "oversubscribed" else None)
+                 for p in {self.pair_of(h) for h in self.hosts} if p is not None}
+        return replace(self, pairs=pairs, _coefficients={})
+
+    # -- what each node carries -------------------------------------------------------
+    def coefficients(self, lost: str | None = None, *, flow: bool = False) -> dict[str, dict[str, float]]:
+        """node -> host -> the fraction of the host's wall draw the node carries (> 0).
+
+        ``lost`` None (and not ``flow``): *committed* coefficients, failover counted
+        (module docstring). ``flow``, or ``lost`` a node: where the current flows, with
+        that node and all below it dead: a host's live cords share its draw in
+        proportion to their shares; dead nodes and hosts with no live cord are left out."""
+        key = (lost, flow or lost is not None)
+        if key not in self._coefficients:
+            self._coefficients[key] = self._coefficients_of(*key)
+        return self._coefficients[key]
+
+    def _coefficients_of(self, lost: str | None, flow: bool) -> dict[str, dict[str, float]]:
+        dead = set() if lost is None else {n for n in self.nodes if lost in self.path(n)}
+        out: dict[str, dict[str, float]] = {n: {} for n in self.nodes if n not in dead}
+        for host in self.hosts.values():
+            live = {leaf: s for leaf, s in host.cords.items() if leaf not in dead}
+            whole = not flow and self.mode_of(host.name) == "redundant"
+            for node in out:
+                under = sum(s for leaf, s in live.items() if node in self.path(leaf))
+                if under > 0:
+                    out[node][host.name] = 1.0 if whole else min(1.0, under / sum(live.values()))
+        return out
+
+    def loads_w(self, draw_w: Mapping[str, float], lost: str | None = None, *, flow: bool = False) -> dict[str, float]:
+        """Each node's load (wall W) for each host's ``draw_w`` (a seat plus grant, or a
+        measured draw): committed, or the flow (``flow``, or ``lost`` dead)."""
+        return {n: sum(c * draw_w.get(h, 0.0) for h, c in hs.items())
+                for n, hs in self.coefficients(lost, flow=flow).items()}
+
+    def over_w(self, draw_w: Mapping[str, float], lost: str | None = None, *, flow: bool = False) -> dict[str, float]:
+        """The nodes whose load (as :meth:`loads_w`) exceeds their budget, and by how much (W)."""
+        loads = self.loads_w(draw_w, lost, flow=flow)
+        return {n: w - self.nodes[n].budget_w for n, w in loads.items() if w > self.nodes[n].budget_w + EPS_W}
+
+    def room_for_w(self, host: str, held_w: Mapping[str, float], lost: str | None = None) -> float:
+        """The most ``host`` may draw in all (wall W, may be < 0) beside every other
+        host's ``held_w`` so that every node on its cords' paths stays within its budget:
+        committed (``lost`` None: failover counted) or the flow with ``lost`` dead
+        (inf for a host no live node carries)."""
+        best = math.inf
+        for node, hs in self.coefficients(lost).items():
+            if host in hs:
+                others = sum(c * held_w.get(h, 0.0) for h, c in hs.items() if h != host)
+                best = min(best, (self.nodes[node].budget_w - others) / hs[host])
+        return best
+
+    def largest_grant_w(self, host: str, held_w: Mapping[str, float]) -> float:
+        """The largest grant (wall W above its reserve) ``host`` may hold beside every
+        other host's ``held_w`` (reserve + grant) so that every node on its cords' paths
+        stays within its budget, failover counted (redundant: the host's whole draw on
+        each cord; oversubscribed: its share). 0 when even its reserve does not fit."""
+        return max(0.0, self.room_for_w(host, held_w) - self.hosts[host].reserve_w)
+
+
+def divide(tree: PowerTree, wants_w: Mapping[str, float], lost: str | None = None) -> dict[str, float]:
+    """Each host's allowed wall draw (reserve + grant, W) for its ``wants_w`` (W, total),
+    so that every node's load (committed, or the flow with ``lost`` dead) fits its budget.
+
+    Priority-aware: the reserves first, class by class from the highest (each host up to
+    min(want, reserve)), then the wants above them class by class; within a class,
+    progressive filling (max-min fair, :func:`core.circuit.max_min_fair` at each node)
+    until the host's want or a node on its paths is full. A host with no live cord
+    gets 0. Never over any node's budget (a node already over stays where it is: nothing
+    is added under it)."""
+    coefficients = tree.coefficients(lost)
+    room = {n: tree.nodes[n].budget_w for n in coefficients}
+    alloc = {h: 0.0 for h in tree.hosts}
+    live = {h for hs in coefficients.values() for h in hs}
+    classes = sorted({tree.hosts[h].priority for h in live}, reverse=True)
+    for stage in ("reserve", "want"):
+        for cls in classes:
+            members = [h for h in live if tree.hosts[h].priority == cls]
+            caps = {h: max(0.0, wants_w.get(h, 0.0)) for h in members}
+            if stage == "reserve":
+                caps = {h: min(w, tree.hosts[h].reserve_w) for h, w in caps.items()}
+            _fill(coefficients, room, alloc, caps)
+    return alloc
+
+
+def _fill(coefficients: Mapping[str, Mapping[str, float]], room: dict[str, float], alloc: dict[str, float],
+          caps: Mapping[str, float]) -> None:
+    """Raise each host in ``caps`` towards its cap by equal steps (progressive filling):
+    at each round the node whose max-min fair level is lowest is the bottleneck; its
+    hosts stop there. Updates ``alloc`` and ``room`` (W) in place."""
+    open_w = {h: c - alloc[h] for h, c in caps.items() if c - alloc[h] > EPS_W}
+    while open_w:
+        step, bottleneck = math.inf, None
+        for node, hs in coefficients.items():
+            members = {h: open_w[h] for h in hs if h in open_w}
+            if not members:
+                continue
+            fair = max_min_fair(room[node], members, {h: hs[h] for h in members})
+            short = [fair[h] for h in members if fair[h] < members[h] - EPS_W]
+            if short and max(short) < step:
+                step, bottleneck = max(short), node
+        for h in list(open_w):
+            inc = min(open_w[h], step)
+            alloc[h] += inc
+            for node, hs in coefficients.items():
+                if h in hs:
+                    room[node] -= hs[h] * inc
+            open_w[h] -= inc
+            if open_w[h] <= EPS_W or (bottleneck is not None and h in coefficients[bottleneck]):
+                del open_w[h]
