@@ -32,7 +32,7 @@ from powerbudgetd_sim.scenario import MIN_DURATION_S, Scenario, ScenarioError
 DRAWS = ("avg", "peak")
 PINNED_FRACTION = 0.95  # a 1 s average at or above this x the limit: the cap was binding
 GAP_INTERVALS = 2.5  # records further apart than this x the interval leave a gap (idle)
-MAX_GAP_S = 3600.0  # a gap between runs longer than this (or negative: the clock stepped) replays as this
+MAX_GAP_S = 3600.0  # a gap between runs longer than this replays as this (a negative one: as one interval)
 MAX_REPLAY_S = 31 * 86_400.0  # a longer span is a log to cut, not one to replay whole
 
 
@@ -87,7 +87,7 @@ def _load_replay(path: str | Path, draw: str, budget_w: float | None, tick_s: fl
 
     # Time from the monotonic clock within a run, the wall clock only between runs (and
     # only when plausible): a stepped wall clock neither stretches nor folds the replay.
-    offsets, adjusted = timeline_s(samples, interval, MAX_GAP_S)
+    offsets, long_gaps, short_gaps = timeline_s(samples, interval, MAX_GAP_S)
     if offsets[-1] > MAX_REPLAY_S:
         raise ScenarioError(
             f"{path}: the records span {offsets[-1] / 86_400:.0f} days; replay at most "
@@ -148,8 +148,10 @@ def _load_replay(path: str | Path, draw: str, budget_w: float | None, tick_s: fl
             f"{share:.0f} % of card-seconds at their cap (demand above it unknown)"
             + feed_note
             + (f"; the wall clock stepped {len(steps)} time(s): timed by the monotonic clock" if steps else "")
-            + (f"; {adjusted} gap(s) between runs implausible or over {MAX_GAP_S:g} s, replayed as {MAX_GAP_S:g} s"
-               if adjusted else "")
+            + (f"; {long_gaps} gap(s) between runs over {MAX_GAP_S:g} s, replayed as {MAX_GAP_S:g} s"
+               if long_gaps else "")
+            + (f"; {short_gaps} gap(s) between runs under one record interval (going back in time: runs that "
+               f"overlapped, or a clock set back), replayed as {interval:g} s" if short_gaps else "")
         ),
     )
 

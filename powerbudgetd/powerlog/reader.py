@@ -387,13 +387,15 @@ def clock_steps(samples: list[Sample], tolerance_s: float = CLOCK_STEP_S) -> lis
     return steps
 
 
-def timeline_s(samples: list[Sample], interval_s: float, max_gap_s: float) -> tuple[list[float], int]:
+def timeline_s(samples: list[Sample], interval_s: float, max_gap_s: float) -> tuple[list[float], int, int]:
     """Seconds since the first record for each sample, trusting the wall clock only
     between runs: within one run the monotonic clock measures time; between runs the
-    wall-clock gap is used when it is plausible (0 to ``max_gap_s``), else ``max_gap_s``.
-    Returns the times and how many gaps were shortened or stepped over."""
+    wall-clock gap is used when it is plausible (``interval_s`` to ``max_gap_s``); a longer
+    one counts as ``max_gap_s``, a shorter one (going back: runs that overlapped, a clock
+    set back) as ``interval_s``. Returns the times and how many gaps were shortened to
+    ``max_gap_s`` and how many were stretched to ``interval_s``."""
     times: list[float] = []
-    adjusted = 0
+    long_gaps = short_gaps = 0
     for i, s in enumerate(samples):
         if i == 0:
             times.append(0.0)
@@ -403,11 +405,14 @@ def timeline_s(samples: list[Sample], interval_s: float, max_gap_s: float) -> tu
             dt = s.mono_s - p.mono_s
         else:
             dt = s.utc_s - p.utc_s
-            if not interval_s <= dt <= max_gap_s:
-                dt = min(max(dt, interval_s), max_gap_s)
-                adjusted += 1
+            if dt > max_gap_s:
+                dt = max_gap_s
+                long_gaps += 1
+            elif dt < interval_s:
+                dt = interval_s
+                short_gaps += 1
         times.append(times[-1] + dt)
-    return times, adjusted
+    return times, long_gaps, short_gaps
 
 
 def _parse(raw: bytes) -> dict[str, Any] | None:
