@@ -41,6 +41,7 @@ if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
 
     from powerbudgetd.control.controller import Controller
+    from powerbudgetd.core.tree import PowerTree
     from powerbudgetd.hw.nvml import GpuInfo, Nvml
     from powerbudgetd_sim.scenario import Scenario
 
@@ -390,22 +391,29 @@ def _check_config(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(f"powerbudgetd: {exc}", file=sys.stderr)
         return ExitStatus.CONFIG
+    tree = None
+    if args.tree is not None:  # an argument, checked before any work (the report, the cards)
+        from powerbudgetd.config.tree import load_tree
+
+        try:
+            tree, _ = load_tree(args.tree)
+        except ConfigError as exc:
+            print(f"powerbudgetd: {exc}", file=sys.stderr)
+            return ExitStatus.CONFIG
+        if settings.circuit is None:
+            print(f"powerbudgetd: {path}: --tree needs [circuit]: its host names this host in the tree",
+                  file=sys.stderr)
+            return ExitStatus.CONFIG
     if args.backend is None:
         print(describe(settings, path))
     status = ExitStatus.OK if args.backend is None else _check_config_cards(args, settings, path)
-    return _check_config_tree(args.tree, settings) if args.tree is not None and status == ExitStatus.OK else status
+    return _check_config_tree(args.tree, tree, settings) if tree is not None and status == ExitStatus.OK else status
 
 
-def _check_config_tree(tree_file: Path, settings: Settings) -> int:
-    """check-config --tree: the tree file valid, and this host's place in it."""
-    from powerbudgetd.config.tree import load_tree
+def _check_config_tree(tree_file: Path, tree: PowerTree, settings: Settings) -> int:
+    """check-config --tree: this host's place in the tree file (read and checked already)."""
     from powerbudgetd.service.checkconfig import tree_place
 
-    try:
-        tree, _ = load_tree(tree_file)
-    except ConfigError as exc:
-        print(f"powerbudgetd: {exc}", file=sys.stderr)
-        return ExitStatus.CONFIG
     lines, problems = tree_place(settings, tree)
     for line in lines:
         print(line)
