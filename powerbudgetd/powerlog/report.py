@@ -58,8 +58,10 @@ _FEED_FIELDS = ("breaker_a", "volts", "derating", "ups_w", "ups_margin", "psu_ef
 def parse_duration(text: str) -> float:
     """``90``, ``90s``, ``10m``, ``2h``, ``1d`` to seconds. Raises ValueError."""
     m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*", text)
-    if not m or float(m.group(1)) <= 0:
+    if not m:
         raise ValueError(f"not a duration: {text!r} (like 90s, 10m, 2h, 1d)")
+    if float(m.group(1)) <= 0:
+        raise ValueError(f"must be a positive duration, got {text!r} (like 90s, 10m, 2h, 1d)")
     return float(m.group(1)) * {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}[m.group(2)]
 
 

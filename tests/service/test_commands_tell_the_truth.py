@@ -107,7 +107,7 @@ def test_1_run_backend_sim_writes_the_backend_into_the_header(tmp_path):
         (["simulate", "--suite", "--policy", "static"], 2, ["--suite", "--policy"]),
         (["simulate", "--list", "--json"], 2, ["--list", "--json"]),
         (["probe", "--scenario", "ada-2"], 2, ["--scenario", "--backend sim"]),
-        (["log", "report", "--last", "0"], 2, ["--last", "not a duration", "'0'"]),
+        (["log", "report", "--last", "0"], 2, ["--last", "must be a positive duration", "'0'"]),
         (["status", "--interval", "5"], 2, ["--interval", "--watch"]),
         (["status", "--watch", "--json"], 2, ["--watch", "--json"]),
     ],
