@@ -67,7 +67,7 @@ def default_config_path() -> Path:
 
 
 class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
 class CardConfig(_Section):
@@ -746,7 +746,9 @@ class Settings(BaseSettings):
     environment secret for a section the file does not have), for the log and check-config.
     """
 
-    model_config = SettingsConfigDict(env_prefix="POWERBUDGETD_", env_nested_delimiter="__", extra="forbid")
+    model_config = SettingsConfigDict(
+        env_prefix="POWERBUDGETD_", env_nested_delimiter="__", extra="forbid", allow_inf_nan=False
+    )
     _warnings: list[str] = PrivateAttr(default_factory=list)
 
     @property
