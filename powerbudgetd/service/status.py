@@ -89,7 +89,8 @@ class BankStatus:
     """The bank: the budget in force (W) and the source the arbiter chose it from, the
     configured budget, sums, floor, mode, UPS and circuit where configured, cards,
     warnings. ``caps_in_force_w``: the sum of caps the cards hold (a dry run's cards keep
-    their own; ``sum_limits_w`` is then what it would set)."""
+    their own; ``sum_limits_w`` is then what it would set); ``headroom_w``: the budget
+    less the caps in force."""
 
     url: str
     version: str | None
@@ -268,6 +269,8 @@ def parse(text: str, url: str, now_s: float | None = None) -> BankStatus:
     if out.mode == "dry-run":  # nothing is written: the caps in force are the cards' own
         caps = [c.cap_w for c in out.cards]
         out.caps_in_force_w = None if None in caps else sum(c or 0.0 for c in caps)
+        if out.caps_in_force_w is not None and out.budget_w is not None:  # the bank's, as the text says
+            out.headroom_w = out.budget_w - out.caps_in_force_w
     else:
         out.caps_in_force_w = out.sum_limits_w
     out.warnings = _bank_warnings(out, get(n.RELOAD_SUCCESS))
@@ -337,8 +340,6 @@ def _w(v: float | None) -> str:
 def format_status(b: BankStatus, bars: bool = False, width: int = 100) -> str:
     """The bank for people; ``bars``: a bar per card, draw against cap against max."""
     caps, headroom = b.caps_in_force_w, b.headroom_w
-    if b.mode == "dry-run" and caps is not None and b.budget_w is not None:
-        headroom = b.budget_w - caps
     configured = (f", configured {_w(b.configured_w)} W" if b.configured_w is not None and b.budget_w is not None
                   and abs(b.configured_w - b.budget_w) > 0.5 else "")
     lines = [
