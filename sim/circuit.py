@@ -43,6 +43,7 @@ from powerbudgetd_sim.scenario import Scenario, load_scenario
 from powerbudgetd.control.budgetkeeper import BudgetKeeper
 
 POLICIES = ("static", "circuit", "oracle")
+OUTAGE_S = 30.0  # the etcd outage compare() plays, from half the run
 
 
 @dataclass
@@ -319,8 +320,9 @@ def compare(scenarios: list[str], **kw: Any) -> dict[str, Any]:
     for r in out.values():
         r["work_vs_oracle"] = round(r["work_tgp_s"] / oracle, 3) if oracle else None
     duration = kw.get("duration_s", 300.0)
-    outage = run_circuit(scenarios, policy="circuit", outage_at_s=duration / 2, outage_s=30.0, **kw)
+    outage = run_circuit(scenarios, policy="circuit", outage_at_s=duration / 2, outage_s=OUTAGE_S, **kw)
     outage["work_vs_oracle"] = round(outage["work_tgp_s"] / oracle, 3) if oracle else None
+    outage["outage_at_s"], outage["duration_s"] = duration / 2, duration
     out["circuit_outage_30s"] = outage
     return out
 
@@ -333,8 +335,13 @@ def format_compare(result: dict[str, Any]) -> str:
     for name, r in result.items():
         lines.append(f"  {name:<20} {r['seats_w']:>8g} {r['work_tgp_s']:>11g} {r['work_vs_oracle']:>9} "
                      f"{r['worst_wall_w']:>12g}{'' if r['within_budget'] else '  OVER'}")
-    outage = result.get("circuit_outage_30s", {}).get("at_reserve_after_outage_s")
+    run = result.get("circuit_outage_30s", {})
+    outage = run.get("at_reserve_after_outage_s")
     if outage:
-        lines.append("  after a 30 s etcd outage, s at reserve per host: "
-                     + ", ".join(f"{h} {s:g}" for h, s in outage.items() if s is not None))
+        at, duration = run.get("outage_at_s"), run.get("duration_s")
+        cut = at is not None and duration is not None and at + OUTAGE_S > duration
+        head = (f"the run ended {duration - at:g} s into a {OUTAGE_S:g} s etcd outage (a --duration of "
+                f"{2 * OUTAGE_S:g} s or more sees it end); s at reserve per host until then: " if cut
+                else f"after a {OUTAGE_S:g} s etcd outage, s at reserve per host: ")
+        lines.append("  " + head + ", ".join(f"{h} {s:g}" for h, s in outage.items() if s is not None))
     return "\n".join(lines)
