@@ -147,13 +147,16 @@ def default_url(config: Path | None) -> tuple[str, str]:
 
 
 def _metrics_table(path: Path) -> MetricsConfig | None:
-    """``[metrics]`` of a config file that does not load as a whole, or None."""
+    """``[metrics]`` of a config file that does not load as a whole, or None. Keys
+    ``[metrics]`` does not know are left aside: the address is what matters here."""
     from powerbudgetd.config import MetricsConfig
 
     try:
         with open(path, "rb") as fh:
             table = tomllib.load(fh).get("metrics", {})
-        return MetricsConfig.model_validate(table)
+        if not isinstance(table, dict):
+            return None
+        return MetricsConfig.model_validate({k: v for k, v in table.items() if k in MetricsConfig.model_fields})
     except (OSError, tomllib.TOMLDecodeError, ValueError):
         return None
 
