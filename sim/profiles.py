@@ -53,6 +53,10 @@ class Phase:
             load_trace(self.trace)  # fail early on an unknown trace name
         if self.kind == "square" and (self.on_s <= 0 or self.off_s < 0):
             raise ValueError("square phase needs on_s > 0 and off_s >= 0")
+        for key in ("power_w", "high_w", "low_w", "from_w", "to_w"):
+            watts = getattr(self, key)
+            if watts is not None and watts < 0:
+                raise ValueError(f"{key} {watts:g} W: a card's demand is at or above 0 W")
 
     def demand_w(self, t_s: float, idle_w: float, tgp_w: float) -> float:
         local = t_s - self.at_s

@@ -14,6 +14,7 @@ so the objects built from a table hold exactly what the file wrote.
 from __future__ import annotations
 
 import difflib
+import math
 import typing
 from typing import Annotated, Any, ClassVar, Self
 
@@ -35,6 +36,8 @@ MAX_SHOWN_VALUE = 80
 def _number(value: Any) -> Any:
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise PydanticCustomError("float_type", "Input should be a valid number")
+    if not math.isfinite(value):  # TOML's nan and inf: no figure a simulation can run on
+        raise PydanticCustomError("finite_number", "Input should be a finite number")
     return value
 
 
