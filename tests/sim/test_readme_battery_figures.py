@@ -1,0 +1,28 @@
+"""The README's battery figures for the packaged `power-event` are the ones `simulate`
+prints: the runtime static leaves and the runtime powerbudgetd leaves, in minutes to one
+decimal."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from powerbudgetd.cli import main
+
+README = Path(__file__).resolve().parents[2] / "README.md"
+
+
+def runtime_min(policy: str, capsys: pytest.CaptureFixture[str]) -> float:
+    assert main(["simulate", "--scenario", "power-event", "--policy", policy, "--json"]) == 0
+    return json.loads(capsys.readouterr().out)["battery"]["runtime_left_s"] / 60
+
+
+def test_the_readmes_power_event_runtimes_are_what_simulate_prints(capsys: pytest.CaptureFixture[str]) -> None:
+    text = " ".join(README.read_text().split())
+    m = re.search(r"Static and slurm leave (\d+\.\d) min of runtime, powerbudgetd (\d+\.\d) min", text)
+    assert m, "the README's power-event line moved: keep this test with it"
+    assert f"{runtime_min('static', capsys):.1f}" == m.group(1)
+    assert f"{runtime_min('powerbudgetd', capsys):.1f}" == m.group(2)
