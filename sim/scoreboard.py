@@ -36,6 +36,7 @@ fair share of the budget in force.
 from __future__ import annotations
 
 import dataclasses
+import math
 import multiprocessing
 import os
 import signal
@@ -89,7 +90,7 @@ def idle_neighbour_s(sc: Scenario, duration_s: float | None = None) -> float:
     lows = [round(c.min_w * 1000) for c in sc.cards]
     shares = fair_shares(int(sc.budget_w * 1000), lows, [round(c.max_w * 1000) for c in sc.cards]) or lows
     seconds = 0
-    for t in range(int(duration) + 1):
+    for t in range(math.ceil(duration)):  # each second of the run, sampled at its start
         demand = [c.profile.demand_w(float(t), c.idle_w, c.board_tgp_w) for c in sc.cards]
         busy = {i for i, d in enumerate(demand) if d * 1000 >= shares[i]}
         idle = {i for i, d in enumerate(demand) if d <= sc.cards[i].min_w}
