@@ -326,13 +326,13 @@ def run_suite(
 def format_table(reports: dict[str, dict[str, Any]]) -> str:
     """One line per policy: work (against both oracles), violations, draw above budget
     (``draw>budget``: ``draw_over_budget_s``, the summed 1 s average draw, not the limits),
-    trips, reclaim, writes (all, and per card per minute), the most reversals of a card's
+    trips, reclaim, writes (all, and the busiest card's per minute), the most reversals of a card's
     limit in the flapping window; with a mains loss, the runtime the policy leaves on
     the UPS battery."""
     battery = any(r.get("battery") is not None for r in reports.values())
     lines = [
         f"  {'policy':<18}{'work TGP-s':>11}{'vs oracle':>10}{'vs causal':>10}{'vs ruled':>9}{'viol.ticks':>11}{'draw>budget':>12}"
-        f"{'max wall':>10}{'trips':>16}{'reclaim p50/p99/max s':>23}{'writes':>8}{'/card/min':>10}{'flips':>6}"
+        f"{'max wall':>10}{'trips':>16}{'reclaim p50/p99/max s':>23}{'writes':>8}{'busiest/min':>12}{'flips':>6}"
         + (f"{'battery left':>15}" if battery else "")
     ]
     for p, r in reports.items():
@@ -348,7 +348,7 @@ def format_table(reports: dict[str, dict[str, Any]]) -> str:
         lines.append(
             f"  {p:<18}{r['work']:>11.1f}{wvo:>10}{wvc:>10}{wvr:>9}{r['violation_ticks']:>11}{r['draw_over_budget_s']:>10.1f} s"
             f"{wall:>10}{trips:>16}{reclaim:>23}{r['cap_changes']:>8}"
-            f"{_per_min(r['writes_per_card_per_min']['max']):>10}{r['flapping']['max_reversals']:>6}"
+            f"{_per_min(r['writes_per_card_per_min']['max']):>12}{r['flapping']['max_reversals']:>6}"
             + (f"{battery_left(r.get('battery')):>15}" if battery else "")
         )
     return "\n".join(lines)
