@@ -654,7 +654,7 @@ def _probe(args: argparse.Namespace) -> int:
         nvml = make_nvml(args.backend, scenario=args.scenario or "workstation-4")
         nvml.init()
         if args.compare_sim:
-            result = _compare_sim(nvml, args.preset)
+            result = {"backend": args.backend or "nvml", **_compare_sim(nvml, args.preset)}
         else:
             result = probe(nvml)
     except ScenarioError as exc:

@@ -94,7 +94,7 @@ def compare_sim(real: Nvml, sim_for: Callable[[list[GpuInfo]], tuple[list[str], 
     ``sim_for(cards)`` returns (preset name per card, an initialised NVML layer over
     those presets in the same order). Returns ``{"gpus": [{"index", "name", "preset",
     "calls": [{"call", "unit", "real", "sim", "same_shape"}]}], "differences": int}``;
-    ``real``/``sim`` are :meth:`Nvml.raw_answers` rows; ``same_shape`` is False where the
+    ``real``/``sim`` are :meth:`Nvml.raw_answers` rows (the caller adds ``backend``); ``same_shape`` is False where the
     type, value type or NOT_SUPPORTED-vs-value differ (values themselves may differ).
     """
     cards = real.devices()
@@ -121,14 +121,17 @@ def format_compare(result: dict[str, Any]) -> str:
         vt = f" vt={r['value_type']}" if "value_type" in r else ""
         return f"{r['value']!r} ({r['type']}{vt})"
 
+    on_sim = result.get("backend") == "sim"
     lines = []
     for g in result["gpus"]:
         lines.append(f"GPU {g['index']}  {g['name']}  vs simulated preset {g['preset']}")
-        lines.append(f"  {'call':<48} {'unit':<18} {'real':<34} simulator")
+        lines.append(f"  {'call':<48} {'unit':<18} {'sim bank' if on_sim else 'real':<34} simulator")
         for c in g["calls"]:
             mark = " " if c["same_shape"] else "!"
             lines.append(f"{mark} {c['call']:<48} {c['unit']:<18} {cell(c['real']):<34} {cell(c['sim'])}")
     n = result["differences"]
-    lines.append(f"{n} call(s) differ in shape (type, value type or NOT_SUPPORTED vs value): marked !" if n
-                 else "every call has the same shape on the real cards and in the simulator")
+    where = ("on the simulated bank (--backend sim) and in the simulator's presets: the simulator against "
+             "itself, not real cards" if on_sim else "on the real cards and in the simulator")
+    lines.append(f"{n} call(s) differ in shape (type, value type or NOT_SUPPORTED vs value), {where}: marked !"
+                 if n else f"every call has the same shape {where}")
     return "\n".join(lines)
