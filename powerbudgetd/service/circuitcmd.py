@@ -9,6 +9,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
+
 from powerbudgetd.errors import ConfigError, ExitStatus, NvmlError
 from powerbudgetd.config import CircuitConfig, Settings, default_config_path, load_config
 from powerbudgetd.service.output import printable
@@ -28,6 +30,7 @@ def _circuit_cfg(args: argparse.Namespace) -> CircuitConfig:
         overrides["name"] = args.name
     if getattr(args, "host", None):
         overrides["host"] = args.host
+    _check_options(overrides)
     path = args.config or default_config_path()
     operator_box = args.circuit_command != "join"  # join seats this host's reserve_w: its config is needed
     if operator_box and args.config is None and "endpoints" in overrides and "name" in overrides and not path.is_file():
@@ -37,6 +40,21 @@ def _circuit_cfg(args: argparse.Namespace) -> CircuitConfig:
     if settings.circuit is None:
         raise ConfigError(f"{path}: no [circuit] section (or give --endpoint and --name)")
     return settings.circuit.model_copy(update=overrides)
+
+
+_OPTIONS = {"endpoints": "--endpoint", "name": "--name", "host": "--host"}
+
+
+def _check_options(overrides: dict[str, Any]) -> None:
+    """--endpoint, --name and --host held to the rules of [circuit]'s keys. Raises
+    ConfigError: one line, the option and why."""
+    try:
+        CircuitConfig.model_validate({"name": "x", "reserve_w": 1, **overrides})
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        option = _OPTIONS.get(str(err["loc"][0]) if err["loc"] else "", "an option")
+        raise ConfigError(f"{option}: {err['msg'].removeprefix('Value error, ')} "
+                          f"(got {printable(repr(err.get('input')))[:120]})") from None
 
 
 def _hosts_w(hosts: dict[str, float]) -> str:
