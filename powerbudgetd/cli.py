@@ -22,6 +22,7 @@ from powerbudgetd.service.cliargs import (
     DefaultsHelpFormatter,
     OneLineParser,
     duration,
+    metrics_url,
     positive_float,
     refuse_conflicts,
     require,
@@ -173,7 +174,7 @@ def _parser() -> argparse.ArgumentParser:
         description="Read the running daemon's Prometheus endpoint and show the budget and its source, the "
         "sum of caps, the mode, and per card its cap, draw, role and warnings.",
     )
-    st.add_argument("--url", help="the daemon's metrics URL (default: from --config's [metrics], else "
+    st.add_argument("--url", type=metrics_url, help="the daemon's metrics URL (default: from --config's [metrics], else "
                     f"http://127.0.0.1:{DEFAULT_METRICS_PORT}/metrics)")
     st.add_argument("--config", type=Path,
                     help="take [metrics] listen_address and port from this config (default: $POWERBUDGETD_CONFIG "

@@ -61,6 +61,17 @@ def duration(text: str) -> float:
     return seconds
 
 
+def metrics_url(text: str) -> str:
+    """An argparse ``type``: an ``http://HOST[:PORT]/PATH`` URL ``status`` can read."""
+    from powerbudgetd.service.scrape import ScrapeError, Target
+
+    try:
+        Target.parse(text)
+    except ScrapeError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
+
+
 def writable_plot(text: str) -> str:
     """An argparse ``type``: a plot file we will be able to write, checked before the work
     that fills it (its directory exists and is writable, a known image suffix, and
