@@ -118,9 +118,10 @@ class CardSet:
         floor_mw = sum(c.min_mw for c in ctl) + fixed_mw
         if floor_mw > budget_mw:
             share = (budget_mw - fixed_mw) / max(len(ctl), 1) / 1000.0
-            detail = "; ".join(f"GPU {c.index} ({c.info.name}) floor {c.min_mw / 1000:g} W vs share {share:g} W" for c in ctl)
+            detail = "; ".join(f"GPU {c.index} ({c.info.name}) floor {c.min_mw / 1000:g} W vs share {round(share, 1):g} W"
+                               for c in ctl)
             raise BudgetInfeasible(
-                f"budget {budget_mw / 1000:g} W is below what the cards can be held to: "
+                f"budget {round(budget_mw / 1000, 1):g} W is below what the cards can be held to: "
                 f"minimum limits sum to {sum(c.min_mw for c in ctl) / 1000:g} W"
                 + (f" plus {fixed_mw / 1000:g} W on cards we cannot control = {floor_mw / 1000:g} W" if fixed_mw else "")
                 + f". {detail}"
