@@ -54,7 +54,7 @@ def test_the_commands_and_the_store_speak_tls_with_a_client_certificate(tls_etcd
     cfg = _config(tmp_path, tls_etcd)
     r = _cli("init", "--config", str(cfg), "--budget-w", "3000", "--ttl", "5")
     assert r.returncode == 0, r.stderr
-    r = _cli("join", "--config", str(cfg))
+    r = _cli("join", "--backend", "sim", "--config", str(cfg))
     assert r.returncode == 0, r.stderr
     r = _cli("status", "--json", "--config", str(cfg))
     assert r.returncode == 0, r.stderr
