@@ -77,6 +77,12 @@ class CardState:
         return self.ledger.bound_mw if self.would_be_mw is None else self.would_be_mw
 
     @property
+    def asked_mw(self) -> int | None:
+        """What the card is taken to ask for (mW): its requested limit read; in dry run,
+        once a write would have been sent, the limit it would have set."""
+        return self.ledger.requested_mw if self.would_be_mw is None else self.would_be_mw
+
+    @property
     def usable_max_mw(self) -> int:
         """The most it can use: its max, or an outside cap below it (never under its min)."""
         cap = self.outside_cap_mw

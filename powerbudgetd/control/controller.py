@@ -201,7 +201,7 @@ class Controller:
                 c.hold(now, "write_refused", target_w=targets[c.uuid] / 1000, counted_w=c.bound_mw / 1000)
         # A new card is written even at its target: only a confirmed write of ours ends it.
         # A slow card (its reads time out) keeps its place and takes no write meanwhile.
-        steps = [Step(c.uuid, c.bound_mw, targets[c.uuid], c.requested_mw, c.priority,
+        steps = [Step(c.uuid, c.bound_mw, targets[c.uuid], c.asked_mw, c.priority,
                       busy=c.ledger.writing or c.slow_since is not None, force=c.ledger.new)
                  for c in active if targets[c.uuid] not in c.refused]
         planned = {st.uuid for st in steps}

@@ -5,7 +5,7 @@ For each card the ledger keeps the **bound**, the highest limit that may be in f
 
     bound = max(requested, enforced, every write of ours not yet confirmed,
                 a raise someone else sent that may still be landing,
-                a write replaced before it was seen biting, until it cannot bite)
+                a request replaced, until it can no longer land)
 
 and, where any of those is unknown, the card's **worst case**: the largest limit ever
 read for it or stated for it (its maximum constraint, its default, the operator's
@@ -47,11 +47,10 @@ class CardLedger:
     overdue: bool = False  # a write in flight did not return in time: it may land whenever it returns
     requested_before_mw: int | None = None  # the requested limit read before our first write in flight
     seen_ours: bool = False  # our write in flight has been read back in requested
-    # Writes (ours, or another tool's raise) replaced before they were seen biting, with
-    # when they were sent (first seen): a card may apply queued writes in turn, each after
-    # the lag, so one may still bite. Counted until it, or a later write, is seen biting,
-    # else until confirm_timeout_s (the longest a write of ours is waited for) or twice the
-    # longest lag seen on the card, whichever is longer, after that time.
+    # Requests replaced (by ours, another tool's, a reset) before they settled, with when
+    # they were sent (or first seen): a card may apply queued writes in turn, each after
+    # the lag, so one may still bite. Counted for confirm_timeout_s (the longest a write of ours is waited
+    # for) or twice the longest lag seen on the card, whichever is longer, after that time.
     superseded: list[tuple[int, float]] = field(default_factory=list)
     lag_seen_s: float = 0.0  # the longest a write was seen taking to bite on this card (s)
     unread: int = 0  # writes in a row never read back while the card kept what it had
@@ -63,10 +62,10 @@ class CardLedger:
     backoff_s: float = 0.0
     refused: set[int] = field(default_factory=set)  # values NVML refused: never resent
     requested_since: float = float("-inf")  # when the requested limit read was first seen
-    # The requested limit was seen biting (enforced moved to it). Enforced merely equal
-    # to it proves nothing: a floor elsewhere may show that value while it is queued.
-    request_landed: bool = False
-    enforced_before_mw: int | None = None  # the enforced limit read before our first write in flight
+    # The requested limit was read in force with no replaced request left that may land
+    # before it: settled, it is not counted once replaced (even if still queued, it would
+    # land on the value already in force). Any other request may still be queued.
+    request_settled: bool = False
 
     @property
     def bound_mw(self) -> int:
@@ -83,7 +82,7 @@ class CardLedger:
     def observe(self, now: float, requested_mw: int | None, enforced_mw: int | None) -> int | None:
         """Take one read-back of the card's limits (None: unknown). Returns the target
         (mW) of the write of ours it confirms, if any (the in-flight list is then cleared)."""
-        self._forget_landed(now, self._take(now, requested_mw, enforced_mw))
+        self._forget_expired(now, self._take(now, requested_mw, enforced_mw))
         ours = [mw for mw, _ in self.inflight]
         if requested_mw is not None and requested_mw in ours:
             self.seen_ours = True  # our write reached the card: whatever replaces it is news
@@ -102,52 +101,62 @@ class CardLedger:
                 self.inflight.clear()
         confirmed = self.inflight[-1][0] if self.inflight and self.confirmed(now) else None
         if confirmed is not None:
-            if enforced_mw == confirmed != self.enforced_before_mw:
-                self._landed_before(self.inflight[-1][1])
             self.inflight.clear()
             self.new = self.overdue = False
             self.unread = 0
         self._foreign(now)
+        if requested_mw is not None and enforced_mw == requested_mw and not self.superseded:
+            self.request_settled = True
         return confirmed
 
     def _take(self, now: float, requested_mw: int | None, enforced_mw: int | None) -> bool:
         """Keep the limits read (and the worst case they may raise); True when enforced
         moved since the last read."""
         if requested_mw != self.requested_mw:
+            self._request_replaced()
+            self.request_settled = False
             self.requested_since = now
-            # A new request has landed once enforced is seen moving to it; one found in
-            # force at first sight (start, or back after a failed read) is taken as settled.
-            self.request_landed = self.requested_mw is None and enforced_mw == requested_mw
         moved = enforced_mw is not None and self.enforced_mw is not None and enforced_mw != self.enforced_mw
         self.requested_mw, self.enforced_mw = requested_mw, enforced_mw
         self.worst_mw = max([self.worst_mw] + [v for v in (requested_mw, enforced_mw) if v is not None])
         return moved
 
-    def _forget_landed(self, now: float, moved: bool) -> None:
-        """Drop the replaced writes that can no longer land, learning the card's lag from
+    def _forget_expired(self, now: float, moved: bool) -> None:
+        """Drop the replaced requests that can no longer land, learning the card's lag from
         each bite seen (``moved``: enforced changed since the last read)."""
         e = self.enforced_mw
         if moved and e == self.requested_mw:  # the request seen biting: how long that took
             self.lag_seen_s = max(self.lag_seen_s, now - self.requested_since)
-            self.request_landed = True
         bit = [t for mw, t in self.superseded if moved and mw == e]
-        if bit:  # a replaced write seen biting (the earliest of that value): it and all before it landed
+        if bit:  # a replaced write seen biting (the earliest of that value): how long that took
             self.lag_seen_s = max(self.lag_seen_s, now - min(bit))
-            self._landed_before(min(bit))
-        # The others are counted while they may still land: as long as a write of ours is
-        # waited for, or twice the longest lag seen on this card, whichever is longer.
+        # Replaced requests are counted while they may still land: as long as a write of
+        # ours is waited for, or twice the longest lag seen on this card, whichever is
+        # longer. Not less, even once one is seen in force: a limiter lifting (a floor
+        # gone) moves enforced just as a bite does, to a value that may equal a request
+        # still queued, so no read proves which of the writes queued on a card landed.
         keep_s = max(self.timings.confirm_timeout_s, 2 * self.lag_seen_s)
         self.superseded = [(mw, t) for mw, t in self.superseded if now - t < keep_s]
 
-    def _landed_before(self, sent_at: float) -> None:
-        """A write sent at ``sent_at`` was seen biting (not merely still at the old value):
-        a card applies queued writes in turn, so it and every one sent before it landed."""
-        self.superseded = [(mw, t) for mw, t in self.superseded if t > sent_at]
-
     def observe_unknown(self) -> None:
         """The card could not be read (or a call on it is overdue): it counts at the
-        highest limit it may have or come back with; whatever it reads next is news."""
+        highest limit it may have or come back with; whatever it reads next is news. The
+        request last read may still be landing: it stays counted as a replaced one (a
+        write of ours sent before the next good read would otherwise forget it)."""
+        self._request_replaced()
+        self.foreign_mw = self.foreign_since = None
         self.requested_mw = self.enforced_mw = None
+
+    def _request_replaced(self) -> None:
+        """The requested limit read is being replaced (by another request read, a write
+        of ours, or the unknown): a card that queues writes may still apply it, so it is
+        counted among the replaced requests from when it was first seen. Ours in flight
+        are counted as such already."""
+        r, since = self.requested_mw, self.requested_since
+        if r is None or self.request_settled or r in [mw for mw, _ in self.inflight]:
+            return
+        if (r, since) not in self.superseded:
+            self.superseded.append((r, since))
 
     def appeared(self) -> None:
         """The card appeared at runtime or came back: worst case until a write confirms."""
@@ -162,8 +171,6 @@ class CardLedger:
         if self.requested_mw is None or self.enforced_mw is None:
             return  # a read without both limits tells nothing of what landed
         pending = not self.inflight and self.held_below
-        if self.foreign_mw is not None and self.foreign_mw != self.requested_mw and self.foreign_since is not None:
-            self.superseded.append((self.foreign_mw, self.foreign_since))  # replaced before it bit: it may still
         if not pending:
             self.foreign_mw = self.foreign_since = None
         elif self.foreign_mw != self.requested_mw:
@@ -193,14 +200,13 @@ class CardLedger:
     # -- what we write ---------------------------------------------------------------
     def record_write(self, to_mw: int, sent_at: float) -> None:
         """A write of ours was sent at ``sent_at``: it may be in force from now on. The
-        request it replaces, if not seen biting yet (ours, or another tool's raise still
-        landing, whatever the card's lag), may still land: it stays counted."""
+        request it replaces (ours, or another tool's raise), unless settled, may still
+        land after it on a card that queues writes, whatever the card's lag: it stays
+        counted."""
         if not self.inflight:
-            self.requested_before_mw, self.enforced_before_mw = self.requested_mw, self.enforced_mw
+            self.requested_before_mw = self.requested_mw
             self.seen_ours = False
-            if self.requested_mw is not None and not self.request_landed:
-                since = self.foreign_since if self.foreign_mw == self.requested_mw else None
-                self.superseded.append((self.requested_mw, self.requested_since if since is None else since))
+            self._request_replaced()
             self.foreign_mw = self.foreign_since = None
         self.inflight.append((to_mw, sent_at))
 

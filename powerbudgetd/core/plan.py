@@ -60,9 +60,10 @@ def plan_writes(steps: Sequence[Step], budget_mw: int, allow_increases: bool = T
     uncertain: list[Write] = []
     within = budget_mw - sum(s.bound_mw for s in steps) >= 0
     for s in steps:
-        # A forced write at the bound (a new card whose target is its worst) lowers nothing
-        # counted, yet only it ends the card's worst-case count: planned all the same.
-        above = s.target_mw > s.bound_mw or (s.target_mw == s.bound_mw and not s.force)
+        # A write at the bound adds nothing counted: planned for a new card (``force``: only
+        # it ends the card's worst-case count) and for a card whose bound still counts a
+        # replaced request above what it asks for now (back to where it was).
+        above = s.target_mw > s.bound_mw or (s.target_mw == s.bound_mw and not s.force and s.requested_mw is None)
         if above or s.busy or (s.requested_mw == s.target_mw and not s.force):
             continue
         lowers = s.requested_mw is not None and s.target_mw <= s.requested_mw

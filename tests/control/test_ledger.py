@@ -70,6 +70,16 @@ class Card:
 # raise (and what was sent before it) is known to have landed.
 @example(200_000, 0.5, [("outside", 300_000), ("wait", 0.2), ("write", 320_000), ("wait", 0.1),
                         ("outside", 250_000), ("wait", 0.25), ("read", "ok")], True)
+# Another tool's raise read, then a failed read, then our write: the raise, still queued,
+# is not forgotten because the read before our write knew nothing.
+@example(100_000, 0.1, [("outside", 100_001), ("read", "error"), ("write", 100_000), ("read", "ok")], True)
+# A floor lifting moves enforced as a bite does: to the card's base, here the value of
+# our write, queued behind another tool's raise that is still to land.
+@example(100_000, 0.1, [("floor", 100_001), ("outside", 100_002), ("write", 100_000), ("floor", None),
+                        ("read", "ok")], True)
+# ... or the value of another tool's request queued behind one replaced under the floor.
+@example(100_000, 0.1, [("floor", 100_002), ("outside", 100_001), ("outside", 100_000), ("floor", None),
+                        ("read", "ok")], True)
 def test_the_bound_covers_whatever_may_be_in_force(default_mw, lag_s, script, queued):
     """Over cards that replace a pending request and cards that apply queued writes in
     turn; we write whenever no write of ours is unconfirmed (as the controller does),
@@ -255,3 +265,19 @@ def test_a_read_without_enforced_does_not_forget_a_raise_still_landing():
     assert led.busy
     led.observe(0.2, 300_000, None)
     assert led.busy
+
+
+def test_a_failed_read_does_not_forget_a_raise_still_landing():
+    """Another tool's raise to 300 W is landing; the next read fails; our 200 W write goes
+    out before a good read. That write once found no request to keep (the failed read had
+    cleared it): read back as 200 W in force, the card counted 200 W while the 300 W,
+    queued behind it, could still bite. It stays counted until it cannot land."""
+    led = CardLedger(T, 400_000)
+    led.observe(0.0, 200_000, 200_000)
+    led.observe(0.1, 300_000, 200_000)  # a raise we did not make, landing
+    led.observe_unknown()
+    led.record_write(200_000, 0.2)
+    assert led.observe(0.2, 200_000, 200_000) == 200_000  # ours, read back in force
+    assert led.bound_mw == 300_000  # and the raise may still bite after it
+    led.observe(0.1 + T.confirm_timeout_s, 200_000, 200_000)
+    assert led.bound_mw == 200_000
