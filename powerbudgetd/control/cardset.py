@@ -197,6 +197,6 @@ class CardSet:
         for c in self.cards:
             if c.uuid not in present and not c.gone:
                 c.gone = True
-                c.ledger.observe_unknown()  # off the bus: what it reads is unknown from now
+                c.ledger.observe_unknown(now)  # off the bus: what it reads is unknown from now
                 log.error("card_gone", index=c.index, uuid=c.uuid, reserved_w=c.bound_mw / 1000,
                           action="reserved at its bound until it returns; the others keep lending")

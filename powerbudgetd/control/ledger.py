@@ -47,10 +47,12 @@ class CardLedger:
     overdue: bool = False  # a write in flight did not return in time: it may land whenever it returns
     requested_before_mw: int | None = None  # the requested limit read before our first write in flight
     seen_ours: bool = False  # our write in flight has been read back in requested
-    # Requests replaced (by ours, another tool's, a reset) before they settled, with when
-    # they were sent (or first seen): a card may apply queued writes in turn, each after
-    # the lag, so one may still bite. Counted for confirm_timeout_s (the longest a write of ours is waited
-    # for) or twice the longest lag seen on the card, whichever is longer, after that time.
+    # Requests replaced (by ours, another tool's, a reset, a failed read) before they
+    # settled, with when they were replaced (the latest they may have been sent: one
+    # sent again at the same value is invisible): a card may apply queued writes in turn,
+    # each after the lag, so one may still bite. Counted for confirm_timeout_s (the
+    # longest a write of ours is waited for) or twice the longest lag seen on the card,
+    # whichever is longer, after that time.
     superseded: list[tuple[int, float]] = field(default_factory=list)
     lag_seen_s: float = 0.0  # the longest a write was seen taking to bite on this card (s)
     unread: int = 0  # writes in a row never read back while the card kept what it had
@@ -62,10 +64,14 @@ class CardLedger:
     backoff_s: float = 0.0
     refused: set[int] = field(default_factory=set)  # values NVML refused: never resent
     requested_since: float = float("-inf")  # when the requested limit read was first seen
-    # The requested limit was read in force with no replaced request left that may land
-    # before it: settled, it is not counted once replaced (even if still queued, it would
-    # land on the value already in force). Any other request may still be queued.
+    # The requested limit was read in force with nothing of ours in flight and no
+    # replaced request left that may land before it: settled, it is not counted once
+    # replaced (even if still queued, nothing queued before it can land first, and it
+    # would land on the value already in force). Any other request may still be queued.
     request_settled: bool = False
+    # Our write was sent since the last read: the request it replaced is accounted for.
+    # Read again unchanged, that value is a request of its own (sent back after ours).
+    replaced_by_ours: bool = False
 
     @property
     def bound_mw(self) -> int:
@@ -105,7 +111,7 @@ class CardLedger:
             self.new = self.overdue = False
             self.unread = 0
         self._foreign(now)
-        if requested_mw is not None and enforced_mw == requested_mw and not self.superseded:
+        if requested_mw is not None and enforced_mw == requested_mw and not self.superseded and not self.inflight:
             self.request_settled = True
         return confirmed
 
@@ -113,9 +119,11 @@ class CardLedger:
         """Keep the limits read (and the worst case they may raise); True when enforced
         moved since the last read."""
         if requested_mw != self.requested_mw:
-            self._request_replaced()
+            if not self.replaced_by_ours:
+                self._request_replaced(now)
             self.request_settled = False
             self.requested_since = now
+        self.replaced_by_ours = False
         moved = enforced_mw is not None and self.enforced_mw is not None and enforced_mw != self.enforced_mw
         self.requested_mw, self.enforced_mw = requested_mw, enforced_mw
         self.worst_mw = max([self.worst_mw] + [v for v in (requested_mw, enforced_mw) if v is not None])
@@ -138,25 +146,27 @@ class CardLedger:
         keep_s = max(self.timings.confirm_timeout_s, 2 * self.lag_seen_s)
         self.superseded = [(mw, t) for mw, t in self.superseded if now - t < keep_s]
 
-    def observe_unknown(self) -> None:
+    def observe_unknown(self, now: float) -> None:
         """The card could not be read (or a call on it is overdue): it counts at the
         highest limit it may have or come back with; whatever it reads next is news. The
         request last read may still be landing: it stays counted as a replaced one (a
         write of ours sent before the next good read would otherwise forget it)."""
-        self._request_replaced()
+        self._request_replaced(now)
         self.foreign_mw = self.foreign_since = None
         self.requested_mw = self.enforced_mw = None
+        self.replaced_by_ours = False
 
-    def _request_replaced(self) -> None:
-        """The requested limit read is being replaced (by another request read, a write
-        of ours, or the unknown): a card that queues writes may still apply it, so it is
-        counted among the replaced requests from when it was first seen. Ours in flight
-        are counted as such already."""
-        r, since = self.requested_mw, self.requested_since
+    def _request_replaced(self, at: float) -> None:
+        """The requested limit read is replaced (by another request read, a write of ours
+        or the unknown) at ``at`` (s): unless it settled, a card that queues writes may
+        still apply it, so it is counted among the replaced requests from ``at`` (it may
+        have been sent again, at the same value, until then). Ours in flight are counted
+        as such already."""
+        r = self.requested_mw
         if r is None or self.request_settled or r in [mw for mw, _ in self.inflight]:
             return
-        if (r, since) not in self.superseded:
-            self.superseded.append((r, since))
+        if (r, at) not in self.superseded:
+            self.superseded.append((r, at))
 
     def appeared(self) -> None:
         """The card appeared at runtime or came back: worst case until a write confirms."""
@@ -206,7 +216,8 @@ class CardLedger:
         if not self.inflight:
             self.requested_before_mw = self.requested_mw
             self.seen_ours = False
-            self._request_replaced()
+            self._request_replaced(sent_at)
+            self.request_settled, self.replaced_by_ours = False, True
             self.foreign_mw = self.foreign_since = None
         self.inflight.append((to_mw, sent_at))
 

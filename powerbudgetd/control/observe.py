@@ -46,7 +46,7 @@ def observe(c: CardState, r: PowerReading | NvmlError, now: float,
         c.audit.lost()
         if c.controllable:
             c.role = Role.LOST
-        c.ledger.observe_unknown()  # counted at the highest limit it may have or come back with
+        c.ledger.observe_unknown(now)  # counted at the highest limit it may have or come back with
         if not first:
             return None  # one fault per episode: a card gone for good does not stop lending forever
         log.warning("card_unreadable", index=c.index, uuid=c.uuid, error=c.error, counted_w=c.bound_mw / 1000,

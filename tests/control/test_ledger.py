@@ -66,8 +66,8 @@ class Card:
 @given(limits, st.sampled_from([0.0, 0.1, 0.5, 2.0]), ops, st.booleans())
 # Our write over another tool's raise still landing: the raise stays counted.
 @example(200_000, 0.5, [("outside", 300_000), ("write", 250_000), ("read", "ok")], True)
-# The raise bites while our later raise, replaced in turn, is still queued: only the
-# raise (and what was sent before it) is known to have landed.
+# The raise bites while our later raise, replaced in turn, is still queued: no read
+# proves which queued writes landed, so every one replaced stays counted.
 @example(200_000, 0.5, [("outside", 300_000), ("wait", 0.2), ("write", 320_000), ("wait", 0.1),
                         ("outside", 250_000), ("wait", 0.25), ("read", "ok")], True)
 # Another tool's raise read, then a failed read, then our write: the raise, still queued,
@@ -80,6 +80,16 @@ class Card:
 # ... or the value of another tool's request queued behind one replaced under the floor.
 @example(100_000, 0.1, [("floor", 100_002), ("outside", 100_001), ("outside", 100_000), ("floor", None),
                         ("read", "ok")], True)
+# Another tool sends back the value our write replaced (settled before it): read again
+# unchanged, it is a request of its own, queued behind ours, not the settled one.
+@example(300_000, 0.5, [("write", 100_000), ("wait", 0.05), ("outside", 300_000), ("outside", 150_000),
+                        ("wait", 0.46), ("read", "ok")], True)
+@example(300_000, 0.5, [("write", 100_000), ("wait", 0.05), ("outside", 300_000), ("wait", 0.1),
+                        ("write", 150_000), ("wait", 0.36), ("read", "ok")], True)
+# ... and counted from when it was replaced, not from when that value was first seen.
+@example(100_000, 2.0, [("outside", 300_000), ("wait", 2.5), ("read", "no_enforced"), ("wait", 0.4),
+                        ("write", 100_000), ("wait", 0.05), ("outside", 300_000), ("wait", 0.05),
+                        ("outside", 150_000), ("wait", 1.91), ("read", "ok")], True)
 def test_the_bound_covers_whatever_may_be_in_force(default_mw, lag_s, script, queued):
     """Over cards that replace a pending request and cards that apply queued writes in
     turn; we write whenever no write of ours is unconfirmed (as the controller does),
@@ -108,7 +118,7 @@ def test_the_bound_covers_whatever_may_be_in_force(default_mw, lag_s, script, qu
         elif op == "read":
             assume(not card.floor_hides_a_request())
             if arg == "error":
-                led.observe_unknown()
+                led.observe_unknown(now)
             else:
                 req = None if arg == "no_requested" else card.requested
                 enf = None if arg == "no_enforced" else card.enforced(now)
@@ -128,7 +138,7 @@ def test_unknown_counts_at_the_largest_value_ever_read(worst_mw, seen):
     led = CardLedger(T, worst_mw)
     for mw in seen:
         led.observe(0.0, mw, mw)
-    led.observe_unknown()
+    led.observe_unknown(0.0)
     assert led.bound_mw == max([worst_mw] + seen)
     led.observe(0.0, None, MIN_MW)  # half unknown is unknown
     assert led.bound_mw == max([worst_mw] + seen)
@@ -243,14 +253,16 @@ def test_another_tools_raise_replaced_before_it_bites_is_counted_until_it_cannot
     """Another tool raises the card to 300 W and, before that bites, writes it back to
     200 W. The card reads 200 / 200 and nothing seems to be landing, but on a card that
     queues writes the 300 W still bites after the lag: counted until confirm_timeout_s
-    after it was first seen."""
+    after it was replaced (it may have been sent again, at the same value, until then)."""
     led = CardLedger(T, 400_000)
     led.observe(0.0, 200_000, 200_000)
     led.observe(0.1, 300_000, 200_000)  # a raise we did not make, landing
     assert led.busy and led.bound_mw == 300_000
     led.observe(0.2, 200_000, 200_000)  # written back before it bit
     assert led.bound_mw == 300_000
-    led.observe(0.1 + T.confirm_timeout_s, 200_000, 200_000)
+    led.observe(0.19 + T.confirm_timeout_s, 200_000, 200_000)
+    assert led.bound_mw == 300_000
+    led.observe(0.2 + T.confirm_timeout_s, 200_000, 200_000)
     assert led.bound_mw == 200_000
 
 
@@ -275,9 +287,9 @@ def test_a_failed_read_does_not_forget_a_raise_still_landing():
     led = CardLedger(T, 400_000)
     led.observe(0.0, 200_000, 200_000)
     led.observe(0.1, 300_000, 200_000)  # a raise we did not make, landing
-    led.observe_unknown()
+    led.observe_unknown(0.15)
     led.record_write(200_000, 0.2)
     assert led.observe(0.2, 200_000, 200_000) == 200_000  # ours, read back in force
     assert led.bound_mw == 300_000  # and the raise may still bite after it
-    led.observe(0.1 + T.confirm_timeout_s, 200_000, 200_000)
+    led.observe(0.15 + T.confirm_timeout_s, 200_000, 200_000)
     assert led.bound_mw == 200_000
