@@ -261,6 +261,9 @@ def _parser() -> argparse.ArgumentParser:
     ini.add_argument("--ups-w", type=positive_float("watts"), metavar="W",
                      help=f"with --breaker-a: a UPS's real watt rating, budgeted at {(1 - DEFAULT_UPS_MARGIN) * 100:.0f} %% "
                      "(the [feed] default ups_margin; default: no UPS)")
+    ini.add_argument("--tree", type=Path, metavar="FILE",
+                     help="instead of --budget-w or --breaker-a: the power tree file (nodes, pairs, hosts); the "
+                     "circuit is that tree, its budget the root's, every grant fitting every node above its host (default: none)")
     ini.add_argument("--ttl", type=int, default=30, metavar="S",
                      help="lease TTL in s: must exceed each host's WatchdogSec + fallback_s + TTL/6")
     ini.add_argument("--force", action="store_true", help="replace an existing circuit's budget and TTL "
@@ -310,8 +313,8 @@ def _validate(args: argparse.Namespace) -> None:
         require(_SUBPARSERS["check_config"], args, (("--scenario", "--backend sim", lambda a: a.backend == "sim"),))
     elif args.command == "circuit" and args.circuit_command == "init":
         ini = _SUBPARSERS["circuit_init"]
-        if (args.budget_w is None) == (args.breaker_a is None):
-            ini.error("give --budget-w or --breaker-a (with --volts), one of them")
+        if [args.budget_w, args.breaker_a, args.tree].count(None) != 2:
+            ini.error("give --budget-w, --breaker-a (with --volts) or --tree, one of them")
         if args.budget_w is not None and args.ups_w is not None:
             ini.error("--ups-w goes with --breaker-a")
         if not 2 <= args.ttl <= 3600:

@@ -30,7 +30,8 @@ from typing import Any
 
 from powerbudgetd.control.controller import Controller
 from powerbudgetd.core.arbiter import BudgetArbiter
-from powerbudgetd.core.circuit import CircuitView, Fence, GrantPolicy, HostPower, max_min_fair, raise_allowed
+from powerbudgetd.core.circuit import CircuitView, Fence, GrantPolicy, HostPower, raise_allowed
+from powerbudgetd.core.fair import max_min_fair
 from powerbudgetd.core.fairshare import fair_shares
 from powerbudgetd.core.feed import Feed
 from powerbudgetd.core.model import Timings

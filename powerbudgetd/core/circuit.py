@@ -8,6 +8,15 @@ every revision::
 
     sum(seats) + sum(grants) <= circuit budget
 
+On a *power tree* (``core.tree``: feeds, PDUs, breakers above the hosts, A/B cords) the
+same holds at every node, failover counted::
+
+    sum over hosts h of coefficient(h, n) x (seat_h + grant_h) <= budget(n)
+
+and a grant is raised only where it fits every node on the host's cords' paths. The
+whole tree is one circuit in the store, so the same transaction guards it: a race
+between two hosts under different branches cannot overfill a shared parent.
+
 Grants follow a max-min fair division of the pool (budget - seats - unseated
 reserves) over the hosts' *wants* (what their recipients could use, wall W), with
 hysteresis (``step_w``) and a release hold, so the circuit neither starves nor
@@ -27,8 +36,10 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from powerbudgetd.core.fair import max_min_fair
 from powerbudgetd.core.feed import Feed
 from powerbudgetd.core.snapshot import BankSnapshot
+from powerbudgetd.core.tree import PowerTree, divide
 
 # A quartz oscillator without NTP drifts by tens of ppm; 1000 ppm is a wide allowance
 # for the host's and the store leader's clocks each.
@@ -45,7 +56,10 @@ class CircuitView:
     so the pool counts them); ``unknown``: hosts whose seat or grant could not be read
     (counted at the whole budget: nothing is raised while one is there, but nobody's
     grant is taken back for it); ``seat_order``: each seat's create revision (the
-    earlier seat keeps its place when seats no longer fit a changed budget).
+    earlier seat keeps its place when seats no longer fit a changed budget); ``tree``:
+    the power tree the circuit is (None: one flat circuit), with each host's seat as its
+    reserve; ``tree_bad``: a tree is stored but could not be read (nothing is seated or
+    raised until it can: no node can be checked).
     """
 
     budget_w: float
@@ -56,6 +70,8 @@ class CircuitView:
     revision: int = 0
     unknown: frozenset[str] = frozenset()
     seat_order: Mapping[str, int] = field(default_factory=dict)
+    tree: PowerTree | None = None
+    tree_bad: bool = False
 
     @property
     def seats_w(self) -> float:
@@ -111,40 +127,59 @@ class CircuitView:
 
     def seat_fits(self, reserve_w: float, host: str) -> bool:
         """Whether ``host``'s seat of ``reserve_w`` (W) fits beside every other seat and
-        grant (its own seat and grant replaced)."""
+        grant (its own seat and grant replaced); on a tree, at every node on its cords'
+        paths too (a host the tree does not name has no place: False)."""
         others = {h: w for h, w in self.seats.items() if h != host}
         grants = sum(w for h, w in self.grants.items() if h != host)
-        return sum(others.values()) + grants + reserve_w <= self.budget_w + 1e-9
+        if sum(others.values()) + grants + reserve_w > self.budget_w + 1e-9:
+            return False
+        return self.fits_tree(host, reserve_w)
+
+    def held_w(self) -> dict[str, float]:
+        """Each host's seat (or pending reserve) plus grant (W): what the invariant counts."""
+        out = {h: self.seats.get(h, 0.0) + self.grants.get(h, 0.0) for h in {*self.seats, *self.grants}}
+        for h, w in self.pending.items():
+            out[h] = out.get(h, 0.0) + w
+        return out
+
+    def fits_tree(self, host: str, total_w: float) -> bool:
+        """Whether ``host`` holding ``total_w`` (W, seat + grant) in all fits every node on
+        its cords' paths beside the others' seats and grants, failover counted (True off
+        a tree; False on a tree that could not be read or does not name the host)."""
+        if self.tree is None:
+            return not self.tree_bad
+        if host not in self.tree.hosts:
+            return False
+        return total_w <= self.tree.room_for_w(host, self.held_w()) + 1e-9
+
+    def room_w(self, host: str) -> float:
+        """The largest grant (W) ``host`` may hold beside the others' seats and grants at
+        every node on its cords' paths (inf off a tree; 0 where its seat already fills one)."""
+        if self.tree is None or host not in self.tree.hosts:
+            return math.inf if self.tree is None else 0.0
+        seat = self.seats.get(host, 0.0) + self.pending.get(host, 0.0)
+        return max(0.0, self.tree.room_for_w(host, self.held_w()) - seat)
+
+    def nodes_over_w(self) -> dict[str, float]:
+        """Each node of the tree whose seats and grants (failover counted) exceed its
+        budget, and by how much (W); empty off a tree."""
+        return {} if self.tree is None else self.tree.over_w(self.held_w())
 
     def holds(self) -> bool:
-        """The invariant at this revision: sum(seats) + sum(grants) <= budget."""
-        return self.committed_w <= self.budget_w + 1e-9
+        """The invariant at this revision: sum(seats) + sum(grants) <= budget, and on a
+        tree the same at every node, failover counted."""
+        return self.committed_w <= self.budget_w + 1e-9 and not self.nodes_over_w() and not self.tree_bad
 
-
-def max_min_fair(pool_w: float, wants: Mapping[str, float], cost: Mapping[str, float] | None = None) -> dict[str, float]:
-    """Max-min fair division of ``pool_w`` (W) over ``wants`` (W each): every host gets
-    min(want, L) for the largest level L whose total fits. ``cost``: the pool's watts
-    each host's watt takes (default 1; a power tree's node carries a share of a
-    dual-corded host's draw, see ``core.tree``), so that sum(cost x share) <= pool.
-    Returns W per host (0 for a non-positive pool); the total (at cost) never exceeds
-    ``max(pool_w, 0)``."""
-    out = {host: 0.0 for host in wants}
-    left = max(0.0, pool_w)
-    weight = {h: 1.0 if cost is None else cost[h] for h in wants}
-    open_hosts = sorted((max(0.0, w), h) for h, w in wants.items() if w > 0)
-    while open_hosts and left > 0:
-        level = left / sum(weight[h] for _, h in open_hosts)
-        want, host = open_hosts[0]
-        if want <= level:  # the smallest want is met in full; split the rest again
-            out[host] = want
-            left -= want * weight[host]
-            open_hosts.pop(0)
-            continue
-        for _, h in open_hosts:
-            out[h] = level
-        left = 0.0
-        break
-    return out
+    def fair_w(self, host: str) -> float:
+        """``host``'s fair grant (W above its seat): max-min fair over the pool; on a
+        tree, the tree's division (every node's budget, priorities: ``core.tree.divide``)
+        of each host's seat plus want."""
+        if self.tree is None:
+            return max_min_fair(self.known_pool_w, self.wants).get(host, 0.0)
+        if host not in self.tree.hosts:
+            return 0.0
+        totals = {h: self.seats.get(h, 0.0) + self.pending.get(h, 0.0) + self.wants.get(h, 0.0) for h in self.tree.hosts}
+        return max(0.0, divide(self.tree, totals).get(host, 0.0) - self.seats.get(host, 0.0))
 
 
 @dataclass
@@ -164,10 +199,10 @@ class GrantPolicy:
     def target_w(self, view: CircuitView, host: str, current_w: float, now: float) -> float:
         """The grant (W) this host should hold now: a raise only within the free watts
         of ``view``; a lowering after the hold; else ``current_w``."""
-        fair = max_min_fair(view.known_pool_w, view.wants).get(host, 0.0)
+        fair = view.fair_w(host)
         if fair > current_w:
             self._above_since = None
-            raise_to = current_w + min(fair - current_w, max(0.0, view.free_w))
+            raise_to = current_w + min(fair - current_w, max(0.0, view.free_w), max(0.0, view.room_w(host) - current_w))
             return raise_to if raise_to - current_w >= self.step_w else current_w
         if current_w - fair >= min(self.step_w, current_w) and current_w > 0:
             if view.free_known_w < 0:  # over-committed (a pending seat): give back now
@@ -185,11 +220,13 @@ class GrantPolicy:
 
 def raise_allowed(view: CircuitView, host: str, grant_w: float) -> bool:
     """Whether setting ``host``'s grant to ``grant_w`` (W) keeps the invariant at
-    ``view``'s revision (the transaction then guards that nothing changed since)."""
+    ``view``'s revision, at every node of a tree (the transaction then guards that
+    nothing changed since)."""
     if grant_w < 0 or not math.isfinite(grant_w) or host not in view.seats:
         return False
     others = sum(w for h, w in view.grants.items() if h != host)
-    return view.seats_w + others + grant_w <= view.budget_w + 1e-9 and grant_w <= max(0.0, view.pool_w - others) + 1e-9
+    flat = view.seats_w + others + grant_w <= view.budget_w + 1e-9 and grant_w <= max(0.0, view.pool_w - others) + 1e-9
+    return flat and view.fits_tree(host, view.seats[host] + view.pending.get(host, 0.0) + grant_w)
 
 
 @dataclass(frozen=True)

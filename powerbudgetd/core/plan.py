@@ -24,7 +24,7 @@ class Step:
     uuid: str
     bound_mw: int
     target_mw: int
-    requested_mw: int | None = None  # what the card was last asked for (read-back)
+    requested_mw: int | None = None  # what the card asks for (read-back; in dry run, what we would have set)
     priority: int = 0
     busy: bool = False  # a write to this card is not confirmed yet: write nothing more
     force: bool = False  # write even at the requested limit (a new card: only our write ends it)

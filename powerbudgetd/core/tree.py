@@ -43,7 +43,7 @@ import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 
-from powerbudgetd.core.circuit import max_min_fair
+from powerbudgetd.core.fair import max_min_fair
 
 MODES = ("redundant", "oversubscribed")
 KINDS = ("site", "feed", "ups", "panel", "pdu", "circuit")
@@ -165,6 +165,12 @@ class PowerTree:
         pairs = {p: Pair(p, mode, shed_s if mode == "oversubscribed" else None)
                  for p in {self.pair_of(h) for h in self.hosts} if p is not None}
         return replace(self, pairs=pairs, _coefficients={})
+
+    def with_reserves(self, reserves_w: Mapping[str, float]) -> PowerTree:
+        """The same tree with each host's reserve as given (W; 0 for one not given): the
+        seats a circuit's store holds, rather than the file's plan."""
+        hosts = {h: replace(host, reserve_w=reserves_w.get(h, 0.0)) for h, host in self.hosts.items()}
+        return replace(self, hosts=hosts, _coefficients={})
 
     # -- what each node carries -------------------------------------------------------
     def coefficients(self, lost: str | None = None, *, flow: bool = False) -> dict[str, dict[str, float]]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -128,7 +129,20 @@ def _reserve_refused(args: argparse.Namespace) -> int | None:
 async def _init(store: Any, args: argparse.Namespace) -> int:
     from powerbudgetd.core.feed import Feed
 
-    if args.budget_w is not None:
+    tree = None
+    budget: float | None
+    if args.tree is not None:
+        from powerbudgetd.config.tree import load_tree
+
+        try:
+            tree, _ = load_tree(args.tree)
+        except ConfigError as exc:
+            print(f"powerbudgetd: circuit init: {exc}", file=sys.stderr)
+            return ExitStatus.CONFIG
+        root = next(n for n in tree.nodes.values() if n.parent is None)
+        budget = root.budget_w
+        how = f"the power tree {args.tree}: {len(tree.nodes)} nodes, {len(tree.hosts)} hosts; its root {root.name}"
+    elif args.budget_w is not None:
         budget, how = args.budget_w, "as given"
     else:
         try:
@@ -138,14 +152,19 @@ async def _init(store: Any, args: argparse.Namespace) -> int:
             return ExitStatus.CONFIG
         budget = feed.wall_limit_w()
         how = f"{args.breaker_a:g} A x {args.volts:g} V x {args.derating:g}" + (f", UPS {args.ups_w:g} W" if args.ups_w else "")
-    ok = await store.init(round(budget, 1), args.ttl, force=args.force)
+    if budget is None:
+        print("powerbudgetd: circuit init: no budget: give --budget-w, --breaker-a or --tree", file=sys.stderr)
+        return ExitStatus.CONFIG
+    ok = await store.init(round(budget, 1), args.ttl, force=args.force, tree=tree)
     if not ok:
         read = await store.read()
         if args.force:
             live = read.unseated_live()
+            over = "" if tree is None else "".join(f"; node {n} over by {w:.0f} W" for n, w in sorted(
+                dataclasses.replace(read.view, tree=tree.with_reserves(read.view.seats), budget_w=budget).nodes_over_w().items()))
             print(f"powerbudgetd: circuit {store.name}: seats and grants ({read.view.committed_w:g} W)"
                   + (f" and live hosts without a seat ({_hosts_w(live)})" if live else "")
-                  + f" exceed {budget:g} W; lower them first", file=sys.stderr)
+                  + f" exceed {budget:g} W{over}; lower them first", file=sys.stderr)
         elif read.spec is None:
             print(f"powerbudgetd: circuit {store.name}: live hosts without a seat ({_hosts_w(read.unseated_live())}) "
                   f"exceed {budget:g} W: their daemons still run on those reserves", file=sys.stderr)
@@ -174,6 +193,18 @@ async def _join(store: Any, host: str, reserve_w: float) -> int:
         if read.view.seats.get(host) == reserve_w:
             print(f"circuit {store.name}: {host} already seated with {reserve_w:g} W")
             return ExitStatus.OK
+        tree = read.view.tree
+        if tree is not None and host not in tree.hosts:
+            print(f"powerbudgetd: circuit {store.name}: {printable(host)} is not in its power tree (add it under "
+                  "[hosts] in the tree file and run circuit init --tree FILE --force)", file=sys.stderr)
+            return ExitStatus.ERROR
+        if tree is not None and not read.view.fits_tree(host, reserve_w):
+            full = dataclasses.replace(read.view, seats={**read.view.seats, host: reserve_w},
+                                       grants={h: w for h, w in read.view.grants.items() if h != host})
+            print(f"powerbudgetd: circuit {store.name}: {printable(host)}'s seat of {reserve_w:g} W does not fit its "
+                  "power tree, failover counted: " + ", ".join(f"node {n} over by {w:.0f} W" for n, w in sorted(
+                      full.nodes_over_w().items())), file=sys.stderr)
+            return ExitStatus.ERROR
         if not seat_fits(read, host, reserve_w):
             v = read.view
             live = {h: w for h, w in read.unseated_live().items() if h != host}
@@ -238,6 +269,18 @@ async def _status(store: Any, as_json: bool) -> int:
         seat = f(r["seat_w"]) if r["seat_w"] is not None else f"({f(r['pending_w'])})"
         print(f"  {printable(r['host'])[:24]:<24} {seat:>8} {f(r['want_w']):>8} {f(r['grant_w']):>8} {f(r['caps_w']):>8} "
               f"{f(r['draw_w']):>8} {f(r['lease_left_s']):>8}" + (f"  {','.join(r['flags'])}" if r["flags"] else ""))
+    if doc["nodes"]:
+        print("  power tree (committed: seats + grants, failover counted; draw: measured, where it flows now)")
+        print(f"  {'node':<26} {'kind':<8} {'budget W':>9} {'committed W':>11} {'caps W':>8} {'draw W':>8} {'headroom W':>10}")
+        for n in doc["nodes"]:
+            def g(x: float | None) -> str:
+                return "-" if x is None else f"{x:g}"
+            label = ("  " * n["depth"] + printable(n["node"]))[:26]
+            print(f"  {label:<26} {printable(n['kind']):<8} {n['budget_w']:>9g} {n['committed_w']:>11g} {g(n['caps_w']):>8} "
+                  f"{g(n['draw_w']):>8} {n['headroom_w']:>10g}" + ("" if n["within_budget"] else "  OVER"))
+    elif doc["tree_error"]:
+        print(f"  POWER TREE UNREADABLE ({printable(doc['tree_error'])}): nothing is seated or raised until it is "
+              "written again (powerbudgetd circuit init --tree FILE --force)")
     for key, why in sorted(read.bad.items()):
         print(f"  unreadable: {printable(key)}: {printable(why)}")
     return ExitStatus.OK
@@ -255,7 +298,8 @@ def status_doc(name: str, read: Any, lease_info: dict[int, tuple[int, int]]) -> 
 
     v = read.view
     ttl = read.spec.ttl_s if read.spec else None
-    bad_hosts = {k.rsplit("/", 1)[-1] for k in read.bad if k.count("/") >= 2 and not k.endswith("/spec")}
+    bad_hosts = {k.rsplit("/", 1)[-1] for k in read.bad
+                 if k.count("/") >= 2 and not k.endswith("/spec") and not k.endswith("/tree")}
     hosts = sorted(set(v.seats) | set(v.grants) | set(v.wants) | set(v.pending) | set(read.claims) | bad_hosts)
     rows = []
     flags: dict[str, list[str]] = {"no_seat": [], "duplicate": [], "stale": [], "unreadable": []}
@@ -290,6 +334,8 @@ def status_doc(name: str, read: Any, lease_info: dict[int, tuple[int, int]]) -> 
 
     caps, draw = total("caps_w"), total("draw_w")
     budget = read.spec.budget_w if read.spec else None
+    nodes = _nodes(v, {r["host"]: r for r in live})
+    nodes_within = all(n["within_budget"] is not False for n in nodes)
     spec_key = next((k for k in read.bad if k.endswith("/spec")), None)
     return {
         "circuit": name, "revision": read.revision, "initialised": read.spec is not None,
@@ -300,12 +346,53 @@ def status_doc(name: str, read: Any, lease_info: dict[int, tuple[int, int]]) -> 
         "committed_w": v.committed_w if not v.unknown else None,
         "free_w": v.free_w if read.spec and not v.unknown else None,
         "within_budget": (v.holds() and not v.unknown and not flags["no_seat"] and not flags["duplicate"]
-                          and (caps is None or caps <= budget) and (draw is None or draw <= budget))
+                          and (caps is None or caps <= budget) and (draw is None or draw <= budget) and nodes_within)
         if budget is not None else None,
         "caps_w": caps, "draw_w": draw,
         "draw_within_budget": None if draw is None or budget is None else draw <= budget,
         "flags": flags, "unreadable": dict(sorted(read.bad.items())), "hosts": rows,
+        "tree_error": next((why for k, why in read.bad.items() if k.endswith("/tree")), None), "nodes": nodes,
     }
+
+
+def _nodes(v: Any, live: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    """A power tree's nodes, root first, each under its parent (depth): its budget, the
+    seats and grants it carries (failover counted, as the invariant bounds them), the
+    live hosts' caps counted the same way and their measured draw where it flows now
+    (W, at the wall; None while a host's figure is unknown), and its headroom: budget
+    minus the larger of committed and measured (W; < 0: over)."""
+    tree = v.tree
+    if tree is None:
+        return []
+    committed = tree.loads_w(v.held_w())
+
+    def through(key: str, *, flow: bool) -> dict[str, float | None]:
+        out: dict[str, float | None] = {}
+        for n, hs in tree.coefficients(flow=flow).items():
+            vals = [(c, live[h][key]) for h, c in hs.items() if h in live]
+            out[n] = None if any(x is None for _, x in vals) else round(sum(c * x for c, x in vals), 1)
+        return out
+
+    caps, draw = through("caps_w", flow=False), through("draw_w", flow=True)
+    children: dict[str | None, list[str]] = {}
+    for node in tree.nodes.values():
+        children.setdefault(node.parent, []).append(node.name)
+    rows: list[dict[str, Any]] = []
+
+    def visit(name: str, depth: int) -> None:
+        node = tree.nodes[name]
+        used = max(committed[name], draw[name] or 0.0)
+        within = committed[name] <= node.budget_w + 1e-6 and all(
+            x is None or x <= node.budget_w + 1e-6 for x in (caps[name], draw[name]))
+        rows.append({"node": name, "kind": node.kind, "parent": node.parent, "depth": depth,
+                     "budget_w": node.budget_w, "committed_w": round(committed[name], 1), "caps_w": caps[name],
+                     "draw_w": draw[name], "headroom_w": round(node.budget_w - used, 1), "within_budget": within})
+        for child in sorted(children.get(name, [])):
+            visit(child, depth + 1)
+
+    for root in sorted(children.get(None, [])):
+        visit(root, 0)
+    return rows
 
 
 def failsafe_command(args: argparse.Namespace) -> int:

@@ -12,9 +12,9 @@ from powerbudgetd.core.circuit import (
     GrantPolicy,
     fenced_lease_ttl_s,
     HostPower,
-    max_min_fair,
     raise_allowed,
 )
+from powerbudgetd.core.fair import max_min_fair
 from powerbudgetd.core.feed import Feed
 from support.examples import examples
 

@@ -44,22 +44,6 @@ def _figures(name: str, **fields: object) -> None:
     print(f"\n[circuit figures] {name}: " + ", ".join(f"{k}={v}" for k, v in fields.items()))
 
 
-@pytest.fixture
-def etcd1(tmp_path: Path):
-    cluster = EtcdCluster(tmp_path, 1)
-    cluster.start()
-    yield cluster
-    cluster.stop_all()
-
-
-@pytest.fixture
-def etcd3(tmp_path: Path):
-    cluster = EtcdCluster(tmp_path, 3)
-    cluster.start()
-    yield cluster
-    cluster.stop_all()
-
-
 def _hosts(tmp_path: Path, endpoints: list[str] | dict[str, list[str]], n: int = 3, **kw) -> list[Host]:
     hosts = []
     for i in range(n):

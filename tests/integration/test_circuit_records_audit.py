@@ -47,16 +47,8 @@ def _figures(name: str, **fields: object) -> None:
     print(f"\n[circuit figures] {name}: " + ", ".join(f"{k}={v}" for k, v in fields.items()))
 
 
-@pytest.fixture
-def etcd(tmp_path: Path):
-    cluster = EtcdCluster(tmp_path, 1)
-    cluster.start()
-    yield cluster
-    cluster.stop_all()
-
-
-def _hosts(tmp_path: Path, etcd: EtcdCluster, n: int, **kw) -> list[Host]:
-    return [Host(f"h{i}", tmp_path, etcd.endpoints, "lab", reserve_w=RESERVE_W, **kw) for i in range(n)]
+def _hosts(tmp_path: Path, etcd1: EtcdCluster, n: int, **kw) -> list[Host]:
+    return [Host(f"h{i}", tmp_path, etcd1.endpoints, "lab", reserve_w=RESERVE_W, **kw) for i in range(n)]
 
 
 def _wall(timestamp: str) -> float:
@@ -64,40 +56,40 @@ def _wall(timestamp: str) -> float:
     return datetime.fromisoformat(timestamp.replace("Z", "+00:00")).timestamp()
 
 
-def _seat_w(etcd: EtcdCluster, host: str) -> float | None:
-    rows = {r["host"]: r for r in circuit_status(etcd.endpoints, "lab")["hosts"]}
+def _seat_w(etcd1: EtcdCluster, host: str) -> float | None:
+    rows = {r["host"]: r for r in circuit_status(etcd1.endpoints, "lab")["hosts"]}
     return rows.get(host, {}).get("seat_w")
 
 
 def test_a_wiped_circuit_is_reseated_and_refuses_what_its_live_hosts_leave_no_room_for(
-    etcd: EtcdCluster, tmp_path: Path,
+    etcd1: EtcdCluster, tmp_path: Path,
 ) -> None:
     """Before: after a wipe no daemon re-seated and a 3000 W host then joined beside them
     (844 W over, lasting). Now the live hosts claim their names again at once; an init
     whose budget they do not fit and a join they leave no room for are refused, naming
     them; the re-created circuit is seated again by its live hosts."""
-    init_circuit(etcd.endpoints, "lab", BUDGET_W, TTL_S)
-    hosts = _hosts(tmp_path, etcd, 2)
-    big = Host("big", tmp_path, etcd.endpoints, "lab", reserve_w=BUDGET_W)
+    init_circuit(etcd1.endpoints, "lab", BUDGET_W, TTL_S)
+    hosts = _hosts(tmp_path, etcd1, 2)
+    big = Host("big", tmp_path, etcd1.endpoints, "lab", reserve_w=BUDGET_W)
     try:
         with Checker(hosts, BUDGET_W) as checker:
             start_hosts(hosts)
             wait_until(lambda: granted(hosts, 2), 20, "grants on both hosts")
-            etcd_edit(etcd.endpoints, "lab", wipe=True)
+            etcd_edit(etcd1.endpoints, "lab", wipe=True)
             wiped = time.monotonic()
             # The claims come back first (the daemons still hold their leases) ...
-            wait_until(lambda: {r["host"] for r in circuit_status(etcd.endpoints, "lab")["hosts"]
+            wait_until(lambda: {r["host"] for r in circuit_status(etcd1.endpoints, "lab")["hosts"]
                                 if r["identity"]} == {"h0", "h1"}, 10, "both claims again", step_s=0.05)
             reclaimed_s = time.monotonic() - wiped
-            status = circuit_status(etcd.endpoints, "lab")
+            status = circuit_status(etcd1.endpoints, "lab")
             assert status["initialised"] is False and status["flags"]["no_seat"] == ["h0", "h1"]
-            r = circuit_cli(etcd.endpoints, "init", "--name", "lab", "--budget-w", "1000", "--ttl", str(TTL_S))
+            r = circuit_cli(etcd1.endpoints, "init", "--name", "lab", "--budget-w", "1000", "--ttl", str(TTL_S))
             assert r.returncode != 0 and "h0 800 W" in r.stderr and "h1 800 W" in r.stderr, r.stderr
-            init_circuit(etcd.endpoints, "lab", BUDGET_W, TTL_S)
+            init_circuit(etcd1.endpoints, "lab", BUDGET_W, TTL_S)
             # ... a join that does not fit beside them is refused (seated or not yet) ...
             with pytest.raises(AssertionError, match="does not fit"):
                 big.join()
-            wait_until(lambda: _seat_w(etcd, "h0") == RESERVE_W and _seat_w(etcd, "h1") == RESERVE_W, 10,
+            wait_until(lambda: _seat_w(etcd1, "h0") == RESERVE_W and _seat_w(etcd1, "h1") == RESERVE_W, 10,
                        "both hosts seated again", step_s=0.05)
             reseated_s = time.monotonic() - wiped
             wait_until(lambda: granted(hosts, 2), 20, "grants again after the redefinition's hold")
@@ -109,13 +101,13 @@ def test_a_wiped_circuit_is_reseated_and_refuses_what_its_live_hosts_leave_no_ro
         stop_hosts(hosts)
 
 
-def test_a_second_daemon_with_the_same_host_name_is_refused_at_start(etcd: EtcdCluster, tmp_path: Path) -> None:
+def test_a_second_daemon_with_the_same_host_name_is_refused_at_start(etcd1: EtcdCluster, tmp_path: Path) -> None:
     """Before: two daemons named alike shared one seat and one grant (2889 W on a 2400 W
     circuit). Now the second one's claim fails: it stops (exit 11) naming both machines,
     having taken no grant, and its failsafe leaves the holder's grant in place."""
-    init_circuit(etcd.endpoints, "lab", BUDGET_W, TTL_S)
-    first = Host("first", tmp_path, etcd.endpoints, "lab", reserve_w=RESERVE_W, seat="gpu")
-    clone = Host("clone", tmp_path, etcd.endpoints, "lab", reserve_w=RESERVE_W, seat="gpu")
+    init_circuit(etcd1.endpoints, "lab", BUDGET_W, TTL_S)
+    first = Host("first", tmp_path, etcd1.endpoints, "lab", reserve_w=RESERVE_W, seat="gpu")
+    clone = Host("clone", tmp_path, etcd1.endpoints, "lab", reserve_w=RESERVE_W, seat="gpu")
     try:
         with Checker([first, clone], BUDGET_W) as checker:
             start_hosts([first])
@@ -126,7 +118,7 @@ def test_a_second_daemon_with_the_same_host_name_is_refused_at_start(etcd: EtcdC
             assert rc == 11, clone.daemon.tail()
             clone.stop()  # and its ExecStopPost failsafe, which must leave the holder's grant alone
             assert clone.failsafe_runs and "not this machine's to give back" in clone.failsafe_runs[0][2]
-            rows = {r["host"]: r for r in circuit_status(etcd.endpoints, "lab")["hosts"]}
+            rows = {r["host"]: r for r in circuit_status(etcd1.endpoints, "lab")["hosts"]}
             assert rows["gpu"]["grant_w"] > 0 and first.machine_id in rows["gpu"]["identity"]
         checker.assert_within()
         dup = [e for e in clone.events() if e.get("event") == "circuit_duplicate_host"]
@@ -137,7 +129,7 @@ def test_a_second_daemon_with_the_same_host_name_is_refused_at_start(etcd: EtcdC
         stop_hosts([first, clone])
 
 
-def test_a_frozen_host_s_grant_is_handed_on_only_after_its_grace(etcd: EtcdCluster, tmp_path: Path) -> None:
+def test_a_frozen_host_s_grant_is_handed_on_only_after_its_grace(etcd1: EtcdCluster, tmp_path: Path) -> None:
     """h0 frozen (SIGSTOP), killed by its watchdog after 1.5 s, and a failsafe that takes
     4 s more: without the grace etcd would hand its grant on at TTL (5 s) while its cards
     still held it (before: +200 W for 5.8 s). Its lease is TTL + ceil(WatchdogSec +
@@ -145,10 +137,10 @@ def test_a_frozen_host_s_grant_is_handed_on_only_after_its_grace(etcd: EtcdClust
 
     h2's watchdog is not enforced (WATCHDOG_USEC without WATCHDOG_PID naming it): it never
     shares, and frozen it holds nothing above its reserve. 0 W over in every sample."""
-    init_circuit(etcd.endpoints, "lab", BUDGET_W, TTL_S)
-    hosts = [Host("h0", tmp_path, etcd.endpoints, "lab", reserve_w=RESERVE_W, failsafe_delay_s=4.0, fallback_s=6.0),
-             Host("h1", tmp_path, etcd.endpoints, "lab", reserve_w=RESERVE_W),
-             Host("h2", tmp_path, etcd.endpoints, "lab", reserve_w=RESERVE_W, enforce_watchdog=False)]
+    init_circuit(etcd1.endpoints, "lab", BUDGET_W, TTL_S)
+    hosts = [Host("h0", tmp_path, etcd1.endpoints, "lab", reserve_w=RESERVE_W, failsafe_delay_s=4.0, fallback_s=6.0),
+             Host("h1", tmp_path, etcd1.endpoints, "lab", reserve_w=RESERVE_W),
+             Host("h2", tmp_path, etcd1.endpoints, "lab", reserve_w=RESERVE_W, enforce_watchdog=False)]
     try:
         with Checker(hosts, BUDGET_W) as checker:
             start_hosts(hosts)
@@ -186,7 +178,7 @@ HOSTILE = {
 }
 
 
-def test_running_hosts_hold_their_records_against_drift(etcd: EtcdCluster, tmp_path: Path) -> None:
+def test_running_hosts_hold_their_records_against_drift(etcd1: EtcdCluster, tmp_path: Path) -> None:
     """Two busy hosts on one circuit, and in turn, under them:
 
     1. ``circuit status``: before, the records alone ("within budget" while the hosts
@@ -202,8 +194,8 @@ def test_running_hosts_hold_their_records_against_drift(etcd: EtcdCluster, tmp_p
     5. a seat removed and its room taken before the host's next round: its cards to
        their floors.
     """
-    init_circuit(etcd.endpoints, "lab", BUDGET_W, TTL_S)
-    hosts = _hosts(tmp_path, etcd, 2)
+    init_circuit(etcd1.endpoints, "lab", BUDGET_W, TTL_S)
+    hosts = _hosts(tmp_path, etcd1, 2)
     try:
         with Checker(hosts, BUDGET_W) as checker:
             start_hosts(hosts)
@@ -213,7 +205,7 @@ def test_running_hosts_hold_their_records_against_drift(etcd: EtcdCluster, tmp_p
             time.sleep(1.5)  # the records follow the cards (published as they move)
 
             # 1. status: the hosts' measurements
-            doc = circuit_status(etcd.endpoints, "lab")
+            doc = circuit_status(etcd1.endpoints, "lab")
             rows = {r["host"]: r for r in doc["hosts"]}
             for h in hosts:
                 truth = h.wall_w()
@@ -224,16 +216,16 @@ def test_running_hosts_hold_their_records_against_drift(etcd: EtcdCluster, tmp_p
             assert doc["within_budget"] is True and doc["draw_within_budget"] is True
             ghost = {"machine_id": "e" * 32, "boot_id": "b", "pid": 7, "watchdog_s": 1, "fallback_s": 1,
                      "reserve_w": 500}
-            etcd_edit(etcd.endpoints, "lab", put={"claims/ghost": json.dumps(ghost).encode()}, lease_ttl_s=60)
-            doc = circuit_status(etcd.endpoints, "lab")
+            etcd_edit(etcd1.endpoints, "lab", put={"claims/ghost": json.dumps(ghost).encode()}, lease_ttl_s=60)
+            doc = circuit_status(etcd1.endpoints, "lab")
             assert doc["flags"]["no_seat"] == ["ghost"] and doc["within_budget"] is False
-            etcd_edit(etcd.endpoints, "lab", delete=("claims/ghost",))
+            etcd_edit(etcd1.endpoints, "lab", delete=("claims/ghost",))
 
             # 2. a seat removed under a running host
             removed = time.time()  # the daemons' log timestamps are wall-clock
-            r = circuit_cli(etcd.endpoints, "leave", "--name", "lab", "--host", "h1", "--force")
+            r = circuit_cli(etcd1.endpoints, "leave", "--name", "lab", "--host", "h1", "--force")
             assert r.returncode == 0, r.stderr
-            wait_until(lambda: _seat_w(etcd, "h1") == RESERVE_W, 10, "h1 seated again", step_s=0.05)
+            wait_until(lambda: _seat_w(etcd1, "h1") == RESERVE_W, 10, "h1 seated again", step_s=0.05)
             seated = [e for e in hosts[1].events() if e.get("event") == "circuit_seated"]
             reseated_s = _wall(seated[-1]["timestamp"]) - removed
             assert reseated_s <= TWO_ROUNDS_S + 1.0, reseated_s  # the command's own start-up, then a round
@@ -246,20 +238,20 @@ def test_running_hosts_hold_their_records_against_drift(etcd: EtcdCluster, tmp_p
 
             # 3. hostile values
             before = [h.metric("powerbudgetd_circuit_grant_watts") for h in hosts]
-            etcd_edit(etcd.endpoints, "lab", put=HOSTILE)
+            etcd_edit(etcd1.endpoints, "lab", put=HOSTILE)
             wait_until(lambda: all(h.metric("powerbudgetd_circuit_bad_records") == len(HOSTILE) for h in hosts), 10,
                        "every bad key counted")
             time.sleep(2)  # many rounds over the bad values
             after = [h.metric("powerbudgetd_circuit_grant_watts") for h in hosts]
             assert after == before and all(a and a > 0 for a in after), (before, after)
             assert all(h.metric("powerbudgetd_circuit_etcd_reachable") == 1 for h in hosts)
-            as_json = circuit_cli(etcd.endpoints, "status", "--json", "--name", "lab")
-            as_text = circuit_cli(etcd.endpoints, "status", "--name", "lab")
+            as_json = circuit_cli(etcd1.endpoints, "status", "--json", "--name", "lab")
+            as_text = circuit_cli(etcd1.endpoints, "status", "--name", "lab")
 
             # 4. another machine's claim over h0's
             claim = {"machine_id": "f" * 32, "boot_id": "other-boot", "pid": 4242, "watchdog_s": 10,
                      "fallback_s": 10, "reserve_w": 800}
-            etcd_edit(etcd.endpoints, "lab", put={"claims/h0": json.dumps(claim).encode()}, lease_ttl_s=60)
+            etcd_edit(etcd1.endpoints, "lab", put={"claims/h0": json.dumps(claim).encode()}, lease_ttl_s=60)
             replaced = time.monotonic()
             wait_until(lambda: (hosts[0].wall_w() or 1e9) <= RESERVE_W + 1e-3, 10, "h0 at its reserve", step_s=0.05)
             dropped_s = time.monotonic() - replaced
@@ -268,7 +260,7 @@ def test_running_hosts_hold_their_records_against_drift(etcd: EtcdCluster, tmp_p
 
             # 5. h1's seat removed and its room taken before its next round: no seat fits
             #    again, so its cards go to their floors (its reserve is no longer counted).
-            etcd_edit(etcd.endpoints, "lab", delete=("seats/h1",), put={"seats/other": b'{"reserve_w": 1500}'})
+            etcd_edit(etcd1.endpoints, "lab", delete=("seats/h1",), put={"seats/other": b'{"reserve_w": 1500}'})
             wait_until(lambda: hosts[1].metric("powerbudgetd_circuit_at_floors") == 1, 10, "h1 at its floors")
             # workstation-4's floors: 4 x 150 W board, through the feed model to the wall.
             wait_until(lambda: (hosts[1].wall_w() or 1e9) <= (4 * 150 + 100) / 0.9 + 1e-3, 5, "h1's cards at floors")

@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import re
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -41,20 +40,10 @@ phases = [{ at_s = 0, kind = "idle" }]
 """
 
 
-@pytest.fixture
-def etcd(tmp_path: Path) -> Iterator[EtcdCluster]:
-    cluster = EtcdCluster(tmp_path, 1)
-    cluster.start()
-    try:
-        yield cluster
-    finally:
-        cluster.stop_all()
-
-
-def write_config(tmp_path: Path, nut: Nut, etcd: EtcdCluster, port: int) -> Path:
+def write_config(tmp_path: Path, nut: Nut, etcd1: EtcdCluster, port: int) -> Path:
     scenario = tmp_path / "busy-then-idle.toml"
     scenario.write_text(SCENARIO)
-    eps = ", ".join(f'"{e}"' for e in etcd.endpoints)
+    eps = ", ".join(f'"{e}"' for e in etcd1.endpoints)
     config = tmp_path / "powerbudgetd.toml"
     config.write_text(f"""budget_w = 1000
 [control]
@@ -98,10 +87,10 @@ def served_series(text: str) -> set[str]:
 
 
 def test_every_name_a_reader_uses_is_served_and_status_tells_the_truth(
-        nut: Nut, etcd: EtcdCluster, tmp_path: Path, launch: Launch) -> None:
-    init_circuit(etcd.endpoints, "lab", 4000, 10)
+        nut: Nut, etcd1: EtcdCluster, tmp_path: Path, launch: Launch) -> None:
+    init_circuit(etcd1.endpoints, "lab", 4000, 10)
     port = free_port()
-    config = write_config(tmp_path, nut, etcd, port)
+    config = write_config(tmp_path, nut, etcd1, port)
     joined = subprocess.run([EXE, "circuit", "join", "--backend", "sim", "--config", str(config)],
                             capture_output=True, text=True,
                             timeout=30)

@@ -29,6 +29,7 @@ grace (``core.circuit.fenced_lease_ttl_s``). Lease deadlines are kept on
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import time
 from collections.abc import Callable
@@ -456,10 +457,15 @@ class CircuitChannel:
             # Running, and the seat it had is gone with no room for it: the reserve is not
             # covered any more, so the cards go to the lowest level they can be held to.
             self._set_floors(True, read, "its seat vanished and no longer fits")
+        tree: dict[str, object] = {}
+        if v.tree is not None:  # which node is full, or that the tree has no place for this host
+            seated = dataclasses.replace(v, seats={**v.seats, self.host: reserve},
+                                         grants={h: w for h, w in v.grants.items() if h != self.host})
+            tree = {"in_tree": self.host in v.tree.hosts, "nodes_over_w": seated.nodes_over_w()}
         self._say("circuit_seat_does_not_fit", True, log.error, host=self.host, reserve_w=reserve,
-                  other_seats_w=others, grants_w=v.grants_w, budget_w=v.budget_w,
+                  other_seats_w=others, grants_w=v.grants_w, budget_w=v.budget_w, **tree,
                   action="this host takes no grant and runs on its reserve, which the circuit does NOT cover: "
-                  "lower reserve_w here or elsewhere, or raise the circuit budget")
+                  "lower reserve_w here or elsewhere, or raise the circuit budget (or the tree's nodes)")
         return False
 
     def _set_floors(self, on: bool, read: Read, why: str) -> None:

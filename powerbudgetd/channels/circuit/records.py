@@ -12,7 +12,7 @@ bounded time and memory:
   before the parser runs);
 - a JSON object whose numbers are all finite (``NaN``/``Infinity`` refused);
 
-and :func:`watts`, :func:`seconds` and :func:`text` read one field within its bounds.
+and :func:`watts`, :func:`seconds`, :func:`fraction` and :func:`text` read one field within its bounds.
 A bad value raises :class:`BadRecord` with a reason short enough for one log line.
 """
 
@@ -23,6 +23,7 @@ import math
 from typing import Any
 
 MAX_VALUE_BYTES = 4096  # the largest record the daemon writes is a few hundred bytes
+MAX_TREE_BYTES = 262_144  # a power tree: about 100 bytes a node or host, so some 2000 of them
 MAX_DEPTH = 4  # the daemon's records are flat objects (depth 1)
 MAX_WATTS = 10_000_000.0  # 10 MW: more than any circuit one etcd prefix describes
 MAX_SECONDS = 86_400.0
@@ -58,11 +59,11 @@ def _no_constant(name: str) -> float:
     raise BadRecord(f"non-finite number {name}")
 
 
-def parse(value: bytes) -> dict[str, Any]:
-    """The JSON object in ``value``; BadRecord when it is too long, too deep, not UTF-8
-    JSON, not an object, or holds a non-finite number."""
-    if len(value) > MAX_VALUE_BYTES:
-        raise BadRecord(f"{len(value)} bytes, more than {MAX_VALUE_BYTES}")
+def parse(value: bytes, max_bytes: int = MAX_VALUE_BYTES) -> dict[str, Any]:
+    """The JSON object in ``value``; BadRecord when it is longer than ``max_bytes``, too
+    deep, not UTF-8 JSON, not an object, or holds a non-finite number."""
+    if len(value) > max_bytes:
+        raise BadRecord(f"{len(value)} bytes, more than {max_bytes}")
     if not _depth_within(value, MAX_DEPTH):
         raise BadRecord(f"nested more than {MAX_DEPTH} deep")
     try:
@@ -104,6 +105,11 @@ def seconds(doc: dict[str, Any], key: str, *, lo: float = 0.0, optional: bool = 
         return _number(doc, key, lo, MAX_SECONDS, "s")
     except OverflowError:
         raise BadRecord(f"{key}: a number too large") from None
+
+
+def fraction(doc: dict[str, Any], key: str) -> float:
+    """``doc[key]`` as a fraction in [0, 1] (a cord's share of its host's draw)."""
+    return _number(doc, key, 0.0, 1.0, "")
 
 
 def text(doc: dict[str, Any], key: str) -> str:

@@ -3,6 +3,8 @@
 Keys, under ``<prefix>/<circuit>/``::
 
     spec            {"budget_w", "ttl_s"}      written once by ``circuit init``
+    tree            {"nodes", "hosts", "pairs"} a power tree (``circuit init --tree``),
+                                               written with the spec: its root's budget
     seats/<host>    {"reserve_w"}              persistent: the host's reserve (wall W)
     claims/<host>   {"machine_id", "boot_id", "pid", "watchdog_s", "fallback_s",
                      "reserve_w"}              under the host's lease, created only where
@@ -21,7 +23,10 @@ spec's mod revision as read, and every key in the seats, grants and claims range
 newer than the read revision (one compare per range, so the transaction's size does
 not grow with the hosts). A deletion can only lower the sum, so it need not fail the
 compare. Lowering a grant is a plain put or delete. Hence at every revision
-``sum(seats) + sum(grants) <= budget``.
+``sum(seats) + sum(grants) <= budget``; on a power tree the same at every node (the
+caller checks each node on the host's paths, ``core.circuit``; the tree's key is
+compared too), so two hosts under different branches raising at once cannot overfill
+their shared parent: one transaction fails and reads again.
 
 Several endpoints: each call goes to the current one; a call that fails or takes
 longer than ``timeout_s`` raises :class:`StoreUnavailable` and the next call goes to
@@ -31,8 +36,9 @@ the next endpoint (etcd forwards writes to its leader).
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -45,6 +51,7 @@ import grpc
 
 from powerbudgetd.channels.circuit import records
 from powerbudgetd.core.circuit import CircuitView
+from powerbudgetd.core.tree import KINDS, MODES, Host, Node, Pair, PowerTree
 
 T = TypeVar("T")
 
@@ -124,6 +131,7 @@ class Read:
     claims: dict[str, Claim] = field(default_factory=dict)
     records: dict[str, HostRecord] = field(default_factory=dict)
     bad: dict[str, str] = field(default_factory=dict)
+    tree_mod: int = 0  # the tree key's mod revision (0: none)
 
     def unseated_live(self) -> dict[str, float]:
         """Hosts with a live claim but no seat: their claimed reserve (W) each."""
@@ -180,6 +188,51 @@ def _spec(doc: dict[str, Any]) -> Spec:
     return Spec(budget, ttl)
 
 
+def tree_doc(tree: PowerTree) -> dict[str, Any]:
+    """The power tree as the ``tree`` key stores it (reserves are the seats: not kept)."""
+    return {
+        "nodes": {n.name: {"budget_w": n.budget_w, "parent": n.parent, "kind": n.kind} for n in tree.nodes.values()},
+        "hosts": {h.name: {"cords": dict(h.cords), "priority": h.priority} for h in tree.hosts.values()},
+        "pairs": [{"feeds": sorted(p.feeds), "mode": p.mode, "shed_s": p.shed_s} for p in tree.pairs.values()],
+    }
+
+
+def tree_from_doc(doc: dict[str, Any], seats: dict[str, float]) -> PowerTree:
+    """The ``tree`` key's power tree, each host's seat as its reserve; BadRecord naming
+    the node, host or pair that is not one ``circuit init --tree`` could have written."""
+    nodes, hosts, pairs = doc.get("nodes"), doc.get("hosts"), doc.get("pairs", [])
+    if not isinstance(nodes, dict) or not isinstance(hosts, dict) or not isinstance(pairs, list):
+        raise records.BadRecord("nodes and hosts must be objects, pairs a list")
+    out_nodes: dict[str, Node] = {}
+    for name, n in nodes.items():
+        if not isinstance(n, dict):
+            raise records.BadRecord(f"nodes.{name}: not an object")
+        parent = n.get("parent")
+        kind = n.get("kind", "circuit")
+        if parent is not None and not isinstance(parent, str) or kind not in KINDS:
+            raise records.BadRecord(f"nodes.{name}: parent must be a node's name, kind one of {', '.join(KINDS)}")
+        out_nodes[name] = Node(name, records.watts(n, "budget_w") or 0.0, parent, kind)
+    out_hosts: dict[str, Host] = {}
+    for name, h in hosts.items():
+        cords, priority = (h.get("cords"), h.get("priority", 0)) if isinstance(h, dict) else (None, None)
+        if not isinstance(cords, dict) or isinstance(priority, bool) or not isinstance(priority, int) \
+                or not -100 <= priority <= 100:
+            raise records.BadRecord(f"hosts.{name}: cords must be an object, priority a whole number in [-100, 100]")
+        shares = {leaf: records.fraction(cords, leaf) for leaf in cords}
+        out_hosts[name] = Host(name, shares, seats.get(name, 0.0), priority)
+    out_pairs: dict[frozenset[str], Pair] = {}
+    for i, p in enumerate(pairs):
+        feeds = p.get("feeds") if isinstance(p, dict) else None
+        if not isinstance(feeds, list) or len(set(map(str, feeds))) != 2 or p.get("mode") not in MODES:
+            raise records.BadRecord(f"pairs[{i}]: two feeds and a mode ({', '.join(MODES)})")
+        pair = frozenset(map(str, feeds))
+        out_pairs[pair] = Pair(pair, p["mode"], records.seconds(p, "shed_s", optional=True))
+    try:
+        return PowerTree(out_nodes, out_hosts, out_pairs)
+    except ValueError as exc:
+        raise records.BadRecord(str(exc)[:200]) from None
+
+
 def _claim(doc: dict[str, Any], lease: int, mod: int) -> Claim:
     pid = doc.get("pid")
     if isinstance(pid, bool) or not isinstance(pid, int) or not 0 < pid < 2**31:
@@ -226,6 +279,7 @@ class CircuitStore:
         base = f"{prefix.rstrip('/')}/{name}/".encode()
         self.base = base
         self.spec_key = base + b"spec"
+        self.tree_key = base + b"tree"
         self.seats = base + b"seats/"
         self.grants = base + b"grants/"
         self.wants = base + b"wants/"
@@ -286,7 +340,8 @@ class CircuitStore:
         kvs = [(bytes(kv.key), bytes(kv.value), int(kv.mod_revision), int(kv.create_revision), int(kv.lease))
                for kv in res]
         spec: Spec | None = None
-        spec_mod = spec_created = 0
+        spec_mod = spec_created = tree_mod = 0
+        tree_value: bytes | None = None
         bad: dict[str, str] = {}
 
         def name(key: bytes) -> str:
@@ -299,6 +354,8 @@ class CircuitStore:
                     spec = _spec(records.parse(value))
                 except records.BadRecord as exc:
                     bad[name(key)] = str(exc)
+            elif key == self.tree_key:
+                tree_mod, tree_value = mod, value
         budget = spec.budget_w if spec else float("inf")
         seats: dict[str, float] = {}
         grants: dict[str, float] = {}
@@ -334,9 +391,15 @@ class CircuitStore:
         leases = {h: r.lease for h, r in recs.items() if r.lease}
         leases.update({h: c.lease for h, c in claims.items() if c.lease})
         wants = {h: r.want_w for h, r in recs.items()}
+        tree: PowerTree | None = None
+        if tree_value is not None:
+            try:
+                tree = tree_from_doc(records.parse(tree_value, records.MAX_TREE_BYTES), seats)
+            except records.BadRecord as exc:
+                bad[name(self.tree_key)] = str(exc)
         view = CircuitView(spec.budget_w if spec else 0.0, seats, grants, wants, pending, revision,
-                           frozenset(unknown), order)
-        return Read(spec, view, revision, spec_mod, leases, spec_created, claims, recs, bad)
+                           frozenset(unknown), order, tree, tree_value is not None and tree is None)
+        return Read(spec, view, revision, spec_mod, leases, spec_created, claims, recs, bad, tree_mod)
 
     async def lease_info(self, lease_id: int) -> tuple[int, int]:
         """(seconds left, granted TTL s) of ``lease_id``; seconds left -1: gone."""
@@ -344,24 +407,33 @@ class CircuitStore:
         return int(res.TTL), int(res.grantedTTL)
 
     # -- the operator's writes --------------------------------------------------------
-    async def init(self, budget_w: float, ttl_s: int, *, force: bool = False) -> bool:
+    async def init(self, budget_w: float, ttl_s: int, *, force: bool = False, tree: PowerTree | None = None) -> bool:
         """Create the circuit (False: it exists and ``force`` is off, or live hosts
         without a seat, their claimed reserves, exceed ``budget_w``: a wiped circuit whose
         daemons still run). ``force`` replaces the budget only when the seats, grants and
-        those live hosts fit the new one (else False)."""
+        those live hosts fit the new one (else False). ``tree``: the circuit is that power
+        tree (stored with the spec, in the same transaction; without it a tree stored
+        before is removed), and with ``force`` the seats and grants must fit every node."""
         body = records.dumps(budget_w=budget_w, ttl_s=ttl_s)
+
+        def writes(c: _Client) -> list[Any]:
+            t = c.transactions
+            tree_op = t.delete(self.tree_key) if tree is None else \
+                t.put(self.tree_key, json.dumps(tree_doc(tree), sort_keys=True, allow_nan=False).encode())
+            return [t.put(self.spec_key, body), tree_op]
+
         if not force:
             if sum((await self.read()).unseated_live().values()) > budget_w:
                 return False
             ok, _ = await self._call(lambda c: c.transaction(
-                compare=[c.transactions.create(self.spec_key) == 0],
-                success=[c.transactions.put(self.spec_key, body)], failure=[]))
+                compare=[c.transactions.create(self.spec_key) == 0], success=writes(c), failure=[]))
             return bool(ok)
         read = await self.read()
-        if read.view.committed_w + sum(read.unseated_live().values()) > budget_w:
+        seated = None if tree is None else tree.with_reserves(read.view.seats)
+        after = replace(read.view, budget_w=budget_w, tree=seated, tree_bad=False)
+        if after.committed_w + sum(read.unseated_live().values()) > budget_w or after.nodes_over_w():
             return False
-        ok, _ = await self._call(lambda c: c.transaction(
-            compare=self._unchanged(c, read), success=[c.transactions.put(self.spec_key, body)], failure=[]))
+        ok, _ = await self._call(lambda c: c.transaction(compare=self._unchanged(c, read), success=writes(c), failure=[]))
         return bool(ok)
 
     async def leave(self, host: str) -> None:
@@ -384,7 +456,7 @@ class CircuitStore:
         # transaction by default; a compare per key stopped the circuit at about 60).
         # A deletion only lowers the sum. A claim created since: a live host whose
         # reserve the read did not see.
-        return [t.mod(self.spec_key) == read.spec_mod] + [
+        return [t.mod(self.spec_key) == read.spec_mod, t.mod(self.tree_key) == read.tree_mod] + [
             t.mod(kind, _range_end(kind)) < read.revision + 1 for kind in (self.seats, self.grants, self.claims)]
 
     async def register_seat(self, read: Read, host: str, reserve_w: float) -> bool:
