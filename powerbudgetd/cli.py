@@ -242,7 +242,10 @@ def _parser() -> argparse.ArgumentParser:
     for name, text in (("init", "create the circuit: its wall budget and lease TTL"),
                        ("status", "members, seats, wants, grants, lease time left, sum vs budget"),
                        ("join", "register this host's seat (its reserve_w) before its daemon first runs"),
-                       ("leave", "remove a host's seat (its daemon stopped)")):
+                       ("leave", "remove a host's seat (its daemon stopped)"),
+                       ("feed-down", "mark a feed of the power tree lost: every host divides by where its draw "
+                        "now flows, within one round"),
+                       ("feed-up", "the feed is back: the hosts share it again")):
         cp = ci.add_parser(name, help=text, description=text[0].upper() + text[1:] + ".", formatter_class=fmt)
         cp.add_argument("--config", type=Path, default=None,
                         help="take [circuit] from this config (default: $POWERBUDGETD_CONFIG or "
@@ -269,6 +272,8 @@ def _parser() -> argparse.ArgumentParser:
     ini.add_argument("--force", action="store_true", help="replace an existing circuit's budget and TTL "
                      "(refused when its seats and grants exceed the new budget)")
     circuit_parsers["status"].add_argument("--json", action="store_true", help="print one JSON object")
+    for name in ("feed-down", "feed-up"):
+        circuit_parsers[name].add_argument("feed", metavar="FEED", help="a node that is one side of a feed pair")
     circuit_parsers["join"].add_argument("--host", help="the host to seat (default: the config's [circuit] host)")
     circuit_parsers["join"].add_argument(
         "--backend", choices=BACKENDS, default="nvml",

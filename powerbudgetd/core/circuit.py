@@ -59,7 +59,9 @@ class CircuitView:
     earlier seat keeps its place when seats no longer fit a changed budget); ``tree``:
     the power tree the circuit is (None: one flat circuit), with each host's seat as its
     reserve; ``tree_bad``: a tree is stored but could not be read (nothing is seated or
-    raised until it can: no node can be checked).
+    raised until it can: no node can be checked); ``lost``: a feed of the tree known
+    lost (``circuit feed-down``): every node must then also carry the seats and grants
+    where they now flow, with that feed and all below it dead.
     """
 
     budget_w: float
@@ -72,6 +74,7 @@ class CircuitView:
     seat_order: Mapping[str, int] = field(default_factory=dict)
     tree: PowerTree | None = None
     tree_bad: bool = False
+    lost: str | None = None
 
     @property
     def seats_w(self) -> float:
@@ -150,7 +153,15 @@ class CircuitView:
             return not self.tree_bad
         if host not in self.tree.hosts:
             return False
-        return total_w <= self.tree.room_for_w(host, self.held_w()) + 1e-9
+        return total_w <= self._room_for_w(host) + 1e-9
+
+    def _room_for_w(self, host: str) -> float:
+        """The most ``host`` may hold in all (W) beside the others at every node on its
+        paths: committed, failover counted, and where it flows with the lost feed dead."""
+        assert self.tree is not None
+        held = self.held_w()
+        room = self.tree.room_for_w(host, held)
+        return room if self.lost is None else min(room, self.tree.room_for_w(host, held, self.lost))
 
     def room_w(self, host: str) -> float:
         """The largest grant (W) ``host`` may hold beside the others' seats and grants at
@@ -158,12 +169,35 @@ class CircuitView:
         if self.tree is None or host not in self.tree.hosts:
             return math.inf if self.tree is None else 0.0
         seat = self.seats.get(host, 0.0) + self.pending.get(host, 0.0)
-        return max(0.0, self.tree.room_for_w(host, self.held_w()) - seat)
+        return max(0.0, self._room_for_w(host) - seat)
 
     def nodes_over_w(self) -> dict[str, float]:
-        """Each node of the tree whose seats and grants (failover counted) exceed its
-        budget, and by how much (W); empty off a tree."""
-        return {} if self.tree is None else self.tree.over_w(self.held_w())
+        """Each node of the tree whose seats and grants (failover counted, and with a
+        feed lost where they now flow) exceed its budget, and by how much (W); empty off
+        a tree."""
+        if self.tree is None:
+            return {}
+        over = self.tree.over_w(self.held_w())
+        if self.lost is not None:
+            for n, w in self.tree.over_w(self.held_w(), self.lost).items():
+                over[n] = max(w, over.get(n, 0.0))
+        return over
+
+    def short_under_loss(self, host: str) -> bool:
+        """With a feed lost, whether the surviving side cannot carry even ``host``'s seat
+        beside the higher classes' (the tree's division under the loss gives it less;
+        a host with no live cord gets nothing)."""
+        if self.tree is None or self.lost is None or host not in self.tree.hosts:
+            return False
+        seat = self.seats.get(host, 0.0)
+        return self._divide().get(host, 0.0) < seat - 1e-6
+
+    def _divide(self) -> dict[str, float]:
+        """The tree's division (``core.tree.divide``, under the lost feed if any) of each
+        host's seat plus want (W, in all)."""
+        assert self.tree is not None
+        totals = {h: self.seats.get(h, 0.0) + self.pending.get(h, 0.0) + self.wants.get(h, 0.0) for h in self.tree.hosts}
+        return divide(self.tree, totals, self.lost)
 
     def holds(self) -> bool:
         """The invariant at this revision: sum(seats) + sum(grants) <= budget, and on a
@@ -173,13 +207,12 @@ class CircuitView:
     def fair_w(self, host: str) -> float:
         """``host``'s fair grant (W above its seat): max-min fair over the pool; on a
         tree, the tree's division (every node's budget, priorities: ``core.tree.divide``)
-        of each host's seat plus want."""
+        of each host's seat plus want, under the lost feed if any."""
         if self.tree is None:
             return max_min_fair(self.known_pool_w, self.wants).get(host, 0.0)
         if host not in self.tree.hosts:
             return 0.0
-        totals = {h: self.seats.get(h, 0.0) + self.pending.get(h, 0.0) + self.wants.get(h, 0.0) for h in self.tree.hosts}
-        return max(0.0, divide(self.tree, totals).get(host, 0.0) - self.seats.get(host, 0.0))
+        return max(0.0, self._divide().get(host, 0.0) - self.seats.get(host, 0.0))
 
 
 @dataclass
@@ -205,7 +238,7 @@ class GrantPolicy:
             raise_to = current_w + min(fair - current_w, max(0.0, view.free_w), max(0.0, view.room_w(host) - current_w))
             return raise_to if raise_to - current_w >= self.step_w else current_w
         if current_w - fair >= min(self.step_w, current_w) and current_w > 0:
-            if view.free_known_w < 0:  # over-committed (a pending seat): give back now
+            if view.free_known_w < 0 or view.nodes_over_w():  # over-committed, or a feed lost: give back now
                 self._above_since = None
                 return fair
             if self._above_since is None:

@@ -86,6 +86,8 @@ def circuit_command(args: argparse.Namespace) -> int:
                 return await _leave(store, cfg.host, args.force)
             if args.circuit_command == "join":
                 return await _join(store, cfg.host, cfg.reserve_w)
+            if args.circuit_command in ("feed-down", "feed-up"):
+                return await _feed(store, args.feed, down=args.circuit_command == "feed-down")
             return await _status(store, args.json)
         finally:
             await store.close()
@@ -221,6 +223,36 @@ async def _join(store: Any, host: str, reserve_w: float) -> int:
     return ExitStatus.ERROR
 
 
+async def _feed(store: Any, feed: str, *, down: bool) -> int:
+    """``circuit feed-down FEED`` / ``feed-up FEED``: one feed of the tree at a time."""
+    import getpass
+    import socket
+
+    read = await store.read()
+    tree = read.view.tree
+    if tree is None:
+        print(f"powerbudgetd: circuit {store.name} has no power tree (circuit init --tree FILE)", file=sys.stderr)
+        return ExitStatus.ERROR
+    if down and feed not in tree.feeds():
+        print(f"powerbudgetd: circuit {store.name}: {printable(feed)} is no side of a feed pair (feeds: "
+              f"{', '.join(tree.feeds()) or 'none'})", file=sys.stderr)
+        return ExitStatus.ERROR
+    if down and read.view.lost not in (None, feed):
+        print(f"powerbudgetd: circuit {store.name}: feed {read.view.lost} is down already; the tree's arithmetic "
+              f"counts one loss at a time (circuit feed-up {read.view.lost} first)", file=sys.stderr)
+        return ExitStatus.ERROR
+    if down:
+        await store.feed_down(feed, f"{getpass.getuser()}@{socket.gethostname()}"[:100])
+        print(f"circuit {store.name}: feed {feed} marked lost; every host divides by where its draw now flows "
+              "at its next round (circuit status shows each node)")
+        return ExitStatus.OK
+    if not await store.feed_up(feed):
+        print(f"powerbudgetd: circuit {store.name}: feed {printable(feed)} was not marked lost", file=sys.stderr)
+        return ExitStatus.ERROR
+    print(f"circuit {store.name}: feed {feed} back; the hosts share it again")
+    return ExitStatus.OK
+
+
 async def _leave(store: Any, host: str, force: bool) -> int:
     read = await store.read()
     if host in read.leases and not force:
@@ -271,13 +303,17 @@ async def _status(store: Any, as_json: bool) -> int:
               f"{f(r['draw_w']):>8} {f(r['lease_left_s']):>8}" + (f"  {','.join(r['flags'])}" if r["flags"] else ""))
     if doc["nodes"]:
         print("  power tree (committed: seats + grants, failover counted; draw: measured, where it flows now)")
-        print(f"  {'node':<26} {'kind':<8} {'budget W':>9} {'committed W':>11} {'caps W':>8} {'draw W':>8} {'headroom W':>10}")
+        if doc["feed_lost"]:
+            print(f"  FEED LOST: {printable(doc['feed_lost'])} (flow: seats + grants where they flow with it dead)")
+        print(f"  {'node':<26} {'kind':<8} {'budget W':>9} {'committed W':>11} {'caps W':>8} {'draw W':>8} "
+              f"{'headroom W':>10}" + (f" {'flow W':>8}" if doc["feed_lost"] else ""))
         for n in doc["nodes"]:
             def g(x: float | None) -> str:
                 return "-" if x is None else f"{x:g}"
             label = ("  " * n["depth"] + printable(n["node"]))[:26]
+            flow = "" if not doc["feed_lost"] else f" {'dead' if n['dead'] else g(n['flow_w']):>8}"
             print(f"  {label:<26} {printable(n['kind']):<8} {n['budget_w']:>9g} {n['committed_w']:>11g} {g(n['caps_w']):>8} "
-                  f"{g(n['draw_w']):>8} {n['headroom_w']:>10g}" + ("" if n["within_budget"] else "  OVER"))
+                  f"{g(n['draw_w']):>8} {n['headroom_w']:>10g}{flow}" + ("" if n["within_budget"] else "  OVER"))
     elif doc["tree_error"]:
         print(f"  POWER TREE UNREADABLE ({printable(doc['tree_error'])}): nothing is seated or raised until it is "
               "written again (powerbudgetd circuit init --tree FILE --force)")
@@ -299,7 +335,7 @@ def status_doc(name: str, read: Any, lease_info: dict[int, tuple[int, int]]) -> 
     v = read.view
     ttl = read.spec.ttl_s if read.spec else None
     bad_hosts = {k.rsplit("/", 1)[-1] for k in read.bad
-                 if k.count("/") >= 2 and not k.endswith("/spec") and not k.endswith("/tree")}
+                 if k.count("/") >= 2 and not k.endswith(("/spec", "/tree", "/down/"))}
     hosts = sorted(set(v.seats) | set(v.grants) | set(v.wants) | set(v.pending) | set(read.claims) | bad_hosts)
     rows = []
     flags: dict[str, list[str]] = {"no_seat": [], "duplicate": [], "stale": [], "unreadable": []}
@@ -352,6 +388,7 @@ def status_doc(name: str, read: Any, lease_info: dict[int, tuple[int, int]]) -> 
         "draw_within_budget": None if draw is None or budget is None else draw <= budget,
         "flags": flags, "unreadable": dict(sorted(read.bad.items())), "hosts": rows,
         "tree_error": next((why for k, why in read.bad.items() if k.endswith("/tree")), None), "nodes": nodes,
+        "feed_lost": v.lost,
     }
 
 
@@ -360,11 +397,14 @@ def _nodes(v: Any, live: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
     seats and grants it carries (failover counted, as the invariant bounds them), the
     live hosts' caps counted the same way and their measured draw where it flows now
     (W, at the wall; None while a host's figure is unknown), and its headroom: budget
-    minus the larger of committed and measured (W; < 0: over)."""
+    minus the larger of committed and measured (W; < 0: over). With a feed lost,
+    ``flow_w``: the seats and grants where they now flow (None for a dead node), which
+    the headroom and the verdict count too."""
     tree = v.tree
     if tree is None:
         return []
     committed = tree.loads_w(v.held_w())
+    flow = tree.loads_w(v.held_w(), v.lost) if v.lost is not None else {}
 
     def through(key: str, *, flow: bool) -> dict[str, float | None]:
         out: dict[str, float | None] = {}
@@ -374,6 +414,8 @@ def _nodes(v: Any, live: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
         return out
 
     caps, draw = through("caps_w", flow=False), through("draw_w", flow=True)
+    if v.lost is not None:  # the hosts' draw flows around the lost feed
+        draw = {n: x for n, x in draw.items() if n in flow}
     children: dict[str | None, list[str]] = {}
     for node in tree.nodes.values():
         children.setdefault(node.parent, []).append(node.name)
@@ -381,12 +423,16 @@ def _nodes(v: Any, live: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
 
     def visit(name: str, depth: int) -> None:
         node = tree.nodes[name]
-        used = max(committed[name], draw[name] or 0.0)
-        within = committed[name] <= node.budget_w + 1e-6 and all(
-            x is None or x <= node.budget_w + 1e-6 for x in (caps[name], draw[name]))
+        dead = v.lost is not None and name not in flow
+        carried = None if v.lost is None or dead else round(flow[name], 1)
+        measured = draw.get(name)
+        used = max(committed[name], measured or 0.0, carried or 0.0)
+        within = dead or (committed[name] <= node.budget_w + 1e-6 and all(
+            x is None or x <= node.budget_w + 1e-6 for x in (caps[name], measured, carried)))
         rows.append({"node": name, "kind": node.kind, "parent": node.parent, "depth": depth,
                      "budget_w": node.budget_w, "committed_w": round(committed[name], 1), "caps_w": caps[name],
-                     "draw_w": draw[name], "headroom_w": round(node.budget_w - used, 1), "within_budget": within})
+                     "draw_w": measured, "flow_w": carried, "dead": dead,
+                     "headroom_w": round(node.budget_w - used, 1), "within_budget": within})
         for child in sorted(children.get(name, [])):
             visit(child, depth + 1)
 

@@ -91,3 +91,33 @@ def test_seats_and_raises_checked_by_the_view_never_overfill_any_node(case, data
             current = v.grants.get(host, 0.0)
             target = policy[host].target_w(v, host, current, 0.0)
             assert target <= current or raise_allowed(v, host, target), (host, current, target)
+
+
+def oversubscribed_pair(seat_w: float = 1000.0) -> tuple[PowerTree, dict[str, float]]:
+    """Two 4 kW feeds A and B under a 10 kW root, an oversubscribed pair; two hosts
+    corded half to each, ``seat_w`` seats."""
+    nodes = {"root": Node("root", 10_000.0), "A": Node("A", 4000.0, "root"), "B": Node("B", 4000.0, "root")}
+    hosts = {h: Host(h, {"A": 0.5, "B": 0.5}) for h in ("h1", "h2")}
+    tree = PowerTree(nodes, hosts).with_mode("oversubscribed", 2.0)
+    return tree, {"h1": seat_w, "h2": seat_w}
+
+
+def test_a_feed_lost_sheds_the_grants_at_once_to_what_the_surviving_side_carries():
+    """Normally each feed carries half of each host: 3 kW grants (4 kW a host) fill both.
+    With A lost, B carries both hosts whole: 2 kW each, so each grant is 1 kW, given
+    back at once (no release hold), and nothing more may be raised."""
+    tree, seats = oversubscribed_pair()
+    v = view_of(tree, seats, {"h1": 3000.0, "h2": 3000.0}, wants={"h1": 3000.0, "h2": 3000.0})
+    assert v.holds() and v.fair_w("h1") == 3000.0
+    lost = replace(v, lost="A")
+    assert lost.nodes_over_w() == {"B": 4000.0} and not lost.holds()
+    assert lost.fair_w("h1") == 1000.0 and GrantPolicy().target_w(lost, "h1", 3000.0, 0.0) == 1000.0
+    assert not raise_allowed(replace(lost, grants={"h1": 1000.0, "h2": 1000.0}), "h1", 1010.0)
+    assert not lost.short_under_loss("h1")
+
+
+def test_a_seat_the_surviving_side_cannot_carry_is_short():
+    tree, seats = oversubscribed_pair(seat_w=2500.0)
+    v = replace(view_of(tree, seats), lost="A")
+    assert v.short_under_loss("h1") and v.short_under_loss("h2")
+    assert not view_of(tree, seats).short_under_loss("h1")

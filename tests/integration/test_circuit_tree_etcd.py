@@ -14,12 +14,13 @@ from __future__ import annotations
 import asyncio
 import json
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
 
-from powerbudgetd.channels.circuit.store import CircuitStore, Read
-from powerbudgetd.core.circuit import raise_allowed
+from powerbudgetd.channels.circuit.store import CircuitStore, HostRecord, Read
+from powerbudgetd.core.circuit import GrantPolicy, raise_allowed
 from support.circuit import EXE, EtcdCluster, circuit_cli
 
 pytestmark = pytest.mark.slow  # real etcd members: the full run (CI) covers it
@@ -161,3 +162,106 @@ def test_hosts_under_different_branches_raising_at_once_never_overfill_the_share
     print(f"\n[circuit figures] tree race: 40 rounds x 4 hosts raising at once on 3 etcd members: "
           f"raises landed per round {sorted(set(landed))}, {stale} transactions refused as stale, "
           "every node within budget after each")
+
+
+PAIR_TREE = """
+[nodes.root]
+kind = "panel"
+budget_w = 20000
+
+[nodes.A]
+kind = "ups"
+parent = "root"
+budget_w = 8000
+
+[nodes.B]
+kind = "ups"
+parent = "root"
+budget_w = 8000
+
+[[pairs]]
+feeds = ["A", "B"]
+mode = "oversubscribed"
+shed_s = 2
+
+[hosts]
+h1 = { cords = { A = 0.5, B = 0.5 }, reserve_w = 1000 }
+h2 = { cords = { A = 0.5, B = 0.5 }, reserve_w = 1000 }
+h3 = { cords = { A = 0.5, B = 0.5 }, reserve_w = 1000 }
+h4 = { cords = { A = 0.5, B = 0.5 }, reserve_w = 1000 }
+"""
+ROUND_S = 0.2  # the daemon's default poll_s
+
+
+async def _hosts_through_a_feed_loss(eps: list[str]) -> dict[str, float]:
+    """Four in-process hosts, each a store client doing a daemon's grant round every
+    ROUND_S (read, the grant policy's target, raise by transaction or lower), each
+    wanting 3 kW above its 1 kW seat: normally each feed carries half of each host, so
+    all get 3 kW (A and B at 8 kW). Then feed A is marked lost: B carries every host
+    whole and each grant must come down to 1 kW. Returns the times (s) measured, the
+    shed from when ``circuit feed-down`` returned (the loss recorded in etcd)."""
+    hosts = ("h1", "h2", "h3", "h4")
+    stores = [CircuitStore(eps, "row", timeout_s=5) for _ in hosts]
+    policies = {h: GrantPolicy() for h in hosts}
+    try:
+        leases = [(await s.grant_lease(30))[0] for s in stores]
+        for s, h, lease in zip(stores, hosts, leases, strict=True):
+            await s.put_record(h, HostRecord(want_w=3000.0), lease)
+            assert await s.register_seat(await s.read(), h, 1000.0)
+
+        async def round_of(i: int) -> None:
+            s, h = stores[i], hosts[i]
+            read = await s.read()
+            held = read.view.grants.get(h, 0.0)
+            target = policies[h].target_w(read.view, h, held, time.monotonic())
+            if target > held and raise_allowed(read.view, h, target):
+                await s.raise_grant(read, h, target, leases[i])
+            elif target < held:
+                await s.lower_grant(h, target, leases[i])
+
+        async def rounds_until(done, limit_s: float) -> float:
+            start = time.monotonic()
+            while time.monotonic() - start < limit_s:
+                await asyncio.gather(*(round_of(i) for i in range(len(hosts))))
+                view = (await stores[0].read()).view
+                if done(view):
+                    return time.monotonic() - start
+                await asyncio.sleep(ROUND_S)
+            raise AssertionError(f"not within {limit_s} s: {(await stores[0].read()).view}")
+
+        out = {"settle_s": await rounds_until(lambda v: all(v.grants.get(h) == 3000.0 for h in hosts), 10.0)}
+        assert circuit_cli(eps, "feed-down", "--name", "row", "A").returncode == 0
+        out["shed_s"] = await rounds_until(lambda v: v.lost == "A" and v.holds(), 5.0)
+        view = (await stores[0].read()).view
+        assert all(view.grants[h] == 1000.0 for h in hosts), view.grants
+        status = circuit_cli(eps, "status", "--name", "row")
+        assert "FEED LOST: A" in status.stdout and status.returncode == 0, status.stdout
+        doc = json.loads(circuit_cli(eps, "status", "--name", "row", "--json").stdout)
+        nodes = {n["node"]: n for n in doc["nodes"]}
+        assert nodes["A"]["dead"] and nodes["B"]["flow_w"] == 8000 and doc["feed_lost"] == "A"
+        r = circuit_cli(eps, "feed-down", "--name", "row", "B")
+        assert r.returncode != 0 and "feed A is down already" in r.stderr, r.stderr
+        assert circuit_cli(eps, "feed-up", "--name", "row", "A").returncode == 0
+        r = circuit_cli(eps, "feed-up", "--name", "row", "A")
+        assert r.returncode != 0 and "feed A was not marked lost" in r.stderr, r.stderr
+        # Back: the grants above the loss's division are raised again (the release hold
+        # is for lowering only), to 3 kW each.
+        out["back_s"] = await rounds_until(lambda v: v.lost is None and all(v.grants.get(h) == 3000.0 for h in hosts), 10.0)
+        return out
+    finally:
+        for s in stores:
+            await s.close()
+
+
+def test_a_feed_marked_lost_sheds_every_grant_on_the_surviving_side_within_a_round(
+        etcd3: EtcdCluster, tmp_path: Path) -> None:
+    eps = etcd3.endpoints
+    assert circuit_cli(eps, "init", "--name", "row", "--tree", str(_tree_file(tmp_path, PAIR_TREE))).returncode == 0
+    r = circuit_cli(eps, "feed-down", "--name", "row", "root")
+    assert r.returncode != 0 and "root is no side of a feed pair (feeds: A, B)" in r.stderr, r.stderr
+    times = asyncio.run(_hosts_through_a_feed_loss(eps))
+    assert times["shed_s"] <= 2.0, times  # the pair's stated shed_s
+    print(f"\n[circuit figures] feed loss (oversubscribed A/B, 4 hosts, 3 etcd members, {ROUND_S} s rounds): "
+          f"grants settled in {times['settle_s']:.2f} s; feed A marked lost: every node within budget where the "
+          f"draw now flows after {times['shed_s']:.2f} s (stated shed_s 2 s); back at 3 kW {times['back_s']:.2f} s "
+          "after feed-up")

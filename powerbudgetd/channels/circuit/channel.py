@@ -329,6 +329,14 @@ class CircuitChannel:
             if self.spec_created:
                 self.raises_after = self.lease_clock() + read.spec.ttl_s
         self.spec_created = read.spec_created
+        v = read.view
+        if v.lost is not None:
+            self._say("circuit_feed_lost", v.lost, log.warning, feed=v.lost, host=self.host,
+                      cord_on_it=v.tree is not None and self.host in v.tree.hosts and any(
+                          v.lost in v.tree.path(leaf) for leaf in v.tree.hosts[self.host].cords),
+                      action="dividing by where the hosts' draw now flows: grants above it given back at once")
+        elif self._said.pop("circuit_feed_lost", None) is not None:
+            log.info("circuit_feed_back", host=self.host)
 
     async def _ensure_lease(self, ttl_s: int) -> None:
         if self.lease_id is not None:
@@ -433,8 +441,11 @@ class CircuitChannel:
                 log.info("circuit_seated", host=self.host, reserve_w=reserve, circuit=self.store.name)
             self.seated = self.had_seat = True
             self._said.pop("circuit_seat_does_not_fit", None)
-            self._set_floors(not read.view.seat_in_budget(self.host), read, "the seats exceed the budget and "
-                             "this seat is among the latest registered")
+            v = read.view
+            short = v.short_under_loss(self.host)
+            self._set_floors(not v.seat_in_budget(self.host) or short, read, f"feed {v.lost} is lost and the "
+                             "surviving side cannot carry this host's seat beside higher classes" if short else
+                             "the seats exceed the budget and this seat is among the latest registered")
             return True
         if self.seated:
             self.metrics.vanished.inc()

@@ -13,6 +13,8 @@ Keys, under ``<prefix>/<circuit>/``::
     wants/<host>    {"want_w", "caps_w", "draw_w", "seat_w", "grant_w"}
                                                under the lease: the host's record, each round
     pending/<host>  {"reserve_w"}              under the lease: a seat that did not fit
+    down/<feed>     {"by"}                     persistent: a feed of the tree known lost
+                                               (``circuit feed-down``; one at a time)
 
 Every value read goes through ``records`` (bounded size and depth, finite numbers);
 one that fails is reported in :attr:`Read.bad` and never raises.
@@ -285,6 +287,7 @@ class CircuitStore:
         self.wants = base + b"wants/"
         self.pending = base + b"pending/"
         self.claims = base + b"claims/"
+        self.down = base + b"down/"
         self.calls = 0  # etcd requests sent (for the load test's ops/s)
 
     @property
@@ -342,6 +345,7 @@ class CircuitStore:
         spec: Spec | None = None
         spec_mod = spec_created = tree_mod = 0
         tree_value: bytes | None = None
+        down: list[str] = []
         bad: dict[str, str] = {}
 
         def name(key: bytes) -> str:
@@ -356,6 +360,8 @@ class CircuitStore:
                     bad[name(key)] = str(exc)
             elif key == self.tree_key:
                 tree_mod, tree_value = mod, value
+            elif key.startswith(self.down):
+                down.append(key[len(self.down):].decode(errors="replace"))
         budget = spec.budget_w if spec else float("inf")
         seats: dict[str, float] = {}
         grants: dict[str, float] = {}
@@ -397,8 +403,14 @@ class CircuitStore:
                 tree = tree_from_doc(records.parse(tree_value, records.MAX_TREE_BYTES), seats)
             except records.BadRecord as exc:
                 bad[name(self.tree_key)] = str(exc)
+        lost = down[0] if len(down) == 1 else None
+        down_bad = bool(down) and (tree is None or len(down) > 1 or lost not in tree.feeds())
+        if down_bad:  # no arithmetic for it: nothing is seated or raised until it is put right
+            bad[name(self.down)] = f"feeds down {down}: one feed of the tree at a time (feeds: " + \
+                (", ".join(tree.feeds()) if tree else "no tree") + ")"
         view = CircuitView(spec.budget_w if spec else 0.0, seats, grants, wants, pending, revision,
-                           frozenset(unknown), order, tree, tree_value is not None and tree is None)
+                           frozenset(unknown), order, tree, (tree_value is not None and tree is None) or down_bad,
+                           None if down_bad else lost)
         return Read(spec, view, revision, spec_mod, leases, spec_created, claims, recs, bad, tree_mod)
 
     async def lease_info(self, lease_id: int) -> tuple[int, int]:
@@ -443,6 +455,16 @@ class CircuitStore:
             c.transactions.delete(self.key(kind, host)) for kind in (self.seats, self.grants, self.wants, self.pending)
         ], failure=[]))
 
+    async def feed_down(self, feed: str, by: str) -> None:
+        """Mark ``feed`` lost (persistent until :meth:`feed_up`): every raise computed
+        before fails its compare, and each host divides by the flow with it dead."""
+        await self._call(lambda c: c.put(self.down + feed.encode(), records.dumps(by=by)))
+
+    async def feed_up(self, feed: str) -> bool:
+        """The feed is back (False: it was not marked lost)."""
+        res = await self._call(lambda c: c.delete(self.down + feed.encode()))
+        return bool(res)
+
     async def wipe(self) -> None:
         """Delete every key of the circuit (the operator's reset; tests)."""
         await self._call(lambda c: c.delete_prefix(self.base))
@@ -455,9 +477,9 @@ class CircuitStore:
         # per range, whatever the number of hosts (etcd allows 128 operations in a
         # transaction by default; a compare per key stopped the circuit at about 60).
         # A deletion only lowers the sum. A claim created since: a live host whose
-        # reserve the read did not see.
+        # reserve the read did not see. A feed marked lost since: less may flow.
         return [t.mod(self.spec_key) == read.spec_mod, t.mod(self.tree_key) == read.tree_mod] + [
-            t.mod(kind, _range_end(kind)) < read.revision + 1 for kind in (self.seats, self.grants, self.claims)]
+            t.mod(kind, _range_end(kind)) < read.revision + 1 for kind in (self.seats, self.grants, self.claims, self.down)]
 
     async def register_seat(self, read: Read, host: str, reserve_w: float) -> bool:
         """Write ``host``'s seat if it fits beside every seat, grant and other live
