@@ -193,6 +193,49 @@ h4 = { cords = { A = 0.5, B = 0.5 }, reserve_w = 1000 }
 ROUND_S = 0.2  # the daemon's default poll_s
 
 
+class Sharer:
+    """One in-process host doing a daemon's grant round (no cards): read the circuit,
+    the grant policy's target, raise by transaction or lower; ``want_w`` published."""
+
+    def __init__(self, eps: list[str], host: str, release_hold_s: float = 10.0) -> None:
+        self.store = CircuitStore(eps, "row", timeout_s=5)
+        self.host = host
+        self.policy = GrantPolicy(release_hold_s=release_hold_s)
+        self.lease = 0
+
+    async def join(self, seat_w: float, want_w: float) -> None:
+        self.lease = (await self.store.grant_lease(30))[0]
+        await self.store.put_record(self.host, HostRecord(want_w=want_w), self.lease)
+        assert await self.store.register_seat(await self.store.read(), self.host, seat_w)
+
+    async def want(self, want_w: float) -> None:
+        await self.store.put_record(self.host, HostRecord(want_w=want_w), self.lease)
+
+    async def round(self) -> None:
+        read = await self.store.read()
+        held = read.view.grants.get(self.host, 0.0)
+        target = self.policy.target_w(read.view, self.host, held, time.monotonic())
+        if target > held and raise_allowed(read.view, self.host, target):
+            await self.store.raise_grant(read, self.host, target, self.lease)
+        elif target < held:
+            await self.store.lower_grant(self.host, target, self.lease)
+
+
+async def rounds_until(sharers: list[Sharer], done, limit_s: float, check=None) -> float:
+    """Rounds of every sharer at once, every ROUND_S, until ``done(view)``; ``check(view)``
+    after each round. Returns the time taken (s)."""
+    start = time.monotonic()
+    while time.monotonic() - start < limit_s:
+        await asyncio.gather(*(s.round() for s in sharers))
+        view = (await sharers[0].store.read()).view
+        if check is not None:
+            check(view)
+        if done(view):
+            return time.monotonic() - start
+        await asyncio.sleep(ROUND_S)
+    raise AssertionError(f"not within {limit_s} s: {(await sharers[0].store.read()).view}")
+
+
 async def _hosts_through_a_feed_loss(eps: list[str]) -> dict[str, float]:
     """Four in-process hosts, each a store client doing a daemon's grant round every
     ROUND_S (read, the grant policy's target, raise by transaction or lower), each
@@ -201,38 +244,14 @@ async def _hosts_through_a_feed_loss(eps: list[str]) -> dict[str, float]:
     whole and each grant must come down to 1 kW. Returns the times (s) measured, the
     shed from when ``circuit feed-down`` returned (the loss recorded in etcd)."""
     hosts = ("h1", "h2", "h3", "h4")
-    stores = [CircuitStore(eps, "row", timeout_s=5) for _ in hosts]
-    policies = {h: GrantPolicy() for h in hosts}
+    sharers = [Sharer(eps, h) for h in hosts]
     try:
-        leases = [(await s.grant_lease(30))[0] for s in stores]
-        for s, h, lease in zip(stores, hosts, leases, strict=True):
-            await s.put_record(h, HostRecord(want_w=3000.0), lease)
-            assert await s.register_seat(await s.read(), h, 1000.0)
-
-        async def round_of(i: int) -> None:
-            s, h = stores[i], hosts[i]
-            read = await s.read()
-            held = read.view.grants.get(h, 0.0)
-            target = policies[h].target_w(read.view, h, held, time.monotonic())
-            if target > held and raise_allowed(read.view, h, target):
-                await s.raise_grant(read, h, target, leases[i])
-            elif target < held:
-                await s.lower_grant(h, target, leases[i])
-
-        async def rounds_until(done, limit_s: float) -> float:
-            start = time.monotonic()
-            while time.monotonic() - start < limit_s:
-                await asyncio.gather(*(round_of(i) for i in range(len(hosts))))
-                view = (await stores[0].read()).view
-                if done(view):
-                    return time.monotonic() - start
-                await asyncio.sleep(ROUND_S)
-            raise AssertionError(f"not within {limit_s} s: {(await stores[0].read()).view}")
-
-        out = {"settle_s": await rounds_until(lambda v: all(v.grants.get(h) == 3000.0 for h in hosts), 10.0)}
+        for s in sharers:
+            await s.join(1000.0, 3000.0)
+        out = {"settle_s": await rounds_until(sharers, lambda v: all(v.grants.get(h) == 3000.0 for h in hosts), 10.0)}
         assert circuit_cli(eps, "feed-down", "--name", "row", "A").returncode == 0
-        out["shed_s"] = await rounds_until(lambda v: v.lost == "A" and v.holds(), 5.0)
-        view = (await stores[0].read()).view
+        out["shed_s"] = await rounds_until(sharers, lambda v: v.lost == "A" and v.holds(), 5.0)
+        view = (await sharers[0].store.read()).view
         assert all(view.grants[h] == 1000.0 for h in hosts), view.grants
         status = circuit_cli(eps, "status", "--name", "row")
         assert "FEED LOST: A" in status.stdout and status.returncode == 0, status.stdout
@@ -246,11 +265,12 @@ async def _hosts_through_a_feed_loss(eps: list[str]) -> dict[str, float]:
         assert r.returncode != 0 and "feed A was not marked lost" in r.stderr, r.stderr
         # Back: the grants above the loss's division are raised again (the release hold
         # is for lowering only), to 3 kW each.
-        out["back_s"] = await rounds_until(lambda v: v.lost is None and all(v.grants.get(h) == 3000.0 for h in hosts), 10.0)
+        out["back_s"] = await rounds_until(
+            sharers, lambda v: v.lost is None and all(v.grants.get(h) == 3000.0 for h in hosts), 10.0)
         return out
     finally:
-        for s in stores:
-            await s.close()
+        for s in sharers:
+            await s.store.close()
 
 
 def test_a_feed_marked_lost_sheds_every_grant_on_the_surviving_side_within_a_round(
@@ -265,3 +285,52 @@ def test_a_feed_marked_lost_sheds_every_grant_on_the_surviving_side_within_a_rou
           f"grants settled in {times['settle_s']:.2f} s; feed A marked lost: every node within budget where the "
           f"draw now flows after {times['shed_s']:.2f} s (stated shed_s 2 s); back at 3 kW {times['back_s']:.2f} s "
           "after feed-up")
+
+
+CLASS_TREE = """
+[nodes.pdu]
+kind = "pdu"
+budget_w = 6000
+
+[hosts]
+serving = { cords = { pdu = 1.0 }, reserve_w = 1000, priority = 1 }
+batch-1 = { cords = { pdu = 1.0 }, reserve_w = 1000 }
+batch-2 = { cords = { pdu = 1.0 }, reserve_w = 1000 }
+"""
+
+
+async def _classes(eps: list[str]) -> dict[str, float]:
+    """Three seats of 1 kW (joined before work starts); the two batch hosts (class 0)
+    take the PDU's 3 kW above the seats while the serving host (class 1) wants nothing;
+    then it wants 3 kW: the batch hosts are lowered (after their 1 s release hold) and it
+    takes its whole want; the node never over."""
+    batch = [Sharer(eps, h, release_hold_s=1.0) for h in ("batch-1", "batch-2")]
+    serving = Sharer(eps, "serving", release_hold_s=1.0)
+
+    def within(view) -> None:
+        assert view.holds(), view.nodes_over_w()
+
+    try:
+        await serving.join(1000.0, 0.0)
+        for s in batch:
+            await s.join(1000.0, 3000.0)
+        out = {"batch_s": await rounds_until(
+            [*batch, serving], lambda v: v.grants.get("batch-1") == v.grants.get("batch-2") == 1500.0, 10.0, within)}
+        await serving.want(3000.0)
+        out["served_s"] = await rounds_until(
+            [*batch, serving], lambda v: v.grants.get("serving") == 3000.0 and not v.grants.get("batch-1")
+            and not v.grants.get("batch-2"), 15.0, within)
+        return out
+    finally:
+        for s in [*batch, serving]:
+            await s.store.close()
+
+
+def test_a_short_node_lowers_the_lower_class_first_and_the_higher_keeps_its_want(
+        etcd1: EtcdCluster, tmp_path: Path) -> None:
+    eps = etcd1.endpoints
+    assert circuit_cli(eps, "init", "--name", "row", "--tree", str(_tree_file(tmp_path, CLASS_TREE))).returncode == 0
+    times = asyncio.run(_classes(eps))
+    print(f"\n[circuit figures] classes on a 6 kW PDU (3 kW of seats): two batch hosts at 1.5 kW grants each after "
+          f"{times['batch_s']:.2f} s; the serving host (class 1) then wants 3 kW: it holds 3 kW and the batch hosts 0 "
+          f"after {times['served_s']:.2f} s (1 s release hold), the PDU within budget every round")
