@@ -313,6 +313,24 @@ CIRCUIT_DRAW = _declare(
     unit="watts",
 )
 CIRCUIT_INFO = _declare("circuit_info", "gauge", "The circuit this host is on (label circuit); always 1", ("circuit",))
+CIRCUIT_NODE_BUDGET = _declare(
+    "circuit_node_budget_watts", "gauge", "A power tree node on this host's cords' paths: its budget (wall W)",
+    ("node",), unit="watts",
+)
+CIRCUIT_NODE_COMMITTED = _declare(
+    "circuit_node_committed_watts", "gauge",
+    "A node on this host's paths: the seats and grants it carries (wall W; failover counted, and with a feed lost "
+    "where they now flow)", ("node",), unit="watts",
+)
+CIRCUIT_NODE_DRAW = _declare(
+    "circuit_node_draw_watts", "gauge",
+    "A node on this host's paths: the live hosts' published measured draw through it, where it flows now (wall W; "
+    "absent while a host's draw is unknown)", ("node",), unit="watts",
+)
+CIRCUIT_FEED_LOST = _declare(
+    "circuit_feed_lost", "gauge", "1 while a feed of the power tree is marked lost (label feed); absent otherwise",
+    ("feed",),
+)
 CIRCUIT_GRANT_LOST = _declare(
     "circuit_grant_lost", "counter", "Grants lost: the lease expired before a renewal"
 )

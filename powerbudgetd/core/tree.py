@@ -203,6 +203,17 @@ class PowerTree:
         return {n: sum(c * draw_w.get(h, 0.0) for h, c in hs.items())
                 for n, hs in self.coefficients(lost, flow=flow).items()}
 
+    def loads_known_w(self, figure_w: Mapping[str, float | None], lost: str | None = None, *,
+                      flow: bool = False) -> dict[str, float | None]:
+        """As :meth:`loads_w` for hosts' figures that may be unknown (None: that host's
+        caps or measured draw not known): None at every node such a host loads. Hosts
+        without a figure count 0 (not running)."""
+        out: dict[str, float | None] = {}
+        for n, hs in self.coefficients(lost, flow=flow).items():
+            vals = [(c, figure_w[h]) for h, c in hs.items() if h in figure_w]
+            out[n] = None if any(x is None for _, x in vals) else sum(c * (x or 0.0) for c, x in vals)
+        return out
+
     def over_w(self, draw_w: Mapping[str, float], lost: str | None = None, *, flow: bool = False) -> dict[str, float]:
         """The nodes whose load (as :meth:`loads_w`) exceeds their budget, and by how much (W)."""
         loads = self.loads_w(draw_w, lost, flow=flow)

@@ -406,16 +406,11 @@ def _nodes(v: Any, live: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
     committed = tree.loads_w(v.held_w())
     flow = tree.loads_w(v.held_w(), v.lost) if v.lost is not None else {}
 
-    def through(key: str, *, flow: bool) -> dict[str, float | None]:
-        out: dict[str, float | None] = {}
-        for n, hs in tree.coefficients(flow=flow).items():
-            vals = [(c, live[h][key]) for h, c in hs.items() if h in live]
-            out[n] = None if any(x is None for _, x in vals) else round(sum(c * x for c, x in vals), 1)
-        return out
+    def rounded(loads: dict[str, float | None]) -> dict[str, float | None]:
+        return {n: None if x is None else round(x, 1) for n, x in loads.items()}
 
-    caps, draw = through("caps_w", flow=False), through("draw_w", flow=True)
-    if v.lost is not None:  # the hosts' draw flows around the lost feed
-        draw = {n: x for n, x in draw.items() if n in flow}
+    caps = rounded(tree.loads_known_w({h: r["caps_w"] for h, r in live.items()}))
+    draw = rounded(tree.loads_known_w({h: r["draw_w"] for h, r in live.items()}, v.lost, flow=True))
     children: dict[str | None, list[str]] = {}
     for node in tree.nodes.values():
         children.setdefault(node.parent, []).append(node.name)

@@ -331,3 +331,56 @@ def test_a_suspend_longer_than_the_lease_ends_the_grant_at_the_first_tick(tmp_pa
     ch.on_tick(report)
     assert arb.resolve(mono[0]).budget_w == pytest.approx(620) and ch.in_use_w == 0
     assert ch.status(mono[0]).lease_left_s == 0 and ch.status(mono[0]).grant_w == 0
+
+
+def test_a_tree_s_nodes_on_the_host_s_paths_are_exported_and_stale_ones_removed(tmp_path: Path) -> None:
+    """The host is corded to PDUs A and B under the root: those three nodes (not PDU C,
+    another rack's) carry its budget, seats and grants (failover counted: the host
+    whole on each cord) and the live hosts' measured draw where it flows; a host whose
+    draw is unknown takes the node's draw out; with feed A lost, A is dead and B
+    carries everything; a feed back, or a tree without the host, removes the labels."""
+    from prometheus_client import generate_latest
+
+    from powerbudgetd.channels.circuit.store import HostRecord, Read
+    from powerbudgetd.core.circuit import CircuitView
+    from powerbudgetd.core.tree import Host, Node, PowerTree
+
+    s = _cfg(tmp_path, CIRCUIT)
+    assert s.circuit is not None
+    registry = CollectorRegistry()
+    ch = CircuitChannel(s.circuit, s.circuit.host_power(s.feed), BudgetArbiter(s.effective_budget_w()), lower_s=1.5,
+                        registry=registry, environ={})
+    me = ch.host
+    nodes = {"root": Node("root", 20_000.0), "A": Node("A", 8000.0, "root"), "B": Node("B", 8000.0, "root"),
+             "C": Node("C", 8000.0, "root")}
+    hosts = {me: Host(me, {"A": 0.5, "B": 0.5}), "other": Host("other", {"A": 0.5, "B": 0.5}),
+             "far": Host("far", {"C": 1.0})}
+    tree = PowerTree(nodes, hosts).with_reserves({me: 1000.0, "other": 1000.0, "far": 1000.0})
+    seats = {me: 1000.0, "other": 1000.0, "far": 1000.0}
+
+    def show(lost: str | None, other_draw: float | None, t: PowerTree = tree) -> dict[tuple[str, str], float]:
+        view = CircuitView(20_000.0, seats, {me: 500.0}, tree=t, lost=lost)
+        records = {me: HostRecord(0.0, draw_w=1200.0), "other": HostRecord(0.0, draw_w=other_draw),
+                   "far": HostRecord(0.0, draw_w=900.0)}
+        ch._show(Read(None, view, 1, records=records))
+        out = {}
+        for line in generate_latest(registry).decode().splitlines():
+            if line.startswith(("powerbudgetd_circuit_node_", "powerbudgetd_circuit_feed_lost")):
+                name, value = line.rsplit(" ", 1)
+                metric, label = name.split("{")
+                out[(metric.removeprefix("powerbudgetd_circuit_"), label.split('"')[1])] = float(value)
+        return out
+
+    got = show(None, 800.0)
+    assert {n for _, n in got} == {"root", "A", "B"}
+    assert got[("node_budget_watts", "A")] == 8000.0
+    assert got[("node_committed_watts", "A")] == 2500.0  # redundant: each cord carries its host whole
+    assert got[("node_committed_watts", "root")] == 3500.0
+    assert got[("node_draw_watts", "A")] == 1000.0 and got[("node_draw_watts", "root")] == 2900.0
+    got = show(None, None)
+    assert ("node_draw_watts", "A") not in got and ("node_committed_watts", "A") in got
+    got = show("A", 800.0)
+    assert got[("feed_lost", "A")] == 1.0 and got[("node_draw_watts", "B")] == 2000.0
+    assert ("node_draw_watts", "A") not in got  # dead
+    got = show(None, 800.0, PowerTree(nodes, {"far": hosts["far"]}))
+    assert got == {}

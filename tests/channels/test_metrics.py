@@ -273,7 +273,7 @@ def test_every_metric_the_issue_names_is_exposed() -> None:
 def test_rules_pass_promtool_check_and_unit_tests() -> None:
     checked = promtool("check", "rules", "prometheus-rules.yml", cwd=CONFIG)
     assert checked.returncode == 0, checked.stdout + checked.stderr
-    assert "SUCCESS: 19 rules found" in checked.stdout
+    assert "SUCCESS: 22 rules found" in checked.stdout
     tested = promtool("test", "rules", "prometheus-rules.test.yml", cwd=CONFIG)
     assert tested.returncode == 0, tested.stdout + tested.stderr
 
@@ -289,7 +289,9 @@ def test_every_alert_has_for_severity_description_and_a_test() -> None:
         "PowerBudgetNvmlErrors",
         "PowerBudgetUpsOnBattery", "PowerBudgetUpsLowBattery", "PowerBudgetUpsOverload", "PowerBudgetUpsDataStale",
         "PowerBudgetCircuitGrantLost", "PowerBudgetCircuitEtcdUnreachable", "PowerBudgetCircuitSeatsExceed",
-        "PowerBudgetCircuitDrawOverBudget", "PowerBudgetCircuitRecordsDrift", "PowerBudgetCircuitRecordsUnreadable",
+        "PowerBudgetCircuitDrawOverBudget", "PowerBudgetCircuitNodeDrawOverBudget",
+        "PowerBudgetCircuitNodeRecordsOverBudget", "PowerBudgetCircuitFeedLost", "PowerBudgetCircuitRecordsDrift",
+        "PowerBudgetCircuitRecordsUnreadable",
     ]
     for r in rules:
         assert r["for"] and r["labels"]["severity"] in ("critical", "warning", "info") and r["annotations"]["description"]

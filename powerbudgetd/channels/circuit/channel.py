@@ -29,6 +29,7 @@ grace (``core.circuit.fenced_lease_ttl_s``). Lease deadlines are kept on
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import os
 import time
@@ -128,6 +129,10 @@ class CircuitMetrics:
         self.caps = names.gauge(names.CIRCUIT_CAPS, registry)
         self.draw = names.gauge(names.CIRCUIT_DRAW, registry)
         self.info = names.gauge(names.CIRCUIT_INFO, registry)
+        self.node_budget = names.gauge(names.CIRCUIT_NODE_BUDGET, registry)
+        self.node_committed = names.gauge(names.CIRCUIT_NODE_COMMITTED, registry)
+        self.node_draw = names.gauge(names.CIRCUIT_NODE_DRAW, registry)
+        self.feed_lost = names.gauge(names.CIRCUIT_FEED_LOST, registry)
         self.vanished = names.counter(names.CIRCUIT_SEAT_VANISHED, registry)
         self.bad_seen = names.counter(names.CIRCUIT_BAD_RECORDS_SEEN, registry)
 
@@ -186,6 +191,8 @@ class CircuitChannel:
         self.snapshot: BankSnapshot | None = None
         self.stopping = False
         self._said: dict[str, object] = {}
+        self._nodes_shown: set[str] = set()  # the node labels exported
+        self._feed_shown: str | None = None
         self._bad_said: dict[str, str] = {}
         self.metrics.reserve.set(power.reserve_w)
         self.metrics.info.labels(circuit=cfg.name).set(1)
@@ -584,6 +591,41 @@ class CircuitChannel:
         self.metrics.pending.set(sum(v.pending.values()))
         self.metrics.seated.set(1 if self.seated else 0)
         self.metrics.grants_ok.set(1 if self.grants_ok else 0)
+        self._show_tree(read)
+
+    def _show_tree(self, read: Read) -> None:
+        """The nodes on this host's cords' paths (a handful: the label set stays small
+        whatever the tree's size), and the lost feed, if any; stale labels removed."""
+        v, m = read.view, self.metrics
+        tree = v.tree
+        paths = set() if tree is None or self.host not in tree.hosts else {
+            n for leaf in tree.hosts[self.host].cords for n in tree.path(leaf)}
+        for gone in self._nodes_shown - paths:
+            for g in (m.node_budget, m.node_committed, m.node_draw):
+                with contextlib.suppress(KeyError):
+                    g.remove(gone)
+        self._nodes_shown = paths
+        if tree is not None and paths:
+            committed = tree.loads_w(v.held_w())
+            if v.lost is not None:  # where they now flow, with the feed dead
+                for n, w in tree.loads_w(v.held_w(), v.lost).items():
+                    committed[n] = max(w, committed[n])
+            draw = tree.loads_known_w({h: r.draw_w for h, r in read.records.items()}, v.lost, flow=True)
+            for n in paths:
+                m.node_budget.labels(node=n).set(tree.nodes[n].budget_w)
+                m.node_committed.labels(node=n).set(committed[n])
+                through = draw.get(n)  # None: a host's draw unknown, or the node dead
+                if through is None:
+                    with contextlib.suppress(KeyError):
+                        m.node_draw.remove(n)
+                else:
+                    m.node_draw.labels(node=n).set(through)
+        if v.lost != self._feed_shown:
+            if self._feed_shown is not None:
+                m.feed_lost.remove(self._feed_shown)
+            if v.lost is not None:
+                m.feed_lost.labels(feed=v.lost).set(1)
+            self._feed_shown = v.lost
 
     def _set_reachable(self, ok: bool, error: str = "") -> None:
         if ok != self.reachable:
