@@ -28,7 +28,19 @@ Measured over ``--duration`` s of wall time:
   use until its fence, or until its failsafe when paused) summed against the budget.
   ``--no-grace`` (leases of the circuit's TTL alone) makes it find violations.
 
+``--tree redundant|oversubscribed``: the circuit is a power tree (``circuit init
+--tree``): a root panel (the seats plus ``--pool-w``) over feeds A and B, each over one
+PDU per rack of ``--rack-size`` clients; every client corded half to its rack's PDU A,
+half to its PDU B; each feed (and PDU) budgeted at its hosts' seats plus half their
+pool, so the feeds are what is contested. At ``--feed-down-at`` of the run feed A is
+marked lost (``circuit feed-down``). The audit then checks every node at every
+revision (seats and grants, failover counted) and counts the revisions over where the
+draw flows with A dead (the records' shed); the draw check sums each client's modelled
+draw through every node where it flows, and reports the time from the loss until
+every node is within its budget (the shed time) and any sample over outside it.
+
     python benchmarks/circuit_load.py --clients 200 --duration 120
+    python benchmarks/circuit_load.py --clients 40 --tree oversubscribed --poll-s 0.2
 """
 
 from __future__ import annotations
@@ -51,6 +63,7 @@ from collections.abc import Awaitable, Callable
 
 from powerbudgetd.channels.circuit.store import CircuitStore, LeaseGone, StoreUnavailable
 from powerbudgetd.core.circuit import Fence, GrantPolicy, fenced_lease_ttl_s, raise_allowed
+from powerbudgetd.core.tree import Host, Node, PowerTree
 
 
 def free_port() -> int:
@@ -256,12 +269,32 @@ class Client:
         return lease
 
 
+def row_tree(args: argparse.Namespace) -> PowerTree:
+    """The ``--tree`` row: a root panel over feeds A and B, a PDU per rack on each; every
+    client corded half to each of its rack's PDUs (see the module docstring)."""
+    racks = -(-args.clients // args.rack_size)
+    seats_w = args.clients * args.reserve_w
+    nodes = {"panel": Node("panel", seats_w + args.pool_w, None, "panel")}
+    hosts: dict[str, Host] = {}
+    for side in ("a", "b"):
+        nodes[f"feed-{side}"] = Node(f"feed-{side}", seats_w + args.pool_w / 2, "panel", "ups")
+    for r in range(racks):
+        members = [i for i in range(args.clients) if i // args.rack_size == r]
+        rack_w = len(members) * args.reserve_w + args.pool_w * len(members) / args.clients / 2
+        for side in ("a", "b"):
+            nodes[f"r{r}-{side}"] = Node(f"r{r}-{side}", rack_w, f"feed-{side}", "pdu")
+        for i in members:
+            hosts[f"c{i:03d}"] = Host(f"c{i:03d}", {f"r{r}-a": 0.5, f"r{r}-b": 0.5}, args.reserve_w)
+    return PowerTree(nodes, hosts).with_mode(args.tree, args.shed_s if args.tree == "oversubscribed" else None)
+
+
 async def main_async(args: argparse.Namespace, eps: list[str], kill_leader: Callable[[], Awaitable[int | None]]) -> dict:
     name = "load"
     seats_w = args.clients * args.reserve_w
     budget_w = seats_w + args.pool_w
     admin = CircuitStore(eps, name)
-    assert await admin.init(budget_w, args.ttl)
+    tree = row_tree(args) if args.tree else None
+    assert await admin.init(budget_w, args.ttl, tree=tree)
     start_rev = (await admin.read()).revision
     stop = asyncio.Event()
     rng = random.Random(args.seed)
@@ -270,21 +303,34 @@ async def main_async(args: argparse.Namespace, eps: list[str], kill_leader: Call
     calls0 = sum(c.store.calls for c in clients)
     t0 = time.monotonic()
     until = t0 + args.duration
-    draw_task = asyncio.create_task(_draw_until(clients, budget_w, until))
+    lost: dict[str, float] = {}  # the feed marked lost, and when (monotonic s)
+
+    async def feed_down() -> int | None:
+        await admin.feed_down("feed-a", "benchmark")
+        lost["feed-a"] = time.monotonic()
+        # A client paused (frozen) then cannot shed: only its watchdog kill and failsafe
+        # (or the end of its pause) bring it down.
+        return sum(c.paused for c in clients)
+
+    draw_task = asyncio.create_task(_draw_until(clients, budget_w, until, tree, lost))
     leader_task = asyncio.create_task(_at(t0 + args.duration / 2, kill_leader))
+    down_task = asyncio.create_task(_at(t0 + args.duration * args.feed_down_at, feed_down)) if tree else None
     await asyncio.gather(*(c.run(lease, args.ttl, until) for c, lease in zip(clients, leases)))
     elapsed = time.monotonic() - t0
     calls = sum(c.store.calls for c in clients) - calls0
     draw = await draw_task
     killed = await leader_task
+    paused_at_loss = await down_task if down_task is not None else None
     stop.set()  # the audit replays etcd's history from the first revision, after the run
-    result = await _audit_until([e for i, e in enumerate(eps) if i != killed], name, budget_w, start_rev, stop)
+    result = await _audit_until([e for i, e in enumerate(eps) if i != killed], name, budget_w, start_rev, stop, tree)
     await admin.close()
     ttg = sorted(t for c in clients for t in c.time_to_grant)
     raises = sum(c.raises for c in clients)
     conflicts = sum(c.conflicts for c in clients)
     return {
         "clients": args.clients, "members": args.members, "duration_s": round(elapsed, 1), "budget_w": budget_w,
+        "tree": None if tree is None else {"mode": args.tree, "nodes": len(tree.nodes), "feed_lost_at_s": round(
+            lost["feed-a"] - t0, 1) if lost else None, "clients_paused_at_the_loss": paused_at_loss},
         "pool_w": args.pool_w, "grants_per_s": round((raises - conflicts) / elapsed, 1), "raise_txns": raises,
         "conflict_rate": round(conflicts / raises, 3) if raises else None,
         "time_to_grant_p50_s": round(statistics.median(ttg), 3) if ttg else None,
@@ -301,29 +347,55 @@ async def _at(when: float, fn: Callable[[], Awaitable[int | None]]) -> int | Non
     return await fn()
 
 
-async def _draw_until(clients: list[Client], budget_w: float, until: float) -> dict:
-    """Every 100 ms the clients' modelled draw summed against the budget."""
-    samples = violations = 0
+async def _draw_until(clients: list[Client], budget_w: float, until: float, tree: PowerTree | None = None,
+                      lost: dict[str, float] | None = None) -> dict:
+    """Every 100 ms the clients' modelled draw summed against the budget; on a tree,
+    through every node where it flows (with the lost feed dead once it is), the samples
+    within the stated shed time of the loss counted apart, and the shed time measured:
+    from the loss to the first sample with every node within its budget."""
+    samples = violations = shedding = 0
     worst = float("inf")
+    shed_s: float | None = None
     while time.monotonic() < until:
         now = time.monotonic()
-        margin = budget_w - sum(c.draw_w(now) for c in clients)
+        draw = {c.host: c.draw_w(now) for c in clients}
+        margin = budget_w - sum(draw.values())
+        feed, since = next(iter((lost or {}).items()), (None, None))
+        in_shed = False
+        if tree is not None:
+            loads = tree.loads_w(draw, feed, flow=True)
+            margin = min([margin] + [tree.nodes[n].budget_w - w for n, w in loads.items()])
+            if since is not None and shed_s is None:
+                if margin >= -1e-6:
+                    shed_s = now - since
+                else:
+                    in_shed = True
         samples += 1
-        violations += margin < -1e-6
-        worst = min(worst, margin)
+        if in_shed:
+            shedding += 1
+        else:
+            violations += margin < -1e-6
+            worst = min(worst, margin)
         await asyncio.sleep(0.1)
-    return {"samples": samples, "violations": violations, "worst_margin_w": round(worst, 1)}
+    out: dict[str, float | None] = {"samples": samples, "violations": violations, "worst_margin_w": round(worst, 1)}
+    if tree is not None:
+        out |= {"samples_while_shedding": shedding, "shed_s": None if shed_s is None else round(shed_s, 2)}
+    return out
 
 
-async def _audit_until(eps: list[str], name: str, budget_w: float, start_rev: int, stop: asyncio.Event) -> dict:
+async def _audit_until(eps: list[str], name: str, budget_w: float, start_rev: int, stop: asyncio.Event,
+                       tree: PowerTree | None = None) -> dict:
     """Watch from ``start_rev``; after ``stop``, read on until the watch has caught up
-    with the last revision, then report."""
+    with the last revision, then report. On a tree every node at every revision (failover
+    counted), and the revisions over where the seats and grants flow with a feed lost."""
     import aetcd
 
     store = CircuitStore(eps, name)
     seats: dict[bytes, float] = {}
     grants: dict[bytes, float] = {}
     revisions, violations, worst = 0, 0, float("inf")
+    down: set[str] = set()
+    over_under_loss = 0
     host, port = eps[-1].rsplit(":", 1)
     async with aetcd.Client(host, int(port)) as client:
         watch = await client.watch_prefix(store.base, start_revision=start_rev)
@@ -352,16 +424,31 @@ async def _audit_until(eps: list[str], name: str, budget_w: float, start_rev: in
                         table.pop(key, None)
                     else:
                         table[key] = float(json.loads(event.kv.value)[field])
+            if key.startswith(store.down):
+                (down.discard if event.kind == "DELETE" else down.add)(key[len(store.down):].decode())
             if rev != last_rev:
                 revisions += 1
             last_rev = rev
             margin = budget_w - sum(seats.values()) - sum(grants.values())
+            if tree is not None:
+                held: dict[str, float] = {}
+                for table, prefix in ((seats, store.seats), (grants, store.grants)):
+                    for k, w in table.items():
+                        h = k[len(prefix):].decode()
+                        held[h] = held.get(h, 0.0) + w
+                loads = tree.loads_w(held)
+                margin = min([margin] + [tree.nodes[n].budget_w - w for n, w in loads.items()])
+                if down:
+                    over_under_loss += bool(tree.over_w(held, next(iter(down))))
             worst = min(worst, margin)
             violations += margin < -1e-6
         await watch.cancel()
         pumping.cancel()
     await store.close()
-    return {"revisions_checked": revisions, "violations": violations, "worst_margin_w": round(worst, 1)}
+    out = {"revisions_checked": revisions, "violations": violations, "worst_margin_w": round(worst, 1)}
+    if tree is not None:
+        out["revisions_over_with_the_feed_lost"] = over_under_loss
+    return out
 
 
 def main() -> None:
@@ -385,6 +472,10 @@ def main() -> None:
     p.add_argument("--no-grace", action="store_true",
                    help="leases of the circuit's TTL alone: paused hosts' grants are handed on while their cards "
                    "still hold them, and the draw check must find it (the check checks itself)")
+    p.add_argument("--tree", choices=("redundant", "oversubscribed"), help="the circuit is a power tree (see above)")
+    p.add_argument("--rack-size", type=int, default=10, help="with --tree: clients per rack (a PDU A and B each)")
+    p.add_argument("--shed-s", type=float, default=2.0, help="with --tree oversubscribed: the pair's stated shed time")
+    p.add_argument("--feed-down-at", type=float, default=0.66, help="with --tree: feed A lost at this fraction of the run")
     p.add_argument("--unsafe", action="store_true",
                    help="take the whole want with plain puts, no check or compare: the audit must find violations")
     args = p.parse_args()

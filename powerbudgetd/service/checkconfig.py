@@ -181,6 +181,11 @@ def describe(
     return "\n".join(lines)
 
 
+# WatchdogSec in the packaged unit (systemd/powerbudgetd.service; a test keeps them equal):
+# how long a frozen daemon runs on before systemd kills it.
+PACKAGED_WATCHDOG_S = 10.0
+
+
 def tree_place(settings: Settings, tree: PowerTree) -> tuple[list[str], list[str]]:
     """This host's place in a power tree (``check-config --tree``): (lines to print,
     problems). The host is ``[circuit] host``; a problem: no ``[circuit]``, a host the
@@ -207,4 +212,10 @@ def tree_place(settings: Settings, tree: PowerTree) -> tuple[list[str], list[str
                         "the tree would not count the difference")
     elif reserve < host.reserve_w - 1e-9:
         lines.append(f"  note: [circuit] reserve_w {_w(reserve)} W is below the tree's seat: the tree keeps the difference idle")
+    frozen_s = PACKAGED_WATCHDOG_S + settings.circuit.fallback_s
+    if mode == "oversubscribed" and shed is not None and frozen_s > shed:
+        lines.append(f"  note: a frozen daemon sheds only once its watchdog kills it and the failsafe lowers its cards: "
+                     f"WatchdogSec ({_n(PACKAGED_WATCHDOG_S)} s in the packaged unit) + fallback_s "
+                     f"({_n(settings.circuit.fallback_s)} s) = {_n(frozen_s)} s, beyond the pair's {_n(shed)} s: the "
+                     "surviving side must tolerate the overload that long, or shorten both")
     return lines, problems

@@ -14,14 +14,13 @@ from __future__ import annotations
 import asyncio
 import json
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
 
-from powerbudgetd.channels.circuit.store import CircuitStore, HostRecord, Read
-from powerbudgetd.core.circuit import GrantPolicy, raise_allowed
-from support.circuit import EXE, EtcdCluster, circuit_cli
+from powerbudgetd.channels.circuit.store import CircuitStore, Read
+from powerbudgetd.core.circuit import raise_allowed
+from support.circuit import EXE, ROUND_S, EtcdCluster, Sharer, circuit_cli, rounds_until
 
 pytestmark = pytest.mark.slow  # real etcd members: the full run (CI) covers it
 
@@ -190,52 +189,6 @@ h2 = { cords = { A = 0.5, B = 0.5 }, reserve_w = 1000 }
 h3 = { cords = { A = 0.5, B = 0.5 }, reserve_w = 1000 }
 h4 = { cords = { A = 0.5, B = 0.5 }, reserve_w = 1000 }
 """
-ROUND_S = 0.2  # the daemon's default poll_s
-
-
-class Sharer:
-    """One in-process host doing a daemon's grant round (no cards): read the circuit,
-    the grant policy's target, raise by transaction or lower; ``want_w`` published."""
-
-    def __init__(self, eps: list[str], host: str, release_hold_s: float = 10.0) -> None:
-        self.store = CircuitStore(eps, "row", timeout_s=5)
-        self.host = host
-        self.policy = GrantPolicy(release_hold_s=release_hold_s)
-        self.lease = 0
-
-    async def join(self, seat_w: float, want_w: float) -> None:
-        self.lease = (await self.store.grant_lease(30))[0]
-        await self.store.put_record(self.host, HostRecord(want_w=want_w), self.lease)
-        assert await self.store.register_seat(await self.store.read(), self.host, seat_w)
-
-    async def want(self, want_w: float) -> None:
-        await self.store.put_record(self.host, HostRecord(want_w=want_w), self.lease)
-
-    async def round(self) -> None:
-        read = await self.store.read()
-        held = read.view.grants.get(self.host, 0.0)
-        target = self.policy.target_w(read.view, self.host, held, time.monotonic())
-        if target > held and raise_allowed(read.view, self.host, target):
-            await self.store.raise_grant(read, self.host, target, self.lease)
-        elif target < held:
-            await self.store.lower_grant(self.host, target, self.lease)
-
-
-async def rounds_until(sharers: list[Sharer], done, limit_s: float, check=None) -> float:
-    """Rounds of every sharer at once, every ROUND_S, until ``done(view)``; ``check(view)``
-    after each round. Returns the time taken (s)."""
-    start = time.monotonic()
-    while time.monotonic() - start < limit_s:
-        await asyncio.gather(*(s.round() for s in sharers))
-        view = (await sharers[0].store.read()).view
-        if check is not None:
-            check(view)
-        if done(view):
-            return time.monotonic() - start
-        await asyncio.sleep(ROUND_S)
-    raise AssertionError(f"not within {limit_s} s: {(await sharers[0].store.read()).view}")
-
-
 async def _hosts_through_a_feed_loss(eps: list[str]) -> dict[str, float]:
     """Four in-process hosts, each a store client doing a daemon's grant round every
     ROUND_S (read, the grant policy's target, raise by transaction or lower), each

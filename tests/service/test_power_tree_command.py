@@ -55,6 +55,17 @@ def test_check_config_shows_this_hosts_place_in_the_tree(tmp_path, capsys):
     assert "power tree: host r1-h01, class 1: r1-a (50%) <- feed-a <- row, r1-b (50%) <- feed-b <- row" in out
     assert "  feed pair feed-a / feed-b: oversubscribed, shed within 2 s" in out
     assert any(line.startswith("  seat 1050 W in the tree; the largest grant beside every other seat: ") for line in out)
+    # A frozen daemon sheds only after the watchdog and the failsafe: 10 + 10 s, not 2 s.
+    assert ("  note: a frozen daemon sheds only once its watchdog kills it and the failsafe lowers its cards: "
+            "WatchdogSec (10 s in the packaged unit) + fallback_s (10 s) = 20 s, beyond the pair's 2 s: the "
+            "surviving side must tolerate the overload that long, or shorten both") in out
+
+
+def test_the_packaged_watchdog_check_config_assumes_is_the_unit_s() -> None:
+    from powerbudgetd.service.checkconfig import PACKAGED_WATCHDOG_S
+
+    unit = (Path(__file__).resolve().parents[2] / "systemd" / "powerbudgetd.service").read_text()
+    assert f"\nWatchdogSec={PACKAGED_WATCHDOG_S:g}\n" in unit
 
 
 @pytest.mark.parametrize("host, reserve, problem", [

@@ -10,6 +10,9 @@ circuit's wall sum.
   metrics port, started as systemd would: ``NOTIFY_SOCKET`` and ``WATCHDOG_USEC`` set;
   a supervisor thread kills it (SIGKILL) when the watchdog pings stop (``WatchdogSec``),
   and after any exit runs ``powerbudgetd failsafe`` (``ExecStopPost=``).
+- :class:`Sharer`: an in-process host doing the daemon's grant round on a store client
+  (no cards: its draw modelled as its seat plus the grant in use), for load and for
+  trees; :func:`rounds_until` runs rounds of several until a condition holds.
 - :class:`Checker`: every 100 ms, each host's truth (the simulated cards' limits as the
   bank keeps them in its state file: the highest limit that may be in force per card,
   readable even while a daemon is stopped) through the feed model to the wall; asserts
@@ -34,7 +37,8 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from powerbudgetd.channels.circuit.store import CircuitStore
+from powerbudgetd.channels.circuit.store import CircuitStore, HostRecord
+from powerbudgetd.core.circuit import GrantPolicy, raise_allowed
 from support.daemon import DaemonProcess, json_lines, metric
 from support.wait import free_port, reap, wait_until
 
@@ -521,3 +525,70 @@ def start_hosts(hosts: list[Host]) -> None:
 def stop_hosts(hosts: list[Host]) -> None:
     for h in hosts:
         h.stop()
+
+
+# -- in-process hosts: the grant protocol without cards ------------------------------------
+
+ROUND_S = 0.2  # the daemon's default poll_s
+LEASE_TTL_S = 30
+
+
+class Sharer:
+    """One in-process host doing a daemon's grant round (no cards): read the circuit,
+    the grant policy's target, raise by transaction or lower; its want published. Its
+    modelled wall draw (:meth:`draw_w`) is its seat plus the grant in use: raised after
+    etcd, lowered before it, as the daemon's cards are."""
+
+    def __init__(self, eps: list[str], host: str, release_hold_s: float = 10.0, circuit: str = "row") -> None:
+        self.store = CircuitStore(eps, circuit, timeout_s=5)
+        self.host = host
+        self.policy = GrantPolicy(release_hold_s=release_hold_s)
+        self.lease = 0
+        self.seat_w = self.in_use_w = 0.0
+        self.renewed = 0.0  # when the lease was last renewed (monotonic s)
+
+    def draw_w(self) -> float:
+        return self.seat_w + self.in_use_w
+
+    async def join(self, seat_w: float, want_w: float) -> None:
+        self.seat_w = seat_w
+        self.lease = (await self.store.grant_lease(LEASE_TTL_S))[0]
+        self.renewed = time.monotonic()
+        await self.store.put_record(self.host, HostRecord(want_w=want_w), self.lease)
+        for _ in range(100):  # a compare that fails only means something changed: read again
+            if await self.store.register_seat(await self.store.read(), self.host, seat_w):
+                return
+            await asyncio.sleep(0.05)
+        raise AssertionError(f"{self.host}: its seat of {seat_w} W never fitted")
+
+    async def want(self, want_w: float) -> None:
+        await self.store.put_record(self.host, HostRecord(want_w=want_w), self.lease)
+
+    async def round(self) -> None:
+        if time.monotonic() - self.renewed >= LEASE_TTL_S / 6:  # as the daemon renews: its grant lives on
+            await self.store.keepalive(self.lease)
+            self.renewed = time.monotonic()
+        read = await self.store.read()
+        held = read.view.grants.get(self.host, 0.0)
+        target = self.policy.target_w(read.view, self.host, held, time.monotonic())
+        if target > held and raise_allowed(read.view, self.host, target):
+            if await self.store.raise_grant(read, self.host, target, self.lease):
+                self.in_use_w = target
+        elif target < held:
+            self.in_use_w = target  # the cards first, then etcd
+            await self.store.lower_grant(self.host, target, self.lease)
+
+
+async def rounds_until(sharers: list[Sharer], done, limit_s: float, check=None) -> float:
+    """Rounds of every sharer at once, every ROUND_S, until ``done(view)``; ``check(view)``
+    after each round. Returns the time taken (s)."""
+    start = time.monotonic()
+    while time.monotonic() - start < limit_s:
+        await asyncio.gather(*(s.round() for s in sharers))
+        view = (await sharers[0].store.read()).view
+        if check is not None:
+            check(view)
+        if done(view):
+            return time.monotonic() - start
+        await asyncio.sleep(ROUND_S)
+    raise AssertionError(f"not within {limit_s} s: {(await sharers[0].store.read()).view}")
