@@ -306,7 +306,12 @@ async def main_async(args: argparse.Namespace, eps: list[str], kill_leader: Call
     lost: dict[str, float] = {}  # the feed marked lost, and when (monotonic s)
 
     async def feed_down() -> int | None:
-        await admin.feed_down("feed-a", "benchmark")
+        for _ in range(10):  # the admin's member may be the leader killed halfway: the next endpoint
+            try:
+                await admin.feed_down("feed-a", "benchmark")
+                break
+            except StoreUnavailable:
+                await asyncio.sleep(0.1)
         lost["feed-a"] = time.monotonic()
         # A client paused (frozen) then cannot shed: only its watchdog kill and failsafe
         # (or the end of its pause) bring it down.
