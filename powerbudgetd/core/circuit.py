@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 from powerbudgetd.core.fair import max_min_fair
 from powerbudgetd.core.feed import Feed
 from powerbudgetd.core.snapshot import BankSnapshot
-from powerbudgetd.core.tree import PowerTree, divide
+from powerbudgetd.core.tree import EPS_W, PowerTree, divide
 
 # A quartz oscillator without NTP drifts by tens of ppm; 1000 ppm is a wide allowance
 # for the host's and the store leader's clocks each.
@@ -171,17 +171,23 @@ class CircuitView:
         seat = self.seats.get(host, 0.0) + self.pending.get(host, 0.0)
         return max(0.0, self._room_for_w(host) - seat)
 
-    def nodes_over_w(self) -> dict[str, float]:
-        """Each node of the tree whose seats and grants (failover counted, and with a
-        feed lost where they now flow) exceed its budget, and by how much (W); empty off
-        a tree."""
+    def node_loads_w(self) -> dict[str, float]:
+        """Each node's seats and grants (W): failover counted, and with a feed lost the
+        larger of that and where they now flow; empty off a tree."""
         if self.tree is None:
             return {}
-        over = self.tree.over_w(self.held_w())
+        loads = self.tree.loads_w(self.held_w())
         if self.lost is not None:
-            for n, w in self.tree.over_w(self.held_w(), self.lost).items():
-                over[n] = max(w, over.get(n, 0.0))
-        return over
+            for n, w in self.tree.loads_w(self.held_w(), self.lost).items():
+                loads[n] = max(w, loads[n])
+        return loads
+
+    def nodes_over_w(self) -> dict[str, float]:
+        """Each node whose :meth:`node_loads_w` exceed its budget, and by how much (W)."""
+        tree = self.tree
+        if tree is None:
+            return {}
+        return {n: w - tree.nodes[n].budget_w for n, w in self.node_loads_w().items() if w > tree.nodes[n].budget_w + EPS_W}
 
     def short_under_loss(self, host: str) -> bool:
         """With a feed lost, whether the surviving side cannot carry even ``host``'s seat

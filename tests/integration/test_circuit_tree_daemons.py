@@ -21,7 +21,6 @@ from __future__ import annotations
 import asyncio
 import os
 import random
-import threading
 import time
 from pathlib import Path
 
@@ -29,7 +28,7 @@ import pytest
 
 from powerbudgetd.core.tree import PowerTree
 from powerbudgetd.config.tree import load_tree
-from support.circuit import ROUND_S, EtcdCluster, Host, Sharer, circuit_cli, start_hosts, stop_hosts
+from support.circuit import ROUND_S, Checker, EtcdCluster, Host, Sharer, circuit_cli, start_hosts, stop_hosts
 
 pytestmark = pytest.mark.slow  # real etcd members and daemons: the full run (CI) covers it
 
@@ -88,40 +87,13 @@ shed_s = 2
     return text
 
 
-class TreeChecker:
-    """Every 100 ms, each host's wall draw (a daemon's truth: its simulated cards' highest
-    limits that may be in force, through the feed model; a sharer's seat plus grant in
-    use) through every node where it flows, with the lost feed dead once it is."""
-
-    def __init__(self, tree: PowerTree, daemons: list[Host], sharers: list[Sharer]) -> None:
-        self.tree, self.daemons, self.sharers = tree, daemons, sharers
-        self.lost: tuple[str, float] | None = None
-        self.samples: list[tuple[float, str | None, dict[str, float]]] = []  # time, lost feed, node -> margin (W)
-        self.draws: list[dict[str, float]] = []  # host -> wall draw (W), per sample
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def __enter__(self) -> TreeChecker:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            t = time.monotonic()
-            draw = {h.name: w for h in self.daemons if h.booted and (w := h.wall_w()) is not None}
-            draw |= {s.host: s.draw_w() for s in self.sharers}
-            feed = None if self.lost is None else self.lost[0]
-            loads = self.tree.loads_w(draw, feed, flow=True)
-            self.samples.append((t, feed, {n: self.tree.nodes[n].budget_w - w for n, w in loads.items()}))
-            self.draws.append(draw)
-            self._stop.wait(0.1)
+def _margins(tree: PowerTree, walls: dict[str, float], lost: str | None) -> dict[str, float]:
+    """Each node's budget minus the hosts' wall draw through it where it flows (with the
+    lost feed dead), W."""
+    return {n: tree.nodes[n].budget_w - w for n, w in tree.loads_w(walls, lost, flow=True).items()}
 
 
-async def _scenario(eps: list[str], sharers: list[Sharer], checker: TreeChecker) -> dict:
+async def _scenario(eps: list[str], sharers: list[Sharer]) -> dict:
     rng = random.Random(7)
     admin = Sharer(eps, "admin")  # only its store: the operator's feed-down
     records_over: list[dict[str, float]] = []
@@ -134,7 +106,6 @@ async def _scenario(eps: list[str], sharers: list[Sharer], checker: TreeChecker)
             if lost_at is None and time.monotonic() - start >= LOSS_AT_S:
                 await admin.store.feed_down("feed-a", "test")
                 lost_at = time.monotonic()
-                checker.lost = ("feed-a", lost_at)
             for s in sharers:  # churn: a new want now and then
                 if rng.random() < ROUND_S / 3:
                     await s.want(rng.uniform(0, 600))
@@ -163,21 +134,23 @@ def test_daemons_and_in_process_hosts_keep_every_node_within_budget_through_a_fe
     sharers = [Sharer(eps, name, release_hold_s=2.0) for name in SHARERS]
     start_hosts(daemons)
     try:
-        with TreeChecker(tree, daemons, sharers) as checker:
-            out = asyncio.run(_scenario(eps, sharers, checker))
+        # Every 100 ms each host's wall draw: a daemon's truth (its simulated cards' highest
+        # limits that may be in force, through the feed model), an in-process host's seat
+        # plus grant in use.
+        with Checker(daemons, tree.nodes["panel"].budget_w, sharers=sharers) as checker:
+            out = asyncio.run(_scenario(eps, sharers))
     finally:
         stop_hosts(daemons)
     assert out["records_over"] == [], out["records_over"][:3]
     lost_at = out["lost_at"]
-    before = [m for t, _, m in checker.samples if t < lost_at]
-    after = [(t, m) for t, feed, m in checker.samples if feed is not None]
+    before = [_margins(tree, walls, None) for t, walls in checker.samples if t < lost_at]
+    after = [(t, _margins(tree, walls, "feed-a"), walls) for t, walls in checker.samples if t >= lost_at]
     assert len(before) > 50 and len(after) > 50
     assert all(min(m.values()) >= -1e-3 for m in before), min(min(m.values()) for m in before)
     # The shed: from the loss to the first sample with every node within its budget.
-    shed = next(t - lost_at for t, m in after if min(m.values()) >= -1e-3)
+    shed = next(t - lost_at for t, m, _ in after if min(m.values()) >= -1e-3)
     assert shed <= SHED_S, shed
-    late = [(t - lost_at, m, checker.draws[i]) for i, (t, feed, m) in enumerate(checker.samples)
-            if feed is not None and t - lost_at > SHED_S and min(m.values()) < -1e-3]
+    late = [(t - lost_at, m, walls) for t, m, walls in after if t - lost_at > SHED_S and min(m.values()) < -1e-3]
     assert late == [], late[:3]
     # B carries every host whole: at most 125 W a host of grants in all (1.5 kW for 12).
     grants = out["grants_after"]

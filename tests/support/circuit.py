@@ -34,6 +34,7 @@ import sys
 import threading
 import time
 import urllib.request
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -419,8 +420,10 @@ class Checker:
     """Samples every host's wall power (from its truth) every ``period_s`` and records
     the circuit's sum; :meth:`assert_within` raises on any sample above the budget."""
 
-    def __init__(self, hosts: list[Host], budget_w: float, period_s: float = 0.1) -> None:
+    def __init__(self, hosts: list[Host], budget_w: float, period_s: float = 0.1,
+                 sharers: Sequence[Sharer] = ()) -> None:
         self.hosts = hosts
+        self.sharers = sharers  # in-process hosts: their modelled draw, sampled beside the daemons' truth
         self.budget_w = budget_w
         self.period_s = period_s
         self.samples: list[tuple[float, dict[str, float]]] = []
@@ -441,6 +444,7 @@ class Checker:
             # A host counts from its first READY=1 on (its boot limits confirmed): before
             # that its cards are at whatever they came up with, which nothing enforces.
             walls = {h.name: w for h in self.hosts if h.booted and (w := h.wall_w()) is not None}
+            walls |= {s.host: s.draw_w() for s in self.sharers}
             self.samples.append((t, walls))
             self._stop.wait(self.period_s)
 

@@ -606,10 +606,7 @@ class CircuitChannel:
                     g.remove(gone)
         self._nodes_shown = paths
         if tree is not None and paths:
-            committed = tree.loads_w(v.held_w())
-            if v.lost is not None:  # where they now flow, with the feed dead
-                for n, w in tree.loads_w(v.held_w(), v.lost).items():
-                    committed[n] = max(w, committed[n])
+            committed = v.node_loads_w()
             draw = tree.loads_known_w({h: r.draw_w for h, r in read.records.items()}, v.lost, flow=True)
             for n in paths:
                 m.node_budget.labels(node=n).set(tree.nodes[n].budget_w)
