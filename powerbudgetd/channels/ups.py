@@ -216,7 +216,7 @@ class UpsChannel:
     # -- the side-channel protocol ---------------------------------------------------------
     def on_tick(self, report: TickReport) -> None:
         snap = report.snapshot
-        self.bank(self.clock(), snap.sum_power_avg_w, snap.floor_w)
+        self.bank(self.clock(), snap.sum_power_known_w, snap.floor_w)
 
     def on_reload(self, ok: bool, settings: Settings | None) -> None:
         """A reload: the budget rules in ``settings.ups`` apply at once (the daemon has

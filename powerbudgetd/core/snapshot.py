@@ -130,6 +130,12 @@ class BankSnapshot:
         return all(c.power_avg_w is not None for c in self.cards)
 
     @property
+    def sum_power_known_w(self) -> float | None:
+        """:attr:`sum_power_avg_w` where every card reported its 1 s average, else None:
+        a card unread is not a card drawing 0 W (W)."""
+        return self.sum_power_avg_w if self.power_complete else None
+
+    @property
     def sum_power_peak_w(self) -> float | None:
         """Summed instant draw (each card's :attr:`CardSnapshot.power_peak_w`); None when
         no card reports any."""

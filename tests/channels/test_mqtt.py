@@ -334,3 +334,21 @@ def test_default_node_id_is_topic_safe() -> None:
     assert node and all(ch.isalnum() or ch in "_-" for ch in node)
     assert Settings(budget_w=1000, mqtt={"host": "b"}).mqtt is not None
     assert math.isclose(FEED.wall_limit_w(), 1440)
+
+
+def test_a_tick_with_a_card_unread_is_not_taken_as_a_bank_drawing_less() -> None:
+    """Card 1's power cannot be read for half a second: those ticks' summed board power
+    is unknown, not the other three cards' draw (nor 0 W). The board power the wall
+    meter's reading is checked against (the window's lowest) stays the four cards' draw;
+    it once fell to the partial sum and let a meter reading that low pass as plausible."""
+    from support.rig import Fault, card, make_rig
+
+    rig = make_rig([card(i) for i in range(4)], 1000,
+                   faults=[Fault("nvmlDeviceGetPowerUsage", "UNKNOWN", card=1, from_s=3.0, until_s=3.5)])
+    bridge = MqttBridge(MqttConfig(host="127.0.0.1", node_id="box"), BudgetArbiter(1000), registry=CollectorRegistry(),
+                        clock=lambda: rig.t)
+    rig.listen(bridge.on_tick)
+    seen = []
+    rig.run(6.0, lambda r: seen.append(bridge.board_power_w()))
+    known = [w for w in seen if w is not None]
+    assert known and min(known) == pytest.approx(4 * 30, rel=0.1), min(known)

@@ -506,7 +506,7 @@ class CircuitChannel:
         rec = HostRecord(
             want_w=round(self.want_w / 5) * 5.0,
             caps_w=None if snap is None else self.power.feed.wall_w(snap.sum_limit_bound_w),
-            draw_w=None if snap is None or not snap.power_complete else self.power.feed.wall_w(snap.sum_power_avg_w),
+            draw_w=None if snap is None or snap.sum_power_known_w is None else self.power.feed.wall_w(snap.sum_power_known_w),
             seat_w=read.view.seats.get(self.host), grant_w=self.held_w,
         )
         self.metrics.caps.set(rec.caps_w or 0.0)

@@ -172,7 +172,8 @@ class MqttBridge:
     def on_tick(self, report: TickReport) -> None:
         now = self.clock()
         snap = report.snapshot
-        self._board.append((now, snap.sum_power_avg_w))
+        if (board_w := snap.sum_power_known_w) is not None:  # a card unread is not 0 W: kept out
+            self._board.append((now, board_w))
         while self._board and now - self._board[0][0] > BOARD_WINDOW_S:
             self._board.popleft()
         if self.meter is not None:
