@@ -399,7 +399,8 @@ class SimBank:
 
     def visible(self) -> list[SimCard]:
         """The cards on the bus, in NVML's current index order."""
-        ordered = [self.cards[i] for i in self.order] + [c for i, c in enumerate(self.cards) if i not in self.order]
+        listed = set(self.order)  # asked on every NVML call: a list here costs N x N
+        ordered = [self.cards[i] for i in self.order] + [c for i, c in enumerate(self.cards) if i not in listed]
         return [c for c in ordered if c.present]
 
     def present(self, card: SimCard) -> bool:

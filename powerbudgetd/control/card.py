@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from operator import attrgetter
 from typing import Any
 
 import structlog
@@ -15,9 +16,9 @@ from powerbudgetd.hw.nvml import GpuInfo, PowerReading
 log = structlog.get_logger("powerbudgetd")
 
 def _via(part: str, name: str) -> Any:
-    """A property reading and writing ``self.<part>.<name>``."""
+    """A property reading and writing ``self.<part>.<name>`` (read many times a tick)."""
     return property(
-        lambda self: getattr(getattr(self, part), name),
+        attrgetter(f"{part}.{name}"),
         lambda self, v: setattr(getattr(self, part), name, v),
     )
 
@@ -54,6 +55,10 @@ class CardState:
     excluded: bool = False  # left alone by the operator ([cards] exclude): counted, never a fault
     read_errors: dict[str, int] = field(default_factory=dict)  # failed reads by NvmlError.kind (metrics)
     would_be_mw: int | None = None  # dry run: the limit we would have set (kept out of the ledger)
+    uuid: str = field(init=False)  # the key: info.uuid, which never changes for a card
+
+    def __post_init__(self) -> None:
+        self.uuid = self.info.uuid
 
     requested_mw = _via("ledger", "requested_mw")
     enforced_mw = _via("ledger", "enforced_mw")
@@ -96,9 +101,6 @@ class CardState:
     def index(self) -> int:
         return self.info.index
 
-    @property
-    def uuid(self) -> str:
-        return self.info.uuid
 
     def contested(self, now: float) -> bool:
         return self.audit.contested(now)

@@ -158,7 +158,8 @@ class Controller:
         held = [f for c in self.cards if (f := observe.expire(c, now))]
         if faults and not self.dry_run:
             self._failsafe_until = now + self.timings.failsafe_hold_s
-        self._over = self.sum_bound_mw > self.budget_mw
+        sum_bound_mw = self.sum_bound_mw  # unchanged until record() takes the writes in
+        self._over = sum_bound_mw > self.budget_mw
         mode = self._mode(now)
         shown = Mode.DRY_RUN if self.dry_run else Mode.MONITOR if self.monitor_only else mode
         if shown != self.mode:
@@ -176,12 +177,12 @@ class Controller:
             reasons = dict.fromkeys(reasons, self._budget_reason)
         self._budget_reason = None
         applied = self.actuator.apply(self._plan(now, active, targets, bool(faults)),
-                                      sum_bound_mw=self.sum_bound_mw, budget_mw=self.budget_mw)
-        done = record(applied, {c.uuid: c for c in self.cards}, reasons, self.sum_bound_mw, now, self.dry_run,
+                                      sum_bound_mw=sum_bound_mw, budget_mw=self.budget_mw)
+        done = record(applied, {c.uuid: c for c in self.cards}, reasons, sum_bound_mw, now, self.dry_run,
                       self.allow_monitor_only)
         if done.no_permission:
             self._monitor_only()
-        self.over.track(now, self.cards, self.budget_mw, mode)
+        self.over.track(now, self.cards, self.budget_mw, mode, self.sum_bound_mw)
         # Done is judged on every card we control, those counted where they are while
         # their decrease bites (over budget) too: their writes must be confirmed first.
         self._check_done(now, mode, [c for c in self.cards if self._controlled(c, now)])
@@ -242,8 +243,9 @@ class Controller:
             return None
 
     def _report(self, now: float, events: list[WriteEvent], faults: list[str]) -> TickReport:
-        return TickReport(now, self.mode, self.ready, self.budget_mw / 1000, self.sum_bound_mw / 1000,
-                          tuple(events), tuple(faults), self.snapshot(now))
+        snap = self.snapshot(now)
+        return TickReport(now, self.mode, self.ready, self.budget_mw / 1000, snap.sum_limit_bound_w,
+                          tuple(events), tuple(faults), snap)
 
     def snapshot(self, now: float) -> BankSnapshot:
         """The bank in W as it stands at ``now`` (what every side channel reads)."""

@@ -78,7 +78,9 @@ class CardLedger:
         """The highest limit that may be in force (mW): requested, enforced, every write
         that may still land (ours in flight or replaced, another tool's raise), and the
         worst case where a limit is unknown, the card is new or a call on it is overdue."""
-        landing = [mw for mw, _ in self.inflight + self.superseded]
+        landing: list[int] = []
+        if self.inflight or self.superseded:
+            landing = [mw for mw, _ in self.inflight] + [mw for mw, _ in self.superseded]
         if self.foreign_mw is not None:
             landing.append(self.foreign_mw)
         return limit_bound_mw(self.requested_mw, self.enforced_mw, self.worst_mw, landing,

@@ -65,10 +65,11 @@ class OverBudget:
                  for c in cards if c.share_mw is not None and c.bound_mw > c.share_mw]
         return "limits raised behind our back (a reset or another tool): " + ", ".join(above or ["?"])
 
-    def track(self, now: float, cards: Sequence[CardState], budget_mw: int, mode: Mode) -> None:
-        """Take the bank as the tick left it (``cards``, each counted at its bound, mW,
-        against ``budget_mw``): start, follow or end an episode, logging each."""
-        sum_bound_mw = sum(c.bound_mw for c in cards)
+    def track(self, now: float, cards: Sequence[CardState], budget_mw: int, mode: Mode,
+              sum_bound_mw: int) -> None:
+        """Take the bank as the tick left it (``cards``, counted at ``sum_bound_mw``, the
+        sum of their bounds, mW, against ``budget_mw``): start, follow or end an episode,
+        logging each."""
         over = sum_bound_mw > budget_mw
         lowered = self._budget_mw is not None and budget_mw < self._budget_mw
         self._budget_mw = budget_mw

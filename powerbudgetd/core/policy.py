@@ -210,11 +210,12 @@ class LendingPolicy:
         """While some card has borrowed within ``release_hold_s``, the fair cards whose
         quiet is likely to last become donors; otherwise every donor returns."""
         lending = self._last_borrow is not None and now - self._last_borrow < self.timings.release_hold_s
+        borrowing = set(recipients)
         for u, t in tracks.items():
             c = by_id[u]
             if not lending and t.role == Role.DONOR:
                 t.role, reasons[u] = Role.FAIR, "no_recipient"
-            elif (lending and t.role == Role.FAIR and u not in reasons and u not in recipients
+            elif (lending and t.role == Role.FAIR and u not in reasons and u not in borrowing
                     and c.min_mw < c.share_mw and self._quiet_lasts(t, now) and self._may_move(t, c, now, up=False)):
                 t.role, reasons[u] = Role.DONOR, "lend"
 

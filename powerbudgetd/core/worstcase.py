@@ -34,7 +34,15 @@ def limit_bound_mw(requested_mw: int | None, enforced_mw: int | None, worst_mw: 
     ``max(requested, enforced, every write that may still land)``, and the card's worst
     case (``worst_mw``) wherever either limit is unknown (None) or the card's state is
     ``unknown`` (it just appeared, or a call on it has not returned)."""
-    counted = [v for v in (requested_mw, enforced_mw) if v is not None] + list(landing_mw)
+    # Read every tick for every card, several times: no list is built on the common path.
     if requested_mw is None or enforced_mw is None or unknown:
-        counted.append(worst_mw)
-    return max(counted)
+        bound = worst_mw
+        for v in (requested_mw, enforced_mw):
+            if v is not None and v > bound:
+                bound = v
+    else:
+        bound = requested_mw if requested_mw > enforced_mw else enforced_mw
+    for v in landing_mw:
+        if v > bound:
+            bound = v
+    return bound
