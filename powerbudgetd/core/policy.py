@@ -23,7 +23,8 @@ Rules (fractions and holds in :class:`~powerbudgetd.core.model.Timings`):
   that has wanted more for ``recipient_hold_s`` — gaps shorter than
   :data:`WANT_GAP_S` (or ``burst_window_s``) do not restart that hold — may become a
   **recipient** (at once if it wants more now and donors' watts are already free,
-  lent and not taken): it gets its fair share plus
+  lent and not taken), unless it is quiet long enough to lend now (it lends instead;
+  its wish outlives the gap, so on waking it borrows again at once): it gets its fair share plus
   the watts donors free, water-filled by priority, never above its max, nor above what
   it has shown it can use (a card that has not drawn near its cap for
   :data:`USE_MEMORY_S` gains nothing from a higher one: its raise is held to its
@@ -199,7 +200,8 @@ class LendingPolicy:
             (tracks[u].limit_mw or 0) >= by_id[u].max_mw for u in recipients)
         for u, t in tracks.items():
             held = _held(t.wants_since, now, self.timings.recipient_hold_s) or (unused and t.wants_now)
-            if t.role == Role.FAIR and u not in reasons and held and self._may_move(t, by_id[u], now, up=True):
+            if (t.role == Role.FAIR and u not in reasons and held and not self._quiet_lasts(t, now)
+                    and self._may_move(t, by_id[u], now, up=True)):
                 recipients.append(u)
         if any(by_id[u].max_mw > by_id[u].share_mw for u in recipients):
             self._last_borrow = now  # a card that can take more wants it

@@ -99,3 +99,26 @@ def test_issue_case_a_card_going_quiet_while_pinned_is_not_donor_and_recipient()
         out = policy.decide(now, views, 400_000)
         assert sum(t.limit_mw for t in out.values()) <= 400_000, (now, out)
         caps = {u: t.limit_mw for u, t in out.items()}
+
+
+def test_a_card_gone_quiet_lends_though_its_wish_to_borrow_outlives_the_gap() -> None:
+    """Two 100-300 W cards at 400 W, both pinned for 3 s; then A idles at 30 W for 4 s.
+    Its wish to borrow survives gaps of up to WANT_GAP_S (a bursty card keeps its place),
+    but a card quiet long enough to lend is no borrower: it lends, and B gets its watts
+    until A wakes (reclaimed at once)."""
+    policy = LendingPolicy(Timings())
+    caps = {"A": 200_000, "B": 200_000}
+    lent_at = None
+    for step in range(80):
+        now = round(step * 0.1, 9)
+        draw = {"A": caps["A"] if now < 3.0 or now >= 7.0 else 30_000, "B": caps["B"]}
+        views = [CardView(u, 200_000, 100_000, 300_000, caps[u], draw[u], draw[u]) for u in ("A", "B")]
+        out = policy.decide(now, views, 400_000)
+        caps = {u: t.limit_mw for u, t in out.items()}
+        if lent_at is None and out["A"].role == Role.DONOR:
+            lent_at = now
+        if 4.5 <= now < 7.0:
+            assert out["A"].limit_mw == 100_000 and out["B"].limit_mw == 300_000, (now, out)
+        if now >= 7.1:
+            assert out["A"].limit_mw >= 200_000, (now, out)  # woke: reclaimed
+    assert lent_at is not None and lent_at <= 3.0 + 1.0, lent_at
