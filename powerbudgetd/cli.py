@@ -856,6 +856,7 @@ def _run_locked(args: argparse.Namespace, settings: Settings, config_path: Path)
 
         bridge = MqttBridge(settings.mqtt, daemon.arbiter, feed, registry=registry, energy_j=daemon.nvml.energy_j)
         daemon.register(bridge)
+    ups = None
     if settings.ups is not None:  # aionut is imported only when a UPS is configured
         from powerbudgetd.channels.ups import UpsChannel
 
@@ -875,6 +876,9 @@ def _run_locked(args: argparse.Namespace, settings: Settings, config_path: Path)
         )
         daemon.register(circuit)
         daemon.circuit_status = circuit.status
+        if ups is not None and settings.ups is not None and settings.ups.feed is not None:
+            ups_feed, ups_name = settings.ups.feed, f"{settings.ups.name}@{settings.ups.host}"
+            ups.on_feed = lambda on_battery: circuit.ups_on_battery(ups_feed, ups_name, on_battery)
         if recorder is not None:
             recorder.extras["circuit"] = lambda: circuit.status(daemon.clock()).fields()
     server = _serve_metrics(settings, daemon, registry, guest=guest)

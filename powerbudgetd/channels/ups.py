@@ -170,6 +170,8 @@ class UpsChannel:
     UPS's offered there). ``feed``: the plug-side limit and PSU efficiency for the
     measured load. ``client_factory``: builds the aionut client; ``sleep``: the wait
     between polls (tests). Metrics go on ``registry`` (default: the process-wide one).
+    ``on_feed``: told ``True`` when the on-battery budget comes in force (the feed this
+    UPS carries is as good as lost) and ``False`` when it goes (``[ups] feed``).
     """
 
     def __init__(
@@ -182,6 +184,7 @@ class UpsChannel:
         clock: Callable[[], float] = time.monotonic,
         client_factory: Callable[[UpsConfig], Any] | None = None,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        on_feed: Callable[[bool], None] | None = None,
     ) -> None:
         self.cfg = cfg
         self.feed = feed
@@ -206,6 +209,8 @@ class UpsChannel:
         self._flaps = 0
         self._logged_state = self.state
         self._state_since = clock()
+        self.on_feed = on_feed  # told True when the on-battery budget comes in force, False when it goes
+        self._feed_lost = False
         self.metrics.budget.set(self.configured_w)
 
     @property
@@ -322,6 +327,9 @@ class UpsChannel:
 
     # -- the offer ----------------------------------------------------------------------
     def _offer(self, now: float) -> None:
+        if self.on_feed is not None and self.guard.battery_in_force != self._feed_lost:
+            self._feed_lost = self.guard.battery_in_force
+            self.on_feed(self._feed_lost)
         c = self.guard.evaluate(now, self.configured_w, self.floor_w)
         if c != self.constraint:
             old = self.constraint

@@ -670,6 +670,13 @@ class UpsConfig(_Section):
     limit lowers the budget by the excess (``hysteresis_w`` dead band). Silence (upsd
     unreachable, stale data, the UPS gone) keeps the budget in force;
     ``stale_as_on_battery`` also lowers it to the on-battery budget.
+
+    ``feed``: the feed of the shared circuit's power tree this UPS carries (needs
+    ``[circuit]``). While the on-battery budget is in force the feed is marked lost in
+    etcd, as ``circuit feed-down`` would (every host on the tree re-budgets as if it
+    were dead: the other feed must carry the load when the battery runs out), and up
+    again once the UPS is back on line for ``online_hold_s``. An operator's mark is
+    never lifted by a UPS.
     """
 
     host: str = Field("127.0.0.1", min_length=1, max_length=253)
@@ -688,6 +695,7 @@ class UpsConfig(_Section):
     stale_as_on_battery: bool = False
     measured_load: bool = True  # needs [feed]
     hysteresis_w: float = Field(20.0, ge=0, le=1000)
+    feed: str | None = Field(None, pattern=r"^[A-Za-z0-9_.-]{1,64}$")  # the circuit tree's feed it carries
 
     @field_validator("host", "name", "username")
     @classmethod
@@ -781,6 +789,9 @@ class Settings(BaseSettings):
             raise ValueError(f"the feed leaves no board budget: {self.effective_budget_w():.0f} W")
         if self.mqtt is not None and self.mqtt.wall_meter is not None and self.feed is None:
             raise ValueError("[mqtt.wall_meter] needs a [feed] section: the plug-side limit and PSU efficiency come from it")
+        if self.ups is not None and self.ups.feed is not None and self.circuit is None:
+            raise ValueError(f"[ups] feed {self.ups.feed!r} needs a [circuit] section: the feed is marked lost "
+                             "in the shared circuit's power tree")
         if self.circuit is not None:
             hp = self.circuit.host_power(self.feed)
             if hp.board_budget_w() <= 0:

@@ -103,3 +103,17 @@ def test_each_problem_is_its_own_line_and_the_file_is_named(tmp_path):
                          "  nodes.b.ups_w: Input should be a valid number, got 'big'"]
     with pytest.raises(ConfigError, match="no such tree file"):
         load_tree(tmp_path / "missing.toml")
+
+
+def test_a_ups_carrying_a_feed_needs_the_circuit_it_is_marked_lost_in(tmp_path):
+    from powerbudgetd.config import load_config
+
+    path = tmp_path / "powerbudgetd.toml"
+    path.write_text('budget_w = 1000\n[ups]\nname = "ups"\nfeed = "a"\n')
+    with pytest.raises(ConfigError, match=r"\[ups\] feed 'a' needs a \[circuit\] section"):
+        load_config(path)
+    path.write_text('budget_w = 1000\n[ups]\nname = "ups"\nfeed = "a b"\n[circuit]\nname = "row"\nreserve_w = 900\npsu_efficiency = 0.9\nhost_w = 100\n')
+    with pytest.raises(ConfigError, match="feed"):
+        load_config(path)
+    path.write_text('budget_w = 1000\n[ups]\nname = "ups"\nfeed = "a"\n[circuit]\nname = "row"\nreserve_w = 900\npsu_efficiency = 0.9\nhost_w = 100\n')
+    assert load_config(path).ups.feed == "a"

@@ -194,6 +194,7 @@ class CircuitChannel:
         self._nodes_shown: set[str] = set()  # the node labels exported
         self._feed_shown: str | None = None
         self._bad_said: dict[str, str] = {}
+        self.ups_feed: tuple[str, bool, str] | None = None  # (feed, on battery, mark) from [ups] feed
         self.metrics.reserve.set(power.reserve_w)
         self.metrics.info.labels(circuit=cfg.name).set(1)
         # From the first tick: the reserve, whatever etcd says (or does not).
@@ -230,6 +231,15 @@ class CircuitChannel:
 
     def on_reload(self, ok: bool, settings: Settings | None) -> None:
         pass  # [circuit] needs a restart (daemon.RESTART_ONLY)
+
+    def ups_on_battery(self, feed: str, ups: str, on_battery: bool) -> None:
+        """The UPS ``ups`` (``name@host``) carrying the tree's ``feed`` went on battery (or
+        came back): acted on at the next round (:meth:`_follow_ups_feed`)."""
+        self.ups_feed = (feed, on_battery, f"ups {ups}")
+        log.warning("circuit_feed_on_battery" if on_battery else "circuit_feed_on_line", feed=feed, ups=ups,
+                    circuit=self.store.name,
+                    action="marking the feed lost: every host re-budgets as if it were dead" if on_battery
+                    else "lifting the feed's mark (if a UPS made it)")
 
     async def run(self) -> None:
         try:
@@ -279,6 +289,11 @@ class CircuitChannel:
                           action="create it once: powerbudgetd circuit init --budget W; running on the reserve")
             return
         self._check_spec(read)
+        if await self._follow_ups_feed(read):
+            read = await self.store.read()
+            self.last_read = read
+        if read.spec is None:
+            return  # wiped since the first read: the next round says so
         self._check_sharing()
         await self._ensure_lease(read.spec.ttl_s)
         assert self.lease_id is not None
@@ -296,6 +311,34 @@ class CircuitChannel:
         await self._publish(read)
         await self._move_grant(read)
         self._offer()
+
+    async def _follow_ups_feed(self, read: Read) -> bool:
+        """Mark the feed our UPS carries lost while it is on battery; lift the mark once
+        it is back (only a UPS's mark: an operator's stays). One feed of the tree at a
+        time: another feed down already is said, and nothing is marked. True when etcd
+        changed."""
+        if self.ups_feed is None:
+            return False
+        feed, on_battery, by = self.ups_feed
+        tree = read.view.tree
+        if tree is None or feed not in tree.feeds():
+            self._say("circuit_ups_feed_unknown", feed, log.error, feed=feed, circuit=self.store.name,
+                      feeds=None if tree is None else tree.feeds(),
+                      action="[ups] feed names no feed of the circuit's tree: nothing is marked")
+            return False
+        if not on_battery:
+            return read.down.get(feed) == by and await self.store.unmark_feed(feed, by)
+        if feed in read.down:
+            return False
+        if read.down:
+            self._say("circuit_ups_feed_not_marked", (feed, tuple(read.down)), log.error, feed=feed,
+                      down=sorted(read.down), circuit=self.store.name,
+                      action="another feed is down already: one feed of the tree at a time")
+            return False
+        if await self.store.mark_feed_lost(read, feed, by):
+            log.warning("circuit_feed_marked_lost", feed=feed, by=by, circuit=self.store.name)
+            return True
+        return False  # a feed marked since the read: looked at again next round
 
     def _keepalive_every_s(self) -> float:
         return max(0.05, self._circuit_ttl_s() / KEEPALIVES_PER_TTL)

@@ -134,6 +134,7 @@ class Read:
     records: dict[str, HostRecord] = field(default_factory=dict)
     bad: dict[str, str] = field(default_factory=dict)
     tree_mod: int = 0  # the tree key's mod revision (0: none)
+    down: dict[str, str] = field(default_factory=dict)  # each feed marked lost: who marked it
 
     def unseated_live(self) -> dict[str, float]:
         """Hosts with a live claim but no seat: their claimed reserve (W) each."""
@@ -346,6 +347,7 @@ class CircuitStore:
         spec_mod = spec_created = tree_mod = 0
         tree_value: bytes | None = None
         down: list[str] = []
+        marked: dict[str, str] = {}
         bad: dict[str, str] = {}
 
         def name(key: bytes) -> str:
@@ -362,6 +364,10 @@ class CircuitStore:
                 tree_mod, tree_value = mod, value
             elif key.startswith(self.down):
                 down.append(key[len(self.down):].decode(errors="replace"))
+                try:
+                    marked[down[-1]] = str(records.parse(value).get("by", ""))
+                except records.BadRecord:
+                    marked[down[-1]] = ""
         budget = spec.budget_w if spec else float("inf")
         seats: dict[str, float] = {}
         grants: dict[str, float] = {}
@@ -411,7 +417,7 @@ class CircuitStore:
         view = CircuitView(spec.budget_w if spec else 0.0, seats, grants, wants, pending, revision,
                            frozenset(unknown), order, tree, (tree_value is not None and tree is None) or down_bad,
                            None if down_bad else lost)
-        return Read(spec, view, revision, spec_mod, leases, spec_created, claims, recs, bad, tree_mod)
+        return Read(spec, view, revision, spec_mod, leases, spec_created, claims, recs, bad, tree_mod, marked)
 
     async def lease_info(self, lease_id: int) -> tuple[int, int]:
         """(seconds left, granted TTL s) of ``lease_id``; seconds left -1: gone."""
@@ -459,6 +465,27 @@ class CircuitStore:
         """Mark ``feed`` lost (persistent until :meth:`feed_up`): every raise computed
         before fails its compare, and each host divides by the flow with it dead."""
         await self._call(lambda c: c.put(self.down + feed.encode(), records.dumps(by=by)))
+
+    async def mark_feed_lost(self, read: Read, feed: str, by: str) -> bool:
+        """Mark ``feed`` lost (as :meth:`feed_down`) unless a feed was marked since ``read``
+        (one at a time; the caller checks ``read.down`` itself). False: read again."""
+        def txn(c: Any) -> Any:
+            t = c.transactions
+            return c.transaction(compare=[t.mod(self.down, _range_end(self.down)) < read.revision + 1],
+                                 success=[t.put(self.down + feed.encode(), records.dumps(by=by))], failure=[])
+        ok, _ = await self._call(txn)
+        return bool(ok)
+
+    async def unmark_feed(self, feed: str, by: str) -> bool:
+        """Lift ``feed``'s mark only if ``by`` made it (a UPS back on line never lifts an
+        operator's). True when lifted."""
+        key = self.down + feed.encode()
+
+        def txn(c: Any) -> Any:
+            t = c.transactions
+            return c.transaction(compare=[t.value(key) == records.dumps(by=by)], success=[t.delete(key)], failure=[])
+        ok, _ = await self._call(txn)
+        return bool(ok)
 
     async def feed_up(self, feed: str) -> bool:
         """The feed is back (False: it was not marked lost)."""

@@ -1,0 +1,111 @@
+"""A UPS on battery takes its feed out of the power tree: a daemon whose ``[ups]`` carries
+feed A (a real upsd serving a dummy UPS, a real etcd) marks A lost while the UPS is on
+battery, as ``circuit feed-down`` would, so that every host re-budgets for feed B alone
+before the battery runs out; it lifts the mark once the UPS is back on line for the hold.
+An operator's mark is never lifted by a UPS, and with another feed down already nothing
+is marked (one feed of the tree at a time) until it comes back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from powerbudgetd.channels.circuit.store import CircuitStore, Read
+from support.circuit import EtcdCluster, Host, circuit_cli, start_hosts, stop_hosts
+from support.nut import Nut
+
+pytestmark = pytest.mark.slow  # real etcd, upsd and a daemon: the full run (CI) covers it
+
+TREE = """
+[nodes.root]
+kind = "panel"
+budget_w = 20000
+
+[nodes.A]
+kind = "ups"
+parent = "root"
+budget_w = 8000
+
+[nodes.B]
+kind = "ups"
+parent = "root"
+budget_w = 8000
+
+[hosts]
+h1 = { cords = { A = 0.5, B = 0.5 }, reserve_w = 1000 }
+"""
+HOLD_S = 1.5  # the UPS's online_hold_s
+
+
+def _read(eps: list[str]) -> Read:
+    async def read() -> Read:
+        store = CircuitStore(eps, "row", timeout_s=5)
+        try:
+            return await store.read()
+        finally:
+            await store.close()
+    return asyncio.run(read())
+
+
+def _until(eps: list[str], ok: Callable[[Read], bool], timeout_s: float, what: str) -> float:
+    """Seconds until a read of the circuit satisfies ``ok``."""
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout_s:
+        if ok(_read(eps)):
+            return time.monotonic() - t0
+        time.sleep(0.1)
+    raise AssertionError(f"not within {timeout_s} s: {what}; down: {_read(eps).down}")
+
+
+def test_a_ups_on_battery_marks_its_feed_lost_and_lifts_only_its_own_mark(
+        etcd1: EtcdCluster, nut: Nut, tmp_path: Path) -> None:
+    eps = etcd1.endpoints
+    tree = tmp_path / "tree.toml"
+    tree.write_text(TREE)
+    assert circuit_cli(eps, "init", "--name", "row", "--tree", str(tree)).returncode == 0
+    mark = f"ups {nut.name}@127.0.0.1"
+    host = Host("h1", tmp_path, eps, "row", reserve_w=1000, extra=f"""[ups]
+host = "127.0.0.1"
+port = {nut.port}
+name = "{nut.name}"
+poll_s = 0.3
+timeout_s = 1
+online_hold_s = {HOLD_S}
+feed = "A"
+""")
+    nut.set("OL")
+    start_hosts([host])
+    try:
+        nut.set("OB DISCHRG", **{"battery.runtime": "600"})
+        marked_s = _until(eps, lambda r: r.down == {"A": mark} and r.view.lost == "A", 10.0, "A marked lost")
+        nut.set("OL CHRG")
+        lifted_s = _until(eps, lambda r: not r.down, 10.0, "A's mark lifted")
+        assert lifted_s >= HOLD_S  # back on line for the hold first
+
+        # An operator's mark stays through a UPS outage and its return.
+        assert circuit_cli(eps, "feed-down", "--name", "row", "A").returncode == 0
+        nut.set("OB DISCHRG")
+        time.sleep(1.0)
+        nut.set("OL")
+        time.sleep(HOLD_S + 1.5)
+        down = _read(eps).down
+        assert list(down) == ["A"] and down["A"] != mark, down
+        assert circuit_cli(eps, "feed-up", "--name", "row", "A").returncode == 0
+
+        # Feed B down already: A is not marked (one feed at a time) until B is back.
+        assert circuit_cli(eps, "feed-down", "--name", "row", "B").returncode == 0
+        nut.set("OB DISCHRG")
+        time.sleep(1.5)
+        assert list(_read(eps).down) == ["B"]
+        assert circuit_cli(eps, "feed-up", "--name", "row", "B").returncode == 0
+        _until(eps, lambda r: r.down == {"A": mark}, 5.0, "A marked once B is back")
+        assert "circuit_ups_feed_not_marked" in host.daemon.tail(200_000)
+    finally:
+        stop_hosts([host])
+    print(f"\n[circuit figures] UPS on battery: feed A marked lost in etcd {marked_s:.2f} s after upsd served OB "
+          f"(poll 0.3 s, circuit round 0.2 s); lifted {lifted_s:.2f} s after OL (hold {HOLD_S} s)")
