@@ -212,6 +212,13 @@ def tree_place(settings: Settings, tree: PowerTree) -> tuple[list[str], list[str
                         "the tree would not count the difference")
     elif reserve < host.reserve_w - 1e-9:
         lines.append(f"  note: [circuit] reserve_w {_w(reserve)} W is below the tree's seat: the tree keeps the difference idle")
+    ups = settings.ups
+    if ups is not None and ups.feed is not None:
+        if ups.feed in tree.feeds():
+            lines.append(f"  UPS {ups.name}@{ups.host} carries feed {ups.feed}: marked lost in the circuit while it is "
+                         "on battery")
+        else:
+            problems.append(f"[ups] feed {ups.feed!r} is no feed of the tree (feeds: {', '.join(tree.feeds()) or 'none'})")
     frozen_s = PACKAGED_WATCHDOG_S + settings.circuit.fallback_s
     if mode == "oversubscribed" and shed is not None and frozen_s > shed:
         lines.append(f"  note: a frozen daemon sheds only once its watchdog kills it and the failsafe lowers its cards: "

@@ -61,6 +61,19 @@ def test_check_config_shows_this_hosts_place_in_the_tree(tmp_path, capsys):
             "surviving side must tolerate the overload that long, or shorten both") in out
 
 
+def test_check_config_checks_the_feed_a_ups_carries_against_the_tree(tmp_path, capsys):
+    cfg = tmp_path / "pb.toml"
+    ups = '[ups]\nname = "gpuups"\nfeed = "{feed}"\n'
+    cfg.write_text(CONFIG.format(host="r1-h01", reserve=1050) + ups.format(feed="feed-a"))
+    assert main(["check-config", str(cfg), "--tree", str(PACKAGED)]) == ExitStatus.OK
+    assert ("  UPS gpuups@127.0.0.1 carries feed feed-a: marked lost in the circuit while it is on battery"
+            in capsys.readouterr().out.splitlines())
+    cfg.write_text(CONFIG.format(host="r1-h01", reserve=1050) + ups.format(feed="r1-a"))
+    assert main(["check-config", str(cfg), "--tree", str(PACKAGED)]) == ExitStatus.CONFIG
+    assert f"powerbudgetd: {PACKAGED}: [ups] feed 'r1-a' is no feed of the tree (feeds: feed-a, feed-b)" in \
+        capsys.readouterr().err
+
+
 def test_the_packaged_watchdog_check_config_assumes_is_the_unit_s() -> None:
     from powerbudgetd.service.checkconfig import PACKAGED_WATCHDOG_S
 
