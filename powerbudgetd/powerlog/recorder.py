@@ -38,9 +38,9 @@ Record kinds (schema version ``v`` = 1; watts rounded to 0.1 W; ``null`` = unkno
              "runtime_s": 540.0, "charge_pct": 88.0, "budget_w": 500.0, "reason": "ups_on_battery"}}
 
 - ``avg_w``: NVML's trailing 1 s mean at the record; ``peak_w``: the highest instant
-  reading (field 186) since the previous record, read at NVML's 100 ms refresh rate
-  whatever ``tick_s`` is: by every tick, and where ticks are slower than the refresh by
-  :class:`~powerbudgetd.powerlog.peaks.PeakSampler` between them; ``null`` for a card without the instant field (its peak is unknown: the
+  reading (field 186) since the previous record, sampled at NVML's 100 ms refresh rate
+  whatever ``tick_s`` is (:class:`~powerbudgetd.powerlog.peaks.PeakSampler`), and on
+  every tick; ``null`` for a card without the instant field (its peak is unknown: the
   1 s mean is not a peak);
   ``limit_w``: the enforced power limit; ``role``: fair_share, donor, recipient, fixed,
   lost.
@@ -100,7 +100,7 @@ if TYPE_CHECKING:
     from powerbudgetd.core.snapshot import BankSnapshot
     from powerbudgetd.config import RecorderConfig, Settings
 
-from powerbudgetd.powerlog.peaks import REFRESH_S, InstantReader, PeakSampler
+from powerbudgetd.powerlog.peaks import InstantReader, PeakSampler
 
 log = structlog.get_logger("powerbudgetd")
 
@@ -577,23 +577,19 @@ class Recorder:
 
 
 def from_config(
-    cfg: RecorderConfig, feed: Feed | None, backend: str = "nvml", nvml: InstantReader | None = None,
-    tick_s: float = REFRESH_S,
+    cfg: RecorderConfig, feed: Feed | None, backend: str = "nvml", nvml: InstantReader | None = None
 ) -> Recorder:
     """A recorder built from the ``[recorder]`` section (register it with the daemon).
     ``backend`` (``nvml`` or ``sim``) goes in the header; a simulated run with the default
     directory records under its ``sim/`` subdirectory (:meth:`RecorderConfig.dir_for`).
-    With ``nvml`` and a control tick (``tick_s``) slower than NVML's 100 ms refresh, its
-    peaks are sampled at the refresh (:class:`PeakSampler`); at 100 ms or faster the
-    ticks read every refresh themselves, and a second reader would only double the
-    field-186 calls (~3 ms each on an H200, the brief)."""
+    With ``nvml``, its peaks are sampled at the 100 ms refresh (:class:`PeakSampler`)."""
     directory = cfg.dir_for(backend)
     writer = LogWriter(
         directory, max_file_bytes=cfg.max_file_bytes, max_total_bytes=cfg.max_total_bytes,
         fsync_interval_s=cfg.fsync_interval_s, make_parents="dir" not in cfg.model_fields_set,
     )
     log.info("recorder_enabled", dir=str(directory), backend=backend, interval_s=cfg.interval_s, max_total_bytes=cfg.max_total_bytes)
-    sampler = None if nvml is None or tick_s <= REFRESH_S else PeakSampler(nvml)
+    sampler = None if nvml is None else PeakSampler(nvml)
     return Recorder(writer, interval_s=cfg.interval_s, feed=feed, backend=backend, sampler=sampler)
 
 

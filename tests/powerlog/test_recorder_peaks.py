@@ -11,8 +11,7 @@ import pytest
 from powerbudgetd.core.model import Timings
 from powerbudgetd.hw.nvml import Nvml
 from powerbudgetd.powerlog.peaks import PeakSampler
-from powerbudgetd.config import RecorderConfig
-from powerbudgetd.powerlog.recorder import LogWriter, Recorder, from_config, log_files
+from powerbudgetd.powerlog.recorder import LogWriter, Recorder, log_files
 from powerbudgetd_sim.libnvml import SimNvmlLibrary
 from powerbudgetd_sim.physics import CardSpec, SimBank
 from powerbudgetd_sim.profiles import Phase
@@ -69,20 +68,6 @@ def test_without_the_sampler_a_1_s_tick_misses_them(tmp_path: Path) -> None:
     samples, truth = run(tmp_path / "without", tick_s=1.0, sampler=False)
     missed = sum(1 for s in samples[1:] if s["cards"][0]["peak_w"] < 0.95 * max(truth[int(round(s["mono_s"])) - 1]))
     assert missed >= 0.8 * len(samples[1:])
-
-
-def test_at_tick_100_ms_the_ticks_alone_record_every_spike_so_no_sampler_is_started(tmp_path: Path) -> None:
-    # The daemon starts no sampler at a 100 ms tick (a second reader of field 186 would
-    # double its calls): the ticks' own readings must catch every refresh's spike.
-    samples, truth = run(tmp_path, tick_s=0.1, sampler=False)
-    assert len(samples) >= 25
-    for s in samples[1:]:
-        assert s["cards"][0]["peak_w"] == pytest.approx(max(truth[int(round(s["mono_s"])) - 1]), abs=0.05)
-    cfg = RecorderConfig(dir=str(tmp_path / "cfg"))
-    nvml = Nvml(SimNvmlLibrary(SimBank(spiky_cards(), seed=1)))
-    assert from_config(cfg, None, backend="sim", nvml=nvml, tick_s=0.1).sampler is None
-    assert from_config(cfg, None, backend="sim", nvml=nvml, tick_s=0.05).sampler is None
-    assert from_config(cfg, None, backend="sim", nvml=nvml, tick_s=0.2).sampler is not None
 
 
 def test_the_bank_peak_is_a_sum_read_together(tmp_path: Path) -> None:
