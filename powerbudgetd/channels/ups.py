@@ -170,8 +170,10 @@ class UpsChannel:
     UPS's offered there). ``feed``: the plug-side limit and PSU efficiency for the
     measured load. ``client_factory``: builds the aionut client; ``sleep``: the wait
     between polls (tests). Metrics go on ``registry`` (default: the process-wide one).
-    ``on_feed``: told ``True`` when the on-battery budget comes in force (the feed this
-    UPS carries is as good as lost) and ``False`` when it goes (``[ups] feed``).
+    ``on_feed`` (``[ups] feed``): told whether the feed this UPS carries is as good as
+    lost (a fresh reading said on battery and the on-battery budget is in force; a
+    silence taken as on battery stays this host's own), once after the first fresh
+    reading (a mark this host left before a restart is then lifted) and at each change.
     """
 
     def __init__(
@@ -209,8 +211,8 @@ class UpsChannel:
         self._flaps = 0
         self._logged_state = self.state
         self._state_since = clock()
-        self.on_feed = on_feed  # told True when the on-battery budget comes in force, False when it goes
-        self._feed_lost = False
+        self.on_feed = on_feed
+        self._feed_lost: bool | None = None  # what on_feed was last told (None: nothing yet)
         self.metrics.budget.set(self.configured_w)
 
     @property
@@ -327,9 +329,10 @@ class UpsChannel:
 
     # -- the offer ----------------------------------------------------------------------
     def _offer(self, now: float) -> None:
-        if self.on_feed is not None and self.guard.battery_in_force != self._feed_lost:
-            self._feed_lost = self.guard.battery_in_force
-            self.on_feed(self._feed_lost)
+        lost = self.guard.on_battery_seen
+        if self.on_feed is not None and self.guard.last_fresh_at is not None and lost != self._feed_lost:
+            self._feed_lost = lost
+            self.on_feed(lost)
         c = self.guard.evaluate(now, self.configured_w, self.floor_w)
         if c != self.constraint:
             old = self.constraint

@@ -734,8 +734,8 @@ UPS_CONNECTION = ("host", "port", "name", "username", "password", "timeout_s")
 def ups_on_reload(old: UpsConfig | None, new: UpsConfig | None) -> tuple[UpsConfig | None, str | None]:
     """The ``[ups]`` a reload puts in force, and what of it needs a restart (None: all
     applied). The budget rules change in a running daemon; the connection (host, port,
-    name, credentials, timeout) and adding or removing the section need a restart, so
-    the running ones are kept."""
+    name, credentials, timeout), ``feed`` and adding or removing the section need a
+    restart, so the running ones are kept."""
     if old is None and new is None:
         return None, None
     if old is None:
@@ -744,6 +744,8 @@ def ups_on_reload(old: UpsConfig | None, new: UpsConfig | None) -> tuple[UpsConf
         return old, "ups (section removed)"
     if new.connection() != old.connection():
         return new.model_copy(update={k: getattr(old, k) for k in UPS_CONNECTION}), "ups connection"
+    if new.feed != old.feed:  # wired to the circuit at start
+        return new.model_copy(update={"feed": old.feed}), "ups feed"
     return new, None
 
 

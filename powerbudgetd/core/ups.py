@@ -211,6 +211,8 @@ class UpsGuard:
     last: UpsReading | None = None
     last_fresh_at: float | None = None
     battery_in_force: bool = False  # the on-battery budget applies (after the delay, until the hold)
+    # ... and a fresh reading said on battery (not a silence taken as one): the feed is lost
+    on_battery_seen: bool = False
     meter_w: float | None = None  # the measured-load budget (board W) after hysteresis; None: not limiting
     allowed_w: float | None = None  # what the last measured load allowed, before hysteresis
     plausibility: InputCheck = field(default_factory=lambda: InputCheck("ups"))
@@ -247,13 +249,13 @@ class UpsGuard:
             if t.on_battery_since is None:
                 t.on_battery_since = now
             if now - t.on_battery_since >= self.params.on_battery_delay_s:
-                self.battery_in_force = True
+                self.battery_in_force = self.on_battery_seen = True
         elif reading.online:
             t.on_battery_since = None
             if self.battery_in_force:
                 t.online_since = now if t.online_since is None else t.online_since
                 if now - t.online_since >= self.params.online_hold_s:
-                    self.battery_in_force, t.online_since = False, None
+                    self.battery_in_force, self.on_battery_seen, t.online_since = False, False, None
         # neither OL nor OB (OFF, BYPASS, unknown words only): keep what is in force.
         self.verdict = None
         self._measure(reading, board_w, configured_w)

@@ -237,12 +237,17 @@ async def _feed(store: Any, feed: str, *, down: bool) -> int:
         print(f"powerbudgetd: circuit {store.name}: {printable(feed)} is no side of a feed pair (feeds: "
               f"{', '.join(tree.feeds()) or 'none'})", file=sys.stderr)
         return ExitStatus.ERROR
-    if down and read.view.lost not in (None, feed):
-        print(f"powerbudgetd: circuit {store.name}: feed {read.view.lost} is down already; the tree's arithmetic "
-              f"counts one loss at a time (circuit feed-up {read.view.lost} first)", file=sys.stderr)
+    others = sorted(f for f in read.down if f != feed)
+    if down and others:
+        print(f"powerbudgetd: circuit {store.name}: feed {others[0]} is down already; the tree's arithmetic "
+              f"counts one loss at a time (circuit feed-up {others[0]} first)", file=sys.stderr)
         return ExitStatus.ERROR
     if down:
-        await store.feed_down(feed, f"{getpass.getuser()}@{socket.gethostname()}"[:100])
+        # Compared against the read: a host's UPS may mark another feed meanwhile.
+        if not await store.mark_feed_lost(read, feed, f"{getpass.getuser()}@{socket.gethostname()}"[:100]):
+            print(f"powerbudgetd: circuit {store.name}: a feed was marked lost meanwhile (a UPS on battery?); "
+                  "see circuit status, then run it again", file=sys.stderr)
+            return ExitStatus.ERROR
         print(f"circuit {store.name}: feed {feed} marked lost; every host divides by where its draw now flows "
               "at its next round (circuit status shows each node)")
         return ExitStatus.OK

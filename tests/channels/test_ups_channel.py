@@ -162,29 +162,35 @@ def test_classify() -> None:
 
 @settings(max_examples=examples(200), deadline=None)
 @given(polls=polls, dts=st.lists(st.floats(0, 30), min_size=25, max_size=25), stale_as_on_battery=st.booleans())
-def test_the_feed_is_told_lost_exactly_while_the_on_battery_budget_is_in_force(polls, dts, stale_as_on_battery) -> None:  # type: ignore[no-untyped-def]
-    """``[ups] feed``: the circuit is told True when the on-battery budget comes in force
-    and False when it goes, once per change, whatever NUT sends; on line again only after
-    the hold."""
+def test_the_feed_is_told_lost_exactly_while_on_battery_is_seen_and_in_force(polls, dts, stale_as_on_battery) -> None:  # type: ignore[no-untyped-def]
+    """``[ups] feed``: the circuit is told the feed's state once after the first fresh
+    reading (a mark left before a restart is lifted), then True when a fresh reading's
+    on-battery budget comes in force and False when it goes (on line for the hold), once
+    per change, whatever NUT sends; a silence taken as on battery (stale_as_on_battery)
+    lowers this host's budget but never takes the feed out for every host."""
     cfg = UpsConfig(name="ups", on_battery_budget_w=700, online_hold_s=5, stale_as_on_battery=stale_as_on_battery)
     clock, told = Clock(), []
     ch = UpsChannel(cfg, Sink(), FEED, registry=CollectorRegistry(), clock=clock, on_feed=told.append)
     ch.bank(0.0, 400.0, 600.0)
+    ch.failed("refused", "upsd not up yet")
+    clock.t = 1.0
+    ch.bank(clock.t, 400.0, 600.0)
+    assert told == []  # nothing fresh yet (with stale_as_on_battery, this host's budget is lowered)
     ch.variables({"ups.status": "OL"})
-    assert told == []
+    assert told == [False]
     ch.variables({"ups.status": "OB DISCHRG"})
-    assert told == [True]
+    assert told == [False, True]
     clock.t = 4.0
     ch.variables({"ups.status": "OL"})
     clock.t = 8.0
     ch.variables({"ups.status": "OL"})
-    assert told == [True]  # 4 s of the 5 s hold
+    assert told == [False, True]  # 4 s of the 5 s hold
     clock.t = 9.5
     ch.variables({"ups.status": "OL"})
-    assert told == [True, False]
+    assert told == [False, True, False]
     for variables, dt in zip(polls, dts, strict=False):
         clock.t += dt
         ch.bank(clock.t, 400.0, 600.0)
         ch.variables(variables)
-        assert told[-1] == ch.guard.battery_in_force
+        assert told[-1] == (ch.guard.on_battery_seen and ch.guard.battery_in_force)
     assert all(a != b for a, b in zip(told, told[1:]))  # once per change

@@ -117,3 +117,11 @@ def test_a_ups_carrying_a_feed_needs_the_circuit_it_is_marked_lost_in(tmp_path):
         load_config(path)
     path.write_text('budget_w = 1000\n[ups]\nname = "ups"\nfeed = "a"\n[circuit]\nname = "row"\nreserve_w = 900\npsu_efficiency = 0.9\nhost_w = 100\n')
     assert load_config(path).ups.feed == "a"
+
+
+def test_a_reload_keeps_the_feed_a_ups_was_wired_to_at_start():
+    from powerbudgetd.config import UpsConfig, ups_on_reload
+
+    old, new = UpsConfig(name="ups", feed="a"), UpsConfig(name="ups", feed="b", poll_s=5)
+    kept, note = ups_on_reload(old, new)
+    assert note == "ups feed" and kept is not None and kept.feed == "a" and kept.poll_s == 5

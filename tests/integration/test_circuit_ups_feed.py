@@ -2,8 +2,9 @@
 feed A (a real upsd serving a dummy UPS, a real etcd) marks A lost while the UPS is on
 battery, as ``circuit feed-down`` would, so that every host re-budgets for feed B alone
 before the battery runs out; it lifts the mark once the UPS is back on line for the hold.
-An operator's mark is never lifted by a UPS, and with another feed down already nothing
-is marked (one feed of the tree at a time) until it comes back.
+A mark left by a daemon stopped during the outage is lifted when it starts again and
+finds the UPS on line. An operator's mark is never lifted by a UPS, and with another
+feed down already nothing is marked (one feed of the tree at a time) until it comes back.
 """
 
 from __future__ import annotations
@@ -68,7 +69,7 @@ def test_a_ups_on_battery_marks_its_feed_lost_and_lifts_only_its_own_mark(
     tree = tmp_path / "tree.toml"
     tree.write_text(TREE)
     assert circuit_cli(eps, "init", "--name", "row", "--tree", str(tree)).returncode == 0
-    mark = f"ups {nut.name}@127.0.0.1"
+    mark = f"ups {nut.name}@127.0.0.1 seen by h1"  # only the host that made a mark lifts it
     host = Host("h1", tmp_path, eps, "row", reserve_w=1000, extra=f"""[ups]
 host = "127.0.0.1"
 port = {nut.port}
@@ -86,6 +87,18 @@ feed = "A"
         nut.set("OL CHRG")
         lifted_s = _until(eps, lambda r: not r.down, 10.0, "A's mark lifted")
         assert lifted_s >= HOLD_S  # back on line for the hold first
+
+        # Stopped during an outage, the mark stays (the safe side); started again with the
+        # UPS on line, the daemon lifts its own mark.
+        nut.set("OB DISCHRG")
+        _until(eps, lambda r: r.down == {"A": mark}, 10.0, "A marked again")
+        stop_hosts([host])
+        nut.set("OL")
+        time.sleep(1.0)
+        assert _read(eps).down == {"A": mark}
+        host.start()
+        host.wait_ready()
+        _until(eps, lambda r: not r.down, 10.0, "the mark left before the restart lifted")
 
         # An operator's mark stays through a UPS outage and its return.
         assert circuit_cli(eps, "feed-down", "--name", "row", "A").returncode == 0

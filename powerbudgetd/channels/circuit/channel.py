@@ -235,11 +235,14 @@ class CircuitChannel:
     def ups_on_battery(self, feed: str, ups: str, on_battery: bool) -> None:
         """The UPS ``ups`` (``name@host``) carrying the tree's ``feed`` went on battery (or
         came back): acted on at the next round (:meth:`_follow_ups_feed`)."""
-        self.ups_feed = (feed, on_battery, f"ups {ups}")
-        log.warning("circuit_feed_on_battery" if on_battery else "circuit_feed_on_line", feed=feed, ups=ups,
-                    circuit=self.store.name,
-                    action="marking the feed lost: every host re-budgets as if it were dead" if on_battery
-                    else "lifting the feed's mark (if a UPS made it)")
+        # The mark names this host too: only the host that made it lifts it (two hosts on
+        # one UPS whose holds end apart must not lift and make it in turn).
+        self.ups_feed = (feed, on_battery, f"ups {ups} seen by {self.host}")
+        (log.warning if on_battery else log.info)(
+            "circuit_feed_on_battery" if on_battery else "circuit_feed_on_line", feed=feed, ups=ups,
+            circuit=self.store.name,
+            action="marking the feed lost: every host re-budgets as if it were dead" if on_battery
+            else "lifting this host's mark on the feed, if it made one")
 
     async def run(self) -> None:
         try:
@@ -320,14 +323,17 @@ class CircuitChannel:
         if self.ups_feed is None:
             return False
         feed, on_battery, by = self.ups_feed
+        if not on_battery:
+            if read.down.get(feed) != by or not await self.store.unmark_feed(feed, by):
+                return False
+            log.info("circuit_feed_mark_lifted", feed=feed, by=by, circuit=self.store.name)
+            return True
         tree = read.view.tree
         if tree is None or feed not in tree.feeds():
             self._say("circuit_ups_feed_unknown", feed, log.error, feed=feed, circuit=self.store.name,
                       feeds=None if tree is None else tree.feeds(),
                       action="[ups] feed names no feed of the circuit's tree: nothing is marked")
             return False
-        if not on_battery:
-            return read.down.get(feed) == by and await self.store.unmark_feed(feed, by)
         if feed in read.down:
             return False
         if read.down:
