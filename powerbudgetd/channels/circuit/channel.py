@@ -317,9 +317,9 @@ class CircuitChannel:
 
     async def _follow_ups_feed(self, read: Read) -> bool:
         """Mark the feed our UPS carries lost while it is on battery; lift the mark once
-        it is back (only a UPS's mark: an operator's stays). One feed of the tree at a
-        time: another feed down already is said, and nothing is marked. True when etcd
-        changed."""
+        it is back (only this host's mark: another host's or an operator's stays). One
+        feed of the tree at a time: another feed down already is said, and nothing is
+        marked. True when etcd changed."""
         if self.ups_feed is None:
             return False
         feed, on_battery, by = self.ups_feed
