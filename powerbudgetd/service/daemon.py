@@ -87,6 +87,7 @@ class _Run:
 
     started: float
     t0: float = 0.0  # when the current tick began
+    due: float | None = None  # when the next tick is due (a fixed cadence from the first)
     announced: bool = False  # READY sent
     stop_deadline: float | None = None  # set once stopping began
     last_watchdog: float = float("-inf")
@@ -316,8 +317,18 @@ class Daemon:
         """Tick until a step ends the run; returns the exit status."""
         run = _Run(started=self.clock())
         while (status := await self._on_tick(ctl, run)) is None:
-            await self._sleep(run.t0 + ctl.timings.tick_s, run.stop_deadline)
+            await self._sleep(self._next_due(run, ctl.timings.tick_s), run.stop_deadline)
         return status
+
+    def _next_due(self, run: _Run, tick_s: float) -> float:
+        """When the next tick is due: a fixed cadence from the first tick. Timed from each
+        tick's own start instead, every tick would run late by the wake-up delay (up to a
+        millisecond or more) and the cadence drift across NVML's 100 ms power refresh,
+        skipping one reading in every hundred or so. A tick that ran past its slot (or a
+        machine that stalled) starts the cadence again from now, without a burst to catch up."""
+        due = run.t0 + tick_s if run.due is None else run.due + tick_s
+        run.due = due if due > self.clock() else self.clock()
+        return run.due
 
     async def _on_tick(self, ctl: Controller, run: _Run) -> int | None:
         """One tick's work, in order; the exit status when the run ends here, else None."""
