@@ -20,7 +20,7 @@ import pytest
 
 from powerbudgetd.channels.circuit.store import CircuitStore, Read
 from powerbudgetd.core.circuit import raise_allowed
-from support.circuit import EXE, ROUND_S, EtcdCluster, Sharer, circuit_cli, rounds_until
+from support.circuit import EXE, PAIR_TREE, ROUND_S, EtcdCluster, Sharer, circuit_cli, rounds_until
 
 pytestmark = pytest.mark.slow  # real etcd members: the full run (CI) covers it
 
@@ -163,32 +163,6 @@ def test_hosts_under_different_branches_raising_at_once_never_overfill_the_share
           "every node within budget after each")
 
 
-PAIR_TREE = """
-[nodes.root]
-kind = "panel"
-budget_w = 20000
-
-[nodes.A]
-kind = "ups"
-parent = "root"
-budget_w = 8000
-
-[nodes.B]
-kind = "ups"
-parent = "root"
-budget_w = 8000
-
-[[pairs]]
-feeds = ["A", "B"]
-mode = "oversubscribed"
-shed_s = 2
-
-[hosts]
-h1 = { cords = { A = 0.5, B = 0.5 }, reserve_w = 1000 }
-h2 = { cords = { A = 0.5, B = 0.5 }, reserve_w = 1000 }
-h3 = { cords = { A = 0.5, B = 0.5 }, reserve_w = 1000 }
-h4 = { cords = { A = 0.5, B = 0.5 }, reserve_w = 1000 }
-"""
 async def _hosts_through_a_feed_loss(eps: list[str]) -> dict[str, float]:
     """Four in-process hosts, each a store client doing a daemon's grant round every
     ROUND_S (read, the grant policy's target, raise by transaction or lower), each

@@ -17,29 +17,11 @@ from pathlib import Path
 import pytest
 
 from powerbudgetd.channels.circuit.store import CircuitStore, Read
-from support.circuit import EtcdCluster, Host, circuit_cli, start_hosts, stop_hosts
+from support.circuit import PAIR_TREE, EtcdCluster, Host, circuit_cli, start_hosts, stop_hosts
 from support.nut import Nut
 
 pytestmark = pytest.mark.slow  # real etcd, upsd and a daemon: the full run (CI) covers it
 
-TREE = """
-[nodes.root]
-kind = "panel"
-budget_w = 20000
-
-[nodes.A]
-kind = "ups"
-parent = "root"
-budget_w = 8000
-
-[nodes.B]
-kind = "ups"
-parent = "root"
-budget_w = 8000
-
-[hosts]
-h1 = { cords = { A = 0.5, B = 0.5 }, reserve_w = 1000 }
-"""
 HOLD_S = 1.5  # the UPS's online_hold_s
 
 
@@ -67,7 +49,7 @@ def test_a_ups_on_battery_marks_its_feed_lost_and_lifts_only_its_own_mark(
         etcd1: EtcdCluster, nut: Nut, tmp_path: Path) -> None:
     eps = etcd1.endpoints
     tree = tmp_path / "tree.toml"
-    tree.write_text(TREE)
+    tree.write_text(PAIR_TREE)  # h1 of its four hosts joins
     assert circuit_cli(eps, "init", "--name", "row", "--tree", str(tree)).returncode == 0
     mark = f"ups {nut.name}@127.0.0.1 seen by h1"  # only the host that made a mark lifts it
     host = Host("h1", tmp_path, eps, "row", reserve_w=1000, extra=f"""[ups]

@@ -533,6 +533,35 @@ def stop_hosts(hosts: list[Host]) -> None:
 
 # -- in-process hosts: the grant protocol without cards ------------------------------------
 
+# A panel over UPS feeds A and B (8 kW each), an oversubscribed pair shed within 2 s, four
+# hosts corded half to each with 1 kW seats.
+PAIR_TREE = """
+[nodes.root]
+kind = "panel"
+budget_w = 20000
+
+[nodes.A]
+kind = "ups"
+parent = "root"
+budget_w = 8000
+
+[nodes.B]
+kind = "ups"
+parent = "root"
+budget_w = 8000
+
+[[pairs]]
+feeds = ["A", "B"]
+mode = "oversubscribed"
+shed_s = 2
+
+[hosts]
+h1 = { cords = { A = 0.5, B = 0.5 }, reserve_w = 1000 }
+h2 = { cords = { A = 0.5, B = 0.5 }, reserve_w = 1000 }
+h3 = { cords = { A = 0.5, B = 0.5 }, reserve_w = 1000 }
+h4 = { cords = { A = 0.5, B = 0.5 }, reserve_w = 1000 }
+"""
+
 ROUND_S = 0.2  # the daemon's default poll_s
 LEASE_TTL_S = 30
 
