@@ -227,7 +227,8 @@ class GrantPolicy:
 
     ``step_w``: a change smaller than this is not worth a transaction; ``release_hold_s``:
     a grant above the fair share (or above the want) is lowered only after it has been
-    so for this long, unless the circuit is over-committed (then at once).
+    so for this long, unless the circuit is over-committed or a node is over (a feed
+    lost): then at once, however little above.
     Stateful (the hold's start), but pure: ``now`` in s is passed in.
     """
 
@@ -243,10 +244,12 @@ class GrantPolicy:
             self._above_since = None
             raise_to = current_w + min(fair - current_w, max(0.0, view.free_w), max(0.0, view.room_w(host) - current_w))
             return raise_to if raise_to - current_w >= self.step_w else current_w
+        if current_w > fair + EPS_W and (view.free_known_w < 0 or view.nodes_over_w()):
+            # Over-committed, or a feed lost: give back now, however little (the step is
+            # a raise's worth, not a licence to leave a node over).
+            self._above_since = None
+            return fair
         if current_w - fair >= min(self.step_w, current_w) and current_w > 0:
-            if view.free_known_w < 0 or view.nodes_over_w():  # over-committed, or a feed lost: give back now
-                self._above_since = None
-                return fair
             if self._above_since is None:
                 self._above_since = now
             if now - self._above_since >= self.release_hold_s:

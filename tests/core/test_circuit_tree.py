@@ -121,3 +121,31 @@ def test_a_seat_the_surviving_side_cannot_carry_is_short():
     v = replace(view_of(tree, seats), lost="A")
     assert v.short_under_loss("h1") and v.short_under_loss("h2")
     assert not view_of(tree, seats).short_under_loss("h1")
+
+
+@settings(max_examples=examples(300), deadline=None)
+@given(grants=st.lists(st.floats(0, 3000), min_size=3, max_size=3),
+       wants=st.lists(st.floats(0, 4000), min_size=3, max_size=3),
+       step=st.floats(0, 200), order=st.permutations(["h1", "h2", "h3"]))
+def test_after_a_feed_loss_one_turn_of_every_host_leaves_no_node_over(grants, wants, step, order):
+    """Whatever the grants when feed A is lost, once every host has taken one turn of its
+    policy (lowering at once, raising only where the view allows), every node holds with
+    A dead: a host above its fair share by less than a step gives back too."""
+    nodes = {"root": Node("root", 10_000.0), "A": Node("A", 4000.0, "root"), "B": Node("B", 4000.0, "root")}
+    tree = PowerTree(nodes, {h: Host(h, {"A": 0.5, "B": 0.5}) for h in order}).with_mode("oversubscribed", 2.0)
+    seats = {h: 800.0 for h in order}
+    v = replace(view_of(tree, seats, dict(zip(sorted(order), grants)), dict(zip(sorted(order), wants))), lost="A")
+    for host in order:
+        current = v.grants.get(host, 0.0)
+        target = GrantPolicy(step_w=step, release_hold_s=60).target_w(v, host, current, 0.0)
+        if target < current or raise_allowed(v, host, target):
+            v = replace(v, grants={**v.grants, host: target})
+    assert v.holds(), (v.grants, v.nodes_over_w())
+
+
+def test_a_grant_a_little_above_its_share_under_a_lost_feed_is_given_back_at_once():
+    """The case behind the property above: 10 W above the fair share, half the step."""
+    tree, seats = oversubscribed_pair()
+    v = replace(view_of(tree, seats, {"h1": 1010.0, "h2": 1000.0}, wants={"h1": 3000.0, "h2": 3000.0}), lost="A")
+    assert v.nodes_over_w() == {"B": 10.0}
+    assert GrantPolicy(step_w=20, release_hold_s=60).target_w(v, "h1", 1010.0, 0.0) == 1000.0

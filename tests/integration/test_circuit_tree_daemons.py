@@ -112,8 +112,10 @@ async def _scenario(eps: list[str], sharers: list[Sharer]) -> dict:
             await asyncio.gather(*(s.round() for s in sharers))
             view = (await admin.store.read()).view
             assert view.tree is not None
-            over = view.tree.over_w(view.held_w())  # the records, failover counted: never over
-            if over:
+            # The records, failover counted and with the lost feed dead: never over but
+            # for the shed after the loss.
+            over = view.nodes_over_w()
+            if over and (lost_at is None or time.monotonic() - lost_at > SHED_S):
                 records_over.append(over)
             await asyncio.sleep(ROUND_S)
         grants = (await admin.store.read()).view.grants
