@@ -138,11 +138,15 @@ class CircuitView:
             return False
         return self.fits_tree(host, reserve_w)
 
-    def held_w(self) -> dict[str, float]:
-        """Each host's seat (or pending reserve) plus grant (W): what the invariant counts."""
+    def held_w(self, *, known_only: bool = False) -> dict[str, float]:
+        """Each host's seat (or pending reserve) plus grant (W): what the invariant counts
+        (``known_only``: leaving out the hosts whose seat or grant could not be read)."""
         out = {h: self.seats.get(h, 0.0) + self.grants.get(h, 0.0) for h in {*self.seats, *self.grants}}
         for h, w in self.pending.items():
             out[h] = out.get(h, 0.0) + w
+        if known_only:
+            for h in self.unknown:
+                out.pop(h, None)
         return out
 
     def fits_tree(self, host: str, total_w: float) -> bool:
@@ -171,23 +175,29 @@ class CircuitView:
         seat = self.seats.get(host, 0.0) + self.pending.get(host, 0.0)
         return max(0.0, self._room_for_w(host) - seat)
 
-    def node_loads_w(self) -> dict[str, float]:
+    def node_loads_w(self, *, known_only: bool = False) -> dict[str, float]:
         """Each node's seats and grants (W): failover counted, and with a feed lost the
-        larger of that and where they now flow; empty off a tree."""
+        larger of that and where they now flow; empty off a tree (``known_only``: as
+        :meth:`held_w`)."""
         if self.tree is None:
             return {}
-        loads = self.tree.loads_w(self.held_w())
+        held = self.held_w(known_only=known_only)
+        loads = self.tree.loads_w(held)
         if self.lost is not None:
-            for n, w in self.tree.loads_w(self.held_w(), self.lost).items():
+            for n, w in self.tree.loads_w(held, self.lost).items():
                 loads[n] = max(w, loads[n])
         return loads
 
-    def nodes_over_w(self) -> dict[str, float]:
-        """Each node whose :meth:`node_loads_w` exceed its budget, and by how much (W)."""
+    def nodes_over_w(self, *, known_only: bool = False) -> dict[str, float]:
+        """Each node whose :meth:`node_loads_w` exceed its budget, and by how much (W).
+        ``known_only``: over by the records that could be read (what says the grants
+        themselves must shed; an unreadable one, counted at the whole budget, takes no
+        one's grant back)."""
         tree = self.tree
         if tree is None:
             return {}
-        return {n: w - tree.nodes[n].budget_w for n, w in self.node_loads_w().items() if w > tree.nodes[n].budget_w + EPS_W}
+        loads = self.node_loads_w(known_only=known_only)
+        return {n: w - tree.nodes[n].budget_w for n, w in loads.items() if w > tree.nodes[n].budget_w + EPS_W}
 
     def short_under_loss(self, host: str) -> bool:
         """With a feed lost, whether the surviving side cannot carry even ``host``'s seat
@@ -200,9 +210,12 @@ class CircuitView:
 
     def _divide(self) -> dict[str, float]:
         """The tree's division (``core.tree.divide``, under the lost feed if any) of each
-        host's seat plus want (W, in all)."""
+        host's seat plus want (W, in all), over the hosts whose records could be read (as
+        :attr:`known_pool_w`: an unreadable seat, counted at the whole budget, would
+        otherwise take every share)."""
         assert self.tree is not None
-        totals = {h: self.seats.get(h, 0.0) + self.pending.get(h, 0.0) + self.wants.get(h, 0.0) for h in self.tree.hosts}
+        totals = {h: self.seats.get(h, 0.0) + self.pending.get(h, 0.0) + self.wants.get(h, 0.0)
+                  for h in self.tree.hosts if h not in self.unknown}
         return divide(self.tree, totals, self.lost)
 
     def holds(self) -> bool:
@@ -225,10 +238,11 @@ class CircuitView:
 class GrantPolicy:
     """This host's grant target from one read of the circuit, with hysteresis.
 
-    ``step_w``: a change smaller than this is not worth a transaction; ``release_hold_s``:
-    a grant above the fair share (or above the want) is lowered only after it has been
-    so for this long, unless the circuit is over-committed or a node is over (a feed
-    lost): then at once, however little above.
+    ``step_w``: a raise smaller than this is not worth a transaction; ``release_hold_s``:
+    a grant above the fair share (or above the want) is lowered to it only after it has
+    been so for this long, however little above (small excesses on many hosts would
+    otherwise add up to a share that another host never gets), and at once while the
+    records that could be read over-commit the circuit or put a node over (a feed lost).
     Stateful (the hold's start), but pure: ``now`` in s is passed in.
     """
 
@@ -244,19 +258,17 @@ class GrantPolicy:
             self._above_since = None
             raise_to = current_w + min(fair - current_w, max(0.0, view.free_w), max(0.0, view.room_w(host) - current_w))
             return raise_to if raise_to - current_w >= self.step_w else current_w
-        if current_w > fair + EPS_W and (view.free_known_w < 0 or view.nodes_over_w()):
-            # Over-committed, or a feed lost: give back now, however little (the step is
-            # a raise's worth, not a licence to leave a node over).
+        if current_w <= fair + EPS_W:
+            self._above_since = None
+            return current_w
+        if view.free_known_w < 0 or view.nodes_over_w(known_only=True):  # over-committed, or a feed lost
             self._above_since = None
             return fair
-        if current_w - fair >= min(self.step_w, current_w) and current_w > 0:
-            if self._above_since is None:
-                self._above_since = now
-            if now - self._above_since >= self.release_hold_s:
-                self._above_since = None
-                return fair
-            return current_w
-        self._above_since = None
+        if self._above_since is None:
+            self._above_since = now
+        if now - self._above_since >= self.release_hold_s:
+            self._above_since = None
+            return fair
         return current_w
 
 

@@ -16,6 +16,7 @@ from powerbudgetd.core.circuit import (
 )
 from powerbudgetd.core.fair import max_min_fair
 from powerbudgetd.core.feed import Feed
+from powerbudgetd.core.tree import Host as TreeHost, Node, PowerTree
 from support.examples import examples
 
 watts = st.floats(min_value=0, max_value=5000, allow_nan=False)
@@ -203,3 +204,42 @@ def test_host_power_uses_the_feed_model():
     assert hp.feed.wall_w(hp.board_budget_w(500)) == pytest.approx(2000)
     with pytest.raises(ValueError, match="host_w"):
         HostPower(Feed(), reserve_w=100)
+
+
+def test_many_small_excesses_are_given_back_after_the_hold_so_no_host_starves():
+    """Ten hosts each 10 W above a fair share of 100 W (half a step): after the release
+    hold each gives its 10 W back, and the host that held nothing gets its share."""
+    hosts = [f"h{i}" for i in range(11)]
+    seats = {h: 100.0 for h in hosts}
+    grants = {h: 110.0 for h in hosts[:10]}
+    wants = {h: 500.0 for h in hosts}
+    policies = {h: GrantPolicy(step_w=20, release_hold_s=10) for h in hosts}
+    budget = sum(seats.values()) + 1100.0  # a pool of 1100 W: 100 W each
+    for now in range(30):
+        for h in hosts:
+            view = CircuitView(budget, seats, dict(grants), wants)
+            current = grants.get(h, 0.0)
+            target = policies[h].target_w(view, h, current, float(now))
+            if target < current or (target > current and raise_allowed(view, h, target)):
+                grants[h] = target
+        if now < 10:
+            assert "h10" not in grants  # nothing free until the hold ends
+    assert grants == {h: pytest.approx(100.0) for h in hosts}
+
+
+def test_an_unreadable_record_on_a_tree_takes_no_grant_back():
+    """A seat or grant that could not be read is counted at the whole budget: nothing is
+    raised while it is there, but the others keep their grants through the hold and
+    their fair shares are divided as if it were not there."""
+    nodes = {"root": Node("root", 10_000.0), "A": Node("A", 6000.0, "root"), "B": Node("B", 6000.0, "root")}
+    hosts = {h: TreeHost(h, {"A": 0.5, "B": 0.5}) for h in ("a", "b", "x")}
+    seats = {"a": 1000.0, "b": 1000.0, "x": 1000.0}
+    wants = {"a": 2000.0, "b": 1500.0}
+    for bad in ("grant", "seat"):
+        s = {**seats, "x": 10_000.0} if bad == "seat" else seats
+        view = CircuitView(10_000.0, s, {"a": 2000.0, "b": 1500.0, **({"x": 10_000.0} if bad == "grant" else {})},
+                           wants, unknown=frozenset({"x"}), tree=PowerTree(nodes, hosts).with_reserves(s))
+        assert view.nodes_over_w() and not view.nodes_over_w(known_only=True), bad
+        assert view.fair_w("b") == 1500.0, bad
+        assert GrantPolicy(release_hold_s=60).target_w(view, "a", 2000.0, 0.0) == 2000.0, bad
+        assert not raise_allowed(view, "b", 1600.0), bad
