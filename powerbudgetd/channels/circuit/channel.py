@@ -324,6 +324,7 @@ class CircuitChannel:
             return False
         feed, on_battery, by = self.ups_feed
         if not on_battery:
+            self._said.pop("circuit_ups_feed_not_marked", None)  # said again at the next outage
             if read.down.get(feed) != by or not await self.store.unmark_feed(feed, by):
                 return False
             log.info("circuit_feed_mark_lifted", feed=feed, by=by, circuit=self.store.name)
@@ -334,6 +335,7 @@ class CircuitChannel:
                       feeds=None if tree is None else tree.feeds(),
                       action="[ups] feed names no feed of the circuit's tree: nothing is marked")
             return False
+        self._said.pop("circuit_ups_feed_unknown", None)
         if feed in read.down:
             return False
         if read.down:
