@@ -171,9 +171,10 @@ class UpsChannel:
     measured load. ``client_factory``: builds the aionut client; ``sleep``: the wait
     between polls (tests). Metrics go on ``registry`` (default: the process-wide one).
     ``on_feed`` (``[ups] feed``): told whether the feed this UPS carries is as good as
-    lost (a fresh reading said on battery and the on-battery budget is in force; a
-    silence taken as on battery stays this host's own), once after the first fresh
-    reading (a mark this host left before a restart is then lifted) and at each change.
+    lost (``UpsGuard.feed_lost``: a fresh reading said on battery and the on-battery
+    budget is in force; back once on line for the hold; a silence taken as on battery
+    stays this host's own), once when first known (a mark this host left before a
+    restart is then lifted, once the UPS has been on line for the hold) and at each change.
     """
 
     def __init__(
@@ -329,8 +330,8 @@ class UpsChannel:
 
     # -- the offer ----------------------------------------------------------------------
     def _offer(self, now: float) -> None:
-        lost = self.guard.on_battery_seen
-        if self.on_feed is not None and self.guard.last_fresh_at is not None and lost != self._feed_lost:
+        lost = self.guard.feed_lost(now)
+        if self.on_feed is not None and lost is not None and lost != self._feed_lost:
             self._feed_lost = lost
             self.on_feed(lost)
         c = self.guard.evaluate(now, self.configured_w, self.floor_w)

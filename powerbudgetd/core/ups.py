@@ -196,6 +196,7 @@ class UpsConstraint:
 class _Timers:
     on_battery_since: float | None = None  # first fresh OB of this outage
     online_since: float | None = None  # first fresh OL after an outage (the hold runs from it)
+    online_run_since: float | None = None  # first of the fresh OL readings since the last OB, other or silence
     floor_flag: str | None = None  # the floor reason in force (latched until the hold passes)
     floor_clear_since: float | None = None
     silent_since: float | None = None
@@ -244,6 +245,10 @@ class UpsGuard:
             if now - t.floor_clear_since >= self.params.online_hold_s:
                 t.floor_flag, t.floor_clear_since = None, None
         # On battery, after the delay; back on line for the hold.
+        if not reading.online:
+            t.online_run_since = None
+        elif t.online_run_since is None:
+            t.online_run_since = now
         if reading.on_battery:
             t.online_since = None
             if t.on_battery_since is None:
@@ -266,10 +271,22 @@ class UpsGuard:
         t = self._t
         if t.silent_since is None:
             t.silent_since = now
-        t.online_since = None
+        t.online_since = t.online_run_since = None
         t.floor_clear_since = None
         if self.params.stale_as_on_battery and now - t.silent_since >= self.params.on_battery_delay_s:
             self.battery_in_force = True
+
+    def feed_lost(self, now: float) -> bool | None:
+        """Whether the feed this UPS carries is lost, for the power tree: True while a
+        fresh on-battery reading's budget is in force (:attr:`on_battery_seen`); False
+        once fresh on-line readings have lasted ``online_hold_s`` (at ``now``, s); None
+        in between (on battery within the delay, on line within the hold, neither, a
+        silence): neither mark nor lift. So a daemon started during an outage, or just
+        after one, leaves a mark it made before as it is until the UPS says which."""
+        if self.on_battery_seen:
+            return True
+        since = self._t.online_run_since
+        return False if since is not None and now - since >= self.params.online_hold_s else None
 
     @property
     def silent(self) -> bool:

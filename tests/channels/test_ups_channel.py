@@ -163,8 +163,8 @@ def test_classify() -> None:
 @settings(max_examples=examples(200), deadline=None)
 @given(polls=polls, dts=st.lists(st.floats(0, 30), min_size=25, max_size=25), stale_as_on_battery=st.booleans())
 def test_the_feed_is_told_lost_exactly_while_on_battery_is_seen_and_in_force(polls, dts, stale_as_on_battery) -> None:  # type: ignore[no-untyped-def]
-    """``[ups] feed``: the circuit is told the feed's state once after the first fresh
-    reading (a mark left before a restart is lifted), then True when a fresh reading's
+    """``[ups] feed``: the circuit is told the feed's state once it is known (on line for
+    the hold: a mark left before a restart is lifted), then True when a fresh reading's
     on-battery budget comes in force and False when it goes (on line for the hold), once
     per change, whatever NUT sends; a silence taken as on battery (stale_as_on_battery)
     lowers this host's budget but never takes the feed out for every host."""
@@ -177,20 +177,52 @@ def test_the_feed_is_told_lost_exactly_while_on_battery_is_seen_and_in_force(pol
     ch.bank(clock.t, 400.0, 600.0)
     assert told == []  # nothing fresh yet (with stale_as_on_battery, this host's budget is lowered)
     ch.variables({"ups.status": "OL"})
+    clock.t = 5.5
+    ch.variables({"ups.status": "OL"})
+    assert told == []  # on line, but not yet for the hold: a mark made before a restart stays
+    clock.t = 6.0
+    ch.variables({"ups.status": "OL"})
     assert told == [False]
     ch.variables({"ups.status": "OB DISCHRG"})
     assert told == [False, True]
-    clock.t = 4.0
+    clock.t = 9.0
     ch.variables({"ups.status": "OL"})
-    clock.t = 8.0
+    clock.t = 13.0
     ch.variables({"ups.status": "OL"})
     assert told == [False, True]  # 4 s of the 5 s hold
-    clock.t = 9.5
+    clock.t = 14.5
     ch.variables({"ups.status": "OL"})
     assert told == [False, True, False]
     for variables, dt in zip(polls, dts, strict=False):
         clock.t += dt
         ch.bank(clock.t, 400.0, 600.0)
         ch.variables(variables)
-        assert told[-1] == (ch.guard.on_battery_seen and ch.guard.battery_in_force)
+        state = ch.guard.feed_lost(clock.t)
+        assert state is None or told[-1] == state
     assert all(a != b for a, b in zip(told, told[1:]))  # once per change
+
+
+def test_a_daemon_started_during_an_outage_neither_lifts_nor_marks_until_the_ups_says_which() -> None:
+    """Started with the UPS on battery and a delay before its budget is in force: the
+    circuit is told nothing (a mark this host made before the restart stays) until the
+    delay has passed (lost); started just after an outage, nothing until on line for the
+    hold (then lifted)."""
+    cfg = UpsConfig(name="ups", on_battery_budget_w=700, on_battery_delay_s=10, online_hold_s=5)
+    clock, told = Clock(), []
+    ch = UpsChannel(cfg, Sink(), FEED, registry=CollectorRegistry(), clock=clock, on_feed=told.append)
+    ch.variables({"ups.status": "OB DISCHRG"})
+    clock.t = 9.9
+    ch.variables({"ups.status": "OB DISCHRG"})
+    assert told == []
+    clock.t = 10.5
+    ch.variables({"ups.status": "OB DISCHRG"})
+    assert told == [True]
+    clock, told = Clock(), []
+    ch = UpsChannel(cfg, Sink(), FEED, registry=CollectorRegistry(), clock=clock, on_feed=told.append)
+    for t in (0.0, 2.0, 4.9):
+        clock.t = t
+        ch.variables({"ups.status": "OL CHRG"})
+    assert told == []
+    clock.t = 5.0
+    ch.variables({"ups.status": "OL CHRG"})
+    assert told == [False]
