@@ -58,10 +58,12 @@ async def test_a_signal_stop_exits_zero_once_the_cards_are_at_fair_share(tmp_pat
 
 
 async def test_ticks_keep_a_fixed_cadence_instead_of_drifting_by_each_wake_up(tmp_path: Path) -> None:
-    """At 100 ms, 60 ticks end within a few ms of 5.9 s after the first: each one due at
-    the first's time plus k x tick_s. Timed from its own start, every tick runs late by its
-    wake-up delay (asyncio rounds a sleep up to the next ms), and the cadence drifts across
-    NVML's 100 ms refresh: tens of ms over 60 ticks, a reading skipped every hundred or so."""
+    """At 100 ms, the ticks keep a 100 ms cadence: each one due at the one before's due
+    time plus tick_s, so the typical (median) interval is 100 ms. Timed from its own
+    start, every tick runs late by its wake-up delay (asyncio rounds a sleep up to the
+    next ms): every interval 100.5-1 ms, and the cadence drifts across NVML's 100 ms
+    refresh, a reading skipped every hundred or so (tens of ms over 60 ticks). The median,
+    not the end: a stall on a loaded machine restarts the cadence from then, by design."""
     from support.inprocess import running_daemon
 
     daemon_on(tmp_path)  # writes the bank and the config
@@ -69,5 +71,5 @@ async def test_ticks_keep_a_fixed_cadence_instead_of_drifting_by_each_wake_up(tm
         first = len(r.ticks)
         await r.until(lambda: len(r.ticks) >= first + 60, what="60 ticks")
     nows = [rep.now for _, rep in r.ticks[first:first + 60]]
-    late_ms = [1000 * (t - nows[0] - k * 0.1) for k, t in enumerate(nows)]
-    assert min(late_ms[-10:]) < 5.0, [round(x, 2) for x in late_ms]
+    intervals_ms = sorted(1000 * (b - a) for a, b in zip(nows, nows[1:]))
+    assert abs(intervals_ms[len(intervals_ms) // 2] - 100.0) < 0.3, [round(x, 2) for x in intervals_ms]
