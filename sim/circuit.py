@@ -301,9 +301,10 @@ def _client_round(h: SimHost, store: LeaseStore, fence: Fence, t: float, poll_s:
         return
     if target < h.in_use_w:
         h.in_use_w = target
-    if h.held_w > h.in_use_w and h.bank.sum_limit_bound_mw() / 1000 <= h.power.board_budget_w(h.in_use_w) + 1e-6:
-        store.lower_grant(h.name, h.in_use_w, h.lease)
-        h.held_w = h.in_use_w
+    lowered = h.power.lowered_grant_w(h.held_w, h.in_use_w, h.bank.sum_limit_bound_mw() / 1000)
+    if lowered < h.held_w:
+        store.lower_grant(h.name, lowered, h.lease)
+        h.held_w = lowered
 
 
 def _track_reserve(h: SimHost, t: float, grant_w: float, outage_at_s: float | None) -> None:

@@ -9,12 +9,13 @@ real controller (as in ``circuit.py``), corded to its leaves. Four ways to split
   overloads nothing, and nothing is ever shed);
 - ``redundant`` and ``oversubscribed``: each host holds its seat and shares the rest
   through a model of the store: every ``poll_s`` (hosts spread over the period) it
-  publishes its want (``HostPower.want_w``, as the daemon sees it) and takes its share
-  of ``core.tree.divide`` over the published wants; a raise only within what every
-  ancestor leaves (``PowerTree.room_for_w``, the transaction's check) and only once the
-  last lowering is confirmed; a lowering to the cards first and to the store once the
-  cards' bound is within it, after ``release_hold_s`` unless the store's tree is over
-  budget somewhere (then at once: the shed);
+  publishes its want (``HostPower.want_w``, as the daemon sees it) and moves its grant
+  to the daemon's target (``core.circuit.GrantPolicy`` over a ``CircuitView`` of the
+  published wants and held grants: the tree's division, raised only by ``step_w`` or
+  more and within what every ancestor leaves, lowered after ``release_hold_s`` unless
+  a node is over, then at once: the shed); a raise only where ``raise_allowed`` (the
+  transaction's check) and once the last lowering is confirmed; a lowering to the
+  cards first and to the store once the cards' bound is within it;
 - ``oracle``: every tick, the oversubscribed division over the hosts' true wants
   (clairvoyant, no rounds, no hold, writes that land at once): the upper bound of the
   rule.
@@ -43,6 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from powerbudgetd.config.tree import TreeFile, load_tree
+from powerbudgetd.core.circuit import CircuitView, GrantPolicy, raise_allowed
 from powerbudgetd.core.model import Timings
 from powerbudgetd.core.tree import PowerTree, divide
 from powerbudgetd_sim.circuit import SimHost, make_host
@@ -106,8 +108,8 @@ class Client:
     held_w: float  # in the store (reserve + grant, wall W)
     in_use_w: float  # offered to the cards (<= held_w)
     next_poll: float
-    published_w: float = 0.0  # its last published want (reserve + want, wall W)
-    above_since: float | None = None
+    published_w: float  # its last published want (reserve + want, wall W)
+    policy: GrantPolicy
 
 
 @dataclass
@@ -181,7 +183,10 @@ def run_tree(
         kind = policy if policy in ("static", "oracle") else "circuit"
         sim_host = make_host(name, sc, seat, timings, seed + i, kind)
         reserve = sim_host.power.reserve_w
-        clients[name] = Client(sim_host, reserve, reserve, poll_s * i / len(tree.hosts), reserve)
+        clients[name] = Client(sim_host, reserve, reserve, poll_s * i / len(tree.hosts), reserve,
+                               GrantPolicy(step_w, release_hold_s))
+    # The store's tree: each host's seat its reserve (as ``CircuitStore.read`` builds it).
+    store_tree = tree.with_reserves({n: c.host.power.reserve_w for n, c in clients.items()})
     meters = _meters(tree, file)
     limits_spells, draw_spells = Spells(), Spells()
     worst_instant: dict[str, float] = {}
@@ -203,7 +208,7 @@ def run_tree(
                 c.held_w = c.in_use_w = fair[name]
             elif policy != "static" and t >= c.next_poll:
                 c.next_poll += poll_s
-                _round(tree, clients, c, t, lost, release_hold_s, step_w)
+                _round(store_tree, clients, c, t, lost)
             if policy != "static":
                 h.keeper.arbiter.offer("circuit", h.power.board_w(c.in_use_w), t)
             h.keeper.apply(h.ctl, t)
@@ -250,28 +255,27 @@ def _wall(c: Client, what: str) -> float:
     return c.host.power.feed.wall_w(board)
 
 
-def _round(tree: PowerTree, clients: dict[str, Client], c: Client, t: float, lost: str | None,
-           release_hold_s: float, step_w: float) -> None:
-    """One host's round in the store model (module docstring)."""
+def _round(tree: PowerTree, clients: dict[str, Client], c: Client, t: float, lost: str | None) -> None:
+    """One host's round in the store model (module docstring): ``tree`` is the store's,
+    each host's seat its reserve."""
     h = c.host
     c.published_w = h.power.reserve_w + round(h.seen_want_w() / 5) * 5.0
-    wants = {n: o.published_w for n, o in clients.items()}
-    held = {n: o.held_w for n, o in clients.items()}
-    target = divide(tree, wants, lost)[h.name]
-    if target > c.held_w + step_w and c.in_use_w == c.held_w:
-        c.above_since = None
-        room = tree.room_for_w(h.name, held, lost)
-        if min(target, room) > c.held_w + step_w:
-            c.held_w = c.in_use_w = min(target, room)
-    elif target < c.in_use_w - step_w or (target < c.in_use_w and lost is not None):
-        shed = bool(tree.over_w(held, lost) if lost else tree.over_w(held))
-        c.above_since = t if c.above_since is None else c.above_since
-        if shed or t - c.above_since >= release_hold_s:
-            c.in_use_w, c.above_since = target, None
-    else:
-        c.above_since = None
-    if c.held_w > c.in_use_w and h.bank.sum_limit_bound_mw() / 1000 <= h.power.board_w(c.in_use_w) + 1e-6:
-        c.held_w = c.in_use_w  # the cards are down: the store follows
+    seats = {n: o.host.power.reserve_w for n, o in clients.items()}
+    root = next(n for n in tree.nodes.values() if n.parent is None)
+    view = CircuitView(root.budget_w, seats, {n: o.held_w - seats[n] for n, o in clients.items() if o.held_w > seats[n]},
+                       {n: o.published_w - seats[n] for n, o in clients.items()}, tree=tree, lost=lost)
+    seat = seats[h.name]
+    target = seat + c.policy.target_w(view, h.name, c.held_w - seat, t)
+    if target > c.held_w and c.in_use_w == c.held_w:
+        if raise_allowed(view, h.name, target - seat):
+            c.held_w = c.in_use_w = target
+        return
+    if target < c.in_use_w:
+        c.in_use_w = target  # the cards first
+    # The store follows the cards down (held and in use are seat plus grant here).
+    lowered = seat + h.power.lowered_grant_w(c.held_w - seat, c.in_use_w - seat, h.bank.sum_limit_bound_mw() / 1000)
+    if lowered < c.held_w - 1e-9:
+        c.held_w = c.in_use_w if lowered <= c.in_use_w + 1e-6 else lowered
 
 
 def _survivors(meters: dict[str, NodeMeter], worst_limits_w: dict[str, float], worst_instant_w: dict[str, float],

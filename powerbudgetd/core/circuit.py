@@ -363,6 +363,23 @@ class HostPower:
         """Board budget for the reserve plus ``grant_w`` (W)."""
         return self.board_w(self.reserve_w + max(0.0, grant_w))
 
+    def grant_covering_w(self, board_w: float) -> float:
+        """The least grant (W above the reserve, >= 0) whose board budget covers
+        ``board_w`` (board W): the inverse of :meth:`board_budget_w`."""
+        return max(0.0, self.feed.wall_w(board_w) - self.reserve_w)
+
+    def lowered_grant_w(self, held_w: float, in_use_w: float, cards_board_w: float | None) -> float:
+        """What the store's grant may be lowered to while the cards come down to
+        ``in_use_w`` (W): the least grant covering ``cards_board_w`` (board W: the most
+        the cards may draw from now on, their bound and the budget in force; None when
+        not known), never below ``in_use_w`` nor above ``held_w``. Stepwise, so that a
+        shed lowered a little further each round still reaches the store each round
+        the cards have come part of the way, not only once they stop."""
+        if cards_board_w is None:
+            return held_w
+        covering = self.grant_covering_w(cards_board_w)
+        return min(held_w, in_use_w if covering <= in_use_w + 1e-6 else covering)
+
     def want_w(self, snapshot: BankSnapshot, pinned_fraction: float = 0.9, margin: float = 1.15) -> float:
         """What this host's recipients could use above its reserve (wall W, >= 0).
 

@@ -204,6 +204,39 @@ def test_host_power_uses_the_feed_model():
     assert hp.feed.wall_w(hp.board_budget_w(500)) == pytest.approx(2000)
     with pytest.raises(ValueError, match="host_w"):
         HostPower(Feed(), reserve_w=100)
+    assert hp.grant_covering_w(hp.board_budget_w(500)) == pytest.approx(500)
+    assert hp.grant_covering_w(0.0) == 0.0
+
+
+@settings(max_examples=examples(300), deadline=None)
+@given(held=st.floats(0, 3000), in_use=st.floats(0, 3000), cards=st.one_of(st.none(), st.floats(0, 5000)))
+def test_the_store_follows_the_cards_down_step_by_step_never_below_them(held, in_use, cards):
+    """While the cards come down to ``in_use``, the store's grant is lowered to the least
+    grant that still covers them: never below what they may draw, never below in use,
+    never raised; and all the way to in use once they are within it."""
+    in_use = min(in_use, held)
+    hp = HostPower(Feed(psu_efficiency=0.9, host_w=200), reserve_w=1000)
+    got = hp.lowered_grant_w(held, in_use, cards)
+    assert in_use <= got <= held
+    if cards is None:
+        assert got == held
+    elif got < held:
+        assert hp.board_budget_w(got) >= cards - 1e-6 or got == in_use  # covers the cards, or they are within in use
+        if got == in_use:
+            assert cards <= hp.board_budget_w(in_use) + 1e-5
+    if cards is not None and cards <= hp.board_budget_w(in_use):
+        assert got == in_use
+
+
+def test_a_shed_lowered_again_each_round_reaches_the_store_each_round():
+    """A fair share falling round after round (1195 -> 900 -> 740 W): the store follows
+    the cards to each level they reached instead of waiting for the lowering to stop."""
+    hp = HostPower(Feed(psu_efficiency=1.0, host_w=0), reserve_w=1000)
+    held = 1195.0
+    for in_use, cards_board in ((900.0, 2195.0), (740.0, 1900.0), (690.0, 1740.0), (690.0, 1690.0)):
+        held = hp.lowered_grant_w(held, in_use, cards_board)
+        assert held == pytest.approx(cards_board - 1000 if cards_board - 1000 > in_use else in_use)
+    assert held == 690.0
 
 
 def test_many_small_excesses_are_given_back_after_the_hold_so_no_host_starves():

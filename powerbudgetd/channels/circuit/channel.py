@@ -595,17 +595,24 @@ class CircuitChannel:
             # The offer first (a lapsed fence or a stop gives the whole grant back); etcd
             # once the cards are down.
             self.in_use_w = target
-        if self.held_w > self.in_use_w and self._cards_within(self.in_use_w):
-            await self.store.lower_grant(self.host, self.in_use_w, self.lease_id)
-            log.info("circuit_grant_lowered", from_w=self.held_w, to_w=self.in_use_w, host=self.host)
-            self.held_w = self.in_use_w
+        lowered = self.power.lowered_grant_w(self.held_w, self.in_use_w, self._cards_board_w())
+        if lowered < self.held_w:
+            await self.store.lower_grant(self.host, lowered, self.lease_id)
+            log.info("circuit_grant_lowered", from_w=self.held_w, to_w=lowered, host=self.host)
+            self.held_w = lowered
+
+    def _cards_board_w(self) -> float | None:
+        """The most the cards may draw from now on (board W), from the last snapshot: the
+        sum of their bounds (highest limits that may be in force) and the budget in
+        force (no card is raised above it until the circuit offers more, which it does
+        only with the store's grant raised first). None before the first snapshot."""
+        snap = self.snapshot
+        return None if snap is None else max(snap.budget_w, snap.sum_limit_bound_w)
 
     def _cards_within(self, grant_w: float) -> bool:
-        """Every card's bound (highest limit that may be in force) fits the board budget
-        for ``grant_w``, in a snapshot taken after that budget was set."""
-        snap = self.snapshot
-        return snap is not None and snap.budget_w <= self.power.board_budget_w(grant_w) + 1e-6 and \
-            snap.sum_limit_bound_w <= self.power.board_budget_w(grant_w) + 1e-6
+        """The cards fit the board budget for ``grant_w`` (:meth:`_cards_board_w`)."""
+        board = self._cards_board_w()
+        return board is not None and board <= self.power.board_budget_w(grant_w) + 1e-6
 
     def _offer(self) -> None:
         now = self.clock()
