@@ -196,7 +196,7 @@ class UpsConstraint:
 class _Timers:
     on_battery_since: float | None = None  # first fresh OB of this outage
     online_since: float | None = None  # first fresh OL after an outage (the hold runs from it)
-    online_run_since: float | None = None  # first of the fresh OL readings since the last OB, other or silence
+    online_run_since: float | None = None  # first fresh OL since the last OB or silence (after an outage or not)
     floor_flag: str | None = None  # the floor reason in force (latched until the hold passes)
     floor_clear_since: float | None = None
     silent_since: float | None = None
@@ -245,9 +245,9 @@ class UpsGuard:
             if now - t.floor_clear_since >= self.params.online_hold_s:
                 t.floor_flag, t.floor_clear_since = None, None
         # On battery, after the delay; back on line for the hold.
-        if not reading.online:
+        if reading.on_battery:  # restarted as the budget's hold is: by OB or a silence, not by OFF or BYPASS
             t.online_run_since = None
-        elif t.online_run_since is None:
+        elif reading.online and t.online_run_since is None:
             t.online_run_since = now
         if reading.on_battery:
             t.online_since = None

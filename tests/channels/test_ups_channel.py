@@ -226,3 +226,30 @@ def test_a_daemon_started_during_an_outage_neither_lifts_nor_marks_until_the_ups
     clock.t = 5.0
     ch.variables({"ups.status": "OL CHRG"})
     assert told == [False]
+
+
+def test_the_feed_comes_back_with_the_budget_whatever_other_words_come_between() -> None:
+    """After an outage the feed is told back exactly when this host's budget is restored
+    (on line for the hold): a reading with neither OL nor OB (BYPASS, OFF) restarts
+    neither hold; a silence restarts both."""
+    cfg = UpsConfig(name="ups", on_battery_budget_w=700, online_hold_s=60)
+    clock, told = Clock(), []
+    ch = UpsChannel(cfg, Sink(), FEED, registry=CollectorRegistry(), clock=clock, on_feed=told.append)
+    ch.variables({"ups.status": "OB DISCHRG"})
+    assert told == [True]
+    for t in range(5, 70, 5):
+        clock.t = float(t)
+        ch.variables({"ups.status": "BYPASS" if t % 50 == 0 else "OL"})
+    assert ch.constraint.budget_w is None and told == [True, False]  # both back at 65 s (60 s after the first OL)
+    ch.variables({"ups.status": "OB"})
+    assert told == [True, False, True]
+    for t, status in ((70.0, "OL"), (100.0, None), (110.0, "OL"), (160.0, "OL")):
+        clock.t = t
+        if status is None:
+            ch.failed("unreachable", "no answer")
+        else:
+            ch.variables({"ups.status": status})
+    assert told == [True, False, True]  # the silence at 100 s restarted the hold: 50 s of 60
+    clock.t = 170.0
+    ch.variables({"ups.status": "OL"})
+    assert told == [True, False, True, False] and ch.constraint.budget_w is None
