@@ -9,8 +9,8 @@ N hosts, each a packaged scenario's bank under the real controller, hang off one
   shares the rest through :class:`LeaseStore`, a model of etcd with the same lease TTL
   and compare-on-revision transactions, using the product's own pure parts
   (``GrantPolicy``, ``Fence``, ``HostPower``, ``raise_allowed``); the client follows the
-  daemon's rules (raise in the store first; lower the offer first and the store once
-  the cards are down; the fence from the last acknowledged keepalive);
+  daemon's rules (raise in the store first; lower the offer first and the store as
+  the cards come down; the fence from the last acknowledged keepalive);
 - ``oracle``: the same seats, and each host's grant every tick is its max-min fair
   share of the pool over the hosts' true wants (clairvoyant, no lease, no hysteresis,
   writes land at once): the best the sharing rule itself can do, not a work-optimal

@@ -15,7 +15,7 @@ real controller (as in ``circuit.py``), corded to its leaves. Four ways to split
   more and within what every ancestor leaves, lowered after ``release_hold_s`` unless
   a node is over, then at once: the shed); a raise only where ``raise_allowed`` (the
   transaction's check) and once the last lowering is confirmed; a lowering to the
-  cards first and to the store once the cards' bound is within it;
+  cards first and to the store as the cards' bound comes down (``HostPower.lowered_grant_w``);
 - ``oracle``: every tick, the oversubscribed division over the hosts' true wants
   (clairvoyant, no rounds, no hold, writes that land at once): the upper bound of the
   rule.

@@ -384,3 +384,57 @@ def test_a_tree_s_nodes_on_the_host_s_paths_are_exported_and_stale_ones_removed(
     assert ("node_draw_watts", "A") not in got  # dead
     got = show(None, 800.0, PowerTree(nodes, {"far": hosts["far"]}))
     assert got == {}
+
+
+def test_the_store_follows_the_cards_down_and_never_below_what_they_may_draw(tmp_path: Path) -> None:
+    """A grant given back (the circuit over-committed: at once) is offered to the cards
+    first; etcd is lowered only to the least grant covering what the last snapshot says
+    the cards may draw (their bounds and the budget in force, the higher), step by step,
+    and not at all on a snapshot from a tick that began before the last raise."""
+    import asyncio
+    import math
+    from types import SimpleNamespace
+
+    from powerbudgetd.channels.circuit.store import Read, Spec
+    from powerbudgetd.core.circuit import CircuitView
+
+    lowered: list[float] = []
+
+    class Store:
+        name, endpoint = "lab", "fake:1"
+
+        async def lower_grant(self, host: str, grant_w: float, lease_id: int) -> None:
+            lowered.append(round(grant_w, 6))
+
+    s = _cfg(tmp_path, CIRCUIT.replace('name = "lab"', 'name = "lab"\nhost = "vm"'))
+    assert s.circuit is not None
+    ch = CircuitChannel(s.circuit, s.circuit.host_power(s.feed), BudgetArbiter(s.effective_budget_w()), lower_s=1.0,
+                        store=Store(), registry=CollectorRegistry(),  # type: ignore[arg-type]
+                        environ={"WATCHDOG_USEC": "1000000", "WATCHDOG_PID": str(os.getpid())})
+    ch.lease_id, ch.grants_ok, ch.valid_until = 1, True, math.inf
+    ch.held_w = ch.in_use_w = 900.0
+    # 3300 W committed on a 3000 W circuit: vm's fair grant is its 300 W want, given back at once.
+    view = CircuitView(3000, {"vm": 800, "b": 1000}, {"vm": 900, "b": 600}, {"vm": 300, "b": 2000}, revision=5)
+    read = Read(Spec(3000, 30), view, 5)
+    board = ch.power.board_budget_w
+
+    def round_with(now: float | None, budget_w: float = 0.0, bound_w: float = 0.0) -> None:
+        ch.snapshot = None if now is None else SimpleNamespace(  # type: ignore[assignment]
+            now=now, budget_w=budget_w, sum_limit_bound_w=bound_w)
+        asyncio.run(ch._move_grant(read))
+
+    round_with(None)  # no snapshot yet: offered to the cards, etcd unchanged
+    assert (ch.in_use_w, ch.held_w, lowered) == (300.0, 900.0, [])
+    round_with(1.0, board(900), board(600))  # the budget in force still allows 900 W
+    assert lowered == []
+    round_with(2.0, board(300), board(700))  # a card's decrease still in flight
+    assert lowered == [700.0] and ch.held_w == 700.0
+    round_with(3.0, board(500), board(300))  # the budget in force above the bounds counts
+    assert lowered == [700.0, 500.0]
+    round_with(4.0, board(300), board(300))  # down: etcd follows to what is in use
+    assert lowered == [700.0, 500.0, 300.0] and ch.held_w == ch.in_use_w == 300.0
+
+    ch.held_w = ch.in_use_w = 900.0
+    ch._raised_at = 5.0  # raised after the last snapshot's tick began
+    round_with(4.5, board(300), board(300))
+    assert ch.held_w == 900.0 and len(lowered) == 3

@@ -270,9 +270,10 @@ def test_an_unreadable_record_on_a_tree_takes_no_grant_back():
     wants = {"a": 2000.0, "b": 1500.0}
     for bad in ("grant", "seat"):
         s = {**seats, "x": 10_000.0} if bad == "seat" else seats
-        view = CircuitView(10_000.0, s, {"a": 2000.0, "b": 1500.0, **({"x": 10_000.0} if bad == "grant" else {})},
+        view = CircuitView(10_000.0, s, {"a": 2100.0, "b": 1500.0, **({"x": 10_000.0} if bad == "grant" else {})},
                            wants, unknown=frozenset({"x"}), tree=PowerTree(nodes, hosts).with_reserves(s))
         assert view.nodes_over_w() and not view.nodes_over_w(known_only=True), bad
         assert view.fair_w("b") == 1500.0, bad
-        assert GrantPolicy(release_hold_s=60).target_w(view, "a", 2000.0, 0.0) == 2000.0, bad
+        # 100 W above its share, within the hold: kept (the unreadable record put no readable node over).
+        assert GrantPolicy(release_hold_s=60).target_w(view, "a", 2100.0, 0.0) == 2100.0, bad
         assert not raise_allowed(view, "b", 1600.0), bad

@@ -6,8 +6,10 @@ want, and move the grant toward this host's fair share:
 
 - **raise**: a transaction on the read (see ``store``) first, then the offer to the
   arbiter; a failed compare simply reads again next round;
-- **lower**: the offer first; the grant in etcd is lowered only once the tick snapshot
-  shows every card's bound within the lower board budget.
+- **lower**: the offer first; the grant in etcd follows the cards down, to the least
+  grant covering what the last tick snapshot says they may draw (their bounds and the
+  budget in force: ``HostPower.lowered_grant_w``), never on a snapshot from a tick that
+  began before the last raise.
 
 The offer is ``board(reserve + grant)`` valid until the fence's deadline from the last
 acknowledged keepalive (``core.circuit.Fence``), and ``board(reserve)`` after it: the
@@ -31,6 +33,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import math
 import os
 import time
 from collections.abc import Callable
@@ -189,6 +192,7 @@ class CircuitChannel:
         self.reachable = False
         self.last_read: Read | None = None
         self.snapshot: BankSnapshot | None = None
+        self._raised_at = -math.inf  # when the grant in use was last raised (the daemon's clock, s)
         self.stopping = False
         self._said: dict[str, object] = {}
         self._nodes_shown: set[str] = set()  # the node labels exported
@@ -587,6 +591,7 @@ class CircuitChannel:
                 self.held_w = target
                 if self.lease_clock() < self.valid_until:
                     self.in_use_w = target
+                    self._raised_at = self.clock()
                 log.info("circuit_grant_raised", grant_w=target, want_w=round(self.want_w, 1), host=self.host)
             else:
                 self.metrics.conflicts.inc()
@@ -604,10 +609,14 @@ class CircuitChannel:
     def _cards_board_w(self) -> float | None:
         """The most the cards may draw from now on (board W), from the last snapshot: the
         sum of their bounds (highest limits that may be in force) and the budget in
-        force (no card is raised above it until the circuit offers more, which it does
-        only with the store's grant raised first). None before the first snapshot."""
+        force (no card is raised above it until the circuit offers more: the circuit's
+        offer caps every other source). None before the first snapshot, and while the
+        last one is from a tick that began before the grant in use was last raised (that
+        tick, or the one under way, may be raising the cards past what it shows)."""
         snap = self.snapshot
-        return None if snap is None else max(snap.budget_w, snap.sum_limit_bound_w)
+        if snap is None or snap.now <= self._raised_at:
+            return None
+        return max(snap.budget_w, snap.sum_limit_bound_w)
 
     def _cards_within(self, grant_w: float) -> bool:
         """The cards fit the board budget for ``grant_w`` (:meth:`_cards_board_w`)."""
