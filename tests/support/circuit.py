@@ -588,9 +588,11 @@ class Sharer:
         self.lease = (await self.store.grant_lease(LEASE_TTL_S))[0]
         self.renewed = time.monotonic()
         await self.store.put_record(self.host, HostRecord(want_w=want_w), self.lease)
-        for _ in range(100):  # a compare that fails only means something changed: read again
+        for attempt in range(300):  # a compare that fails only means something changed: read again
             if await self.store.register_seat(await self.store.read(), self.host, seat_w):
                 return
+            if attempt == 0:  # as the daemon does: its reserve counted while it waits (the others shed for it)
+                await self.store.put_pending(self.host, seat_w, self.lease)
             await asyncio.sleep(0.05)
         raise AssertionError(f"{self.host}: its seat of {seat_w} W never fitted")
 
