@@ -598,7 +598,7 @@ class CircuitChannel:
             return
         if target < self.in_use_w:
             # The offer first (a lapsed fence or a stop gives the whole grant back); etcd
-            # once the cards are down.
+            # as the cards come down.
             self.in_use_w = target
         lowered = self.power.lowered_grant_w(self.held_w, self.in_use_w, self._cards_board_w())
         if lowered < self.held_w:
