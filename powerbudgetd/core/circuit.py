@@ -53,10 +53,11 @@ class CircuitView:
     ``seats``: each seated host's reserve; ``grants``: each live grant (under a
     lease); ``wants``: what each live host's recipients could use above its reserve;
     ``pending``: reserves of hosts whose seat did not fit (they run on them anyway,
-    so the pool counts them); ``unknown``: hosts whose seat or grant could not be read
-    (counted at the whole budget: nothing is raised while one is there, but nobody's
-    grant is taken back for it); ``seat_order``: each seat's create revision (the
-    earlier seat keeps its place when seats no longer fit a changed budget); ``tree``:
+    so the pool counts them); ``unknown_seats``, ``unknown_grants``: hosts whose seat,
+    or grant, could not be read (counted at the whole budget: nothing is raised while
+    one is there, but nobody's grant is taken back for it; :attr:`unknown`: either);
+    ``seat_order``: each seat's create revision (the earlier seat keeps its place when
+    seats no longer fit a changed budget); ``tree``:
     the power tree the circuit is (None: one flat circuit), with each host's seat as its
     reserve; ``tree_bad``: a tree is stored but could not be read (nothing is seated or
     raised until it can: no node can be checked); ``lost``: a feed of the tree known
@@ -70,11 +71,17 @@ class CircuitView:
     wants: Mapping[str, float] = field(default_factory=dict)
     pending: Mapping[str, float] = field(default_factory=dict)
     revision: int = 0
-    unknown: frozenset[str] = frozenset()
+    unknown_seats: frozenset[str] = frozenset()
+    unknown_grants: frozenset[str] = frozenset()
     seat_order: Mapping[str, int] = field(default_factory=dict)
     tree: PowerTree | None = None
     tree_bad: bool = False
     lost: str | None = None
+
+    @property
+    def unknown(self) -> frozenset[str]:
+        """Hosts whose seat or grant (or both) could not be read."""
+        return self.unknown_seats | self.unknown_grants
 
     @property
     def seats_w(self) -> float:
@@ -103,14 +110,14 @@ class CircuitView:
     def known_pool_w(self) -> float:
         """:attr:`pool_w` over the seats that could be read (W): what the fair shares
         divide (raises stay bounded by :attr:`free_w`, which counts the unknown)."""
-        return self.budget_w - sum(w for h, w in self.seats.items() if h not in self.unknown) - sum(self.pending.values())
+        return self.budget_w - sum(w for h, w in self.seats.items() if h not in self.unknown_seats) - sum(self.pending.values())
 
     @property
     def free_known_w(self) -> float:
         """:attr:`free_w` over the records that could be read (W): what says whether
         the grants themselves over-commit the circuit."""
-        seats = sum(w for h, w in self.seats.items() if h not in self.unknown)
-        grants = sum(w for h, w in self.grants.items() if h not in self.unknown)
+        seats = sum(w for h, w in self.seats.items() if h not in self.unknown_seats)
+        grants = sum(w for h, w in self.grants.items() if h not in self.unknown_grants)
         return self.budget_w - seats - sum(self.pending.values()) - grants
 
     def seat_in_budget(self, host: str) -> bool:
@@ -119,7 +126,7 @@ class CircuitView:
         an unreadable seat puts nobody else out)."""
         if host not in self.seats:
             return False
-        order = sorted((h for h in self.seats if h not in self.unknown or h == host),
+        order = sorted((h for h in self.seats if h not in self.unknown_seats or h == host),
                        key=lambda h: (self.seat_order.get(h, 0), h))
         total = 0.0
         for h in order:
@@ -140,13 +147,14 @@ class CircuitView:
 
     def held_w(self, *, known_only: bool = False) -> dict[str, float]:
         """Each host's seat (or pending reserve) plus grant (W): what the invariant counts
-        (``known_only``: leaving out the hosts whose seat or grant could not be read)."""
-        out = {h: self.seats.get(h, 0.0) + self.grants.get(h, 0.0) for h in {*self.seats, *self.grants}}
+        (``known_only``: leaving out each seat and grant that could not be read)."""
+        seats, grants = self.seats, self.grants
+        if known_only:
+            seats = {h: w for h, w in seats.items() if h not in self.unknown_seats}
+            grants = {h: w for h, w in grants.items() if h not in self.unknown_grants}
+        out = {h: seats.get(h, 0.0) + grants.get(h, 0.0) for h in {*seats, *grants}}
         for h, w in self.pending.items():
             out[h] = out.get(h, 0.0) + w
-        if known_only:
-            for h in self.unknown:
-                out.pop(h, None)
         return out
 
     def fits_tree(self, host: str, total_w: float) -> bool:
@@ -210,12 +218,12 @@ class CircuitView:
 
     def _divide(self) -> dict[str, float]:
         """The tree's division (``core.tree.divide``, under the lost feed if any) of each
-        host's seat plus want (W, in all), over the hosts whose records could be read (as
+        host's seat plus want (W, in all), over the hosts whose seat could be read (as
         :attr:`known_pool_w`: an unreadable seat, counted at the whole budget, would
         otherwise take every share)."""
         assert self.tree is not None
         totals = {h: self.seats.get(h, 0.0) + self.pending.get(h, 0.0) + self.wants.get(h, 0.0)
-                  for h in self.tree.hosts if h not in self.unknown}
+                  for h in self.tree.hosts if h not in self.unknown_seats}
         return divide(self.tree, totals, self.lost)
 
     def holds(self) -> bool:

@@ -173,7 +173,7 @@ def test_a_hung_host_is_at_its_reserve_before_its_lease_can_expire(ttl, watchdog
 def test_unreadable_records_stop_raises_but_take_no_grant_back():
     """Another host's unreadable grant counts at the whole budget: no raise fits, but
     a host's own grant is not given back for it (it was granted when the records held)."""
-    view = CircuitView(3000, {"a": 1000, "b": 1000}, {"a": 400, "b": 3000}, {"a": 1000}, unknown=frozenset({"b"}))
+    view = CircuitView(3000, {"a": 1000, "b": 1000}, {"a": 400, "b": 3000}, {"a": 1000}, unknown_grants=frozenset({"b"}))
     policy = GrantPolicy(step_w=10, release_hold_s=60)
     assert view.free_w < 0 and view.free_known_w > 0
     assert policy.target_w(view, "a", 400, 0.0) == 400
@@ -264,14 +264,15 @@ def test_an_unreadable_record_on_a_tree_takes_no_grant_back():
     """A seat or grant that could not be read is counted at the whole budget: nothing is
     raised while it is there, but the others keep their grants through the hold and
     their fair shares are divided as if it were not there."""
-    nodes = {"root": Node("root", 10_000.0), "A": Node("A", 6000.0, "root"), "B": Node("B", 6000.0, "root")}
+    nodes = {"root": Node("root", 10_000.0), "A": Node("A", 7000.0, "root"), "B": Node("B", 7000.0, "root")}
     hosts = {h: TreeHost(h, {"A": 0.5, "B": 0.5}) for h in ("a", "b", "x")}
     seats = {"a": 1000.0, "b": 1000.0, "x": 1000.0}
     wants = {"a": 2000.0, "b": 1500.0}
     for bad in ("grant", "seat"):
         s = {**seats, "x": 10_000.0} if bad == "seat" else seats
         view = CircuitView(10_000.0, s, {"a": 2100.0, "b": 1500.0, **({"x": 10_000.0} if bad == "grant" else {})},
-                           wants, unknown=frozenset({"x"}), tree=PowerTree(nodes, hosts).with_reserves(s))
+                           wants, **{f"unknown_{bad}s": frozenset({"x"})},  # type: ignore[arg-type]
+                           tree=PowerTree(nodes, hosts).with_reserves(s))
         assert view.nodes_over_w() and not view.nodes_over_w(known_only=True), bad
         assert view.fair_w("b") == 1500.0, bad
         # 100 W above its share, within the hold: kept (the unreadable record put no readable node over).

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -149,3 +150,19 @@ def test_a_grant_a_little_above_its_share_under_a_lost_feed_is_given_back_at_onc
     v = replace(view_of(tree, seats, {"h1": 1010.0, "h2": 1000.0}, wants={"h1": 3000.0, "h2": 3000.0}), lost="A")
     assert v.nodes_over_w() == {"B": 10.0}
     assert GrantPolicy(step_w=20, release_hold_s=60).target_w(v, "h1", 1010.0, 0.0) == 1000.0
+
+
+def test_a_host_whose_seat_is_unreadable_still_counts_the_grant_that_reads():
+    """Feed A lost; x's seat could not be read (counted at the whole budget) but its
+    1000 W grant reads: B is over by what can be read, so a and b give back to their
+    shares at once, and x, left out of the division, gives its grant back too."""
+    nodes = {"root": Node("root", 10_000.0), "A": Node("A", 4000.0, "root"), "B": Node("B", 4000.0, "root")}
+    tree = PowerTree(nodes, {h: Host(h, {"A": 0.5, "B": 0.5}) for h in ("a", "b", "x")}).with_mode("oversubscribed", 2.0)
+    seats = {"a": 800.0, "b": 800.0, "x": 10_000.0}
+    v = CircuitView(10_000.0, seats, {"a": 1300.0, "b": 1300.0, "x": 1000.0}, {"a": 3000.0, "b": 3000.0, "x": 3000.0},
+                    unknown_seats=frozenset({"x"}), tree=tree.with_reserves(seats), lost="A")
+    assert v.nodes_over_w(known_only=True) == {"B": pytest.approx(1200.0)}  # 2 x 2100 + 1000 on 4000 W
+    assert v.fair_w("a") == pytest.approx(1200.0) and v.fair_w("x") == 0.0
+    assert GrantPolicy(release_hold_s=60).target_w(v, "a", 1300.0, 0.0) == pytest.approx(1200.0)
+    assert GrantPolicy(release_hold_s=60).target_w(v, "x", 1000.0, 0.0) == 0.0
+    assert not raise_allowed(v, "a", 1300.0)

@@ -373,7 +373,7 @@ class CircuitStore:
         grants: dict[str, float] = {}
         pending: dict[str, float] = {}
         order: dict[str, int] = {}
-        unknown: set[str] = set()
+        unknown: dict[bytes, set[str]] = {self.seats: set(), self.grants: set()}
         claims: dict[str, Claim] = {}
         recs: dict[str, HostRecord] = {}
         for key, value, mod, created, lease in kvs:
@@ -399,7 +399,7 @@ class CircuitStore:
                 if kind in (self.seats, self.grants):  # unknown watts: count the whole budget (safe)
                     (seats if kind == self.seats else grants)[host] = budget
                     order.setdefault(host, created)
-                    unknown.add(host)
+                    unknown[kind].add(host)
         leases = {h: r.lease for h, r in recs.items() if r.lease}
         leases.update({h: c.lease for h, c in claims.items() if c.lease})
         wants = {h: r.want_w for h, r in recs.items()}
@@ -415,8 +415,9 @@ class CircuitStore:
             bad[name(self.down)] = f"feeds down {down}: one feed of the tree at a time (feeds: " + \
                 (", ".join(tree.feeds()) if tree else "no tree") + ")"
         view = CircuitView(spec.budget_w if spec else 0.0, seats, grants, wants, pending, revision,
-                           frozenset(unknown), order, tree, (tree_value is not None and tree is None) or down_bad,
-                           None if down_bad else lost)
+                           unknown_seats=frozenset(unknown[self.seats]), unknown_grants=frozenset(unknown[self.grants]),
+                           seat_order=order, tree=tree, tree_bad=(tree_value is not None and tree is None) or down_bad,
+                           lost=None if down_bad else lost)
         return Read(spec, view, revision, spec_mod, leases, spec_created, claims, recs, bad, tree_mod, marked)
 
     async def lease_info(self, lease_id: int) -> tuple[int, int]:
