@@ -235,12 +235,7 @@ class _Dispatcher:
 
     def _route(self, symbol: str) -> Callable[..., int]:
         def routed(*args: Any) -> int:
-            global _callback_depth
-            _callback_depth += 1
-            try:
-                return _serve(symbol, args)
-            finally:
-                _callback_depth -= 1
+            return _serve(symbol, args)
 
         def _serve(symbol: str, args: tuple[Any, ...]) -> int:
             lib = _BOUND.get()
@@ -262,16 +257,29 @@ _attach_lock = threading.Lock()
 # Ctrl-C inside a ctypes callback cannot become a KeyboardInterrupt there: ctypes prints
 # "Exception ignored" and the C caller goes on (or crashes). While a callback runs, the
 # SIGINT handler below only notes the interrupt; check_interrupt() raises it later from
-# ordinary Python code (the simulation loop calls it every tick).
-_callback_depth = 0
+# ordinary Python code (the simulation loop calls it every tick). "While a callback runs"
+# is read from the interrupted frame's stack, not from a counter the callback keeps: a
+# signal can be handled at the callback's first line, before any counter moved (a CI
+# failure: "Exception ignored ... routed", then SIGSEGV).
+# Every callback is a closure of one function: its code object marks a callback's frame.
+_ROUTED_CODE = next(c for c in _Dispatcher._route.__code__.co_consts if getattr(c, "co_name", "") == "routed")
 _interrupt_pending = False
+
+
+def _in_callback(frame: Any) -> bool:
+    """Whether ``frame`` or any frame below it is a simulated NVML call's callback."""
+    while frame is not None:
+        if frame.f_code is _ROUTED_CODE:
+            return True
+        frame = frame.f_back
+    return False
 
 
 def on_sigint(signum: int, frame: Any) -> None:
     """A SIGINT handler (install with ``signal.signal``): KeyboardInterrupt at once,
     or, inside a simulated NVML call, at the next :func:`check_interrupt`."""
     global _interrupt_pending
-    if _callback_depth:
+    if _in_callback(frame):
         _interrupt_pending = True
         return
     raise KeyboardInterrupt
