@@ -155,7 +155,7 @@ def test_daemons_and_in_process_hosts_keep_every_node_within_budget_through_a_fe
     assert all(min(m.values()) >= -1e-3 for m in before), min(min(m.values()) for m in before)
     # The shed: from the loss to the first sample with every node within its budget.
     shed = next(t - lost_at for t, m, _ in after if min(m.values()) >= -1e-3)
-    assert shed <= max(shed_s, 0.1), shed  # redundant: the first sample after the loss (at most 100 ms on)
+    assert shed <= shed_s or mode == "redundant", shed  # redundant: every sample after the loss, below
     late = [(t - lost_at, m, walls) for t, m, walls in after if t - lost_at > shed_s and min(m.values()) < -1e-3]
     assert late == [], late[:3]
     # B carries every host whole: at most 125 W a host of grants in all (1.5 kW for 12).
