@@ -376,16 +376,24 @@ step_w = 10
     def metric(self, name: str) -> float | None:
         return metric(self.port, name)
 
-    def board_bound_w(self) -> float | None:
-        """The truth: sum over cards of the highest limit that may be in force (W).
+    def state_text(self) -> str | None:
+        """The bank's saved state as it is on disk now (None: not there or unreadable)."""
+        try:
+            return self.state_file.read_text()
+        except OSError:
+            return None
+
+    def board_bound_w(self, text: str | None = None, at: float | None = None) -> float | None:
+        """The truth: sum over cards of the highest limit that may be in force (W), at
+        ``at`` (monotonic s; default now) from the saved state ``text`` (default: read now).
 
         The bank saves its state at each write, with each write still in flight as (s
         after the save, mW) and its clock: one whose time has come is enforced now."""
         try:
-            state = json.loads(self.state_file.read_text())
-        except (OSError, ValueError):
+            state = json.loads(self.state_text() if text is None else text)
+        except (TypeError, ValueError):
             return None
-        now = time.monotonic()
+        now = time.monotonic() if at is None else at
         saved = state["clock_origin_s"] + state["now_s"]
         total = 0
         for c in state["cards"]:
@@ -399,8 +407,8 @@ step_w = 10
             total += max(c["requested_mw"], enforced, in_flight)
         return total / 1000
 
-    def wall_w(self) -> float | None:
-        board = self.board_bound_w()
+    def wall_w(self, text: str | None = None, at: float | None = None) -> float | None:
+        board = self.board_bound_w(text, at)
         return None if board is None else (board + HOST_W) / PSU_EFFICIENCY
 
     def stop(self) -> None:
@@ -440,13 +448,29 @@ class Checker:
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            t = time.monotonic()
-            # A host counts from its first READY=1 on (its boot limits confirmed): before
-            # that its cards are at whatever they came up with, which nothing enforces.
-            walls = {h.name: w for h in self.hosts if h.booted and (w := h.wall_w()) is not None}
+            t, walls = self.collect()
             walls |= {s.host: s.draw_w() for s in self.sharers}
             self.samples.append((t, walls))
             self._stop.wait(self.period_s)
+
+    def collect(self) -> tuple[float, dict[str, float]]:
+        """Every host's wall power at one instant: the state files read twice over, until
+        no file changed between its two reads (a double collect), each evaluated at the
+        instant between the passes. One pass alone joins a host read before a move to one
+        read after it (a donor's old limits beside a recipient's new ones: a sum that
+        never was), whenever this thread is held up between two reads."""
+        # A host counts from its first READY=1 on (its boot limits confirmed): before
+        # that its cards are at whatever they came up with, which nothing enforces.
+        hosts = [h for h in self.hosts if h.booted]
+        first = {h.name: h.state_text() for h in hosts}
+        while True:
+            t = time.monotonic()
+            second = {h.name: h.state_text() for h in hosts}
+            if second == first:
+                break
+            first = second
+        walls = {h.name: w for h in hosts if (w := h.wall_w(first[h.name], t)) is not None}
+        return t, walls
 
     def worst_margin_w(self) -> float:
         return min(self.budget_w - sum(w.values()) for _, w in self.samples)
