@@ -340,6 +340,10 @@ CIRCUIT_TXN_CONFLICTS = _declare(
 CIRCUIT_SEAT_VANISHED = _declare(
     "circuit_seat_vanished", "counter", "Times this host's seat was found gone (or changed) while it ran"
 )
+CIRCUIT_GRANT_VANISHED = _declare(
+    "circuit_grant_vanished", "counter",
+    "Times this host's grant was found lowered under it while its cards might draw more, and could not be put back",
+)
 CIRCUIT_BAD_RECORDS_SEEN = _declare(
     "circuit_bad_records_seen", "counter", "Bad values read under the circuit (once per key and value)"
 )

@@ -438,3 +438,113 @@ def test_the_store_follows_the_cards_down_and_never_below_what_they_may_draw(tmp
     ch._raised_at = 5.0  # raised after the last snapshot's tick began
     round_with(4.5, board(300), board(300))
     assert ch.held_w == 900.0 and len(lowered) == 3
+
+
+class _SeatStore:
+    """A store that records the seat and grant writes a channel makes (no etcd)."""
+
+    name, endpoint = "lab", "fake:1"
+
+    def __init__(self, raise_ok: bool = True) -> None:
+        self.raise_ok = raise_ok
+        self.seats: list[tuple[float, float]] = []
+        self.raised: list[float] = []
+        self.pending: list[float] = []
+
+    async def register_seat(self, read, host: str, reserve_w: float, *, grant_w: float = 0.0,  # noqa: ANN001
+                            lease_id: int | None = None) -> bool:
+        from powerbudgetd.channels.circuit.store import seat_fits
+        assert lease_id == 1
+        if not seat_fits(read, host, reserve_w + grant_w):
+            return False
+        self.seats.append((reserve_w, round(grant_w, 6)))
+        return True
+
+    async def put_pending(self, host: str, reserve_w: float, lease_id: int) -> None:
+        self.pending.append(reserve_w)
+
+    async def raise_grant(self, read, host: str, grant_w: float, lease_id: int) -> bool:  # noqa: ANN001
+        self.raised.append(round(grant_w, 6))
+        return self.raise_ok
+
+    async def lower_grant(self, host: str, grant_w: float, lease_id: int) -> None:
+        pass
+
+
+def _running(tmp_path: Path, store: _SeatStore, grant_w: float, cards_grant_w: float | None) -> CircuitChannel:
+    """A channel seated and running with ``grant_w`` in use; its last snapshot says the
+    cards may draw the board budget of ``cards_grant_w`` (None: no snapshot yet)."""
+    import math
+    from types import SimpleNamespace
+
+    s = _cfg(tmp_path, CIRCUIT.replace('name = "lab"', 'name = "lab"\nhost = "vm"'))
+    assert s.circuit is not None
+    ch = CircuitChannel(s.circuit, s.circuit.host_power(s.feed), BudgetArbiter(s.effective_budget_w()), lower_s=1.0,
+                        store=store, registry=CollectorRegistry(),  # type: ignore[arg-type]
+                        environ={"WATCHDOG_USEC": "1000000", "WATCHDOG_PID": str(os.getpid())})
+    ch.lease_id, ch.grants_ok, ch.valid_until, ch.seated, ch.had_seat = 1, True, math.inf, True, True
+    ch.held_w = ch.in_use_w = grant_w
+    if cards_grant_w is not None:
+        board = ch.power.board_budget_w(cards_grant_w)
+        ch.snapshot = SimpleNamespace(now=1.0, budget_w=board, sum_limit_bound_w=board)  # type: ignore[assignment]
+    return ch
+
+
+def _read(seats: dict[str, float], grants: dict[str, float], budget_w: float = 3000):
+    from powerbudgetd.channels.circuit.store import Read, Spec
+    from powerbudgetd.core.circuit import CircuitView
+
+    return Read(Spec(budget_w, 5), CircuitView(budget_w, seats, grants, {}, revision=7), 7)
+
+
+def test_a_seat_removed_under_a_running_host_comes_back_with_a_grant_covering_its_cards(tmp_path: Path) -> None:
+    """``circuit leave --force`` removes the seat and the grant of a host whose cards
+    draw 800 W + 200 W: it seats itself again in that round, with a 200 W grant in the
+    same write (its cards come down after it), and gives it back as they come down.
+    No snapshot yet: no seat (a live host without one holds everyone's raises)."""
+    import asyncio
+
+    store = _SeatStore()
+    ch = _running(tmp_path, store, 200.0, 200.0)
+    assert asyncio.run(ch._check_seat(_read({"b": 1000}, {"b": 800}))) is False
+    assert store.seats == [(800.0, pytest.approx(200.0))] and ch.held_w == pytest.approx(200.0)
+    assert ch.in_use_w == 0.0 and ch.seated and not ch.at_floors  # the offer: the reserve, at once
+
+    store = _SeatStore()
+    ch = _running(tmp_path, store, 200.0, None)
+    asyncio.run(ch._check_seat(_read({"b": 1000}, {"b": 800})))
+    assert store.seats == [] and not ch.seated and ch.in_use_w == 0.0
+
+    # Room for the seat alone (the grant's room taken): no seat until the cards are
+    # down; not at the floors, nothing pending (it fits, once they are down).
+    store = _SeatStore()
+    ch = _running(tmp_path, store, 200.0, 200.0)
+    read = _read({"b": 1000}, {"b": 1100})
+    asyncio.run(ch._check_seat(read))
+    assert store.seats == [] and store.pending == [] and not ch.seated and not ch.at_floors
+    ch.snapshot.budget_w = ch.snapshot.sum_limit_bound_w = ch.power.board_budget_w()  # type: ignore[union-attr]
+    asyncio.run(ch._check_seat(read))
+    assert store.seats == [(800.0, 0.0)] and ch.seated
+
+
+def test_a_grant_removed_under_a_running_host_is_put_back_while_its_cards_come_down(tmp_path: Path) -> None:
+    """The grant alone removed under a host whose cards may draw 800 W + 200 W: put back
+    (by transaction, where it fits) at what the cards may draw, the offer down at once;
+    where it does not fit, the loss is counted and said, and nothing is put back once the
+    cards are within what etcd holds."""
+    import asyncio
+
+    store = _SeatStore()
+    ch = _running(tmp_path, store, 200.0, 200.0)
+    asyncio.run(ch._move_grant(_read({"vm": 800, "b": 1000}, {"b": 800})))
+    assert store.raised == [200.0] and ch.held_w == 200.0 and ch.in_use_w == 0.0
+
+    store = _SeatStore(raise_ok=False)
+    ch = _running(tmp_path, store, 200.0, 200.0)
+    asyncio.run(ch._move_grant(_read({"vm": 800, "b": 1000}, {"b": 800})))
+    assert store.raised == [200.0] and ch.held_w == 0.0 and ch.metrics.vanished_grant._value.get() == 1
+
+    store = _SeatStore()
+    ch = _running(tmp_path, store, 200.0, 50.0)  # the cards on their way down: 50 W above the reserve left
+    asyncio.run(ch._move_grant(_read({"vm": 800, "b": 1000}, {"b": 800, "vm": 120})))
+    assert store.raised == [] and ch.held_w == 120.0  # 120 W held covers the 50 W: nothing put back

@@ -288,3 +288,43 @@ def test_running_hosts_hold_their_records_against_drift(etcd1: EtcdCluster, tmp_
                  claim_lost_at_reserve_after_s=round(dropped_s, 2), worst_margin_w=round(margin, 1))
     finally:
         stop_hosts(hosts)
+
+
+def test_a_host_removed_while_its_cards_draw_its_grant_is_reseated_with_it(etcd1: EtcdCluster, tmp_path: Path) -> None:
+    """Three busy hosts share a 300 W pool (each could use about 640 W of it). The
+    operator removes h1 (``circuit leave --force``: seat, grant and record) again and
+    again while its cards draw its grant. h1 seats itself again in its next round, with
+    a grant covering what its cards may still draw in the same write (they come down
+    only after that round), so the other two never raise into watts h1 still uses: the
+    checker finds the circuit within budget at every sample. (Before, the seat came
+    back alone, h0 and h2 took h1's share while its cards still held it: 50 W over.)
+    Then h1's grant alone is deleted, again and again: put back while its cards come
+    down."""
+    budget_w = 3 * RESERVE_W + 300
+    init_circuit(etcd1.endpoints, "lab", budget_w, TTL_S)
+    hosts = _hosts(tmp_path, etcd1, 3)
+    try:
+        with Checker(hosts, budget_w) as checker:
+            start_hosts(hosts)
+            wait_until(lambda: granted(hosts, 3), 20, "grants on every host")
+            for _ in range(6):
+                wait_until(lambda: (hosts[1].wall_w() or 0) > RESERVE_W + 50, 10, "h1's cards on its grant")
+                r = circuit_cli(etcd1.endpoints, "leave", "--name", "lab", "--host", "h1", "--force")
+                assert r.returncode == 0, r.stderr
+                wait_until(lambda: _seat_w(etcd1, "h1") == RESERVE_W, 10, "h1 seated again", step_s=0.05)
+                time.sleep(1.5)  # the others' rounds over h1's covering grant, then the grants settle
+            for _ in range(4):  # the grant alone removed: put back while the cards come down
+                wait_until(lambda: (hosts[1].wall_w() or 0) > RESERVE_W + 50, 10, "h1's cards on its grant")
+                etcd_edit(etcd1.endpoints, "lab", delete=("grants/h1",))
+                time.sleep(1.5)
+            events = hosts[1].events()
+            reseated = [e for e in events if e.get("event") == "circuit_seated" and e.get("covering_grant_w")]
+            restored = [e for e in events if e.get("event") == "circuit_grant_restored"]
+        margin = checker.assert_within()
+    finally:
+        stop_hosts(hosts)
+    assert len(reseated) >= 5 and all(e["covering_grant_w"] > 50 for e in reseated), reseated
+    assert len(restored) >= 3 and all(e["grant_w"] > 50 for e in restored), restored
+    assert hosts[1].metric("powerbudgetd_circuit_grant_vanished_total") in (None, 0)
+    _figures("removed under a running host", seats_removed=6, reseated_covered=len(reseated), grants_removed=4,
+             restored=len(restored), worst_margin_w=round(margin, 1))

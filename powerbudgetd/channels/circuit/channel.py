@@ -137,6 +137,7 @@ class CircuitMetrics:
         self.node_draw = names.gauge(names.CIRCUIT_NODE_DRAW, registry)
         self.feed_lost = names.gauge(names.CIRCUIT_FEED_LOST, registry)
         self.vanished = names.counter(names.CIRCUIT_SEAT_VANISHED, registry)
+        self.vanished_grant = names.counter(names.CIRCUIT_GRANT_VANISHED, registry)
         self.bad_seen = names.counter(names.CIRCUIT_BAD_RECORDS_SEEN, registry)
 
 
@@ -515,14 +516,25 @@ class CircuitChannel:
                       action="registering it again where it fits; else the cards go to their floors")
         self.seated = False
         self._to_reserve()
-        if seat_fits(read, self.host, reserve) and await self.store.register_seat(read, self.host, reserve):
-            self.seated = self.had_seat = True
-            self._set_floors(False, read, "")
-            log.info("circuit_seated", host=self.host, reserve_w=reserve, circuit=self.store.name)
-            return False
-        if seat_fits(read, self.host, reserve):
-            return False  # the compare failed: something changed; try again next round
+        # The seat comes with a grant covering what the cards may still draw above the
+        # reserve (a running host whose seat and grant were removed: its cards come down
+        # only after this round), so that no other host raises into watts still in use.
+        # Unknown before the first snapshot: no seat until then (a live host without a
+        # seat holds every other host's raise).
+        board = self._cards_board_w()
         assert self.lease_id is not None
+        if board is not None:
+            cover = self.power.grant_covering_w(board)
+            if seat_fits(read, self.host, reserve + cover) and await self.store.register_seat(
+                    read, self.host, reserve, grant_w=cover, lease_id=self.lease_id):
+                self.seated = self.had_seat = True
+                self.held_w = cover
+                self._set_floors(False, read, "")
+                log.info("circuit_seated", host=self.host, reserve_w=reserve, covering_grant_w=round(cover, 1),
+                         circuit=self.store.name)
+                return False
+        if seat_fits(read, self.host, reserve):
+            return False  # the compare failed, or the cards are still coming down to fit: next round
         await self.store.put_pending(self.host, reserve, self.lease_id)
         v = read.view
         others = v.seats_w - v.seats.get(self.host, 0.0)
@@ -578,8 +590,9 @@ class CircuitChannel:
             held = self.held_w  # our own key unreadable: we know what we hold; rewritten below
             await self.store.lower_grant(self.host, self.held_w, self.lease_id)
         if held < self.held_w:  # etcd holds less than we thought (we never raise without it)
-            self.held_w = held
             self.in_use_w = min(self.in_use_w, held)
+            held = await self._cover(read, held)
+            self.held_w = held
         allowed = self.grants_ok and not self.stopping and now < self.valid_until
         target = self.policy.target_w(read.view, self.host, self.held_w, now) if allowed else 0.0
         if now < self.raises_after:
@@ -605,6 +618,29 @@ class CircuitChannel:
             await self.store.lower_grant(self.host, lowered, self.lease_id)
             log.info("circuit_grant_lowered", from_w=self.held_w, to_w=lowered, host=self.host)
             self.held_w = lowered
+
+    async def _cover(self, read: Read, held_w: float) -> float:
+        """The grant etcd holds for this host was lowered or removed under it (an operator,
+        a restore) while its cards may still draw more: put back, where it fits, the
+        grant covering what they may draw (the cards come down meanwhile: the offer
+        drops at once), so that no other host raises into watts still in use. Returns
+        the grant etcd holds now (W)."""
+        assert self.lease_id is not None
+        board = self._cards_board_w()
+        cover = self.held_w if board is None else min(self.held_w, self.power.grant_covering_w(board))
+        if cover <= held_w + 1e-6:
+            return held_w
+        if raise_allowed(read.view, self.host, cover) and await self.store.raise_grant(read, self.host, cover,
+                                                                                       self.lease_id):
+            log.warning("circuit_grant_restored", host=self.host, found_w=held_w, grant_w=round(cover, 1),
+                        circuit=self.store.name, detail="the grant was lowered under this host while its cards "
+                        "may still draw more: put back to cover them while they come down")
+            return cover
+        self.metrics.vanished_grant.inc()
+        log.error("circuit_grant_vanished", host=self.host, found_w=held_w, cards_need_w=round(cover, 1),
+                  circuit=self.store.name, action="the cards are coming down to what etcd holds; the room was "
+                  "taken before it could be covered again: the circuit may be over until they are down")
+        return held_w
 
     def _cards_board_w(self) -> float | None:
         """The most the cards may draw from now on (board W), from the last snapshot: the

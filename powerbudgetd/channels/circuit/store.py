@@ -509,17 +509,28 @@ class CircuitStore:
         return [t.mod(self.spec_key) == read.spec_mod, t.mod(self.tree_key) == read.tree_mod] + [
             t.mod(kind, _range_end(kind)) < read.revision + 1 for kind in (self.seats, self.grants, self.claims, self.down)]
 
-    async def register_seat(self, read: Read, host: str, reserve_w: float) -> bool:
+    async def register_seat(self, read: Read, host: str, reserve_w: float, *, grant_w: float = 0.0,
+                            lease_id: int | None = None) -> bool:
         """Write ``host``'s seat if it fits beside every seat, grant and other live
         unseated host's reserve of ``read`` and nothing changed since (False otherwise:
-        read again)."""
-        if not seat_fits(read, host, reserve_w):
+        read again). With ``lease_id`` (a running host), its grant is set in the same
+        transaction to ``grant_w`` (W; 0 deletes it) and fitted with the seat: what its
+        cards may still draw above the reserve. Without, the grant is left as it is."""
+        if grant_w > 0 and lease_id is None:
+            raise ValueError("a grant written with a seat needs the host's lease")
+        if not seat_fits(read, host, reserve_w + max(0.0, grant_w)):
             return False
-        key = self.key(self.seats, host)
-        ok, _ = await self._call(lambda c: c.transaction(
-            compare=self._unchanged(c, read),
-            success=[c.transactions.put(key, records.dumps(reserve_w=reserve_w)), c.transactions.delete(self.key(self.pending, host))],
-            failure=[]))
+
+        def txn(c: Any) -> Any:
+            t = c.transactions
+            grant = self.key(self.grants, host)
+            success = [t.put(self.key(self.seats, host), records.dumps(reserve_w=reserve_w)),
+                       t.delete(self.key(self.pending, host))]
+            if lease_id is not None:
+                success.append(t.put(grant, records.dumps(grant_w=grant_w), lease=lease_id) if grant_w > 0
+                               else t.delete(grant))
+            return c.transaction(compare=self._unchanged(c, read), success=success, failure=[])
+        ok, _ = await self._call(txn)
         return bool(ok)
 
     async def put_pending(self, host: str, reserve_w: float, lease_id: int) -> None:
