@@ -373,8 +373,10 @@ class HostPower:
 
     def grant_covering_w(self, board_w: float) -> float:
         """The least grant (W above the reserve, >= 0) whose board budget covers
-        ``board_w`` (board W): the inverse of :meth:`board_budget_w`."""
-        return max(0.0, self.feed.wall_w(board_w) - self.reserve_w)
+        ``board_w`` (board W): the inverse of :meth:`board_budget_w` (a residue of its
+        rounding, under a microwatt, is none)."""
+        w = self.feed.wall_w(board_w) - self.reserve_w
+        return w if w > 1e-6 else 0.0
 
     def lowered_grant_w(self, held_w: float, in_use_w: float, cards_board_w: float | None) -> float:
         """What the store's grant may be lowered to while the cards come down to

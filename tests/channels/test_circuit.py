@@ -498,41 +498,45 @@ def _read(seats: dict[str, float], grants: dict[str, float], budget_w: float = 3
 
 
 def test_a_seat_removed_under_a_running_host_comes_back_with_a_grant_covering_its_cards(tmp_path: Path) -> None:
-    """``circuit leave --force`` removes the seat and the grant of a host whose cards
-    draw 800 W + 200 W: it seats itself again in that round, with a 200 W grant in the
-    same write (its cards come down after it), and gives it back as they come down.
-    No snapshot yet: no seat (a live host without one holds everyone's raises)."""
+    """``circuit leave --force`` removes the seat of a host whose cards draw 800 W +
+    200 W: it seats itself again in that round with a 200 W grant in the same write,
+    kept in use (counted: the policy moves it from there). No snapshot yet: no seat (a
+    live host without one holds everyone's raises). Room for the seat alone: no seat,
+    said, until the cards are down."""
     import asyncio
 
     store = _SeatStore()
     ch = _running(tmp_path, store, 200.0, 200.0)
     assert asyncio.run(ch._check_seat(_read({"b": 1000}, {"b": 800}))) is False
-    assert store.seats == [(800.0, pytest.approx(200.0))] and ch.held_w == pytest.approx(200.0)
-    assert ch.in_use_w == 0.0 and ch.seated and not ch.at_floors  # the offer: the reserve, at once
+    assert store.seats == [(800.0, pytest.approx(200.0))]
+    assert ch.held_w == ch.in_use_w == pytest.approx(200.0) and ch.seated and not ch.at_floors
 
     store = _SeatStore()
     ch = _running(tmp_path, store, 200.0, None)
     asyncio.run(ch._check_seat(_read({"b": 1000}, {"b": 800})))
     assert store.seats == [] and not ch.seated and ch.in_use_w == 0.0
 
-    # Room for the seat alone (the grant's room taken): no seat until the cards are
-    # down; not at the floors, nothing pending (it fits, once they are down).
     store = _SeatStore()
     ch = _running(tmp_path, store, 200.0, 200.0)
     read = _read({"b": 1000}, {"b": 1100})
     asyncio.run(ch._check_seat(read))
     assert store.seats == [] and store.pending == [] and not ch.seated and not ch.at_floors
+    assert ch.in_use_w == 0.0 and "circuit_seat_waits_for_cards" in ch._said
     ch.snapshot.budget_w = ch.snapshot.sum_limit_bound_w = ch.power.board_budget_w()  # type: ignore[union-attr]
     asyncio.run(ch._check_seat(read))
-    assert store.seats == [(800.0, 0.0)] and ch.seated
+    assert store.seats == [(800.0, 0.0)] and ch.seated and ch.held_w == ch.in_use_w == 0.0
 
 
 def test_a_grant_removed_under_a_running_host_is_put_back_while_its_cards_come_down(tmp_path: Path) -> None:
-    """The grant alone removed under a host whose cards may draw 800 W + 200 W: put back
-    (by transaction, where it fits) at what the cards may draw, the offer down at once;
-    where it does not fit, the loss is counted and said, and nothing is put back once the
-    cards are within what etcd holds."""
+    """The grant alone removed under a seated host whose cards may draw 800 W + 200 W:
+    the offer drops at once, and the grant covering the cards is put back (by
+    transaction, where it fits beside every seat, grant and live unseated host's
+    reserve); where it does not fit, the loss is counted and said; nothing is put back
+    once the cards are within what etcd holds, nor for a host without a seat (its
+    seat's registration covers the cards)."""
     import asyncio
+
+    from powerbudgetd.channels.circuit.store import Claim
 
     store = _SeatStore()
     ch = _running(tmp_path, store, 200.0, 200.0)
@@ -544,7 +548,20 @@ def test_a_grant_removed_under_a_running_host_is_put_back_while_its_cards_come_d
     asyncio.run(ch._move_grant(_read({"vm": 800, "b": 1000}, {"b": 800})))
     assert store.raised == [200.0] and ch.held_w == 0.0 and ch.metrics.vanished_grant._value.get() == 1
 
+    store = _SeatStore()  # a live host without a seat: its reserve's room is not ours to cover with
+    ch = _running(tmp_path, store, 200.0, 200.0)
+    read = _read({"vm": 800, "b": 1000}, {"b": 800})
+    read.claims["c"] = Claim("c" * 32, "boot", 1, 1.0, 1.0, 300.0)
+    asyncio.run(ch._move_grant(read))
+    assert store.raised == [] and ch.held_w == 0.0 and ch.metrics.vanished_grant._value.get() == 1
+
     store = _SeatStore()
-    ch = _running(tmp_path, store, 200.0, 50.0)  # the cards on their way down: 50 W above the reserve left
+    ch = _running(tmp_path, store, 200.0, 50.0)  # lowering: 50 W in use, the cards down to it, etcd at 120 W
+    ch.in_use_w = 50.0
     asyncio.run(ch._move_grant(_read({"vm": 800, "b": 1000}, {"b": 800, "vm": 120})))
-    assert store.raised == [] and ch.held_w == 120.0  # 120 W held covers the 50 W: nothing put back
+    assert store.raised == [] and ch.held_w == 50.0  # nothing put back; etcd follows the cards down
+
+    store = _SeatStore()
+    ch = _running(tmp_path, store, 200.0, 200.0)  # no seat either: _check_seat's to cover
+    asyncio.run(ch._move_grant(_read({"b": 1000}, {"b": 800})))
+    assert store.raised == [] and ch.held_w == 0.0 and ch.metrics.vanished_grant._value.get() in (None, 0.0)

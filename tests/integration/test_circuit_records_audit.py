@@ -292,12 +292,12 @@ def test_running_hosts_hold_their_records_against_drift(etcd1: EtcdCluster, tmp_
 
 def test_a_host_removed_while_its_cards_draw_its_grant_is_reseated_with_it(etcd1: EtcdCluster, tmp_path: Path) -> None:
     """Three busy hosts share a 300 W pool (each could use about 640 W of it). The
-    operator removes h1 (``circuit leave --force``: seat, grant and record) again and
-    again while its cards draw its grant. h1 seats itself again in its next round, with
-    a grant covering what its cards may still draw in the same write (they come down
-    only after that round), so the other two never raise into watts h1 still uses: the
-    checker finds the circuit within budget at every sample. (Before, the seat came
-    back alone, h0 and h2 took h1's share while its cards still held it: 50 W over.)
+    operator removes h1's seat (``circuit leave --force``) again and again while its
+    cards draw its grant. h1 seats itself again in its next round, with a grant covering
+    what its cards may draw in the same write, so the other two never raise into watts
+    h1 still uses: the checker finds the circuit within budget at every sample.
+    (Before, leave removed the grant too and the seat came back alone: h0 and h2 took
+    h1's share while its cards still held it, 50 W over.)
     Then h1's grant alone is deleted, again and again: put back while its cards come
     down."""
     budget_w = 3 * RESERVE_W + 300
@@ -328,3 +328,34 @@ def test_a_host_removed_while_its_cards_draw_its_grant_is_reseated_with_it(etcd1
     assert hosts[1].metric("powerbudgetd_circuit_grant_vanished_total") in (None, 0)
     _figures("removed under a running host", seats_removed=6, reseated_covered=len(reseated), grants_removed=4,
              restored=len(restored), worst_margin_w=round(margin, 1))
+
+
+def test_leave_keeps_the_leased_grant_and_a_seat_without_a_lease_counts_the_grant_it_leaves(
+        etcd1: EtcdCluster) -> None:
+    """``circuit leave`` removes a seat but not the grant under the host's lease (watts
+    its cards may draw until the daemon gives them back or the lease ends); a seat
+    written without a lease (``circuit join``) leaves the host's grant in place, so it
+    must fit beside it: 1000 W of seats + a 500 W grant + 1600 W is over 3000 W."""
+    import asyncio
+
+    from powerbudgetd.channels.circuit.store import CircuitStore
+
+    init_circuit(etcd1.endpoints, "lab", 3000, TTL_S)
+
+    async def go() -> tuple[dict[str, float], dict[str, float], bool, bool]:
+        store = CircuitStore(etcd1.endpoints, "lab", timeout_s=5)
+        try:
+            lease, _ = await store.grant_lease(60)
+            assert await store.register_seat(await store.read(), "b", 1000)
+            assert await store.register_seat(await store.read(), "vm", 800, grant_w=500, lease_id=lease)
+            await store.leave("vm")
+            left = (await store.read()).view
+            too_much = await store.register_seat(await store.read(), "vm", 1600)
+            fits = await store.register_seat(await store.read(), "vm", 1500)
+            return left.seats, left.grants, too_much, fits
+        finally:
+            await store.close()
+
+    seats, grants, too_much, fits = asyncio.run(go())
+    assert seats == {"b": 1000} and grants == {"vm": 500}
+    assert not too_much and fits

@@ -515,12 +515,11 @@ class CircuitChannel:
             log.error("circuit_seat_vanished", host=self.host, reserve_w=reserve, found_w=seat, circuit=self.store.name,
                       action="registering it again where it fits; else the cards go to their floors")
         self.seated = False
-        self._to_reserve()
-        # The seat comes with a grant covering what the cards may still draw above the
-        # reserve (a running host whose seat and grant were removed: its cards come down
-        # only after this round), so that no other host raises into watts still in use.
-        # Unknown before the first snapshot: no seat until then (a live host without a
-        # seat holds every other host's raise).
+        # The seat comes with a grant covering what the cards may draw above the reserve
+        # (a running host whose seat was removed: its cards hold their watts until a
+        # tick, a write and a read-back after this round), in one transaction, so that
+        # no other host raises into watts still in use. Unknown before the first
+        # snapshot: no seat until then (a live host without a seat holds every raise).
         board = self._cards_board_w()
         assert self.lease_id is not None
         if board is not None:
@@ -529,10 +528,22 @@ class CircuitChannel:
                     read, self.host, reserve, grant_w=cover, lease_id=self.lease_id):
                 self.seated = self.had_seat = True
                 self.held_w = cover
+                if self.lease_clock() < self.valid_until:  # counted: in use, as after a raise (the
+                    self.in_use_w = cover                    # policy moves it from here; cards that
+                    self._raised_at = self.clock()           # cannot come down are not held apart)
+                else:
+                    self._to_reserve()
+                self._said.pop("circuit_seat_waits_for_cards", None)
                 self._set_floors(False, read, "")
                 log.info("circuit_seated", host=self.host, reserve_w=reserve, covering_grant_w=round(cover, 1),
                          circuit=self.store.name)
                 return False
+            if seat_fits(read, self.host, reserve) and cover > 0:
+                self._say("circuit_seat_waits_for_cards", True, log.warning, host=self.host, reserve_w=reserve,
+                          cards_above_reserve_w=round(cover, 1), circuit=self.store.name,
+                          action="room for the seat but not for what the cards may draw above it: no seat until "
+                          "they are down to the reserve (meanwhile no host raises)")
+        self._to_reserve()  # not seated: the reserve, until it is
         if seat_fits(read, self.host, reserve):
             return False  # the compare failed, or the cards are still coming down to fit: next round
         await self.store.put_pending(self.host, reserve, self.lease_id)
@@ -590,8 +601,11 @@ class CircuitChannel:
             held = self.held_w  # our own key unreadable: we know what we hold; rewritten below
             await self.store.lower_grant(self.host, self.held_w, self.lease_id)
         if held < self.held_w:  # etcd holds less than we thought (we never raise without it)
-            self.in_use_w = min(self.in_use_w, held)
-            held = await self._cover(read, held)
+            if held < self.in_use_w:
+                self.in_use_w = held
+                self._offer()  # the cards down at once, before the transaction below
+            if self.host in read.view.seats:  # unseated: the seat's registration covers the cards
+                held = await self._cover(read, held)
             self.held_w = held
         allowed = self.grants_ok and not self.stopping and now < self.valid_until
         target = self.policy.target_w(read.view, self.host, self.held_w, now) if allowed else 0.0
@@ -621,17 +635,18 @@ class CircuitChannel:
 
     async def _cover(self, read: Read, held_w: float) -> float:
         """The grant etcd holds for this host was lowered or removed under it (an operator,
-        a restore) while its cards may still draw more: put back, where it fits, the
-        grant covering what they may draw (the cards come down meanwhile: the offer
-        drops at once), so that no other host raises into watts still in use. Returns
-        the grant etcd holds now (W)."""
+        a restore) while its cards may still draw more: put back, where it fits beside
+        every seat, grant and live unseated host's reserve, the grant covering what they
+        may draw (they come down meanwhile: the offer dropped before), so that no other
+        host raises into watts still in use. Returns the grant etcd holds now (W)."""
         assert self.lease_id is not None
         board = self._cards_board_w()
         cover = self.held_w if board is None else min(self.held_w, self.power.grant_covering_w(board))
         if cover <= held_w + 1e-6:
             return held_w
-        if raise_allowed(read.view, self.host, cover) and await self.store.raise_grant(read, self.host, cover,
-                                                                                       self.lease_id):
+        unseated = sum(w for h, w in read.unseated_live().items() if h != self.host)  # their reserves' room
+        if raise_allowed(read.view, self.host, cover + unseated) and await self.store.raise_grant(
+                read, self.host, cover, self.lease_id):
             log.warning("circuit_grant_restored", host=self.host, found_w=held_w, grant_w=round(cover, 1),
                         circuit=self.store.name, detail="the grant was lowered under this host while its cards "
                         "may still draw more: put back to cover them while they come down")

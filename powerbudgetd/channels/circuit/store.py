@@ -456,10 +456,12 @@ class CircuitStore:
         return bool(ok)
 
     async def leave(self, host: str) -> None:
-        """Remove ``host``'s seat, grant, record and pending seat (lowering: no check).
-        Its claim stays: a daemon still running there re-seats itself or lowers its cards."""
+        """Remove ``host``'s seat, record and pending seat (lowering: no check). Its claim
+        stays (a daemon still running there re-seats itself or lowers its cards), and so
+        does its grant: it is under the host's lease, and watts its cards may still draw
+        until the daemon gives it back or the lease ends."""
         await self._call(lambda c: c.transaction(compare=[], success=[
-            c.transactions.delete(self.key(kind, host)) for kind in (self.seats, self.grants, self.wants, self.pending)
+            c.transactions.delete(self.key(kind, host)) for kind in (self.seats, self.wants, self.pending)
         ], failure=[]))
 
     async def feed_down(self, feed: str, by: str) -> None:
@@ -518,7 +520,8 @@ class CircuitStore:
         cards may still draw above the reserve. Without, the grant is left as it is."""
         if grant_w > 0 and lease_id is None:
             raise ValueError("a grant written with a seat needs the host's lease")
-        if not seat_fits(read, host, reserve_w + max(0.0, grant_w)):
+        grant_after = max(0.0, grant_w) if lease_id is not None else read.view.grants.get(host, 0.0)
+        if not seat_fits(read, host, reserve_w + grant_after):
             return False
 
         def txn(c: Any) -> Any:
