@@ -838,7 +838,8 @@ def _run_locked(args: argparse.Namespace, settings: Settings, config_path: Path)
     if settings.recorder.enabled:
         from powerbudgetd.powerlog.recorder import from_config
 
-        recorder = from_config(settings.recorder, feed, backend=args.backend, nvml=nvml)
+        recorder = from_config(settings.recorder, feed, backend=args.backend, nvml=nvml,
+                               tick_s=settings.control.tick_s)
         daemon.register(recorder)
     registry = CollectorRegistry()  # what /metrics serves, MQTT's metrics included
     bridge = None

@@ -38,9 +38,9 @@ Record kinds (schema version ``v`` = 1; watts rounded to 0.1 W; ``null`` = unkno
              "runtime_s": 540.0, "charge_pct": 88.0, "budget_w": 500.0, "reason": "ups_on_battery"}}
 
 - ``avg_w``: NVML's trailing 1 s mean at the record; ``peak_w``: the highest instant
-  reading (field 186) since the previous record, sampled at NVML's 100 ms refresh rate
-  whatever ``tick_s`` is (:class:`~powerbudgetd.powerlog.peaks.PeakSampler`), and on
-  every tick; ``null`` for a card without the instant field (its peak is unknown: the
+  reading (field 186) since the previous record, read on every tick and, with ticks
+  slower than NVML's 100 ms refresh, sampled at the refresh between them
+  (:class:`~powerbudgetd.powerlog.peaks.PeakSampler`); ``null`` for a card without the instant field (its peak is unknown: the
   1 s mean is not a peak);
   ``limit_w``: the enforced power limit; ``role``: fair_share, donor, recipient, fixed,
   lost.
@@ -100,7 +100,7 @@ if TYPE_CHECKING:
     from powerbudgetd.core.snapshot import BankSnapshot
     from powerbudgetd.config import RecorderConfig, Settings
 
-from powerbudgetd.powerlog.peaks import InstantReader, PeakSampler
+from powerbudgetd.powerlog.peaks import REFRESH_S, InstantReader, PeakSampler
 
 log = structlog.get_logger("powerbudgetd")
 
@@ -577,19 +577,22 @@ class Recorder:
 
 
 def from_config(
-    cfg: RecorderConfig, feed: Feed | None, backend: str = "nvml", nvml: InstantReader | None = None
+    cfg: RecorderConfig, feed: Feed | None, backend: str = "nvml", nvml: InstantReader | None = None,
+    tick_s: float = float("inf"),
 ) -> Recorder:
     """A recorder built from the ``[recorder]`` section (register it with the daemon).
     ``backend`` (``nvml`` or ``sim``) goes in the header; a simulated run with the default
     directory records under its ``sim/`` subdirectory (:meth:`RecorderConfig.dir_for`).
-    With ``nvml``, its peaks are sampled at the 100 ms refresh (:class:`PeakSampler`)."""
+    With ``nvml`` and ticks of ``tick_s`` slower than NVML's 100 ms refresh, its peaks
+    are sampled at the refresh (:class:`PeakSampler`); at the refresh or faster, the
+    ticks' own instant readings see every refresh, and a second reader would only cost."""
     directory = cfg.dir_for(backend)
     writer = LogWriter(
         directory, max_file_bytes=cfg.max_file_bytes, max_total_bytes=cfg.max_total_bytes,
         fsync_interval_s=cfg.fsync_interval_s, make_parents="dir" not in cfg.model_fields_set,
     )
     log.info("recorder_enabled", dir=str(directory), backend=backend, interval_s=cfg.interval_s, max_total_bytes=cfg.max_total_bytes)
-    sampler = None if nvml is None else PeakSampler(nvml)
+    sampler = None if nvml is None or tick_s <= REFRESH_S else PeakSampler(nvml)
     return Recorder(writer, interval_s=cfg.interval_s, feed=feed, backend=backend, sampler=sampler)
 
 

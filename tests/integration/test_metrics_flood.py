@@ -87,7 +87,7 @@ def test_hundreds_of_idle_connections_leave_scrapes_reloads_and_the_recorder_wor
         launch: Launch, tmp_path: Path) -> None:
     port = free_port()
     daemon = launch(write_config(tmp_path, port, max_connections=600))
-    # Ready, not only listening: the per-card NVML workers and the sampler start with the
+    # Ready, not only listening: the per-card NVML workers (and a peak sampler) start with the
     # boot, and counted before them they would read as threads the connections made.
     daemon.wait_for(lambda: daemon.events("ready"), "ready", 15, step_s=0.1)
     daemon.wait_for(lambda: "powerbudgetd_build_info" in scrape(port), "the first scrape", 15, step_s=0.1,

@@ -1,4 +1,5 @@
-"""The recorder keeps every peak: instants sampled at NVML's 100 ms refresh, whatever tick_s."""
+"""The recorder keeps every peak: instants read at NVML's 100 ms refresh, whatever tick_s (by the
+ticks themselves at 0.1 s, by the sampler between slower ones)."""
 
 from __future__ import annotations
 
@@ -68,6 +69,25 @@ def test_without_the_sampler_a_1_s_tick_misses_them(tmp_path: Path) -> None:
     samples, truth = run(tmp_path / "without", tick_s=1.0, sampler=False)
     missed = sum(1 for s in samples[1:] if s["cards"][0]["peak_w"] < 0.95 * max(truth[int(round(s["mono_s"])) - 1]))
     assert missed >= 0.8 * len(samples[1:])
+
+
+def test_at_the_refresh_rate_the_ticks_alone_record_every_spike_and_no_sampler_is_started(tmp_path: Path) -> None:
+    # At tick_s = 0.1 the ticks read every refresh themselves: the sampler would be a
+    # second reader of the same readings (its thread and calls for nothing).
+    samples, truth = run(tmp_path / "ticks", tick_s=0.1, sampler=False)
+    assert len(samples) >= 25
+    for s in samples[1:]:
+        window = int(round(s["mono_s"])) - 1
+        assert s["cards"][0]["peak_w"] == pytest.approx(max(truth[window]), abs=0.05)
+    from powerbudgetd.config import RecorderConfig
+    from powerbudgetd.powerlog.recorder import from_config
+
+    nvml = make_rig(spiky_cards(), 500.0).nvml
+    made = {tick_s: from_config(RecorderConfig(dir=tmp_path / str(tick_s)), None, nvml=nvml, tick_s=tick_s)
+            for tick_s in (0.05, 0.1, 0.2, 1.0)}
+    assert {t: r.sampler is not None for t, r in made.items()} == {0.05: False, 0.1: False, 0.2: True, 1.0: True}
+    for r in made.values():
+        r.writer.close()
 
 
 def test_the_bank_peak_is_a_sum_read_together(tmp_path: Path) -> None:

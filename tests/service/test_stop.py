@@ -52,7 +52,8 @@ def start(launch: Launch, tmp_path: Path, faults: str, broker: Mosquitto) -> Dae
     """4 cards (150-300 W) at 1000 W with ``faults``; every side channel on."""
     (tmp_path / "bank.toml").write_text(f'bank = "workstation-4"\nlag_s = 0.1\n{faults}')
     (tmp_path / "pb.toml").write_text(
-        f"budget_w = 1000\n[metrics]\nport = {free_port()}\n[recorder]\ndir = '{tmp_path / 'rec'}'\n"
+        f"budget_w = 1000\n[control]\ntick_s = 0.2\n"  # slower than the refresh: the peak sampler runs
+        f"[metrics]\nport = {free_port()}\n[recorder]\ndir = '{tmp_path / 'rec'}'\n"
         f"[mqtt]\nhost = '127.0.0.1'\nport = {broker.port}\npublish_interval_s = 1\n"
         f"[sim]\nscenario = '{tmp_path / 'bank.toml'}'\n")
     return launch(tmp_path / "pb.toml")
