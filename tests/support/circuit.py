@@ -469,7 +469,8 @@ class Checker:
             if second == first:
                 break
             first = second
-        walls = {h.name: w for h in hosts if (w := h.wall_w(first[h.name], t)) is not None}
+        walls = {h.name: w for h in hosts
+                 if (text := first[h.name]) is not None and (w := h.wall_w(text, t)) is not None}
         return t, walls
 
     def worst_margin_w(self) -> float:
