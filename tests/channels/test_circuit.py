@@ -565,3 +565,35 @@ def test_a_grant_removed_under_a_running_host_is_put_back_while_its_cards_come_d
     ch = _running(tmp_path, store, 200.0, 200.0)  # no seat either: _check_seat's to cover
     asyncio.run(ch._move_grant(_read({"b": 1000}, {"b": 800})))
     assert store.raised == [] and ch.held_w == 0.0 and ch.metrics.vanished_grant._value.get() in (None, 0.0)
+
+
+def test_a_record_removed_or_changed_under_a_running_host_is_published_again(tmp_path: Path) -> None:
+    """``circuit leave --force`` removes a host's record too: published again in its next
+    round, not only when a figure moves (left out, its want was missing from every
+    host's division and its grant went for nothing); so is one another writer changed."""
+    import asyncio
+
+    from powerbudgetd.channels.circuit.store import HostRecord
+
+    put: list[HostRecord] = []
+
+    class Store(_SeatStore):
+        async def put_record(self, host: str, record: HostRecord, lease_id: int) -> None:
+            put.append(record)
+
+    ch = _running(tmp_path, Store(), 200.0, 200.0)
+    ch.snapshot.sum_limit_bound_w, ch.snapshot.sum_power_known_w = 700.0, 650.0  # type: ignore[union-attr]
+    ch.want_w = 300.0
+    read = _read({"vm": 800, "b": 1000}, {"b": 800, "vm": 200})
+    asyncio.run(ch._publish(read))  # the first: published
+    assert len(put) == 1
+    mine = put[0]
+    read.records["vm"] = HostRecord(mine.want_w, mine.caps_w, mine.draw_w, mine.seat_w, mine.grant_w, lease=1)
+    asyncio.run(ch._publish(read))  # as etcd holds it, nothing moved: not again
+    assert len(put) == 1
+    del read.records["vm"]
+    asyncio.run(ch._publish(read))  # removed: again
+    assert len(put) == 2
+    read.records["vm"] = HostRecord(0.0, mine.caps_w, mine.draw_w, mine.seat_w, mine.grant_w, lease=1)
+    asyncio.run(ch._publish(read))  # its want overwritten: again
+    assert len(put) == 3 and put[-1].want_w == 300.0

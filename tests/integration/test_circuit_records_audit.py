@@ -235,6 +235,9 @@ def test_running_hosts_hold_their_records_against_drift(etcd1: EtcdCluster, tmp_
             assert hosts[1].metric("powerbudgetd_circuit_seat_vanished_total") == 1
             assert hosts[1].metric("powerbudgetd_circuit_at_floors") == 0
             wait_until(lambda: granted(hosts, 2), 10, "both granted again")
+            # Its record (removed with the seat) is back: its want counts in the division again.
+            wait_until(lambda: (r := {r["host"]: r for r in circuit_status(etcd1.endpoints, "lab")["hosts"]}.get("h1"))
+                       is not None and r.get("want_w"), 5, "h1's record published again")
 
             # 3. hostile values
             before = [h.metric("powerbudgetd_circuit_grant_watts") for h in hosts]

@@ -589,7 +589,15 @@ class CircuitChannel:
         )
         self.metrics.caps.set(rec.caps_w or 0.0)
         self.metrics.draw.set(rec.draw_w or 0.0)
-        if self.published is None or _moved(self.published, rec, max(5.0, self.cfg.step_w / 2)):
+        stored = read.records.get(self.host)
+        # What etcd holds is checked against what was published: a record removed
+        # (``circuit leave --force``) or overwritten is published again at once (left
+        # out, this host's want would be missing from every host's division).
+        drifted = self.published is not None and (stored is None or _as_stored(stored) != _as_stored(self.published))
+        if drifted:
+            log.info("circuit_record_restored", host=self.host, found="none" if stored is None else "changed",
+                     circuit=self.store.name)
+        if self.published is None or drifted or _moved(self.published, rec, max(5.0, self.cfg.step_w / 2)):
             await self.store.put_record(self.host, rec, self.lease_id)
             self.published = rec
 
@@ -774,6 +782,11 @@ class CircuitChannel:
             pass
         except Exception:  # noqa: BLE001 - on the way out: the lease lapses on its own
             log.exception("circuit_leave_failed", host=self.host)
+
+
+def _as_stored(rec: HostRecord) -> tuple[float | None, ...]:
+    """A record's figures as :meth:`CircuitStore.put_record` stores them (0.1 W)."""
+    return tuple(None if v is None else round(v, 1) for v in (rec.want_w, rec.caps_w, rec.draw_w, rec.seat_w, rec.grant_w))
 
 
 def _moved(old: HostRecord, new: HostRecord, step_w: float) -> bool:
