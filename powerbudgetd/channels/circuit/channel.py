@@ -52,6 +52,7 @@ from powerbudgetd.channels.circuit.store import (
     StoreUnavailable,
     Tls,
     seat_fits,
+    stored_fields,
 )
 from powerbudgetd.core.arbiter import BudgetArbiter
 from powerbudgetd.core.circuit import Fence, GrantPolicy, HostPower, fenced_lease_ttl_s, raise_allowed
@@ -593,7 +594,7 @@ class CircuitChannel:
         # What etcd holds is checked against what was published: a record removed
         # (``circuit leave --force``) or overwritten is published again at once (left
         # out, this host's want would be missing from every host's division).
-        drifted = self.published is not None and (stored is None or _as_stored(stored) != _as_stored(self.published))
+        drifted = self.published is not None and (stored is None or stored_fields(stored) != stored_fields(self.published))
         if drifted:
             log.info("circuit_record_restored", host=self.host, found="none" if stored is None else "changed",
                      circuit=self.store.name)
@@ -782,11 +783,6 @@ class CircuitChannel:
             pass
         except Exception:  # noqa: BLE001 - on the way out: the lease lapses on its own
             log.exception("circuit_leave_failed", host=self.host)
-
-
-def _as_stored(rec: HostRecord) -> tuple[float | None, ...]:
-    """A record's figures as :meth:`CircuitStore.put_record` stores them (0.1 W)."""
-    return tuple(None if v is None else round(v, 1) for v in (rec.want_w, rec.caps_w, rec.draw_w, rec.seat_w, rec.grant_w))
 
 
 def _moved(old: HostRecord, new: HostRecord, step_w: float) -> bool:

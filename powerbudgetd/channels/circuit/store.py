@@ -245,6 +245,12 @@ def _claim(doc: dict[str, Any], lease: int, mod: int) -> Claim:
                  records.watts(doc, "reserve_w") or 0.0, lease, mod)
 
 
+def stored_fields(record: HostRecord) -> dict[str, float]:
+    """A record's figures as etcd holds them (W, to 0.1 W; an unknown one left out)."""
+    return {k: round(v, 1) for k, v in (("want_w", record.want_w), ("caps_w", record.caps_w),
+            ("draw_w", record.draw_w), ("seat_w", record.seat_w), ("grant_w", record.grant_w)) if v is not None}
+
+
 def _record(doc: dict[str, Any], lease: int) -> HostRecord:
     def w(key: str) -> float | None:
         return records.watts(doc, key, optional=True)
@@ -582,9 +588,7 @@ class CircuitStore:
 
     async def put_record(self, host: str, record: HostRecord, lease_id: int) -> None:
         """Publish ``host``'s record (its want, caps, draw, seat and grant) under its lease."""
-        fields = {k: round(v, 1) for k, v in (("want_w", record.want_w), ("caps_w", record.caps_w),
-                  ("draw_w", record.draw_w), ("seat_w", record.seat_w),
-                  ("grant_w", record.grant_w)) if v is not None}
+        fields = stored_fields(record)
         await self._call(lambda c: c.put(self.key(self.wants, host), records.dumps(**fields), lease=lease_id))
 
     async def put_want(self, host: str, want_w: float, lease_id: int) -> None:
