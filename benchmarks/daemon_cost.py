@@ -12,11 +12,19 @@ the simulator's share (inside ``serve``) and the daemon's own (everything else: 
 control loop, the bindings' ctypes marshalling, logging, metrics, the flight recorder),
 which is what the daemon costs over a real driver, less the driver's own time.
 
+``--driver null`` runs the daemon over a driver that costs nothing instead:
+``nullnvml.c`` beside this file, compiled with ``cc`` into the temporary directory as
+``libnvidia-ml.so.1`` and loaded by the real bindings through ``LD_LIBRARY_PATH``
+(``--backend nvml``, the production path). Its cards' draw is a square wave and a
+written limit is in force at once; its calls cost a few hundred nanoseconds of C, no
+Python, so the process's CPU is the daemon's own: what the target counts.
+
 Nothing is written outside a temporary directory: the config points the flight
 recorder there (a simulated run would otherwise record under the state directory,
 /var/lib/powerbudgetd/sim by default).
 
     python benchmarks/daemon_cost.py --duration 600     # the README's numbers
+    python benchmarks/daemon_cost.py --driver null --cards 8 --duration 60
 """
 
 from __future__ import annotations
@@ -88,10 +96,17 @@ def main() -> int:
     ap.add_argument("--duration", type=float, default=600.0, help="wall seconds of control (default 600)")
     ap.add_argument("--tick", type=float, default=0.1, help="control tick, s (default 0.1)")
     ap.add_argument("--scenario", default="workstation-4", help="the simulated bank (default workstation-4)")
-    ap.add_argument("--budget", type=float, default=1000.0, help="budget, W (default 1000)")
+    ap.add_argument("--budget", type=float, default=None,
+                    help="budget, W (default 1000 on the simulated bank, 400 a card on the null driver)")
+    ap.add_argument("--driver", choices=("sim", "null"), default="sim",
+                    help="sim: the simulated bank (--backend sim); null: a C library that answers at once")
+    ap.add_argument("--cards", type=int, default=8, help="cards of the null driver (default 8)")
     ap.add_argument("--warmup", type=float, default=5.0, help="seconds left out of the steady-state share")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
+    null = args.driver == "null"
+    if args.budget is None:
+        args.budget = 400.0 * args.cards if null else 1000.0
 
     with tempfile.TemporaryDirectory() as tmp:
         cfg = Path(tmp) / "powerbudgetd.toml"
@@ -102,10 +117,14 @@ def main() -> int:
         )
         sim_file = Path(tmp) / "sim_cpu_s"
         env = dict(os.environ, STATE_DIRECTORY=tmp)  # whatever else reads the state directory
-        proc = subprocess.Popen(
-            [sys.executable, "-c", BOOTSTRAP, str(sim_file), "run", "--config", str(cfg), "--backend", "sim"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env,
-        )
+        if null:
+            subprocess.run(["cc", "-O2", "-shared", "-fPIC", "-o", f"{tmp}/libnvidia-ml.so.1",
+                            str(Path(__file__).with_name("nullnvml.c"))], check=True)
+            env.update(LD_LIBRARY_PATH=tmp, NULLNVML_CARDS=str(args.cards))
+            cmd = [sys.executable, "-m", "powerbudgetd", "run", "--config", str(cfg), "--backend", "nvml"]
+        else:
+            cmd = [sys.executable, "-c", BOOTSTRAP, str(sim_file), "run", "--config", str(cfg), "--backend", "sim"]
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
         started = time.monotonic()
         time.sleep(min(args.warmup, args.duration))
         cpu_warm, sim_warm, wall_warm = cpu_s(proc.pid), sim_cpu_s(sim_file), time.monotonic()
@@ -122,7 +141,8 @@ def main() -> int:
 
     wall, steady_wall = wall_end - started, max(wall_end - wall_warm, 1e-9)
     out = {
-        "scenario": args.scenario,
+        "driver": args.driver,
+        "scenario": f"null driver, {args.cards} cards" if null else args.scenario,
         "tick_s": args.tick,
         "wall_s": round(wall, 1),
         "cpu_s": round(cpu_end, 2),
@@ -140,7 +160,8 @@ def main() -> int:
         print(json.dumps(out, indent=2))
     else:
         print(
-            f"powerbudgetd run --backend sim ({args.scenario}, tick {args.tick:g} s) for {out['wall_s']:g} s of wall time:\n"
+            f"powerbudgetd run --backend {'nvml' if null else 'sim'} ({out['scenario']}, tick {args.tick:g} s) "
+            f"for {out['wall_s']:g} s of wall time:\n"
             f"  CPU {out['cpu_s']:g} s = {out['cpu_share_pct']:.2f} % of one core "
             f"({out['steady_cpu_share_pct']:.2f} % after the first {args.warmup:g} s), of which\n"
             f"    the simulated NVML library and its physics {out['sim_cpu_s']:g} s\n"
