@@ -51,15 +51,33 @@ class InlineCalls:
         return {}
 
 
+class _Gate:
+    """Released once ``count`` calls have returned: the caller of :meth:`DeadlineCalls.many`
+    wakes once for them all, not once a call (each wake-up is a thread switch)."""
+
+    __slots__ = ("lock", "left")
+
+    def __init__(self, count: int) -> None:
+        self.lock = threading.Lock()
+        self.lock.acquire()
+        self.left = count  # under the owner's lock
+
+    def one_back(self) -> bool:
+        """One call returned (or was refused), under the owner's lock: True when it was
+        the last, and :attr:`lock` is to be released (outside the owner's lock, so the
+        caller does not wake only to wait for it)."""
+        self.left -= 1
+        return self.left == 0
+
+
 class _Job:
-    """One call handed to a worker: ``gate`` is released when it has returned."""
+    """One call handed to a worker: ``gate`` is released when it (and the rest of its
+    batch) has returned."""
 
     __slots__ = ("fn", "args", "started", "gate", "done", "value", "error")
 
-    def __init__(self, fn: Callable[..., Any], args: tuple[Any, ...], started: float) -> None:
-        self.fn, self.args, self.started = fn, args, started
-        self.gate = threading.Lock()
-        self.gate.acquire()
+    def __init__(self, fn: Callable[..., Any], args: tuple[Any, ...], started: float, gate: _Gate) -> None:
+        self.fn, self.args, self.started, self.gate = fn, args, started, gate
         self.done = False
         self.value: Any = None
         self.error: BaseException | None = None
@@ -93,7 +111,9 @@ class _Worker:
                 job.done = True
                 self.queued -= 1
                 owner._running.pop(self.key, None)  # an abandoned call of this key has returned
-            job.gate.release()
+                last = job.gate.one_back()
+            if last:
+                job.gate.lock.release()
 
 
 class DeadlineCalls(InlineCalls):
@@ -111,16 +131,20 @@ class DeadlineCalls(InlineCalls):
         with self._lock:
             return dict(self._running)
 
-    def _start(self, key: str, fn: Callable[..., Any], args: tuple[Any, ...]) -> _Job:
+    def _start(self, key: str, fn: Callable[..., Any], args: tuple[Any, ...], gate: _Gate) -> _Job:
+        """Hand ``fn(*args)`` to ``key``'s worker. Raises NvmlTimeout at once while an
+        abandoned call of ``key`` has not returned (``gate`` then counts one call less)."""
         with self._lock:
             since = self._running.get(key)
             if since is not None:
+                if gate.one_back():
+                    gate.lock.release()
                 raise NvmlTimeout(f"an NVML call on {key} has not returned for {self.clock() - since:.1f} s",
                                   call="deadline")
             worker = self._workers.get(key)
             if worker is None:
                 worker = self._workers[key] = _Worker(self, key)
-            job = _Job(fn, args, self.clock())
+            job = _Job(fn, args, self.clock(), gate)
             worker.queued += 1
             worker.jobs.put(job)
         return job
@@ -137,22 +161,23 @@ class DeadlineCalls(InlineCalls):
     def call(self, key: str, fn: Callable[..., Any], *args: Any, timeout_s: float | None = None) -> Any:
         """``fn(*args)`` on ``key``'s worker within ``timeout_s`` (default: the instance's).
         Raises NvmlTimeout, or what the call raised."""
-        job = self._start(key, fn, args)
-        job.gate.acquire(timeout=self.timeout_s if timeout_s is None else timeout_s)
+        job = self._start(key, fn, args, _Gate(1))
+        job.gate.lock.acquire(timeout=self.timeout_s if timeout_s is None else timeout_s)
         return self._finish(key, job)
 
     def many(self, calls: Mapping[str, Call]) -> dict[str, Any]:
         """All calls at once, each on its key's worker, under one deadline; by key."""
         out: dict[str, Any] = {}
         started: dict[str, _Job] = {}
+        gate = _Gate(len(calls))
         for key, (fn, args) in calls.items():
             try:
-                started[key] = self._start(key, fn, args)
+                started[key] = self._start(key, fn, args, gate)
             except NvmlError as exc:
                 out[key] = exc
-        deadline = self.clock() + self.timeout_s
+        if calls:
+            gate.lock.acquire(timeout=self.timeout_s)  # every call back, or the deadline
         for key, job in started.items():
-            job.gate.acquire(timeout=max(0.0, deadline - self.clock()))
             try:
                 out[key] = self._finish(key, job)
             except NvmlError as exc:

@@ -81,6 +81,11 @@ def _duration(seconds: float) -> str:
     return f"{d} d {h} h"
 
 
+def _settle(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():
+        waiter.set_result(None)
+
+
 @dataclass
 class _Run:
     """The loop's own state across ticks (times on the daemon's clock, s)."""
@@ -128,6 +133,7 @@ class Daemon:
         self._stop = asyncio.Event()
         self._exit_status: int | None = None  # request_exit's
         self._wake = asyncio.Event()  # a signal arrived: end the wait between ticks
+        self._waiter: asyncio.Future[None] | None = None  # the wait between ticks a signal ends
         self._reload_requested = False
         self.reload_ignored = False
         self._reload_note = ""
@@ -160,7 +166,13 @@ class Daemon:
 
     def request_stop(self) -> None:
         self._stop.set()
+        self._rouse()
+
+    def _rouse(self) -> None:
+        """A signal arrived: end the wait between ticks (see :meth:`_sleep`)."""
         self._wake.set()
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
 
     def request_exit(self, status: int) -> None:
         """Stop as on SIGTERM (back to fair share), then exit with ``status``: a side
@@ -180,7 +192,7 @@ class Daemon:
         if not self._reload_requested and (self.controller is None or not self.controller.ready):
             log.info("reload_deferred", reason="starting", detail="the config is re-read once the daemon is ready")
         self._reload_requested = True
-        self._wake.set()
+        self._rouse()
 
     async def run(self) -> int:
         """Boot, control until asked to stop, return to fair share, return an exit status.
@@ -425,13 +437,22 @@ class Daemon:
         return None
 
     async def _sleep(self, until: float, stop_deadline: float | None) -> None:
-        """Until the next tick is due (the daemon's clock, s), or a signal wakes the loop."""
+        """Until the next tick is due (the daemon's clock, s), or a signal wakes the loop
+        (so SIGTERM or SIGHUP is acted on within the tick), but not again once stopping
+        has begun. One future and one timer: no task a tick (``wait_for`` starts one)."""
         delay = until - self.clock()
-        if delay > 0:
-            try:
-                await asyncio.wait_for(self._stop_wait(stop_deadline), timeout=delay)
-            except TimeoutError:
-                pass
+        if delay <= 0 or (stop_deadline is None and self._wake.is_set()):
+            return
+        loop = asyncio.get_running_loop()
+        waiter = loop.create_future()
+        timer = loop.call_later(delay, _settle, waiter)
+        if stop_deadline is None:
+            self._waiter = waiter
+        try:
+            await waiter
+        finally:
+            timer.cancel()
+            self._waiter = None
 
     def _reload(self, ctl: Controller) -> None:
         """Re-read the config file; apply it, or keep the running one and say why."""
@@ -492,13 +513,3 @@ class Daemon:
         if self.config_path is None:
             raise ConfigError("no config file to reload (started without --config)")
         return load_config(self.config_path)
-
-    async def _stop_wait(self, stop_deadline: float | None) -> None:
-        # Wake early on a signal (so SIGTERM or SIGHUP is acted on within the tick),
-        # but not again once stopping has begun.
-        if stop_deadline is None:
-            await self._wake.wait()
-        else:
-            await asyncio.Event().wait()
-
-
