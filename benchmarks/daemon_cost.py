@@ -12,10 +12,9 @@ the simulator's share (inside ``serve``) and the daemon's own (everything else: 
 control loop, the bindings' ctypes marshalling, logging, metrics, the flight recorder),
 which is what the daemon costs over a real driver, less the driver's own time.
 
-``--driver null`` runs the daemon over a driver that costs nothing instead:
-``nullnvml.c`` beside this file, compiled with ``cc`` into the temporary directory as
-``libnvidia-ml.so.1`` and loaded by the real bindings through ``LD_LIBRARY_PATH``
-(``--backend nvml``, the production path). Its cards' draw is a square wave and a
+``--driver null`` runs the daemon over a driver that costs nothing instead
+(``sim/nulldriver.py``: a C library compiled into the temporary directory and loaded by
+the real bindings as the driver's would be; ``--backend nvml``, the production path). Its cards' draw is a square wave and a
 written limit is in force at once; its calls cost a few hundred nanoseconds of C, no
 Python, so the process's CPU is the daemon's own: what the target counts.
 
@@ -38,6 +37,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from powerbudgetd_sim import nulldriver
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
@@ -118,9 +119,7 @@ def main() -> int:
         sim_file = Path(tmp) / "sim_cpu_s"
         env = dict(os.environ, STATE_DIRECTORY=tmp)  # whatever else reads the state directory
         if null:
-            subprocess.run(["cc", "-O2", "-shared", "-fPIC", "-o", f"{tmp}/libnvidia-ml.so.1",
-                            str(Path(__file__).with_name("nullnvml.c"))], check=True)
-            env.update(LD_LIBRARY_PATH=tmp, NULLNVML_CARDS=str(args.cards))
+            env.update(nulldriver.environ(nulldriver.build(Path(tmp)).parent, args.cards))
             cmd = [sys.executable, "-m", "powerbudgetd", "run", "--config", str(cfg), "--backend", "nvml"]
         else:
             cmd = [sys.executable, "-c", BOOTSTRAP, str(sim_file), "run", "--config", str(cfg), "--backend", "sim"]

@@ -1,7 +1,7 @@
 /* A driver that costs nothing: the NVML C functions powerbudgetd calls, answered from a
  * few numbers in memory, so that a daemon run over it spends CPU only on itself.
  *
- * Built by benchmarks/daemon_cost.py (`--driver null`) as libnvidia-ml.so.1 and found by
+ * Built by nulldriver.py (beside this file) as libnvidia-ml.so.1 and found by
  * the real bindings through LD_LIBRARY_PATH, exactly as the driver's library would be:
  * no Python callback, no simulated physics, no lock. Not a simulator: the draw is a
  * square wave per card (busy 2 s, idle 3 s, the cards out of phase), capped at the

@@ -116,7 +116,7 @@ class NotifySocket:
 
 
 class DaemonProcess:
-    """``powerbudgetd run --backend sim --config CONFIG ARGS``; stdout in ``log``, stderr
+    """``powerbudgetd run --backend BACKEND --config CONFIG ARGS`` (``sim`` unless said); stdout in ``log``, stderr
     in ``log`` + ``.stderr`` (default: beside the config; written afresh unless
     ``append``). ``notify``: a socket path (or :class:`NotifySocket`) passed as
     NOTIFY_SOCKET; ``watchdog_s`` (s): WATCHDOG_USEC, with WATCHDOG_PID naming the
@@ -125,7 +125,7 @@ class DaemonProcess:
 
     def __init__(self, config: Path, *args: str, log: Path | None = None, notify: NotifySocket | str | None = None,
                  watchdog_s: float | None = None, env: dict[str, str] | None = None,
-                 append: bool = False, watchdog_pid: bool = True) -> None:
+                 append: bool = False, watchdog_pid: bool = True, backend: str = "sim") -> None:
         self.config = config
         self.log = log or config.with_name(config.stem + ".log")
         self.stderr_log = self.log.with_name(self.log.name + ".stderr")
@@ -136,7 +136,7 @@ class DaemonProcess:
             extra["WATCHDOG_USEC"] = str(int(watchdog_s * 1e6))
         mode = "ab" if append else "wb"
         with self.log.open(mode) as out, self.stderr_log.open(mode) as err:
-            cmd = [sys.executable, "-m", "powerbudgetd", "run", "--backend", "sim", "--config", str(config), *args]
+            cmd = [sys.executable, "-m", "powerbudgetd", "run", "--backend", backend, "--config", str(config), *args]
             if watchdog_s is not None and watchdog_pid:  # the shell's PID is the daemon's after exec
                 cmd = ["/bin/sh", "-c", 'WATCHDOG_PID=$$ exec "$@"', "sh", *cmd]
             self.proc = subprocess.Popen(cmd, stdout=out, stderr=err, env=clean_env(**extra))

@@ -1,0 +1,34 @@
+"""A driver that costs nothing, built from ``nullnvml.c`` (beside this file).
+
+:func:`build` compiles it with the system's C compiler (``cc``) as ``libnvidia-ml.so.1``
+in a folder; a process started with :func:`environ` loads it through the real bindings'
+own loader (``CDLL("libnvidia-ml.so.1")``, found on ``LD_LIBRARY_PATH``), exactly as it
+would the driver's library: ``--backend nvml``, the production path, with no GPU. Used
+to time the daemon's own CPU with nothing else in the process, and to run the NVML layer
+over a C library rather than the simulator's Python stand-ins.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+SOURCE = Path(__file__).with_name("nullnvml.c")
+LIBRARY = "libnvidia-ml.so.1"
+
+
+def build(directory: Path) -> Path:
+    """Compile the library into ``directory`` (created if missing); returns its path.
+    Raises FileNotFoundError without ``cc``, CalledProcessError on a compile error."""
+    directory.mkdir(parents=True, exist_ok=True)
+    out = directory / LIBRARY
+    subprocess.run(["cc", "-O2", "-Wall", "-shared", "-fPIC", "-o", str(out), str(SOURCE)], check=True)
+    return out
+
+
+def environ(directory: Path, cards: int = 8) -> dict[str, str]:
+    """The variables that make a process load the library built in ``directory``, with
+    ``cards`` cards (1-1024)."""
+    path = os.environ.get("LD_LIBRARY_PATH")
+    return {"LD_LIBRARY_PATH": f"{directory}:{path}" if path else str(directory), "NULLNVML_CARDS": str(cards)}
