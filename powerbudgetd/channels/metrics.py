@@ -162,7 +162,9 @@ class Metrics:
             elif not w.dry_run:  # a dry run changes nothing
                 self.limit_changes.labels(*labels, w.reason).inc()
         for c in snap.cards:
-            window = self._peaks.setdefault(c.uuid, PeakWindow(PEAK_WINDOW_S))
+            window = self._peaks.get(c.uuid)
+            if window is None:  # not setdefault: that would build a window a card a tick
+                window = self._peaks[c.uuid] = PeakWindow(PEAK_WINDOW_S)
             if c.power_instant_w is not None:
                 window.add(report.now, c.power_instant_w)
             else:
