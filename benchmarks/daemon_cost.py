@@ -57,9 +57,21 @@ def peak_rss_mb(pid: int) -> float:
     raise RuntimeError("no VmHWM in /proc status")
 
 
-# Run in the daemon's process before powerbudgetd starts: time every simulated NVML call
-# on the calling thread's CPU clock and keep the total (s) in the file named by argv[1].
-BOOTSTRAP = """
+# Run in the daemon's process before powerbudgetd starts: give each thread its Python
+# name in the kernel too (/proc/PID/task/TID/comm, 15 bytes), so that its CPU can be
+# told apart from outside.
+NAME_THREADS = """
+import ctypes, threading
+_libc, _run = ctypes.CDLL(None), threading.Thread.run
+def _named_run(self):
+    _libc.prctl(15, self.name.encode()[:15], 0, 0, 0)  # PR_SET_NAME
+    _run(self)
+threading.Thread.run = _named_run
+"""
+
+# The simulator's bootstrap besides: time every simulated NVML call on the calling
+# thread's CPU clock and keep the total (s) in the file named by argv[1].
+BOOTSTRAP = NAME_THREADS + """
 import sys, threading, time
 from powerbudgetd_sim import libnvml
 out, sim_cpu = sys.argv.pop(1), [0.0]
@@ -82,6 +94,28 @@ threading.Thread(target=keep, daemon=True).start()
 from powerbudgetd.cli import main
 sys.exit(main(sys.argv[1:]))
 """
+
+
+NULL_BOOTSTRAP = NAME_THREADS + """
+import sys
+from powerbudgetd.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def threads_cpu_s(pid: int) -> dict[str, float]:
+    """CPU seconds of each of ``pid``'s threads so far (``schedstat``: nanoseconds, not
+    clock ticks), summed by name, the card workers (``nvml-GPU-...``) as one."""
+    out: dict[str, float] = {}
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            name = (task / "comm").read_text().strip()
+            ns = int((task / "schedstat").read_text().split()[0])
+        except (OSError, ValueError):
+            continue  # a thread that ended meanwhile
+        key = "card workers" if name.startswith("nvml-GPU") else name
+        out[key] = out.get(key, 0.0) + ns / 1e9
+    return out
 
 
 def sim_cpu_s(path: Path) -> float:
@@ -112,27 +146,27 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         cfg = Path(tmp) / "powerbudgetd.toml"
         log_dir = Path(tmp) / "powerlog"
-        cfg.write_text(
-            f'budget_w = {args.budget}\n[control]\ntick_s = {args.tick}\n[sim]\nscenario = "{args.scenario}"\n'
-            f'[recorder]\ndir = "{log_dir}"\n'
-        )
+        sim_part = "" if null else f'[sim]\nscenario = "{args.scenario}"\n'
+        cfg.write_text(f'budget_w = {args.budget}\n[control]\ntick_s = {args.tick}\n{sim_part}[recorder]\ndir = "{log_dir}"\n')
         sim_file = Path(tmp) / "sim_cpu_s"
         env = dict(os.environ, STATE_DIRECTORY=tmp)  # whatever else reads the state directory
         if null:
             env.update(nulldriver.environ(nulldriver.build(Path(tmp)).parent, args.cards))
-            cmd = [sys.executable, "-m", "powerbudgetd", "run", "--config", str(cfg), "--backend", "nvml"]
+            cmd = [sys.executable, "-c", NULL_BOOTSTRAP, "run", "--config", str(cfg), "--backend", "nvml"]
         else:
             cmd = [sys.executable, "-c", BOOTSTRAP, str(sim_file), "run", "--config", str(cfg), "--backend", "sim"]
         proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
         started = time.monotonic()
         time.sleep(min(args.warmup, args.duration))
         cpu_warm, sim_warm, wall_warm = cpu_s(proc.pid), sim_cpu_s(sim_file), time.monotonic()
+        threads_warm = threads_cpu_s(proc.pid)
         time.sleep(max(0.0, args.duration - (wall_warm - started)))
         if proc.poll() is not None:
             print(f"daemon exited early with status {proc.returncode}", file=sys.stderr)
             return 1
         time.sleep(0.6)  # one more write of the simulator's share
         cpu_end, sim_end, wall_end = cpu_s(proc.pid), sim_cpu_s(sim_file), time.monotonic()
+        threads_end = threads_cpu_s(proc.pid)
         rss = peak_rss_mb(proc.pid)
         proc.send_signal(signal.SIGTERM)
         status = proc.wait(timeout=30)
@@ -151,6 +185,10 @@ def main() -> int:
         "daemon_cpu_s": round(cpu_end - sim_end, 2),
         "daemon_cpu_share_pct": round(100 * (cpu_end - sim_end) / wall, 3),
         "steady_daemon_cpu_share_pct": round(100 * ((cpu_end - cpu_warm) - (sim_end - sim_warm)) / steady_wall, 3),
+        "steady_thread_cpu_share_pct": {  # the simulator's share inside its callers' (card workers)
+            k: round(100 * (v - threads_warm.get(k, 0.0)) / steady_wall, 3)
+            for k, v in sorted(threads_end.items(), key=lambda kv: threads_warm.get(kv[0], 0.0) - kv[1])
+        },
         "peak_rss_mb": round(rss, 1),
         "exit_status": status,
         "flight_log_files": recorded,
@@ -158,17 +196,21 @@ def main() -> int:
     if args.json:
         print(json.dumps(out, indent=2))
     else:
-        print(
+        warm = f"after the first {args.warmup:g} s"
+        lines = [
             f"powerbudgetd run --backend {'nvml' if null else 'sim'} ({out['scenario']}, tick {args.tick:g} s) "
-            f"for {out['wall_s']:g} s of wall time:\n"
-            f"  CPU {out['cpu_s']:g} s = {out['cpu_share_pct']:.2f} % of one core "
-            f"({out['steady_cpu_share_pct']:.2f} % after the first {args.warmup:g} s), of which\n"
-            f"    the simulated NVML library and its physics {out['sim_cpu_s']:g} s\n"
+            f"for {out['wall_s']:g} s of wall time:",
+            f"  CPU {out['cpu_s']:g} s = {out['cpu_share_pct']:.2f} % of one core ({out['steady_cpu_share_pct']:.2f} % {warm}),"
+            " of which",
+            *([] if null else [f"    the simulated NVML library and its physics {out['sim_cpu_s']:g} s"]),
             f"    the daemon itself {out['daemon_cpu_s']:g} s = {out['daemon_cpu_share_pct']:.2f} % of one core "
-            f"({out['steady_daemon_cpu_share_pct']:.2f} % after the first {args.warmup:g} s)\n"
-            f"  peak RSS {out['peak_rss_mb']:g} MB\n"
-            f"  exit status after SIGTERM: {status}"
-        )
+            f"({out['steady_daemon_cpu_share_pct']:.2f} % {warm})",
+            f"  by thread, % of one core {warm}: "
+            + ", ".join(f"{k} {v:.2f}" for k, v in out["steady_thread_cpu_share_pct"].items() if v >= 0.005),
+            f"  peak RSS {out['peak_rss_mb']:g} MB",
+            f"  exit status after SIGTERM: {status}",
+        ]
+        print("\n".join(lines))
     return 0 if status == 0 else 1
 
 

@@ -16,6 +16,7 @@ from pathlib import Path
 
 SOURCE = Path(__file__).with_name("nullnvml.c")
 LIBRARY = "libnvidia-ml.so.1"
+MAX_CARDS = 1024  # nullnvml.c's MAX_CARDS
 
 
 def build(directory: Path) -> Path:
@@ -23,12 +24,14 @@ def build(directory: Path) -> Path:
     Raises FileNotFoundError without ``cc``, CalledProcessError on a compile error."""
     directory.mkdir(parents=True, exist_ok=True)
     out = directory / LIBRARY
-    subprocess.run(["cc", "-O2", "-Wall", "-shared", "-fPIC", "-o", str(out), str(SOURCE)], check=True)
+    subprocess.run(["cc", "-O2", "-Wall", "-shared", "-fPIC", "-pthread", "-o", str(out), str(SOURCE)], check=True)
     return out
 
 
 def environ(directory: Path, cards: int = 8) -> dict[str, str]:
     """The variables that make a process load the library built in ``directory``, with
-    ``cards`` cards (1-1024)."""
+    ``cards`` cards. Raises ValueError unless 1 <= ``cards`` <= 1024."""
+    if not 1 <= cards <= MAX_CARDS:
+        raise ValueError(f"cards must be 1 to {MAX_CARDS}, got {cards}")
     path = os.environ.get("LD_LIBRARY_PATH")
     return {"LD_LIBRARY_PATH": f"{directory}:{path}" if path else str(directory), "NULLNVML_CARDS": str(cards)}

@@ -136,18 +136,18 @@ class DeadlineCalls(InlineCalls):
         abandoned call of ``key`` has not returned (``gate`` then counts one call less)."""
         with self._lock:
             since = self._running.get(key)
-            if since is not None:
-                if gate.one_back():
-                    gate.lock.release()
-                raise NvmlTimeout(f"an NVML call on {key} has not returned for {self.clock() - since:.1f} s",
-                                  call="deadline")
-            worker = self._workers.get(key)
-            if worker is None:
-                worker = self._workers[key] = _Worker(self, key)
-            job = _Job(fn, args, self.clock(), gate)
-            worker.queued += 1
-            worker.jobs.put(job)
-        return job
+            if since is None:
+                worker = self._workers.get(key)
+                if worker is None:
+                    worker = self._workers[key] = _Worker(self, key)
+                job = _Job(fn, args, self.clock(), gate)
+                worker.queued += 1
+                worker.jobs.put(job)
+                return job
+            last = gate.one_back()
+        if last:
+            gate.lock.release()
+        raise NvmlTimeout(f"an NVML call on {key} has not returned for {self.clock() - since:.1f} s", call="deadline")
 
     def _finish(self, key: str, job: _Job) -> Any:
         with self._lock:

@@ -4,6 +4,7 @@ holds up its own worker only."""
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 
@@ -106,3 +107,46 @@ def test_an_idle_worker_ends_and_a_later_call_starts_it_again(monkeypatch: pytes
         threading.Event().wait(0.01)
     assert calls.workers() == 0
     assert calls.call("card", lambda: 2) == 2 and calls.workers() == 1
+
+
+def test_many_returns_once_every_call_is_back_not_at_its_deadline() -> None:
+    """One wake-up for the batch: ``many`` returns when its last call is back, a card
+    refused at once (its hung call still running) counting as back, and a call
+    abandoned in an earlier batch returning late does not disturb a later one."""
+    nvml, (hung_uuid, other_uuid) = sim_nvml(2)
+    release = threading.Event()
+    calls = DeadlineCalls(5.0)  # were a refused card not counted back, each batch would take 5 s
+    try:
+        with pytest.raises(NvmlTimeout):
+            calls.call(hung_uuid, release.wait, 30.0, timeout_s=0.05)
+        for _ in range(20):
+            t0 = time.monotonic()
+            out = calls.many({hung_uuid: (nvml.read, (hung_uuid,)), other_uuid: (nvml.read, (other_uuid,))})
+            assert time.monotonic() - t0 < 1.0
+            assert isinstance(out[hung_uuid], NvmlTimeout) and out[other_uuid].enforced_limit_w == 300.0
+        assert calls.many({}) == {}
+    finally:
+        release.set()
+    # The abandoned call returns on its worker and counts down its own (stale) gate;
+    # the next batches on both cards are answered, each at once.
+    for _ in range(200):
+        if not calls.overdue():
+            break
+        threading.Event().wait(0.01)
+    for _ in range(20):
+        t0 = time.monotonic()
+        out = calls.many({hung_uuid: (nvml.read, (hung_uuid,)), other_uuid: (nvml.read, (other_uuid,))})
+        assert time.monotonic() - t0 < 1.0
+        assert all(r.enforced_limit_w == 300.0 for r in out.values())
+
+
+def test_a_batch_call_missing_the_deadline_is_abandoned_and_the_others_are_answered() -> None:
+    nvml, (slow_uuid, other_uuid) = sim_nvml(2)
+    release = threading.Event()
+    calls = DeadlineCalls(0.1)
+    try:
+        out = calls.many({slow_uuid: (release.wait, (30.0,)), other_uuid: (nvml.read, (other_uuid,))})
+        assert isinstance(out[slow_uuid], NvmlTimeout) and "did not return in time" in str(out[slow_uuid])
+        assert out[other_uuid].enforced_limit_w == 300.0 and slow_uuid in calls.overdue()
+    finally:
+        release.set()

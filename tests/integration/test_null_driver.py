@@ -36,8 +36,13 @@ def test_probe_reads_what_the_c_library_answers(library: Path) -> None:
     assert [g["uuid"] for g in gpus] == ["GPU-00000000-0000-4000-8000-000000000000",
                                          "GPU-00000000-0000-4000-8000-000000000001"]
     for g in gpus:
+        assert g["name"] == "null driver card" and g["persistence_mode"] is True and g["mig_mode"] is None
         assert (g["min_limit_w"], g["max_limit_w"], g["default_limit_w"]) == (200.0, 700.0, 700.0)
         assert g["requested_limit_w"] == g["enforced_limit_w"] == 700.0
+        # Field 186 (in an nvmlFieldValue_t filled by C) and the 1 s average: the wave's
+        # two levels, busy 650 W or idle 90 W, never a value read from the wrong offset.
+        assert g["power_instant_w"] in (650.0, 90.0) and g["power_avg_w"] in (650.0, 90.0)
+        assert g["energy_j"] is not None and g["energy_j"] >= 0
 
 
 def test_the_daemon_boots_lends_and_stops_within_budget_over_the_c_library(library: Path, tmp_path: Path) -> None:
@@ -54,6 +59,8 @@ def test_the_daemon_boots_lends_and_stops_within_budget_over_the_c_library(libra
         daemon.wait_for(lambda: {"lend", "reclaim"} <= {e["reason"] for e in daemon.events("power_limit_set")},
                         "a lend and a reclaim", timeout_s=30)
         assert daemon.stop() == 0
+    # A healthy driver: no write failed, no reading was refused, frozen or unknown.
+    assert [e for e in daemon.events() if e.get("level") in ("warning", "error")] == []
     writes = daemon.events("power_limit_set")
     assert all(e["sum_after_w"] <= BUDGET_W for e in writes if e["reason"] != "boot"), writes
     stopped = daemon.events("stopped")[-1]
