@@ -105,7 +105,8 @@ sys.exit(main(sys.argv[1:]))
 
 def threads_cpu_s(pid: int) -> dict[str, float]:
     """CPU seconds of each of ``pid``'s threads so far (``schedstat``: nanoseconds, not
-    clock ticks), summed by name, the card workers (``nvml-GPU-...``) as one."""
+    clock ticks), summed by name, the card workers (``nvml-GPU-...``) as one; the tick
+    runs on ``asyncio_0`` (``asyncio.to_thread``)."""
     out: dict[str, float] = {}
     for task in Path(f"/proc/{pid}/task").iterdir():
         try:
@@ -113,7 +114,7 @@ def threads_cpu_s(pid: int) -> dict[str, float]:
             ns = int((task / "schedstat").read_text().split()[0])
         except (OSError, ValueError):
             continue  # a thread that ended meanwhile
-        key = "card workers" if name.startswith("nvml-GPU") else name
+        key = "main (event loop)" if task.name == str(pid) else "card workers" if name.startswith("nvml-GPU") else name
         out[key] = out.get(key, 0.0) + ns / 1e9
     return out
 
