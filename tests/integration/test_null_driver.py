@@ -19,6 +19,8 @@ from powerbudgetd_sim import nulldriver
 
 from support.daemon import DaemonProcess, clean_env
 
+pytestmark = pytest.mark.slow  # a C compiler and the daemon as a subprocess: the full run (CI) covers it
+
 CARDS, BUDGET_W = 8, 3200.0  # 400 W a card: 700 W cards, 200 W floors
 
 
