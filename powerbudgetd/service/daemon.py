@@ -171,8 +171,8 @@ class Daemon:
     def _rouse(self) -> None:
         """A signal arrived: end the wait between ticks (see :meth:`_sleep`)."""
         self._wake.set()
-        if self._waiter is not None and not self._waiter.done():
-            self._waiter.set_result(None)
+        if self._waiter is not None:
+            _settle(self._waiter)
 
     def request_exit(self, status: int) -> None:
         """Stop as on SIGTERM (back to fair share), then exit with ``status``: a side
