@@ -59,7 +59,7 @@ def peak_rss_mb(pid: int) -> float:
 
 BENCH_THREAD = "bench-sim-cpu"  # the bootstrap's own thread: its CPU is not the daemon's
 # Threads by their kernel names (15 bytes) as the report shows them.
-SHOWN = {"asyncio_0": "tick (asyncio_0)", "powerbudgetd-re": "recorder", "nvml-bank": "bank worker"}
+SHOWN = {"asyncio_0": "tick (asyncio_0)", "powerbudgetd-re": "recorder"}
 
 # Run in the daemon's process before powerbudgetd starts: give each thread its Python
 # name in the kernel too (/proc/PID/task/TID/comm, 15 bytes), so that its CPU can be
@@ -109,7 +109,7 @@ sys.exit(main(sys.argv[1:]))
 
 def threads_cpu_s(pid: int) -> dict[str, float]:
     """CPU seconds of each of ``pid``'s threads so far (``schedstat``: nanoseconds, not
-    clock ticks), summed by name, the card workers (``nvml-GPU-...``) as one; the tick
+    clock ticks), summed by name, the NVML workers (``nvml-worker-N``) as one; the tick
     runs on ``asyncio_0`` (``asyncio.to_thread``)."""
     out: dict[str, float] = {}
     for task in Path(f"/proc/{pid}/task").iterdir():
@@ -118,7 +118,7 @@ def threads_cpu_s(pid: int) -> dict[str, float]:
             ns = int((task / "schedstat").read_text().split()[0])
         except (OSError, ValueError):
             continue  # a thread that ended meanwhile
-        key = ("event loop" if task.name == str(pid) else "card workers" if name.startswith("nvml-GPU")
+        key = ("event loop" if task.name == str(pid) else "NVML workers" if name.startswith("nvml-worker")
                else SHOWN.get(name, name))
         out[key] = out.get(key, 0.0) + ns / 1e9
     return out
@@ -200,7 +200,7 @@ def main() -> int:
         "daemon_cpu_share_pct": round(100 * (cpu_end - sim_end - bench_end) / wall, 3),
         "steady_daemon_cpu_share_pct": round(
             100 * ((cpu_end - cpu_warm) - (sim_end - sim_warm) - (bench_end - bench_warm)) / steady_wall, 3),
-        "steady_thread_cpu_share_pct": {  # the simulator's share inside its callers' (card workers)
+        "steady_thread_cpu_share_pct": {  # the simulator's share inside its callers' (the NVML workers)
             k: round(100 * (v - threads_warm.get(k, 0.0)) / steady_wall, 3)
             for k, v in sorted(threads_end.items(), key=lambda kv: threads_warm.get(kv[0], 0.0) - kv[1])
         },
@@ -220,7 +220,7 @@ def main() -> int:
             *([] if null else [f"    the simulated NVML library and its physics {out['sim_cpu_s']:g} s"]),
             f"    the daemon itself {out['daemon_cpu_s']:g} s = {out['daemon_cpu_share_pct']:.2f} % of one core "
             f"({out['steady_daemon_cpu_share_pct']:.2f} % {warm})",
-            f"  by thread (the card workers all together{'' if null else ', the simulator inside them'}), "
+            f"  by thread (the NVML workers all together{'' if null else ', the simulator inside them'}), "
             f"% of one core {warm}: "
             + ", ".join(f"{k} {v:.2f}" for k, v in out["steady_thread_cpu_share_pct"].items() if v >= 0.005),
             f"  peak RSS {out['peak_rss_mb']:g} MB",

@@ -141,7 +141,7 @@ class Fault:
     clock; other cards' calls go on meanwhile); or with ``error = "HANG"`` hang
     ``delay_s`` seconds of bank time: on virtual time the caller's deadline passes at
     once (``NVML_ERROR_TIMEOUT``), every call on that card times out until the hang ends
-    (as the daemon's per-card worker is held), and a limit write still lands when the
+    (as the daemon refuses calls on a card whose call it abandoned), and a limit write still lands when the
     hung call would have returned.
 
     ``call``: an NVML API name such as ``nvmlDeviceSetPowerManagementLimit`` (a versioned
@@ -406,7 +406,7 @@ class SimNvmlLibrary:
                 raise _Return(ERROR_CODES["GPU_IS_LOST"])
             if now < self._hung_until.get(card.index, -math.inf):
                 # The hung call still holds the card: every call on it misses its
-                # deadline too (as the daemon's per-card worker does, on the wall clock).
+                # deadline too (as the daemon refuses them, on the wall clock).
                 raise _Return(ERROR_CODES["TIMEOUT"])
         for f in self._matching(call, card, now, slow=False):
             if f.error == "HANG":

@@ -146,7 +146,7 @@ class CardSet:
             return -1
 
     def _lookup(self, count: int) -> tuple[list[GpuInfo], set[str]]:
-        """The cards at NVML indices ``0..count-1``, each looked up on its own worker (the
+        """The cards at NVML indices ``0..count-1``, each looked up under its own key (the
         card last seen at that index, else one for the index), so a hung card holds up no
         other's lookup. Returns what answered, and the known cards whose lookup timed out
         (slow or hung: not gone)."""

@@ -1,19 +1,26 @@
 """NVML calls with a deadline, off the caller's thread, so that no call can stall control.
 
 :class:`InlineCalls` runs each call in the caller's thread (virtual time: the simulator
-and the tests, where a call cannot hang in real time). :class:`DeadlineCalls` hands each
-call to the long-lived **worker** of its key (one key per card, ``"bank"`` for calls on
-no card), which serves that key's calls one after another, and waits at most
-``timeout_s``. No thread is started per call: a key's worker is started by its first call
-and ends after ``IDLE_EXIT_S`` without one.
+and the tests, where a call cannot hang in real time). :class:`DeadlineCalls` hands a
+batch of calls (one per key: a card's UUID, ``"bank"`` for calls on no card) to a small
+pool of long-lived **workers** and waits at most ``timeout_s`` for them all. No thread is
+started per call: a worker is started only when none is idle, and ends after
+``IDLE_EXIT_S`` without work.
 
-A call that has not returned by its deadline is **abandoned, not awaited** (NVML gives
-no way to cancel a call) and raises :class:`~powerbudgetd.errors.NvmlTimeout`. Its worker
-stays the key's worker: until the call returns, every further call under the same key
-raises NvmlTimeout at once instead of queueing behind it, and none is sent beside it
-(no replacement worker), so nothing overtakes a limit write that may still land. A hung
-card therefore ties up its own worker only (the cap: one thread per key), and the other
-keys' calls go on.
+One worker runs a batch's calls one after another while they are quick: every thread
+woken costs more than a healthy call (measured: waking one worker per card tripled the
+CPU of an 8-card read). When the batch has made no progress for ``SPREAD_S`` (a call
+lags: a slow driver, a hung card), one more worker joins it and takes its next calls, and
+so on each ``SPREAD_S`` until the batch is done or its deadline passes. A lagging card
+therefore delays the others by ``SPREAD_S`` at most, not by its deadline.
+
+A call that has not returned by the deadline is **abandoned, not awaited** (NVML gives no
+way to cancel a call) and raises :class:`~powerbudgetd.errors.NvmlTimeout`; a call the
+deadline found not yet started raises it too. Calls on one key never run side by side:
+until an abandoned call returns, every further call on its key raises NvmlTimeout at
+once instead of running beside it, so nothing overtakes a limit write that may still
+land. A hung card thus ties up one worker (the one in its call), and the other keys'
+calls go on.
 """
 
 from __future__ import annotations
@@ -28,7 +35,12 @@ from powerbudgetd.errors import NvmlError, NvmlTimeout
 
 Call = tuple[Callable[..., Any], tuple[Any, ...]]
 
-IDLE_EXIT_S = 30.0  # a worker with no call for this long ends (a card gone, a one-off key)
+IDLE_EXIT_S = 30.0  # a worker with no work for this long ends
+# A batch with no call started or returned for this long gets one more worker. Far above
+# a healthy call (tens of us through the bindings) and below one GetFieldValues on an
+# H200 (~3 ms median, the brief's measurement), so a bank on a slow driver still reads
+# its cards side by side.
+SPREAD_S = 0.002
 
 
 class InlineCalls:
@@ -51,140 +63,205 @@ class InlineCalls:
         return {}
 
 
-class _Gate:
-    """Released once ``count`` calls have returned: the caller of :meth:`DeadlineCalls.many`
-    wakes once for them all, not once a call (each wake-up is a thread switch)."""
-
-    __slots__ = ("lock", "left")
-
-    def __init__(self, count: int) -> None:
-        self.lock = threading.Lock()
-        self.lock.acquire()
-        self.left = count  # under the owner's lock
-
-    def one_back(self) -> bool:
-        """One call returned (or was refused), under the owner's lock: True when it was
-        the last, and :attr:`lock` is to be released (outside the owner's lock, so the
-        caller does not wake only to wait for it)."""
-        self.left -= 1
-        return self.left == 0
-
-
 class _Job:
-    """One call handed to a worker: ``gate`` is released when it (and the rest of its
-    batch) has returned."""
+    """One call of a batch: its outcome once ``done``."""
 
-    __slots__ = ("fn", "args", "started", "gate", "done", "value", "error")
+    __slots__ = ("key", "fn", "args", "started", "done", "value", "error")
 
-    def __init__(self, fn: Callable[..., Any], args: tuple[Any, ...], started: float, gate: _Gate) -> None:
-        self.fn, self.args, self.started, self.gate = fn, args, started, gate
+    def __init__(self, key: str, fn: Callable[..., Any], args: tuple[Any, ...]) -> None:
+        self.key, self.fn, self.args = key, fn, args
+        self.started: float | None = None  # the owner's clock, once a worker took it
         self.done = False
         self.value: Any = None
         self.error: BaseException | None = None
 
 
-class _Worker:
-    """One key's thread: runs the key's jobs in order, ends after ``IDLE_EXIT_S`` idle."""
+class _Batch:
+    """Jobs taken in order by the workers on it; :attr:`gate` is released (once, outside
+    the owner's lock) when the last is back, so the caller wakes once for them all.
+    Every field but ``gate`` is read and written under the owner's lock."""
 
-    def __init__(self, owner: DeadlineCalls, key: str) -> None:
-        self.owner, self.key = owner, key
-        self.jobs: queue.SimpleQueue[_Job] = queue.SimpleQueue()
-        self.queued = 0  # jobs handed over and not yet finished (under the owner's lock)
-        threading.Thread(target=self._serve, name=f"nvml-{key}", daemon=True).start()
+    __slots__ = ("jobs", "next", "left", "gate", "opened", "moved")
+
+    def __init__(self, jobs: list[_Job]) -> None:
+        self.jobs = jobs
+        self.next = 0  # the first job no worker has taken
+        self.left = len(jobs)  # jobs not back yet (a refused one is back at once)
+        self.gate = threading.Lock()
+        self.gate.acquire()
+        self.opened = False  # the gate was released (or is about to be)
+        self.moved = time.monotonic()  # when a job was last taken or came back
+
+    def open(self) -> bool:
+        """True, once, when every job is back: the gate is then to be released."""
+        if self.left or self.opened:
+            return False
+        self.opened = True
+        return True
+
+    def close(self) -> list[_Job]:
+        """No job is taken from now on; returns those never taken."""
+        untaken, self.next = self.jobs[self.next:], len(self.jobs)
+        return untaken
+
+
+class _Worker:
+    """One pool thread: takes jobs from the batch it is handed until none is left, then
+    waits idle for the next batch; ends after ``IDLE_EXIT_S`` idle."""
+
+    def __init__(self, owner: DeadlineCalls, name: str, batch: _Batch) -> None:
+        self.owner = owner
+        self.inbox: queue.SimpleQueue[_Batch] = queue.SimpleQueue()
+        self.inbox.put(batch)
+        threading.Thread(target=self._serve, name=name, daemon=True).start()
 
     def _serve(self) -> None:
         owner = self.owner
         while True:
             try:
-                job = self.jobs.get(timeout=IDLE_EXIT_S)
+                batch = self.inbox.get(timeout=IDLE_EXIT_S)
             except queue.Empty:
                 with owner._lock:
-                    if self.queued == 0:  # nothing handed over meanwhile: leave
-                        owner._workers.pop(self.key, None)
+                    if self in owner._idle:  # not handed a batch meanwhile: leave
+                        owner._idle.remove(self)
+                        owner._alive -= 1
                         return
                 continue
+            self._work(batch)
+
+    def _work(self, batch: _Batch) -> None:
+        owner = self.owner
+        job: _Job | None = None
+        while True:
+            with owner._lock:
+                if job is not None:  # the last job came back: record it, take the next in one step
+                    job.done = True
+                    del owner._busy[job.key]  # its key may be called again (an abandoned call too)
+                    owner._abandoned.discard(job.key)
+                    batch.left -= 1
+                    batch.moved = time.monotonic()
+                job = owner._take(batch)
+                if job is None:
+                    owner._idle.append(self)
+                release = batch.open()
+            if release:
+                batch.gate.release()
+            if job is None:
+                return
             try:
                 job.value = job.fn(*job.args)
             except BaseException as exc:  # noqa: BLE001 - handed to the caller
                 job.error = exc
-            with owner._lock:
-                job.done = True
-                self.queued -= 1
-                owner._running.pop(self.key, None)  # an abandoned call of this key has returned
-                last = job.gate.one_back()
-            if last:
-                job.gate.lock.release()
 
 
 class DeadlineCalls(InlineCalls):
-    """Run calls on per-key worker threads with a deadline of ``timeout_s`` (s)."""
+    """Run calls on a small pool of worker threads with a deadline of ``timeout_s`` (s)."""
 
     def __init__(self, timeout_s: float, clock: Callable[[], float] = time.monotonic) -> None:
         self.timeout_s = timeout_s
         self.clock = clock
         self._lock = threading.Lock()
-        self._workers: dict[str, _Worker] = {}
-        self._running: dict[str, float] = {}  # key -> when its abandoned call started
+        self._idle: list[_Worker] = []  # the last to go idle is handed the next batch
+        self._alive = 0
+        self._started = 0
+        self._busy: dict[str, float] = {}  # key -> when its running call started (clock s)
+        self._abandoned: set[str] = set()  # keys whose running call missed its deadline
 
     def overdue(self) -> dict[str, float]:
         """Keys with an abandoned call still running, and since when (clock s)."""
         with self._lock:
-            return dict(self._running)
-
-    def _start(self, key: str, fn: Callable[..., Any], args: tuple[Any, ...], gate: _Gate) -> _Job:
-        """Hand ``fn(*args)`` to ``key``'s worker. Raises NvmlTimeout at once while an
-        abandoned call of ``key`` has not returned (``gate`` then counts one call less)."""
-        with self._lock:
-            since = self._running.get(key)
-            if since is None:
-                worker = self._workers.get(key)
-                if worker is None:
-                    worker = self._workers[key] = _Worker(self, key)
-                job = _Job(fn, args, self.clock(), gate)
-                worker.queued += 1
-                worker.jobs.put(job)
-                return job
-            last = gate.one_back()
-        if last:
-            gate.lock.release()
-        raise NvmlTimeout(f"an NVML call on {key} has not returned for {self.clock() - since:.1f} s", call="deadline")
-
-    def _finish(self, key: str, job: _Job) -> Any:
-        with self._lock:
-            if not job.done:
-                self._running[key] = job.started
-                raise NvmlTimeout(f"an NVML call on {key} did not return in time", call="deadline")
-        if job.error is not None:
-            raise job.error
-        return job.value
-
-    def call(self, key: str, fn: Callable[..., Any], *args: Any, timeout_s: float | None = None) -> Any:
-        """``fn(*args)`` on ``key``'s worker within ``timeout_s`` (default: the instance's).
-        Raises NvmlTimeout, or what the call raised."""
-        job = self._start(key, fn, args, _Gate(1))
-        job.gate.lock.acquire(timeout=self.timeout_s if timeout_s is None else timeout_s)
-        return self._finish(key, job)
-
-    def many(self, calls: Mapping[str, Call]) -> dict[str, Any]:
-        """All calls at once, each on its key's worker, under one deadline; by key."""
-        out: dict[str, Any] = {}
-        started: dict[str, _Job] = {}
-        gate = _Gate(len(calls))
-        for key, (fn, args) in calls.items():
-            try:
-                started[key] = self._start(key, fn, args, gate)
-            except NvmlError as exc:
-                out[key] = exc
-        if calls:
-            gate.lock.acquire(timeout=self.timeout_s)  # every call back, or the deadline
-        for key, job in started.items():
-            try:
-                out[key] = self._finish(key, job)
-            except NvmlError as exc:
-                out[key] = exc
-        return {k: out[k] for k in calls}
+            return {k: self._busy[k] for k in self._abandoned}
 
     def workers(self) -> int:
-        """Worker threads alive now, one per key called within ``IDLE_EXIT_S``."""
+        """Worker threads alive now (idle ones included)."""
         with self._lock:
-            return len(self._workers)
+            return self._alive
+
+    # -- under the lock ---------------------------------------------------------------
+    def _take(self, batch: _Batch) -> _Job | None:
+        """The batch's next job for a worker, its key marked busy; a job whose key is busy
+        (an abandoned call still running) is refused on the way and counts as back."""
+        while batch.next < len(batch.jobs):
+            job = batch.jobs[batch.next]
+            batch.next += 1
+            batch.moved = time.monotonic()
+            if job.key in self._busy:  # a call on it runs still (another caller's, or abandoned)
+                job.error, job.done = self._refusal(job.key), True
+                batch.left -= 1
+                continue
+            job.started = self._busy[job.key] = self.clock()
+            return job
+        return None
+
+    def _refusal(self, key: str) -> NvmlTimeout:
+        since = self._busy[key]
+        return NvmlTimeout(f"an NVML call on {key} has not returned for {self.clock() - since:.1f} s", call="deadline")
+
+    def _hand(self, batch: _Batch) -> None:
+        """One more worker on ``batch``: the last idle one, else a new thread."""
+        if self._idle:
+            self._idle.pop().inbox.put(batch)
+        else:
+            self._alive += 1
+            self._started += 1
+            _Worker(self, f"nvml-worker-{self._started}", batch)
+
+    # -- the caller's side -------------------------------------------------------------
+    def _run(self, calls: Mapping[str, Call], timeout_s: float) -> dict[str, Any]:
+        """Every call's value or exception (unraised), by key, within ``timeout_s``."""
+        out: dict[str, Any] = {}
+        jobs: list[_Job] = []
+        with self._lock:
+            for key, (fn, args) in calls.items():
+                if key in self._busy:  # refused at once: no worker woken for it
+                    out[key] = self._refusal(key)
+                else:
+                    jobs.append(_Job(key, fn, args))
+            batch = _Batch(jobs)
+            if jobs:
+                self._hand(batch)
+        if jobs:
+            out.update(self._wait(batch, time.monotonic() + timeout_s))
+        return {k: out[k] for k in calls}
+
+    def _wait(self, batch: _Batch, deadline: float) -> dict[str, Any]:
+        """Until every job is back or ``deadline`` (monotonic s), a worker more each time
+        the batch stalls for ``SPREAD_S``; then the laggards are abandoned. Returns each
+        job's value or exception, by key."""
+        untaken = True  # wake each SPREAD_S only while a job may still wait for a worker
+        while (left_s := deadline - time.monotonic()) > 0:
+            if batch.gate.acquire(timeout=min(SPREAD_S, left_s) if untaken else left_s):
+                break
+            with self._lock:
+                untaken = batch.next < len(batch.jobs)
+                if untaken and time.monotonic() - batch.moved >= SPREAD_S:
+                    batch.moved = time.monotonic()
+                    self._hand(batch)
+        out: dict[str, Any] = {}
+        with self._lock:  # a job's outcome is final once it is done (written before, under this lock)
+            for job in batch.close():
+                out[job.key] = NvmlTimeout(f"an NVML call on {job.key} was not started in time", call="deadline")
+            for job in batch.jobs:
+                if job.done:
+                    out[job.key] = job.error if job.error is not None else job.value
+                elif job.key not in out:
+                    self._abandoned.add(job.key)
+                    out[job.key] = NvmlTimeout(f"an NVML call on {job.key} did not return in time", call="deadline")
+        return out
+
+    def call(self, key: str, fn: Callable[..., Any], *args: Any, timeout_s: float | None = None) -> Any:
+        """``fn(*args)`` on a worker within ``timeout_s`` (default: the instance's).
+        Raises NvmlTimeout, or what the call raised."""
+        result = self._run({key: (fn, args)}, self.timeout_s if timeout_s is None else timeout_s)[key]
+        if isinstance(result, BaseException):
+            raise result
+        return result
+
+    def many(self, calls: Mapping[str, Call]) -> dict[str, Any]:
+        """All calls under one deadline, by key: each call's result or the NvmlError it
+        raised (any other exception is raised)."""
+        out = self._run(calls, self.timeout_s)
+        for value in out.values():
+            if isinstance(value, BaseException) and not isinstance(value, NvmlError):
+                raise value
+        return out

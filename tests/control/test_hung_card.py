@@ -13,7 +13,7 @@ from powerbudgetd_sim.physics import BankEvent
 def test_a_hung_card_does_not_block_enumeration_and_is_reported_once_with_how_long() -> None:
     """Every call on card 0 sleeps 8 s (wall clock) from t = 2 s; card 3 comes onto the
     bus at t = 3 s. The controller's calls have a 1 s deadline (ample for an answering
-    card on a loaded machine), on per-card workers."""
+    card on a loaded machine), on the pool of NVML workers."""
     calls = DeadlineCalls(1.0)
     rig = make_rig([card(0), card(1), card(2), card(3, present=False)], 1000,
                    faults=[Fault("*", "SLOW", card=0, from_s=2.0, delay_s=8.0)], calls=calls,
