@@ -211,3 +211,18 @@ def test_a_batch_call_missing_the_deadline_is_abandoned_and_the_others_are_answe
         assert out[other_uuid].enforced_limit_w == 300.0 and slow_uuid in calls.overdue()
     finally:
         release.set()
+
+
+def test_a_returned_exception_is_a_value_and_no_time_left_starts_no_call(started_threads: list[str]) -> None:
+    calls = DeadlineCalls(2.0)
+    error = ValueError("a value")
+    assert calls.call("card", lambda: error) is error
+    assert calls.many({"card": (lambda: error, ())}) == {"card": error}
+    with pytest.raises(ValueError, match="raised"):
+        calls.call("card", lambda: (_ for _ in ()).throw(ValueError("raised")))
+    ran: list[int] = []
+    for _ in range(100):
+        with pytest.raises(NvmlTimeout, match="no time left"):
+            calls.call("card", ran.append, 1, timeout_s=0.0)
+    assert ran == [] and len(started_threads) == 1
+    assert calls.call("card", lambda: "unbounded", timeout_s=float("inf")) == "unbounded"
