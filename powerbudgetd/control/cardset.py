@@ -27,6 +27,7 @@ from powerbudgetd.hw.nvml import GpuInfo, Nvml, PowerReading
 log = structlog.get_logger("powerbudgetd")
 
 START_TIMEOUT_S = 30.0  # enumeration at start (outside the loop) may be slow while a driver wakes
+BANK_KEY = "bank"  # the calls key of NVML calls on no card (the device count, enumeration)
 
 
 def _arrived(event: str, c: CardState) -> None:
@@ -53,7 +54,7 @@ class CardSet:
         """Enumerate the cards; return the ``[cards]`` settings that do nothing (each
         logged as a warning). Raises BudgetInfeasible when there is no card, and
         CardLimitUnknown naming each card with no limit read or stated."""
-        found = self.calls.call("bank", self.nvml.devices, timeout_s=START_TIMEOUT_S)
+        found = self.calls.call(BANK_KEY, self.nvml.devices, timeout_s=START_TIMEOUT_S)
         self.cards = [self.build(info) for info in found]
         if not self.cards:
             raise BudgetInfeasible("no GPUs found: nothing to keep under a budget")
@@ -139,12 +140,6 @@ class CardSet:
         """A lookup failed: enumerate again at the next :meth:`follow`."""
         self._next_enumerate = min(self._next_enumerate, now)
 
-    def _device_count(self) -> int:
-        try:
-            return self.calls.call("bank", self.nvml.device_count)
-        except NvmlError:
-            return -1
-
     def _lookup(self, count: int) -> tuple[list[GpuInfo], set[str]]:
         """The cards at NVML indices ``0..count-1``, each looked up under its own key (the
         card last seen at that index, else one for the index), so a hung card holds up no
@@ -157,11 +152,14 @@ class CardSet:
         unanswered = {k for k, a in answers.items() if isinstance(a, NvmlTimeout) and not k.startswith("index ")}
         return found, unanswered
 
-    def follow(self, now: float) -> None:
+    def follow(self, now: float, count: int | NvmlError) -> None:
         """Follow NVML's device set: every ``enumerate_s``, after a lookup error, and at
-        once when the device count changes. A card whose lookup times out is kept (slow
-        or hung, not gone); a device count that cannot be read is logged once."""
-        count = self._device_count()
+        once when the device count changes. ``count``: ``nvmlDeviceGetCount`` as read with
+        the tick's card reads (under :data:`BANK_KEY`), or the NvmlError it raised. A card
+        whose lookup times out is kept (slow or hung, not gone); a device count that
+        cannot be read is logged once."""
+        if isinstance(count, NvmlError):
+            count = -1
         if now < self._next_enumerate and count == self._count:
             return
         self._next_enumerate = now + self.timings.enumerate_s

@@ -26,13 +26,14 @@ a hung call costs one card its control (it counts at its worst case), never the 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from typing import Any
 
 import structlog
 
 from powerbudgetd.control import decide, observe
 from powerbudgetd.control.actuator import Actuator
 from powerbudgetd.control.card import CardState
-from powerbudgetd.control.cardset import CardSet
+from powerbudgetd.control.cardset import BANK_KEY, CardSet
 from powerbudgetd.control.overbudget import OverBudget, degraded
 from powerbudgetd.control.report import TickReport, bank_snapshot
 from powerbudgetd.control.writes import WriteEvent, record
@@ -151,8 +152,11 @@ class Controller:
 
     # -- one tick -------------------------------------------------------------------
     def tick(self, now: float) -> TickReport:
-        self.bank.follow(now)
-        faults = self._observe_all(now)
+        # The device count rides with the card reads: one hand-off to the NVML workers.
+        reads = self.calls.many({BANK_KEY: (self.nvml.device_count, ()),
+                                 **{c.uuid: (self.nvml.read, (c.uuid,)) for c in self.cards}})
+        self.bank.follow(now, reads.pop(BANK_KEY))
+        faults = self._observe_all(now, reads)
         # A write that did not take holds its own card (counted at its bound, retried with
         # backoff): the others keep lending among themselves, the bank is not in failsafe.
         held = [f for c in self.cards if (f := observe.expire(c, now))]
@@ -223,10 +227,11 @@ class Controller:
         if mode == Mode.STOPPING and all(c.ledger.confirmed(now) and c.bound_mw <= (c.share_mw or 0) for c in controlled):
             self.stopped = True
 
-    def _observe_all(self, now: float) -> list[str]:
-        """Read every card (in parallel, each with its deadline) into its ledger. Returns
-        the faults found."""
-        results = self.calls.many({c.uuid: (self.nvml.read, (c.uuid,)) for c in self.cards})
+    def _observe_all(self, now: float, results: dict[str, Any]) -> list[str]:
+        """Every card's read (``results``, by UUID: a PowerReading or the NvmlError; a
+        card that just appeared is read here) into its ledger. Returns the faults found."""
+        if new := {c.uuid: (self.nvml.read, (c.uuid,)) for c in self.cards if c.uuid not in results}:
+            results = {**results, **self.calls.many(new)}
         faults = []
         for c in self.cards:
             r = results[c.uuid]
