@@ -65,7 +65,9 @@ def test_a_batch_of_quick_calls_runs_on_one_worker() -> None:
     calls = DeadlineCalls(2.0)
     for _ in range(50):
         assert calls.many({f"card {i}": (quick, (i,)) for i in range(8)}) == {f"card {i}": i for i in range(8)}
-    assert len(ran) == 400 and len(set(ran)) <= 2, set(ran)  # a second only after a 2 ms stall
+    # A second (rarely a third) only where a busy machine stalled a batch for 2 ms; one a
+    # card would be eight.
+    assert len(ran) == 400 and len(set(ran)) <= 3, set(ran)
 
 
 def test_a_lagging_call_holds_the_rest_of_its_batch_for_spread_s_not_its_deadline() -> None:
