@@ -7,12 +7,16 @@ pool of long-lived **workers** and waits at most ``timeout_s`` for them all. No 
 started per call: a worker is started only when none is idle, and ends after
 ``IDLE_EXIT_S`` without work.
 
-One worker runs a batch's calls one after another while they are quick: every thread
-woken costs more than a healthy call (measured: waking one worker per card tripled the
-CPU of an 8-card read). When the batch has made no progress for ``SPREAD_S`` (a call
-lags: a slow driver, a hung card), one more worker joins it and takes its next calls, and
-so on each ``SPREAD_S`` until the batch is done or its deadline passes. A lagging card
-therefore delays the others by a few ``SPREAD_S`` (2-5 ms measured), not by its deadline.
+A batch gets as many workers as it takes to run it in about ``SPREAD_S`` at the time the
+recent calls took, each running its calls one after another: one worker while calls are
+quick (every thread woken costs more than a healthy call; waking one worker per card
+tripled the CPU of an 8-card read, measured), one per card on a driver as slow as the
+H200's ``GetFieldValues`` (~3 ms, the brief). When a batch has made no progress for
+``SPREAD_S`` (a call lags: a hung card, a driver slower than it was), one more worker
+joins it and takes its next calls, and so on until the batch is done or its deadline
+passes, never while a worker handed over has not yet reached it (on a loaded machine
+a thread may take longer than that to run). A lagging card therefore delays the others
+by a few ``SPREAD_S`` (2-5 ms measured), not by its deadline.
 
 A call that has not returned by the deadline is **abandoned, not awaited** (NVML gives no
 way to cancel a call) and raises :class:`~powerbudgetd.errors.NvmlTimeout`; a call the
@@ -25,6 +29,7 @@ calls go on.
 
 from __future__ import annotations
 
+import math
 import queue
 import threading
 import time
@@ -36,11 +41,12 @@ from powerbudgetd.errors import NvmlError, NvmlTimeout
 Call = tuple[Callable[..., Any], tuple[Any, ...]]
 
 IDLE_EXIT_S = 30.0  # a worker with no work for this long ends
-# A batch with no call started or returned for this long gets one more worker. Far above
-# a healthy call (tens of us through the bindings) and below one GetFieldValues on an
-# H200 (~3 ms median, the brief's measurement), so a bank on a slow driver still reads
-# its cards side by side.
+# What a batch should take (s); one with no call started or returned for this long gets
+# one more worker. Far above a healthy call (tens of us through the bindings), below one
+# GetFieldValues on an H200 (~3 ms median, the brief's measurement).
 SPREAD_S = 0.002
+CALL_S_WEIGHT = 0.2  # of the newest call in the running mean of call times
+CALL_S_CAP = 0.05  # the most one call counts for in that mean (s): a hang says "slow", not how slow
 
 
 class InlineCalls:
@@ -66,11 +72,12 @@ class InlineCalls:
 class _Job:
     """One call of a batch: its outcome once ``done``."""
 
-    __slots__ = ("key", "fn", "args", "started", "done", "value", "error")
+    __slots__ = ("key", "fn", "args", "started", "began", "done", "value", "error")
 
     def __init__(self, key: str, fn: Callable[..., Any], args: tuple[Any, ...]) -> None:
         self.key, self.fn, self.args = key, fn, args
         self.started: float | None = None  # the owner's clock, once a worker took it
+        self.began = 0.0  # time.monotonic() then (for the running mean of call times)
         self.done = False
         self.value: Any = None
         self.error: BaseException | None = None
@@ -81,12 +88,13 @@ class _Batch:
     the owner's lock) when the last is back, so the caller wakes once for them all.
     Every field but ``gate`` is read and written under the owner's lock."""
 
-    __slots__ = ("jobs", "next", "left", "gate", "opened", "moved")
+    __slots__ = ("jobs", "next", "left", "pending", "gate", "opened", "moved")
 
     def __init__(self, jobs: list[_Job]) -> None:
         self.jobs = jobs
         self.next = 0  # the first job no worker has taken
         self.left = len(jobs)  # jobs not back yet (a refused one is back at once)
+        self.pending = 0  # workers handed this batch that have not reached it yet
         self.gate = threading.Lock()
         self.gate.acquire()
         self.opened = False  # the gate was released (or is about to be)
@@ -141,6 +149,8 @@ class _Worker:
     def _work(self, batch: _Batch) -> None:
         owner = self.owner
         job: _Job | None = None
+        with owner._lock:
+            batch.pending -= 1
         while True:
             with owner._lock:
                 if job is not None:  # the last job came back: record it, take the next in one step
@@ -148,7 +158,8 @@ class _Worker:
                     del owner._busy[job.key]  # its key may be called again (an abandoned call too)
                     owner._abandoned.discard(job.key)
                     batch.left -= 1
-                    batch.moved = time.monotonic()
+                    batch.moved = now = time.monotonic()
+                    owner._call_s += CALL_S_WEIGHT * (min(now - job.began, CALL_S_CAP) - owner._call_s)
                 job = owner._take(batch)
                 if job is None:
                     owner._idle.append(self)
@@ -174,6 +185,7 @@ class DeadlineCalls(InlineCalls):
         self._alive = 0
         self._started = 0
         self._busy: dict[str, float] = {}  # key -> when its running call started (clock s)
+        self._call_s = 0.0  # running mean of the time a call took (s)
         self._abandoned: set[str] = set()  # keys whose running call missed its deadline
 
     def overdue(self) -> dict[str, float]:
@@ -199,6 +211,7 @@ class DeadlineCalls(InlineCalls):
                 batch.left -= 1
                 continue
             job.started = self._busy[job.key] = self.clock()
+            job.began = time.monotonic()
             return job
         return None
 
@@ -209,6 +222,7 @@ class DeadlineCalls(InlineCalls):
     def _hand(self, batch: _Batch) -> threading.Thread | None:
         """One more worker on ``batch``: the last idle one, else a new one, whose thread
         is returned for the caller to start once it has let go of the lock."""
+        batch.pending += 1
         if self._idle:
             self._idle.pop().inbox.put(batch)
             return None
@@ -222,7 +236,7 @@ class DeadlineCalls(InlineCalls):
         ``timeout_s`` (none is started with no time left)."""
         out: dict[str, Any] = {}
         jobs: list[_Job] = []
-        new = None
+        new: list[threading.Thread | None] = []
         with self._lock:
             for key, (fn, args) in calls.items():
                 if key in self._busy:  # refused at once: no worker woken for it
@@ -232,10 +246,12 @@ class DeadlineCalls(InlineCalls):
                 else:
                     jobs.append(_Job(key, fn, args))
             batch = _Batch(jobs)
-            if jobs:
-                new = self._hand(batch)
-        if new is not None:
-            new.start()
+            # As many workers as run the batch in about SPREAD_S at the recent call time.
+            for _ in range(min(len(jobs), max(1, math.ceil(len(jobs) * self._call_s / SPREAD_S)))):
+                new.append(self._hand(batch))
+        for thread in new:
+            if thread is not None:
+                thread.start()
         if jobs:
             out.update(self._wait(batch, time.monotonic() + timeout_s))
         return {k: out[k] for k in calls}
@@ -254,7 +270,7 @@ class DeadlineCalls(InlineCalls):
                 with self._lock:
                     untaken = batch.next < len(batch.jobs)
                     new = None
-                    if untaken and time.monotonic() - batch.moved >= SPREAD_S:
+                    if untaken and not batch.pending and time.monotonic() - batch.moved >= SPREAD_S:
                         batch.moved = time.monotonic()
                         new = self._hand(batch)
                 if new is not None:
