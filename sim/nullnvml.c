@@ -27,7 +27,7 @@ enum { PERIOD_S = 5, BUSY_S = 2 };  /* the square wave: busy the first 2 s of ev
 
 struct nvml_card {
     unsigned index;
-    unsigned limit_mw;  /* written on one card's worker, read on others: atomics */
+    unsigned limit_mw;  /* written on one NVML worker, read on others: atomics */
     double energy_mj;   /* up to energy_at, under energy_lock */
     double energy_at;
     char uuid[64];
@@ -79,7 +79,7 @@ static unsigned draw_mw(nvmlDevice_t d) {
 }
 
 /* mJ drawn since init: the draw at each reading held since the one before (monotonic;
- * read from several threads: a card's worker, a metrics scrape). */
+ * read from several threads: the NVML workers, a metrics scrape). */
 static unsigned long long energy(nvmlDevice_t d) {
     pthread_mutex_lock(&energy_lock);
     double t = now_s();

@@ -152,24 +152,26 @@ class CardSet:
         unanswered = {k for k, a in answers.items() if isinstance(a, NvmlTimeout) and not k.startswith("index ")}
         return found, unanswered
 
-    def follow(self, now: float, count: int | NvmlError) -> None:
+    def follow(self, now: float, count: int | NvmlError) -> set[str]:
         """Follow NVML's device set: every ``enumerate_s``, after a lookup error, and at
         once when the device count changes. ``count``: ``nvmlDeviceGetCount`` as read with
         the tick's card reads (under :data:`BANK_KEY`), or the NvmlError it raised. A card
         whose lookup times out is kept (slow or hung, not gone); a device count that
-        cannot be read is logged once."""
+        cannot be read is logged once. Returns the UUIDs of the cards that appeared,
+        returned or went: what was read of them before is not theirs to keep."""
         if isinstance(count, NvmlError):
             count = -1
         if now < self._next_enumerate and count == self._count:
-            return
+            return set()
         self._next_enumerate = now + self.timings.enumerate_s
         if count < 0:
             if self._count >= 0:
                 log.warning("enumeration_failed", error="nvmlDeviceGetCount gave no answer",
                             retry_in_s=self.timings.enumerate_s)
             self._count = count
-            return
+            return set()
         self._count = count
+        changed: set[str] = set()
         found, unanswered = self._lookup(count)
         by_id = {c.uuid: c for c in self.cards}
         for info in found:
@@ -190,11 +192,14 @@ class CardSet:
                                c.info.default_limit_w, info.mig_mode)
             c.info, c.gone = info, False
             if event is not None:
+                changed.add(c.uuid)
                 _arrived(event, c)
         present = {i.uuid for i in found} | unanswered
         for c in self.cards:
             if c.uuid not in present and not c.gone:
                 c.gone = True
                 c.ledger.observe_unknown(now)  # off the bus: what it reads is unknown from now
+                changed.add(c.uuid)
                 log.error("card_gone", index=c.index, uuid=c.uuid, reserved_w=c.bound_mw / 1000,
                           action="reserved at its bound until it returns; the others keep lending")
+        return changed

@@ -13,9 +13,10 @@ once boot has brought the bank under the budget (before that, nothing is raised)
 whatever else puts the bank over it (a limit held elsewhere, a card that appears at its
 default, a write that did not take) is corrected the next tick, by decreases only.
 
-One tick, in order: follow the device set (:mod:`~powerbudgetd.control.cardset`), read
-every card into its ledger (:mod:`~powerbudgetd.control.observe`), decide the targets
-(:mod:`~powerbudgetd.control.decide`), plan the writes, decreases first
+One tick, in order: read the device count and every card (one batch), follow the device
+set (:mod:`~powerbudgetd.control.cardset`; a card found gone, back or new is read after
+it), take each read into its card's ledger (:mod:`~powerbudgetd.control.observe`),
+decide the targets (:mod:`~powerbudgetd.control.decide`), plan the writes, decreases first
 (:mod:`powerbudgetd.core.plan`), apply them (:mod:`~powerbudgetd.control.actuator`, the
 only writer) and take what became of them into the ledgers
 (:mod:`~powerbudgetd.control.writes`). NVML calls go through ``calls``
@@ -152,10 +153,12 @@ class Controller:
 
     # -- one tick -------------------------------------------------------------------
     def tick(self, now: float) -> TickReport:
-        # The device count rides with the card reads: one hand-off to the NVML workers.
+        # The device count rides with the card reads: one hand-off to the NVML workers. A
+        # card the enumeration found gone, back or new is read (again) after it.
         reads = self.calls.many({BANK_KEY: (self.nvml.device_count, ()),
                                  **{c.uuid: (self.nvml.read, (c.uuid,)) for c in self.cards}})
-        self.bank.follow(now, reads.pop(BANK_KEY))
+        for uuid in self.bank.follow(now, reads.pop(BANK_KEY)):
+            reads.pop(uuid, None)
         faults = self._observe_all(now, reads)
         # A write that did not take holds its own card (counted at its bound, retried with
         # backoff): the others keep lending among themselves, the bank is not in failsafe.
@@ -228,8 +231,8 @@ class Controller:
             self.stopped = True
 
     def _observe_all(self, now: float, results: dict[str, Any]) -> list[str]:
-        """Every card's read (``results``, by UUID: a PowerReading or the NvmlError; a
-        card that just appeared is read here) into its ledger. Returns the faults found."""
+        """Every card's read (``results``, by UUID: a PowerReading or the NvmlError; a card
+        missing there is read here) into its ledger. Returns the faults found."""
         if new := {c.uuid: (self.nvml.read, (c.uuid,)) for c in self.cards if c.uuid not in results}:
             results = {**results, **self.calls.many(new)}
         faults = []

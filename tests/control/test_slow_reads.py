@@ -26,7 +26,7 @@ def writes_per_card_per_min(faults: list[Fault]) -> tuple[float, list, int]:
 
 
 def test_slow_reads_cost_no_extra_writes_and_no_over_budget_alarm() -> None:
-    """Card 1's power read takes 1.5 s once every 4 s (its worker is held meanwhile:
+    """Card 1's power read takes 1.5 s once every 4 s (the call is held meanwhile:
     every call on it times out)."""
     slow = [Fault("nvmlDeviceGetPowerUsage", "HANG", card=1, from_s=t, count=1, delay_s=1.5) for t in range(10, int(END_S), 4)]
     normal_rate, _, _ = writes_per_card_per_min([])
