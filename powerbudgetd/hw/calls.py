@@ -7,15 +7,16 @@ pool of long-lived **workers** and waits at most ``timeout_s`` for them all. No 
 started per call: a worker is started only when none is idle, and ends after
 ``IDLE_EXIT_S`` without work.
 
-A batch gets as many workers as it takes to run it in about ``SPREAD_S`` at the time the
-recent calls took, each running its calls one after another: one worker while calls are
-quick (every thread woken costs more than a healthy call; waking one worker per card
-tripled the CPU of an 8-card read, measured), one per card on a driver as slow as the
-H200's ``GetFieldValues`` (~3 ms, the brief). When a batch has made no progress for
-``SPREAD_S`` (a call lags: a hung card, a driver slower than it was), one more worker
-joins it and takes its next calls, and so on until the batch is done or its deadline
-passes, never while a worker handed over has not yet reached it (on a loaded machine
-a thread may take longer than that to run). A lagging card therefore delays the others
+One worker runs a batch's calls one after another while calls are quick (every thread
+woken costs more than a healthy call: waking one worker per card tripled the CPU of an
+8-card read, measured), however many there are: a quick call is Python's time, which
+threads would only share under the GIL. Where the recent calls took ``SLOW_CALL_S`` or
+more (the driver's time: an H200's ``GetFieldValues`` takes ~3 ms, the brief), a batch
+gets as many workers as run it in about ``SPREAD_S``: one per card, read side by side.
+When a batch has made no progress for ``SPREAD_S`` (a call lags: a hung card, a driver
+slower than it was), one more worker joins it and takes its next calls, and so on until
+the batch is done or its deadline passes, never while a worker handed over has not yet
+reached it (on a loaded machine a thread may take longer than that to run). A lagging card therefore delays the others
 by a few ``SPREAD_S`` (2-5 ms measured), not by its deadline.
 
 A call that has not returned by the deadline is **abandoned, not awaited** (NVML gives no
@@ -45,6 +46,7 @@ IDLE_EXIT_S = 30.0  # a worker with no work for this long ends
 # one more worker. Far above a healthy call (tens of us through the bindings), below one
 # GetFieldValues on an H200 (~3 ms median, the brief's measurement).
 SPREAD_S = 0.002
+SLOW_CALL_S = 0.001  # calls this slow on average are the driver's, not Python's: spread at once
 CALL_S_WEIGHT = 0.2  # of the newest call in the running mean of call times
 CALL_S_CAP = 0.05  # the most one call counts for in that mean (s): a hang says "slow", not how slow
 
@@ -246,8 +248,9 @@ class DeadlineCalls(InlineCalls):
                 else:
                     jobs.append(_Job(key, fn, args))
             batch = _Batch(jobs)
-            # As many workers as run the batch in about SPREAD_S at the recent call time.
-            for _ in range(min(len(jobs), max(1, math.ceil(len(jobs) * self._call_s / SPREAD_S)))):
+            # Slow calls: as many workers as run the batch in about SPREAD_S at their time.
+            workers = math.ceil(len(jobs) * self._call_s / SPREAD_S) if self._call_s >= SLOW_CALL_S else 1
+            for _ in range(min(len(jobs), workers)):
                 new.append(self._hand(batch))
         for thread in new:
             if thread is not None:
