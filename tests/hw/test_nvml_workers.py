@@ -69,6 +69,23 @@ def test_a_batch_of_quick_calls_runs_on_one_worker() -> None:
     assert len(ran) == 400 and len(set(ran)) <= 4, set(ran)
 
 
+def test_many_calls_of_python_time_stay_on_one_worker() -> None:
+    """256 calls of 0.1 ms of Python each (as the simulator's): more threads would only
+    share the GIL, so the batch is not spread however long it is."""
+    ran: list[str] = []
+
+    def python_time() -> None:
+        end = time.perf_counter() + 0.0001
+        while time.perf_counter() < end:
+            pass
+        ran.append(threading.current_thread().name)
+
+    calls = DeadlineCalls(5.0)
+    for _ in range(3):
+        calls.many({f"card {i}": (python_time, ()) for i in range(256)})
+    assert len(ran) == 768 and len(set(ran)) <= 4, set(ran)  # sized by time alone: 13 a batch
+
+
 def test_a_worker_slow_to_start_gets_no_company_until_it_runs(monkeypatch: pytest.MonkeyPatch,
                                                               started_threads: list[str]) -> None:
     """On a loaded machine a new thread may take longer than SPREAD_S to run: the batch
