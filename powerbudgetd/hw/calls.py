@@ -10,14 +10,18 @@ started per call: a worker is started only when none is idle, and ends after
 One worker runs a batch's calls one after another while calls are quick (every thread
 woken costs more than a healthy call: waking one worker per card tripled the CPU of an
 8-card read, measured), however many there are: a quick call is Python's time, which
-threads would only share under the GIL. Where the recent calls took ``SLOW_CALL_S`` or
-more (the driver's time: an H200's ``GetFieldValues`` takes ~3 ms, the brief), a batch
-gets as many workers as run it in about ``SPREAD_S``: one per card, read side by side.
+threads would only share under the GIL. Where even the fastest call of the last batch of
+several took ``SLOW_CALL_S`` or more (the driver's time, every call of it: an H200's
+``GetFieldValues`` takes ~3 ms, the brief; a wait for the GIL delays a call or two, not
+all), a batch gets as many workers as run it in about ``SPREAD_S`` at that time: one per
+card at 2 ms or more, read side by side (a call abandoned at its deadline is no measure).
 When a batch has made no progress for ``SPREAD_S`` (a call lags: a hung card, a driver
 slower than it was), one more worker joins it and takes its next calls, and so on until
 the batch is done or its deadline passes, never while a worker handed over has not yet
-reached it (on a loaded machine a thread may take longer than that to run). A lagging card therefore delays the others
-by a few ``SPREAD_S`` (2-5 ms measured), not by its deadline.
+reached it (on a loaded machine a thread may take longer than that to run). A lagging
+card therefore delays the others by a few ``SPREAD_S`` (2-5 ms measured), not by its
+deadline. Starting a worker's thread counts against the deadline: none is started
+past it.
 
 A call that has not returned by the deadline is **abandoned, not awaited** (NVML gives no
 way to cancel a call) and raises :class:`~powerbudgetd.errors.NvmlTimeout`; a call the
@@ -46,9 +50,7 @@ IDLE_EXIT_S = 30.0  # a worker with no work for this long ends
 # one more worker. Far above a healthy call (tens of us through the bindings), below one
 # GetFieldValues on an H200 (~3 ms median, the brief's measurement).
 SPREAD_S = 0.002
-SLOW_CALL_S = 0.001  # calls this slow on average are the driver's, not Python's: spread at once
-CALL_S_WEIGHT = 0.2  # of the newest call in the running mean of call times
-CALL_S_CAP = 0.05  # the most one call counts for in that mean (s): a hang says "slow", not how slow
+SLOW_CALL_S = 0.001  # a batch whose every call took this long was the driver's, not Python's
 
 
 class InlineCalls:
@@ -74,12 +76,13 @@ class InlineCalls:
 class _Job:
     """One call of a batch: its outcome once ``done``."""
 
-    __slots__ = ("key", "fn", "args", "started", "began", "done", "value", "error")
+    __slots__ = ("key", "fn", "args", "started", "began", "took", "done", "value", "error")
 
     def __init__(self, key: str, fn: Callable[..., Any], args: tuple[Any, ...]) -> None:
         self.key, self.fn, self.args = key, fn, args
         self.started: float | None = None  # the owner's clock, once a worker took it
-        self.began = 0.0  # time.monotonic() then (for the running mean of call times)
+        self.began = 0.0  # time.monotonic() then
+        self.took = 0.0  # how long the call ran (s), from just before to just after it
         self.done = False
         self.value: Any = None
         self.error: BaseException | None = None
@@ -160,8 +163,7 @@ class _Worker:
                     del owner._busy[job.key]  # its key may be called again (an abandoned call too)
                     owner._abandoned.discard(job.key)
                     batch.left -= 1
-                    batch.moved = now = time.monotonic()
-                    owner._call_s += CALL_S_WEIGHT * (min(now - job.began, CALL_S_CAP) - owner._call_s)
+                    batch.moved = time.monotonic()
                 job = owner._take(batch)
                 if job is None:
                     owner._idle.append(self)
@@ -174,6 +176,7 @@ class _Worker:
                 job.value = job.fn(*job.args)
             except BaseException as exc:  # noqa: BLE001 - handed to the caller
                 job.error = exc
+            job.took = time.monotonic() - job.began  # before waiting for the lock
 
 
 class DeadlineCalls(InlineCalls):
@@ -187,7 +190,7 @@ class DeadlineCalls(InlineCalls):
         self._alive = 0
         self._started = 0
         self._busy: dict[str, float] = {}  # key -> when its running call started (clock s)
-        self._call_s = 0.0  # running mean of the time a call took (s)
+        self._call_s = 0.0  # the fastest call of the last batch of several, back in time (s)
         self._abandoned: set[str] = set()  # keys whose running call missed its deadline
 
     def overdue(self) -> dict[str, float]:
@@ -236,6 +239,7 @@ class DeadlineCalls(InlineCalls):
     def _run(self, calls: Mapping[str, Call], timeout_s: float) -> dict[str, Any]:
         """Every call's value, or its exception as a :class:`_Raised`, by key, within
         ``timeout_s`` (none is started with no time left)."""
+        deadline = time.monotonic() + timeout_s  # starting a worker's thread counts against it
         out: dict[str, Any] = {}
         jobs: list[_Job] = []
         new: list[threading.Thread | None] = []
@@ -252,38 +256,46 @@ class DeadlineCalls(InlineCalls):
             workers = math.ceil(len(jobs) * self._call_s / SPREAD_S) if self._call_s >= SLOW_CALL_S else 1
             for _ in range(min(len(jobs), workers)):
                 new.append(self._hand(batch))
-        for thread in new:
-            if thread is not None:
-                thread.start()
         if jobs:
-            out.update(self._wait(batch, time.monotonic() + timeout_s))
+            out.update(self._wait(batch, deadline, [t for t in new if t is not None]))
         return {k: out[k] for k in calls}
 
-    def _wait(self, batch: _Batch, deadline: float) -> dict[str, Any]:
-        """Until every job is back or ``deadline`` (monotonic s), a worker more each time
-        the batch stalls for ``SPREAD_S``; then (whatever ended the wait, an interrupt
-        too) the batch is closed and its laggards abandoned. Returns each job's value or
-        :class:`_Raised`, by key."""
+    def _wait(self, batch: _Batch, deadline: float, new: list[threading.Thread]) -> dict[str, Any]:
+        """Start the ``new`` workers' threads, then wait until every job is back or
+        ``deadline`` (monotonic s), a worker more each time the batch stalls for
+        ``SPREAD_S`` (none while one handed over has not reached it); then (whatever
+        ended the wait, an interrupt too) close the batch and abandon its laggards.
+        Returns each job's value or :class:`_Raised`, by key."""
         untaken = True  # wake each SPREAD_S only while a job may still wait for a worker
         try:
+            for i, thread in enumerate(new):
+                if time.monotonic() >= deadline:  # starting threads takes time too: no more past it
+                    with self._lock:
+                        self._alive -= len(new) - i
+                        batch.pending -= len(new) - i
+                    break
+                thread.start()
             while (left_s := deadline - time.monotonic()) > 0:
                 wait_s = min(SPREAD_S, left_s) if untaken else min(left_s, threading.TIMEOUT_MAX)
                 if batch.gate.acquire(timeout=wait_s):
                     break
                 with self._lock:
                     untaken = batch.next < len(batch.jobs)
-                    new = None
+                    more = None
                     if untaken and not batch.pending and time.monotonic() - batch.moved >= SPREAD_S:
                         batch.moved = time.monotonic()
-                        new = self._hand(batch)
-                if new is not None:
-                    new.start()
+                        more = self._hand(batch)
+                if more is not None:
+                    more.start()
         finally:
             out: dict[str, Any] = {}
             with self._lock:  # a job's outcome is final once it is done (written before, under this lock)
                 for job in batch.close():
                     out[job.key] = _Raised(NvmlTimeout(f"an NVML call on {job.key} was not started in time",
                                                        call="deadline"))
+                back = [job.took for job in batch.jobs if job.done and job.started is not None]
+                if len(batch.jobs) > 1 and back:  # a batch of several: its fastest call's time
+                    self._call_s = min(back)
                 for job in batch.jobs:
                     if job.done:
                         out[job.key] = job.value if job.error is None else _Raised(job.error)
