@@ -128,7 +128,9 @@ class CardLedger:
         self.replaced_by_ours = False
         moved = enforced_mw is not None and self.enforced_mw is not None and enforced_mw != self.enforced_mw
         self.requested_mw, self.enforced_mw = requested_mw, enforced_mw
-        self.worst_mw = max([self.worst_mw] + [v for v in (requested_mw, enforced_mw) if v is not None])
+        for v in (requested_mw, enforced_mw):
+            if v is not None and v > self.worst_mw:
+                self.worst_mw = v
         return moved
 
     def _forget_expired(self, now: float, moved: bool) -> None:
@@ -137,6 +139,8 @@ class CardLedger:
         e = self.enforced_mw
         if moved and e == self.requested_mw:  # the request seen biting: how long that took
             self.lag_seen_s = max(self.lag_seen_s, now - self.requested_since)
+        if not self.superseded:
+            return  # the common case, every tick: nothing replaced is waited for
         bit = [t for mw, t in self.superseded if moved and mw == e]
         if bit:  # a replaced write seen biting (the earliest of that value): how long that took
             self.lag_seen_s = max(self.lag_seen_s, now - min(bit))

@@ -13,24 +13,29 @@ def waterfill(amount_mw: int, lows: Sequence[int], highs: Sequence[int]) -> list
     """Largest common level L with sum(clamp(L, lo, hi)) <= amount; each card gets
     clamp(L, lo, hi). Watts a clamped card cannot take go to the others.
 
-    Assumes sum(lows) <= amount_mw (callers check). Returns one value per card, mW.
+    Assumes lows[i] <= highs[i] and sum(lows) <= amount_mw (callers check). Returns one
+    value per card, mW.
     """
     if not lows:
         return []
-    lo_level, hi_level = min(lows), max(highs)
-
-    def total(level: int) -> int:
-        return sum(min(max(level, lo), hi) for lo, hi in zip(lows, highs))
-
-    if total(hi_level) <= amount_mw:
+    if sum(highs) <= amount_mw:
         return list(highs)
-    while lo_level < hi_level:  # largest level whose total fits
-        mid = (lo_level + hi_level + 1) // 2
-        if total(mid) <= amount_mw:
-            lo_level = mid
-        else:
-            hi_level = mid - 1
-    return [min(max(lo_level, lo), hi) for lo, hi in zip(lows, highs)]
+    # The total is piecewise linear in L: its slope is the number of cards with
+    # lo <= L < hi. Walk the breakpoints (every lo and hi, sorted) up from min(lows),
+    # where the total is sum(lows), to the segment where it passes the amount: exact,
+    # and O(n log n) where a bisection over the level would be O(n log(range)).
+    level, total = min(lows), sum(lows)
+    rising = 0  # cards whose clamp rises with L just above ``level``
+    events = sorted([(lo, 1) for lo in lows] + [(hi, -1) for hi in highs])
+    for point, change in events:
+        if point > level:
+            step = rising * (point - level)
+            if total + step > amount_mw:
+                break
+            total, level = total + step, point
+        rising += change
+    level += (amount_mw - total) // rising if rising else 0
+    return [min(max(level, lo), hi) for lo, hi in zip(lows, highs)]
 
 
 def fair_shares(budget_mw: int, lows: Sequence[int], highs: Sequence[int]) -> list[int] | None:

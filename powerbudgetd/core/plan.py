@@ -15,11 +15,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 
-@dataclass(frozen=True)
-class Step:
-    """One card's position: its bound (highest limit that may be in force) and target, mW."""
+class Step(NamedTuple):
+    """One card's position: its bound (highest limit that may be in force) and target, mW.
+    A named tuple, not a frozen dataclass: one is built per card every tick, at a quarter
+    of the cost."""
 
     uuid: str
     bound_mw: int

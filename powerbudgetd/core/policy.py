@@ -59,6 +59,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from powerbudgetd.core.fairshare import waterfill
 from powerbudgetd.core.model import Role, Timings
@@ -75,9 +76,9 @@ MAX_REVERSALS = 2  # ... this many times in any window this long
 _FLAP_MARGIN_S = 0.5  # the limit lag and a tick or two between a target and the card
 
 
-@dataclass(frozen=True)
-class CardView:
-    """What the policy sees of one controllable card; every value in integer mW."""
+class CardView(NamedTuple):
+    """What the policy sees of one controllable card; every value in integer mW. Named
+    tuples, this and :class:`Target`: one of each is built per card every tick."""
 
     uuid: str
     share_mw: int  # fair share
@@ -89,8 +90,7 @@ class CardView:
     priority: int = 0  # higher borrows first
 
 
-@dataclass(frozen=True)
-class Target:
+class Target(NamedTuple):
     """A card's target cap (mW), its role, and why it changed (``""`` if unchanged)."""
 
     limit_mw: int
@@ -178,7 +178,9 @@ class LendingPolicy:
         tm = self.timings
         reasons: dict[str, str] = {}
         for c in cards:
-            tr = self._tracks.setdefault(c.uuid, _Track())
+            tr = self._tracks.get(c.uuid)
+            if tr is None:  # not setdefault: that would build a track every tick
+                tr = self._tracks[c.uuid] = _Track()
             self._update(tr, c, now)
             if _draw(c, tr) is None:  # power unknown: neither donor nor recipient
                 if tr.role != Role.FAIR:
@@ -332,11 +334,18 @@ class LendingPolicy:
         steps of :data:`CEILING_STEP_MW` and one more, so that a wandering draw does not
         move its cap."""
         room = c.max_mw - c.share_mw
-        recent = [(mw, capped) for s, mw, capped in tr.peaks if now - s <= USE_MEMORY_S]
-        watched = bool(tr.peaks) and now - tr.peaks[0][0] >= USE_MEMORY_S
-        if not watched or any(capped for _, capped in recent) or not recent:
+        peaks = tr.peaks
+        if not peaks or now - peaks[0][0] < USE_MEMORY_S:
+            return room  # not watched that long
+        highest = None
+        for s, mw, capped in peaks:  # one pass: read for every recipient, every tick
+            if now - s <= USE_MEMORY_S:
+                if capped:
+                    return room
+                highest = mw if highest is None or mw > highest else highest
+        if highest is None:
             return room
-        usable = max(mw for mw, _ in recent) / self.timings.pinned_fraction - c.share_mw
+        usable = highest / self.timings.pinned_fraction - c.share_mw
         # Rounded up, plus a step: at a ceiling of exactly draw / pinned_fraction the same
         # draw reads as pinned again, lifting the ceiling and lowering it 10 s later.
         steps = -(-int(usable) // CEILING_STEP_MW) + 1
@@ -372,8 +381,11 @@ class LendingPolicy:
 
 
 def _draw(c: CardView, tr: _Track) -> int | None:
-    known = [p for p in (c.power_avg_mw, tr.instant_mw) if p is not None]
-    return max(known) if known else None
+    """The larger of the average and the instant reading (or its estimate); None: neither."""
+    avg, instant = c.power_avg_mw, tr.instant_mw
+    if avg is None or instant is None:
+        return instant if avg is None else avg
+    return avg if avg > instant else instant
 
 
 def _wake_draw(c: CardView, tr: _Track) -> int:
