@@ -236,6 +236,8 @@ class Nvml:
     # -- plumbing -------------------------------------------------------------------
     def _call(self, name: str, fn: Callable[..., T], *args: Any) -> T:
         try:
+            if self.library is None:  # the driver's own library: nothing to bind
+                return fn(*args)
             with self._bound():
                 return fn(*args)
         except self._lib.NVMLError as exc:
@@ -371,9 +373,11 @@ class Nvml:
 
     def power_instant_w(self, uuid: str) -> float | None:
         """Field 186 in W; None where the card has no instant reading."""
+        return self._instant_w(uuid, self._handle(uuid))
+
+    def _instant_w(self, uuid: str, handle: Any) -> float | None:
         if uuid in self._instant_unsupported:
             return None
-        handle = self._handle(uuid)
         values = self._call(
             "nvmlDeviceGetFieldValues",
             self._lib.nvmlDeviceGetFieldValues,
@@ -397,7 +401,7 @@ class Nvml:
         handle = self._handle(uuid)
         return PowerReading(
             power_avg_w=self._optional("nvmlDeviceGetPowerUsage", lib.nvmlDeviceGetPowerUsage, handle),
-            power_instant_w=self.power_instant_w(uuid),
+            power_instant_w=self._instant_w(uuid, handle),
             requested_limit_w=self._optional(
                 "nvmlDeviceGetPowerManagementLimit", lib.nvmlDeviceGetPowerManagementLimit, handle
             ),
