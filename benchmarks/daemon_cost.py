@@ -59,7 +59,7 @@ def peak_rss_mb(pid: int) -> float:
 
 BENCH_THREAD = "bench-sim-cpu"  # the bootstrap's own thread: its CPU is not the daemon's
 # Threads by their kernel names (15 bytes) as the report shows them.
-SHOWN = {"asyncio_0": "tick (asyncio_0)", "powerbudgetd-re": "recorder"}
+SHOWN = {"powerbudgetd-ti": "tick", "powerbudgetd-re": "recorder"}
 
 # Run in the daemon's process before powerbudgetd starts: give each thread its Python
 # name in the kernel too (/proc/PID/task/TID/comm, 15 bytes), so that its CPU can be
@@ -110,7 +110,7 @@ sys.exit(main(sys.argv[1:]))
 def threads_cpu_s(pid: int) -> dict[str, float]:
     """CPU seconds of each of ``pid``'s threads so far (``schedstat``: nanoseconds, not
     clock ticks), summed by name, the NVML workers (``nvml-worker-N``) as one; the tick
-    runs on ``asyncio_0`` (``asyncio.to_thread``)."""
+    runs on ``powerbudgetd-tick`` (``service.tickthread``)."""
     out: dict[str, float] = {}
     for task in Path(f"/proc/{pid}/task").iterdir():
         try:

@@ -1,7 +1,7 @@
 """The daemon: the controller on the wall clock, with signals and systemd notification.
 
-Each tick runs in a worker thread, so a slow NVML call cannot freeze the event loop that
-serves signals and side channels. The watchdog is fed only after a tick completes: a
+Each tick runs on the control loop's own thread (:mod:`~powerbudgetd.service.tickthread`),
+so a slow NVML call cannot freeze the event loop that serves signals and side channels. The watchdog is fed only after a tick completes: a
 stuck control loop stops the pings and systemd restarts the service.
 
 SIGHUP reloads the config file: ``RELOADING=1``, re-read and validate, then
@@ -50,6 +50,7 @@ from powerbudgetd.hw.nvml import Nvml, init_advice
 from powerbudgetd.hw.persistence import ensure_persistence_mode
 from powerbudgetd.service import signals
 from powerbudgetd.service.interruptible import Interrupted, until_stopped
+from powerbudgetd.service.tickthread import TickThread
 
 log = structlog.get_logger("powerbudgetd")
 
@@ -130,6 +131,7 @@ class Daemon:
         # tick's snapshot, so every channel sees the same account.
         self.circuit_status: Callable[[float], CircuitStatus] | None = None
         self.controller: Controller | None = None
+        self._ticks = TickThread()  # where each tick runs, off the loop
         self._stop = asyncio.Event()
         self._exit_status: int | None = None  # request_exit's
         self._wake = asyncio.Event()  # a signal arrived: end the wait between ticks
@@ -308,6 +310,7 @@ class Daemon:
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
+            self._ticks.close()
             self._shutdown_nvml()
 
     def _boot_interrupted(self, step: str) -> int:
@@ -362,7 +365,7 @@ class Daemon:
         its report completed with the budget in force and the circuit's state."""
         assert self.keeper is not None
         self.keeper.apply(ctl, t0)  # between ticks: what the sources reported since the last one
-        report = await asyncio.to_thread(ctl.tick, t0)
+        report = await self._ticks.run(ctl.tick, t0)
         snapshot = report.snapshot.with_budget(self.keeper.in_force)
         if self.circuit_status is not None:
             snapshot = dataclasses.replace(snapshot, circuit=self.circuit_status(t0))

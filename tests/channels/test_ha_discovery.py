@@ -116,7 +116,7 @@ def test_lost_cards_read_unavailable_and_a_vanished_card_stays_known(ctl: Contro
     assert snap is not None
     bridge.state.track_cards(snap)
     assert bridge.state.lost_cards(snap) == []
-    broken = dataclasses.replace(snap.cards[1], readable=False, error="GPU is lost")
+    broken = snap.cards[1]._replace(readable=False, error="GPU is lost")
     vanished = dataclasses.replace(snap, cards=(snap.cards[0], broken, snap.cards[2]))  # GPU 3 gone
     assert bridge.state.lost_cards(vanished) == [1, 3]
     state = bridge.state.bank_state(vanished)
@@ -212,7 +212,7 @@ def test_the_state_payloads_round_draw_and_energy(ctl: Controller) -> None:
     Loop(ctl, bridge).tick(0.0)
     snap = bridge.state.latest
     assert snap is not None
-    card = ha.card_state(dataclasses.replace(snap.cards[0], power_avg_w=31.23456), energy_kwh=1.234567)
+    card = ha.card_state(snap.cards[0]._replace(power_avg_w=31.23456), energy_kwh=1.234567)
     assert (card["power_avg_w"], card["energy_kwh"]) == (31.2, 1.2346)
     state = json.loads(json.dumps(bridge.state.bank_state(snap)))
     assert state["over_budget"] is snap.over_budget and state["lost_gpus"] == []
