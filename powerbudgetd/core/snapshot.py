@@ -32,7 +32,7 @@ class CardSnapshot(NamedTuple):
     moves), by reason: the card's draw is unknown (None) while they last.
     """
 
-    index: int
+    index: int  # type: ignore[assignment]  # the GPU index; shadows tuple.index, which nothing calls
     uuid: str
     name: str
     role: str
