@@ -48,6 +48,6 @@ def fair_shares(budget_mw: int, lows: Sequence[int], highs: Sequence[int]) -> li
 @lru_cache(maxsize=8)
 def cached_fair_shares(budget_mw: int, lows: tuple[int, ...], highs: tuple[int, ...]) -> tuple[int, ...] | None:
     """:func:`fair_shares` remembered for the last few inputs: a tick's pool and its
-    cards' limits seldom change, and the water-fill is a bisection over every card."""
+    cards' limits seldom change, and the water-fill walks every card's breakpoints."""
     shares = fair_shares(budget_mw, lows, highs)
     return None if shares is None else tuple(shares)

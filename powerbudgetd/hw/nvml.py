@@ -372,7 +372,10 @@ class Nvml:
             return None
 
     def power_instant_w(self, uuid: str) -> float | None:
-        """Field 186 in W; None where the card has no instant reading."""
+        """Field 186 in W; None where the card has no instant reading (known without a
+        call: no handle is looked up for it)."""
+        if uuid in self._instant_unsupported:
+            return None
         return self._instant_w(uuid, self._handle(uuid))
 
     def _instant_w(self, uuid: str, handle: Any) -> float | None:

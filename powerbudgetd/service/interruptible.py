@@ -17,6 +17,8 @@ import threading
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from powerbudgetd.service.tickthread import settle
+
 T = TypeVar("T")
 
 
@@ -32,14 +34,6 @@ async def until_stopped(stop: asyncio.Event, fn: Callable[..., T], *args: Any, n
     loop = asyncio.get_running_loop()
     done: asyncio.Future[T] = loop.create_future()
 
-    def settle(value: Any, error: BaseException | None) -> None:
-        if done.done():
-            return
-        if error is None:
-            done.set_result(value)
-        else:
-            done.set_exception(error)
-
     def work() -> None:
         value, error = None, None
         try:
@@ -47,7 +41,7 @@ async def until_stopped(stop: asyncio.Event, fn: Callable[..., T], *args: Any, n
         except BaseException as exc:  # noqa: BLE001 - handed to the awaiting task
             error = exc
         with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits any more
-            loop.call_soon_threadsafe(settle, value, error)
+            loop.call_soon_threadsafe(settle, done, value, error)
 
     threading.Thread(target=work, name=name, daemon=True).start()
     stopped = asyncio.ensure_future(stop.wait())

@@ -25,31 +25,39 @@ T = TypeVar("T")
 _Work = tuple[asyncio.AbstractEventLoop, "asyncio.Future[Any]", Callable[..., Any], tuple[Any, ...]]
 
 
-def _settle(done: asyncio.Future[Any], value: Any, error: BaseException | None) -> None:
+def settle(done: asyncio.Future[Any], value: Any, error: BaseException | None) -> None:
+    """Hand a thread's outcome to the future the loop awaits (on the loop, through
+    ``call_soon_threadsafe``); dropped when the awaiting task is gone. A StopIteration
+    (a stray ``next()``) is wrapped in a RuntimeError: a future refuses to take one, and
+    the awaiting task would never wake."""
     if done.done():  # the awaiting task was cancelled: nobody wants the outcome
         return
     if error is None:
         done.set_result(value)
+    elif isinstance(error, StopIteration):
+        done.set_exception(RuntimeError(f"StopIteration raised off the loop: {error!r}"))
     else:
         done.set_exception(error)
 
 
 class TickThread:
     """One long-lived daemon thread named ``name`` that runs what :meth:`run` hands it,
-    one call at a time, in order. Started by the first :meth:`run`; :meth:`close` lets
-    it end once the call it runs (if any) returns."""
+    one call at a time, in order. Started by the first :meth:`run`; after :meth:`close`
+    it ends once what it was handed has run, and :meth:`run` raises RuntimeError."""
 
     def __init__(self, name: str = "powerbudgetd-tick") -> None:
         self.name = name
-        self._inbox: queue.SimpleQueue[_Work | None] = queue.SimpleQueue()  # the running thread's
+        self._inbox: queue.SimpleQueue[_Work | None] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
+        self._closed = False
 
     async def run(self, fn: Callable[..., T], *args: Any) -> T:
-        """``fn(*args)`` on the thread: its value, or the exception it raised. Cancelling
-        the await leaves the call to finish (its outcome dropped); the next call waits
-        for it."""
+        """``fn(*args)`` on the thread: its value, or the exception it raised. A call
+        handed over runs to its end even when the await is cancelled (its outcome is
+        dropped), and the next call runs after it. Raises RuntimeError after :meth:`close`."""
+        if self._closed:
+            raise RuntimeError(f"{self.name}: closed")
         if self._thread is None:
-            self._inbox = queue.SimpleQueue()  # its own: a closed thread's last call may still run
             self._thread = threading.Thread(target=_serve, args=(self._inbox,), name=self.name, daemon=True)
             self._thread.start()
         loop = asyncio.get_running_loop()
@@ -60,9 +68,9 @@ class TickThread:
     def close(self) -> None:
         """Let the thread end after what it has been handed (it is a daemon thread: a
         call that never returns does not hold up the process's exit)."""
-        if self._thread is not None:
+        if not self._closed:
+            self._closed = True
             self._inbox.put(None)
-            self._thread = None
 
 
 def _serve(inbox: queue.SimpleQueue[_Work | None]) -> None:
@@ -74,5 +82,5 @@ def _serve(inbox: queue.SimpleQueue[_Work | None]) -> None:
         except BaseException as exc:  # noqa: BLE001 - handed to the awaiting task
             error = exc
         with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits any more
-            loop.call_soon_threadsafe(_settle, done, value, error)
-        del work, done, value, error  # hold nothing of a tick until the next one comes
+            loop.call_soon_threadsafe(settle, done, value, error)
+        del work, loop, done, fn, args, value, error  # hold nothing of a tick (the controller) between ticks

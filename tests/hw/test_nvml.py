@@ -49,6 +49,21 @@ def test_instant_power_is_none_on_cards_without_field_186():
     assert nvml.read("GPU-test-0").power_avg_w == pytest.approx(30.0, abs=1)
 
 
+def test_a_card_known_without_field_186_is_not_asked_again_even_once_lost():
+    """The peak sampler's ``power_instant_w`` on such a card answers None without a
+    call: no handle lookup on a lost card every pass, no error counted for it."""
+    bank, nvml = layer(card(0, has_instant=False), faults=[
+        Fault("nvmlDeviceGetPowerUsage", "GPU_IS_LOST", from_s=1.0),
+        Fault("nvmlDeviceGetHandleByUUID", "GPU_IS_LOST", from_s=1.0),
+    ])
+    nvml.devices()
+    assert nvml.read("GPU-test-0").power_instant_w is None  # learnt: no field 186
+    bank.advance_to(1.5)
+    with pytest.raises(errors.NvmlGpuLost):
+        nvml.read("GPU-test-0")  # the handle is dropped
+    assert nvml.power_instant_w("GPU-test-0") is None
+
+
 @pytest.mark.parametrize(
     ("error", "kind"),
     [

@@ -17,7 +17,6 @@ def _threads_named(name: str) -> list[threading.Thread]:
 
 async def test_every_call_runs_on_one_thread_and_no_thread_is_started_per_call() -> None:
     ticks = TickThread("test-tick")
-    before = threading.active_count()
     seen: set[int] = set()
 
     def tick(k: int) -> int:
@@ -28,7 +27,6 @@ async def test_every_call_runs_on_one_thread_and_no_thread_is_started_per_call()
         for k in range(300):
             assert await ticks.run(tick, k) == 2 * k
         assert len(seen) == 1 and threading.get_ident() not in seen  # off the loop, always the same thread
-        assert threading.active_count() == before + 1
         assert len(_threads_named("test-tick")) == 1
     finally:
         ticks.close()
@@ -112,3 +110,24 @@ async def test_close_ends_the_thread() -> None:
     ticks.close()
     thread.join(2)
     assert not thread.is_alive()
+
+
+async def test_a_stop_iteration_in_a_tick_wakes_the_loop_as_an_error() -> None:
+    """A stray ``next()`` in a tick: a future refuses a StopIteration, and the awaiting
+    task would never wake (ticks would stop until the watchdog)."""
+    ticks = TickThread("test-tick-stopiteration")
+    try:
+        with pytest.raises(RuntimeError, match="StopIteration"):
+            await asyncio.wait_for(ticks.run(next, iter(())), 2.0)
+        assert await ticks.run(lambda: 1) == 1
+    finally:
+        ticks.close()
+
+
+async def test_nothing_runs_after_close() -> None:
+    """Closed is final: a second thread could run beside a last tick still finishing."""
+    ticks = TickThread("test-tick-final")
+    await ticks.run(lambda: None)
+    ticks.close()
+    with pytest.raises(RuntimeError, match="closed"):
+        await ticks.run(lambda: None)
