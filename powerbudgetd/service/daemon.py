@@ -1,8 +1,9 @@
 """The daemon: the controller on the wall clock, with signals and systemd notification.
 
 Each tick runs on the control loop's own thread (:mod:`~powerbudgetd.service.tickthread`),
-so a slow NVML call cannot freeze the event loop that serves signals and side channels. The watchdog is fed only after a tick completes: a
-stuck control loop stops the pings and systemd restarts the service.
+so a slow NVML call cannot freeze the event loop that serves signals and side channels.
+The watchdog is fed only after a tick completes: a stuck control loop stops the pings
+and systemd restarts the service.
 
 SIGHUP reloads the config file: ``RELOADING=1``, re-read and validate, then
 ``READY=1``. An invalid file keeps the running config (and says why); a new budget is
