@@ -12,12 +12,11 @@ cancel a call) and holds up no exit.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import threading
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from powerbudgetd.service.tickthread import settle
+from powerbudgetd.service.tickthread import run_for
 
 T = TypeVar("T")
 
@@ -34,22 +33,13 @@ async def until_stopped(stop: asyncio.Event, fn: Callable[..., T], *args: Any, n
     loop = asyncio.get_running_loop()
     done: asyncio.Future[T] = loop.create_future()
 
-    def work() -> None:
-        value, error = None, None
-        try:
-            value = fn(*args)
-        except BaseException as exc:  # noqa: BLE001 - handed to the awaiting task
-            error = exc
-        with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits any more
-            loop.call_soon_threadsafe(settle, done, value, error)
-
-    threading.Thread(target=work, name=name, daemon=True).start()
+    threading.Thread(target=run_for, args=(loop, done, fn, args), name=name, daemon=True).start()
     stopped = asyncio.ensure_future(stop.wait())
     try:
         await asyncio.wait((done, stopped), return_when=asyncio.FIRST_COMPLETED)
     finally:
         stopped.cancel()
-        done.cancel()  # no-op once settled; else settle() finds it done and drops a late result
+        done.cancel()  # no-op once settled; else a late outcome finds it done and is dropped
     if done.cancelled():
         raise Interrupted(name)
     return done.result()

@@ -26,9 +26,9 @@ T = TypeVar("T")
 _Work = tuple[asyncio.AbstractEventLoop, "asyncio.Future[Any]", Callable[..., Any], tuple[Any, ...]]
 
 
-def settle(done: asyncio.Future[Any], value: Any, error: BaseException | None) -> None:
-    """Hand a thread's outcome to the future the loop awaits (on the loop, through
-    ``call_soon_threadsafe``); dropped when the awaiting task is gone. A StopIteration
+def _settle(done: asyncio.Future[Any], value: Any, error: BaseException | None) -> None:
+    """A thread's outcome into the future the loop awaits (on the loop); dropped when
+    the awaiting task is gone. A StopIteration
     (a stray ``next()``) is wrapped in a RuntimeError: a future refuses to take one, and
     the awaiting task would never wake."""
     if done.done():  # the awaiting task was cancelled: nobody wants the outcome
@@ -39,6 +39,19 @@ def settle(done: asyncio.Future[Any], value: Any, error: BaseException | None) -
         done.set_exception(RuntimeError(f"StopIteration raised off the loop: {error!r}"))
     else:
         done.set_exception(error)
+
+
+def run_for(loop: asyncio.AbstractEventLoop, done: asyncio.Future[Any], fn: Callable[..., Any],
+            args: tuple[Any, ...]) -> None:
+    """``fn(*args)`` on the calling thread (off the loop), its value or the exception it
+    raised handed to ``done`` on ``loop``; nothing when the loop is closed meanwhile."""
+    value, error = None, None
+    try:
+        value = fn(*args)
+    except BaseException as exc:  # noqa: BLE001 - handed to the awaiting task
+        error = exc
+    with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits any more
+        loop.call_soon_threadsafe(_settle, done, value, error)
 
 
 class TickThread:
@@ -76,12 +89,5 @@ class TickThread:
 
 def _serve(inbox: queue.SimpleQueue[_Work | None]) -> None:
     while (work := inbox.get()) is not None:
-        loop, done, fn, args = work
-        value, error = None, None
-        try:
-            value = fn(*args)
-        except BaseException as exc:  # noqa: BLE001 - handed to the awaiting task
-            error = exc
-        with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits any more
-            loop.call_soon_threadsafe(settle, done, value, error)
-        del work, loop, done, fn, args, value, error  # hold nothing of a tick between ticks
+        run_for(*work)
+        del work  # hold nothing of a tick between ticks
