@@ -19,17 +19,32 @@ preemptions do not count) is split three ways:
 Also printed: the tick's wall time (``time.perf_counter``) and the calls that missed
 their deadline (each costs its card one tick of control).
 
-    python benchmarks/tick_time.py [--ticks 600] [--cards 1 8 64 256 1024] [--inline]
+The simulated library answers through Python callbacks (ctypes calls back into the
+simulator, which routes each call to its bank), and the part of that outside its
+``serve`` counts in the NVML layer above, as does this benchmark's own timing of each call
+there. ``--driver null`` therefore also times the NVML layer over a driver that costs
+nothing (``sim/nullnvml.c``, loaded by the bindings' own loader in a child process, as in
+``daemon_cost.py``): a controller over it makes a tick's calls as the daemon would, and
+all of their time is the layer's (the bindings, ``powerbudgetd.hw``, the workers): what
+the layer costs over a real driver, less the driver's own time. The controller's time is
+still taken over the simulated bank, whose physics gives it decisions to make; the null
+driver's fixed square wave gives it few.
+
+    python benchmarks/tick_time.py [--ticks 600] [--cards 1 8 64 256 1024] [--inline] [--driver null]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
+import subprocess
 import sys
+import tempfile
 import threading
 import time
+from pathlib import Path
 from collections.abc import Callable
 from typing import Any
 
@@ -39,6 +54,7 @@ from powerbudgetd.errors import NvmlTimeout
 from powerbudgetd.hw.calls import DeadlineCalls, InlineCalls
 from powerbudgetd.hw.nvml import Nvml
 from powerbudgetd.service.logs import configure_logging
+from powerbudgetd_sim import nulldriver
 from powerbudgetd_sim.libnvml import SimNvmlLibrary
 from powerbudgetd_sim.physics import CardSpec, SimBank
 from powerbudgetd_sim.profiles import Phase, Profile
@@ -160,15 +176,62 @@ def measure(n: int, ticks: int, inline: bool = False) -> dict[str, float]:
     }
 
 
+def measure_layer(n: int, ticks: int, inline: bool = False) -> dict[str, float]:
+    """In a process started with :func:`nulldriver.environ`: a controller over the null
+    driver's ``n`` cards ticked ``ticks`` times; the CPU time of its NVML calls per tick
+    in ms (all of it the layer's: the driver's calls cost nothing)."""
+    nvml = Nvml()
+    nvml.init()
+    timings = Timings()
+    calls = TimedCalls(InlineCalls())
+    ctl = Controller(nvml, 400.0 * n, timings, calls=calls)  # type: ignore[arg-type]
+    ctl.start()
+    if not inline:
+        calls.inner = DeadlineCalls(timings.call_timeout_s)
+    layer = []
+    calls.timeouts = 0
+    for k in range(ticks):
+        calls.spent_s = 0.0
+        ctl.tick(round(k * timings.tick_s, 9))
+        layer.append(calls.spent_s)
+    return {"cards": n, "deadline_misses": calls.timeouts, "nvml_layer_c_ms_mean": _ms(layer),
+            "nvml_layer_c_ms_p99": _ms(layer, 0.99)}
+
+
+def layer_over_null_driver(cards: list[int], ticks: int, inline: bool) -> list[dict[str, float]]:
+    """:func:`measure_layer` for each bank size, each in a child process that loads the
+    null driver (built in a temporary directory). Raises CalledProcessError."""
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="tick-time-") as tmp:
+        built = nulldriver.build(Path(tmp)).parent
+        for n in cards:
+            argv = [sys.executable, __file__, "--layer-only", "--json", "--ticks", str(ticks), "--cards", str(n)]
+            out = subprocess.run(argv + (["--inline"] if inline else []), check=True, capture_output=True,
+                                 text=True, env={**os.environ, **nulldriver.environ(built, n)})
+            rows.extend(json.loads(out.stdout))
+    return rows
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--ticks", type=int, default=600, help="ticks per bank (default 600 = 1 min at 100 ms)")
     ap.add_argument("--cards", type=int, nargs="+", default=[1, 8, 64, 256, 1024])
     ap.add_argument("--inline", action="store_true", help="make the NVML calls on the controller's thread")
+    ap.add_argument("--driver", choices=("sim", "null"), default="sim",
+                    help="null: also time the NVML layer over a C driver that costs nothing")
+    ap.add_argument("--layer-only", action="store_true", help=argparse.SUPPRESS)  # the null driver's child
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     configure_logging(level="error", stream=sys.stderr)
+    if args.layer_only:
+        print(json.dumps([measure_layer(n, args.ticks, args.inline) for n in args.cards]))
+        return 0
     rows = [measure(n, args.ticks, args.inline) for n in args.cards]
+    if args.driver == "null":
+        for r, c in zip(rows, layer_over_null_driver(args.cards, args.ticks, args.inline)):
+            r["nvml_layer_c_ms_mean"], r["nvml_layer_c_ms_p99"] = c["nvml_layer_c_ms_mean"], c["nvml_layer_c_ms_p99"]
+            r["controller_plus_nvml_c_ms_mean"] = round(r["controller_ms_mean"] + c["nvml_layer_c_ms_mean"], 4)
+            r["deadline_misses_c"] = c["deadline_misses"]
     if args.json:
         print(json.dumps(rows, indent=2))
         return 0
@@ -183,11 +246,20 @@ def main() -> int:
             f"{r['simulator_ms_mean']:>10.3f} {r['wall_ms_mean']:>8.3f} {r['wall_ms_p99']:>9.3f} "
             f"{r['deadline_misses']:>7} {r['limit_writes']:>7}"
         )
+    if args.driver == "null":
+        print("over the null driver (a C library whose calls cost nothing): the NVML layer, and the "
+              "controller above plus it:")
+        print(f"  {'cards':>5} {'NVML layer':>11} {'p99':>8} {'ctl+NVML':>9} {'missed':>7}")
+        for r in rows:
+            print(f"  {r['cards']:>5} {r['nvml_layer_c_ms_mean']:>11.3f} {r['nvml_layer_c_ms_p99']:>8.3f} "
+                  f"{r['controller_plus_nvml_c_ms_mean']:>9.3f} {r['deadline_misses_c']:>7}")
     if len(rows) > 1:
         a, b = rows[-2], rows[-1]
-        ratio = b["controller_plus_nvml_ms_mean"] / max(a["controller_plus_nvml_ms_mean"], 1e-9)
-        print(f"  controller + NVML layer at {b['cards']} cards / at {a['cards']}: {ratio:.2f} "
-              f"(cards x{b['cards'] / a['cards']:g})")
+        for key, what in (("controller_plus_nvml_ms_mean", "simulated library"),
+                          ("controller_plus_nvml_c_ms_mean", "null driver")):
+            if key in b:
+                print(f"  controller + NVML layer ({what}) at {b['cards']} cards / at {a['cards']}: "
+                      f"{b[key] / max(a[key], 1e-9):.2f} (cards x{b['cards'] / a['cards']:g})")
     return 0
 
 

@@ -11,6 +11,7 @@ the code below and NVIDIA's bindings under it are exactly the code tested.
 
 from __future__ import annotations
 
+import ctypes
 import functools
 import importlib
 import importlib.metadata
@@ -19,7 +20,7 @@ from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from types import ModuleType
 from collections.abc import Callable
-from typing import Any, Protocol, TypeVar
+from typing import Any, NamedTuple, Protocol, TypeVar
 
 from powerbudgetd.core.units import to_mw, to_w
 from powerbudgetd.errors import (
@@ -49,6 +50,11 @@ _ERROR_KINDS: dict[int, type[NvmlError]] = {
 _FUNCTION_NOT_FOUND = 13  # NVML_ERROR_FUNCTION_NOT_FOUND: a driver older than the call
 FI_DEV_POWER_INSTANT = 186  # NVML_FI_DEV_POWER_INSTANT: instant board power, mW
 _VALUE_FIELDS = {0: "dVal", 1: "uiVal", 2: "ulVal", 3: "ullVal", 4: "sllVal", 5: "siVal", 6: "usVal"}
+# The bindings' structures pass every attribute read through a Python-level
+# __getattribute__ that decodes bytes; a field value's members are numbers, so the read
+# of field 186 each tick takes them from ctypes directly (0.44 us instead of 1.07 us for
+# the three, measured over the null driver).
+_member = ctypes.Structure.__getattribute__
 
 T = TypeVar("T")
 
@@ -178,9 +184,9 @@ class GpuInfo:
     mig_mode: bool | None = None
 
 
-@dataclass(frozen=True)
-class PowerReading:
-    """One read of a card. Every value in W; ``None`` means unknown (never 0 W).
+class PowerReading(NamedTuple):
+    """One read of a card. Every value in W; ``None`` means unknown (never 0 W). A named
+    tuple: made for every card every tick (0.42 us, the frozen dataclass 0.73 us).
 
     ``power_avg_w``: ``nvmlDeviceGetPowerUsage``, a trailing 1 s mean on current GPUs.
     ``power_instant_w``: field 186, refreshed every 100 ms; ``None`` on older cards.
@@ -388,14 +394,14 @@ class Nvml:
             [FI_DEV_POWER_INSTANT],
         )
         value = values[0]
-        ret = int(value.nvmlReturn)
+        ret = _member(value, "nvmlReturn")
         if ret == 3:  # NOT_SUPPORTED: remember, so we stop asking
             self._instant_unsupported.add(uuid)
             return None
         if ret != 0:
             kind = _ERROR_KINDS.get(ret, NvmlError)
             raise kind(f"field {FI_DEV_POWER_INSTANT}: NVML return {ret}", code=ret, call="field186")
-        raw = getattr(value.value, _VALUE_FIELDS.get(int(value.valueType), "uiVal"))
+        raw = getattr(_member(value, "value"), _VALUE_FIELDS.get(_member(value, "valueType"), "uiVal"))
         return to_w(raw)
 
     def read(self, uuid: str) -> PowerReading:
