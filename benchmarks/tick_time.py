@@ -132,7 +132,7 @@ def _ms(values: list[float], q: float | None = None) -> float:
     return round(1000 * sorted(values)[int(len(values) * q)], 4)
 
 
-def measure(n: int, ticks: int, inline: bool = False) -> dict[str, float]:
+def measure(n: int, ticks: int, inline: bool = False) -> dict[str, Any]:
     """Run ``ticks`` ticks on ``n`` cards; times per tick in ms (see the module docstring)."""
     bank = SimBank(bank_specs(n), lag_s=0.1, seed=1)
     sim = SimClock()
@@ -176,39 +176,47 @@ def measure(n: int, ticks: int, inline: bool = False) -> dict[str, float]:
     }
 
 
-def measure_layer(n: int, ticks: int, inline: bool = False) -> dict[str, float]:
+def measure_layer(n: int, ticks: int, inline: bool = False) -> dict[str, Any]:
     """In a process started with :func:`nulldriver.environ`: a controller over the null
     driver's ``n`` cards ticked ``ticks`` times; the CPU time of its NVML calls per tick
-    in ms (all of it the layer's: the driver's calls cost nothing)."""
+    in ms (all of it the layer's: the driver's calls cost nothing). Raises SystemExit
+    unless the null driver, with ``n`` cards, is what NVML answers from."""
     nvml = Nvml()
     nvml.init()
+    if nvml.driver_version() != nulldriver.DRIVER_VERSION:
+        raise SystemExit(f"not the null driver: NVML says driver {nvml.driver_version()}")
     timings = Timings()
     calls = TimedCalls(InlineCalls())
     ctl = Controller(nvml, 400.0 * n, timings, calls=calls)  # type: ignore[arg-type]
     ctl.start()
+    if len(ctl.cards) != n:
+        raise SystemExit(f"the null driver has {len(ctl.cards)} cards, not {n}")
     if not inline:
         calls.inner = DeadlineCalls(timings.call_timeout_s)
     layer = []
+    writes = 0
     calls.timeouts = 0
     for k in range(ticks):
         calls.spent_s = 0.0
-        ctl.tick(round(k * timings.tick_s, 9))
+        writes += len(ctl.tick(round(k * timings.tick_s, 9)).writes)
         layer.append(calls.spent_s)
-    return {"cards": n, "deadline_misses": calls.timeouts, "nvml_layer_c_ms_mean": _ms(layer),
-            "nvml_layer_c_ms_p99": _ms(layer, 0.99)}
+    return {"cards": n, "deadline_misses": calls.timeouts, "limit_writes": writes,
+            "nvml_layer_c_ms_mean": _ms(layer), "nvml_layer_c_ms_p99": _ms(layer, 0.99)}
 
 
-def layer_over_null_driver(cards: list[int], ticks: int, inline: bool) -> list[dict[str, float]]:
+def layer_over_null_driver(built: Path, cards: list[int], ticks: int, inline: bool) -> list[dict[str, Any]]:
     """:func:`measure_layer` for each bank size, each in a child process that loads the
-    null driver (built in a temporary directory). Raises CalledProcessError."""
+    null driver built in ``built``. Raises RuntimeError with the child's own error."""
     rows = []
-    with tempfile.TemporaryDirectory(prefix="tick-time-") as tmp:
-        built = nulldriver.build(Path(tmp)).parent
-        for n in cards:
-            argv = [sys.executable, __file__, "--layer-only", "--json", "--ticks", str(ticks), "--cards", str(n)]
-            out = subprocess.run(argv + (["--inline"] if inline else []), check=True, capture_output=True,
-                                 text=True, env={**os.environ, **nulldriver.environ(built, n)})
-            rows.extend(json.loads(out.stdout))
+    for n in cards:
+        argv = [sys.executable, __file__, "--layer-only", "--ticks", str(ticks), "--cards", str(n)]
+        child = subprocess.run(argv + (["--inline"] if inline else []), capture_output=True, text=True,
+                               env={**os.environ, **nulldriver.environ(built, n)})
+        lines = child.stdout.strip().splitlines()
+        if child.returncode != 0 or not lines:
+            raise RuntimeError(f"the null driver's run at {n} cards failed (exit {child.returncode}):\n"
+                               f"{child.stderr.strip()[-2000:]}")
+        rows.append(json.loads(lines[-1]))  # the last line: anything printed before it is not ours
     return rows
 
 
@@ -224,14 +232,28 @@ def main() -> int:
     args = ap.parse_args()
     configure_logging(level="error", stream=sys.stderr)
     if args.layer_only:
-        print(json.dumps([measure_layer(n, args.ticks, args.inline) for n in args.cards]))
+        print(json.dumps(measure_layer(args.cards[0], args.ticks, args.inline)))
         return 0
-    rows = [measure(n, args.ticks, args.inline) for n in args.cards]
-    if args.driver == "null":
-        for r, c in zip(rows, layer_over_null_driver(args.cards, args.ticks, args.inline)):
-            r["nvml_layer_c_ms_mean"], r["nvml_layer_c_ms_p99"] = c["nvml_layer_c_ms_mean"], c["nvml_layer_c_ms_p99"]
-            r["controller_plus_nvml_c_ms_mean"] = round(r["controller_ms_mean"] + c["nvml_layer_c_ms_mean"], 4)
-            r["deadline_misses_c"] = c["deadline_misses"]
+    if args.driver == "null" and not all(1 <= n <= nulldriver.MAX_CARDS for n in args.cards):
+        ap.error(f"--driver null takes 1 to {nulldriver.MAX_CARDS} cards")
+    with tempfile.TemporaryDirectory(prefix="tick-time-") as tmp:
+        built = None
+        if args.driver == "null":
+            try:  # before the long part: a missing compiler shows at once
+                built = nulldriver.build(Path(tmp)).parent
+            except (OSError, subprocess.CalledProcessError) as exc:
+                ap.error(f"--driver null needs a C compiler (cc) to build the null driver: {exc}")
+        rows = [measure(n, args.ticks, args.inline) for n in args.cards]
+        if built is not None:
+            try:
+                layers = layer_over_null_driver(built, args.cards, args.ticks, args.inline)
+            except RuntimeError as exc:
+                print(exc, file=sys.stderr)
+                return 1
+            for r, c in zip(rows, layers, strict=True):
+                r["nvml_layer_c_ms_mean"], r["nvml_layer_c_ms_p99"] = c["nvml_layer_c_ms_mean"], c["nvml_layer_c_ms_p99"]
+                r["controller_plus_nvml_c_ms_mean"] = round(r["controller_ms_mean"] + c["nvml_layer_c_ms_mean"], 4)
+                r["deadline_misses_c"], r["limit_writes_c"] = c["deadline_misses"], c["limit_writes"]
     if args.json:
         print(json.dumps(rows, indent=2))
         return 0
@@ -249,10 +271,10 @@ def main() -> int:
     if args.driver == "null":
         print("over the null driver (a C library whose calls cost nothing): the NVML layer, and the "
               "controller above plus it:")
-        print(f"  {'cards':>5} {'NVML layer':>11} {'p99':>8} {'ctl+NVML':>9} {'missed':>7}")
+        print(f"  {'cards':>5} {'NVML layer':>11} {'p99':>8} {'ctl+NVML':>9} {'missed':>7} {'writes':>7}")
         for r in rows:
             print(f"  {r['cards']:>5} {r['nvml_layer_c_ms_mean']:>11.3f} {r['nvml_layer_c_ms_p99']:>8.3f} "
-                  f"{r['controller_plus_nvml_c_ms_mean']:>9.3f} {r['deadline_misses_c']:>7}")
+                  f"{r['controller_plus_nvml_c_ms_mean']:>9.3f} {r['deadline_misses_c']:>7} {r['limit_writes_c']:>7}")
     if len(rows) > 1:
         a, b = rows[-2], rows[-1]
         for key, what in (("controller_plus_nvml_ms_mean", "simulated library"),

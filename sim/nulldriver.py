@@ -17,6 +17,7 @@ from pathlib import Path
 SOURCE = Path(__file__).with_name("nullnvml.c")
 LIBRARY = "libnvidia-ml.so.1"
 MAX_CARDS = 1024  # nullnvml.c's MAX_CARDS
+DRIVER_VERSION = "0.0.null"  # what its nvmlSystemGetDriverVersion answers
 
 
 def build(directory: Path) -> Path:
