@@ -177,7 +177,7 @@ class Controller:
             return self._report(now, [], faults + held)
 
         active = [c for c in self.cards if self._active(c, now)]
-        settling = any(self._over and c.ledger.above_requested and not c.ledger.held_above for c in self.cards)
+        settling = self._over and any(c.ledger.above_requested and not c.ledger.held_above for c in self.cards)
         targets, reasons = decide.targets(self.cards, active, self.budget_mw, mode, self.policy, self.over, now,
                                           self.dry_run, settling)
         if self._budget_reason is not None and mode != Mode.STOPPING:

@@ -56,7 +56,8 @@ def targets(cards: Sequence[CardState], active: Sequence[CardState], budget_mw: 
                       None if c.uuid in outside else opt_mw(c.reading.power_instant_w if c.reading else None),
                       c.priority) for c in active]
     decided = policy.decide(now, views, pool)
-    tick_reason = next((r for r in ("reclaim", "release", "lend") if any(t.reason == r for t in decided.values())), "lend")
+    given = {t.reason for t in decided.values()}
+    tick_reason = next((r for r in ("reclaim", "release", "lend") if r in given), "lend")
     for c in active:
         c.role = decided[c.uuid].role
     return ({u: t.limit_mw for u, t in decided.items()},
