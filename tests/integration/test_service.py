@@ -19,7 +19,11 @@ from support.daemon import DaemonProcess, NotifySocket
 
 pytestmark = pytest.mark.slow  # the daemon as a subprocess: the full run (CI) covers it
 
-LAG_S = 0.5  # the simulated bank applies a new limit this long after the write
+# The simulated bank applies a new limit this long after the write: half a tick off the
+# 100 ms cadence, so that no read falls between the four boot writes' bite times (at a
+# whole number of ticks one could, on a loaded machine: the controller, over budget,
+# then lowers the others around the card still biting, and boot takes 7 writes).
+LAG_S = 0.45
 WATCHDOG_S = 1.0
 
 SCENARIO = """
