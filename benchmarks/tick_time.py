@@ -132,18 +132,25 @@ def _ms(values: list[float], q: float | None = None) -> float:
     return round(1000 * sorted(values)[int(len(values) * q)], 4)
 
 
+def started(nvml: Nvml, budget_w: float, inline: bool) -> tuple[Controller, TimedCalls, Timings]:
+    """A started controller over ``nvml`` at ``budget_w``, its calls timed (and made
+    through the deadline workers unless ``inline``), and its timings."""
+    timings = Timings()
+    calls = TimedCalls(InlineCalls())
+    ctl = Controller(nvml, budget_w, timings, calls=calls)  # type: ignore[arg-type]
+    ctl.start()  # inline: enumeration is not a tick, and on a busy machine may miss its deadline
+    if not inline:
+        calls.inner = DeadlineCalls(timings.call_timeout_s)
+    return ctl, calls, timings
+
+
 def measure(n: int, ticks: int, inline: bool = False) -> dict[str, Any]:
     """Run ``ticks`` ticks on ``n`` cards; times per tick in ms (see the module docstring)."""
     bank = SimBank(bank_specs(n), lag_s=0.1, seed=1)
     sim = SimClock()
     nvml = Nvml(sim.wrap(SimNvmlLibrary(bank)))
     nvml.init()
-    timings = Timings()
-    calls = TimedCalls(InlineCalls())
-    ctl = Controller(nvml, 250.0 * n, timings, calls=calls)  # type: ignore[arg-type]
-    ctl.start()  # inline: enumeration is not a tick, and on a busy machine may miss its deadline
-    if not inline:
-        calls.inner = DeadlineCalls(timings.call_timeout_s)
+    ctl, calls, timings = started(nvml, 250.0 * n, inline)
     own, layer, simulator, wall = [], [], [], []
     writes = 0
     calls.timeouts = 0
@@ -185,14 +192,9 @@ def measure_layer(n: int, ticks: int, inline: bool = False) -> dict[str, Any]:
     nvml.init()
     if nvml.driver_version() != nulldriver.DRIVER_VERSION:
         raise SystemExit(f"not the null driver: NVML says driver {nvml.driver_version()}")
-    timings = Timings()
-    calls = TimedCalls(InlineCalls())
-    ctl = Controller(nvml, 400.0 * n, timings, calls=calls)  # type: ignore[arg-type]
-    ctl.start()
+    ctl, calls, timings = started(nvml, 400.0 * n, inline)
     if len(ctl.cards) != n:
         raise SystemExit(f"the null driver has {len(ctl.cards)} cards, not {n}")
-    if not inline:
-        calls.inner = DeadlineCalls(timings.call_timeout_s)
     layer = []
     writes = 0
     calls.timeouts = 0
