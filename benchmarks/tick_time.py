@@ -236,6 +236,8 @@ def main() -> int:
     if args.layer_only:
         print(json.dumps(measure_layer(args.cards[0], args.ticks, args.inline)))
         return 0
+    if args.ticks < 1 or min(args.cards) < 1:
+        ap.error("--ticks and --cards must be at least 1")
     if args.driver == "null" and not all(1 <= n <= nulldriver.MAX_CARDS for n in args.cards):
         ap.error(f"--driver null takes 1 to {nulldriver.MAX_CARDS} cards")
     with tempfile.TemporaryDirectory(prefix="tick-time-") as tmp:

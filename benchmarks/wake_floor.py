@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import sys
 import time
 
@@ -80,8 +81,8 @@ def main() -> int:
     ap.add_argument("--cards", type=int, default=8, help="calls in the nvml step's batch (default 8)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
-    if args.duration <= 0 or args.tick <= 0 or args.cards < 1:
-        ap.error("--duration and --tick must be positive, --cards at least 1")
+    if not (0 < args.tick <= args.duration < math.inf) or args.cards < 1:
+        ap.error("--tick must be positive, --duration at least one tick and finite, --cards at least 1")
     out: dict[str, float] = {}
     for step in STEPS:
         share, missed = asyncio.run(_share(step, args.duration, args.tick, args.cards))
