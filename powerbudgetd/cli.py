@@ -1,5 +1,5 @@
 """Command line: ``powerbudgetd simulate | probe | log report | status | run | check-config | failsafe |
-circuit``."""
+circuit | restore | pod``."""
 
 from __future__ import annotations
 
@@ -281,6 +281,9 @@ def _parser() -> argparse.ArgumentParser:
     lv = circuit_parsers["leave"]
     lv.add_argument("--host", help="the host whose seat goes (default: the config's [circuit] host)")
     lv.add_argument("--force", action="store_true", help="even while the host's lease is held")
+    from powerbudgetd.service import restore  # its own module: the command's arguments beside its code
+
+    restore.add_parser(sub, fmt)
     _SUBPARSERS.update(simulate=s, probe=pr, report=lr, status=st, run=r, check_config=c, failsafe=fs,
                        circuit_init=ini)
     return p
@@ -387,6 +390,10 @@ def _main(argv: list[str] | None) -> int:
         from powerbudgetd.service.circuitcmd import circuit_command
 
         return circuit_command(args)
+    if args.command == "restore":
+        from powerbudgetd.service.restore import command as restore_command
+
+        return restore_command(args)
     return _run(args)
 
 
@@ -825,6 +832,10 @@ def _run_locked(args: argparse.Namespace, settings: Settings, config_path: Path)
 
     def factory(n: Nvml) -> Controller:
         timings = settings.control.timings()
+        if not args.dry_run:  # before the first write: the limits `restore` gives back
+            from powerbudgetd.service.originals import originals_path, record_found_logged
+
+            record_found_logged(n, originals_path(settings, args.backend), DeadlineCalls(timings.call_timeout_s))
         # On the wall clock every NVML call runs with a deadline off the loop, and each
         # write is stamped when it is sent.
         return make_controller(
