@@ -892,6 +892,15 @@ def _run_locked(args: argparse.Namespace, settings: Settings, config_path: Path)
             ups.on_feed = lambda on_battery: circuit.ups_on_battery(ups_feed, ups_name, on_battery)
         if recorder is not None:
             recorder.extras["circuit"] = lambda: circuit.status(daemon.clock()).fields()
+    if settings.kubernetes is not None and not guest:  # in a pod: the node's startup taint and labels
+        from powerbudgetd.channels.kubeapi import KubeApi, KubeError
+        from powerbudgetd.channels.node import NodeGate
+
+        try:
+            daemon.register(NodeGate(settings.kubernetes, KubeApi.from_config(settings.kubernetes)))
+        except KubeError as exc:
+            print(f"powerbudgetd: [kubernetes]: {exc}", file=sys.stderr)
+            return ExitStatus.CONFIG
     server = _serve_metrics(settings, daemon, registry, guest=guest)
     if bridge is not None and server is not None:  # Home Assistant's device page links to /metrics
         from powerbudgetd.channels.metrics import endpoint_url

@@ -41,6 +41,7 @@ from powerbudgetd.core.meterpath import PathError, watts_at
 from powerbudgetd.core.peaks import MEASURED_TRANSIENT_FACTOR, FeedLine, binding_line, transient_factor
 from powerbudgetd.errors import ConfigError
 from powerbudgetd.core.model import Timings
+from powerbudgetd.config.kubernetes import KubernetesConfig
 
 DEFAULT_CONFIG_PATH = Path("/etc/powerbudgetd/powerbudgetd.toml")
 ENV_PREFIX = "POWERBUDGETD_"
@@ -782,6 +783,7 @@ class Settings(BaseSettings):
     mqtt: MqttConfig | None = None  # off unless configured
     ups: UpsConfig | None = None  # off unless configured
     circuit: CircuitConfig | None = None  # off unless configured: one budget shared with other hosts
+    kubernetes: KubernetesConfig | None = None  # off unless a node is named: its startup taint and labels
 
     @model_validator(mode="after")
     def _check(self) -> Settings:

@@ -64,7 +64,7 @@ NVML_SHUTDOWN_TIMEOUT_S = 2.0
 # Settings a reload cannot change in a running daemon: they shape the bank and the loop.
 RESTART_ONLY = (
     "control", "cards", "sim", "allow_monitor_only", "enable_persistence_mode", "nvml_init_attempts",
-    "nvml_init_backoff_s", "metrics", "recorder", "mqtt", "circuit",
+    "nvml_init_backoff_s", "metrics", "recorder", "mqtt", "circuit", "kubernetes",
 )
 
 
