@@ -281,9 +281,10 @@ def _parser() -> argparse.ArgumentParser:
     lv = circuit_parsers["leave"]
     lv.add_argument("--host", help="the host whose seat goes (default: the config's [circuit] host)")
     lv.add_argument("--force", action="store_true", help="even while the host's lease is held")
-    from powerbudgetd.service import restore  # its own module: the command's arguments beside its code
+    from powerbudgetd.service import pod, restore  # their own modules: each command's arguments beside its code
 
     restore.add_parser(sub, fmt)
+    pod.add_parser(sub, fmt)
     _SUBPARSERS.update(simulate=s, probe=pr, report=lr, status=st, run=r, check_config=c, failsafe=fs,
                        circuit_init=ini)
     return p
@@ -394,6 +395,10 @@ def _main(argv: list[str] | None) -> int:
         from powerbudgetd.service.restore import command as restore_command
 
         return restore_command(args)
+    if args.command == "pod":
+        from powerbudgetd.service.pod import command as pod_command
+
+        return pod_command(args)
     return _run(args)
 
 
