@@ -73,6 +73,27 @@ class Actuator:
         that tells whether limits can be written at all. Raises NvmlNoPermission, NvmlError."""
         self._write(uuid, limit_w)
 
+    def lower(self, writes: list[Write]) -> list[Applied]:
+        """Send the decreases among ``writes`` in order (``failsafe``: it spends no
+        budget); an increase is refused (skipped, logged ``increase_refused`` as a bug)."""
+        out: list[Applied] = []
+        for w in writes:
+            if w.is_increase:
+                log.error("increase_refused", uuid=w.uuid, from_w=w.from_mw / 1000, to_w=w.to_mw / 1000, bug=True,
+                          action="only decreases are written here")
+                out.append(Applied(w, skipped=True))
+                continue
+            out.append(self._send(w))
+        return out
+
+    def _send(self, w: Write) -> Applied:
+        sent_at = self.clock() if self.clock else None
+        try:
+            self._write(w.uuid, w.to_mw / 1000.0)
+        except NvmlError as exc:
+            return Applied(w, error=exc, sent_at=sent_at)
+        return Applied(w, sent_at=sent_at)
+
     def apply(self, writes: list[Write], *, sum_bound_mw: int, budget_mw: int) -> list[Applied]:
         """Send ``writes`` in order; returns what became of each. ``sum_bound_mw``: the
         sum over every card of the highest limit that may be in force (mW); an increase
@@ -93,12 +114,7 @@ class Actuator:
             if self.dry_run or (failed and w.is_increase):
                 out.append(Applied(w, skipped=True))
                 continue
-            sent_at = self.clock() if self.clock else None
-            try:
-                self._write(w.uuid, w.to_mw / 1000.0)
-            except NvmlError as exc:
-                failed = True
-                out.append(Applied(w, error=exc, sent_at=sent_at))
-            else:
-                out.append(Applied(w, sent_at=sent_at))
+            applied = self._send(w)
+            failed = failed or applied.error is not None
+            out.append(applied)
         return out

@@ -16,10 +16,11 @@ import structlog
 
 from powerbudgetd.control.audit import CardAudit
 from powerbudgetd.control.card import CardState
+from powerbudgetd.control.cardlimits import card_limits, override_for
 from powerbudgetd.control.ledger import CardLedger
 from powerbudgetd.core.model import CardOverride, Role, Timings
 from powerbudgetd.core.units import opt_mw, to_mw
-from powerbudgetd.core.worstcase import limit_bound_mw, worst_case_mw
+from powerbudgetd.core.worstcase import limit_bound_mw
 from powerbudgetd.errors import BudgetInfeasible, CardLimitUnknown, NvmlError, NvmlTimeout
 from powerbudgetd.hw.calls import InlineCalls
 from powerbudgetd.hw.nvml import GpuInfo, Nvml, PowerReading
@@ -73,25 +74,15 @@ class CardSet:
         except NvmlError:
             return None
 
-    def _override(self, info: GpuInfo) -> CardOverride | None:
-        return self.overrides.get(info.uuid) or self.overrides.get(str(info.index))
-
     def build(self, info: GpuInfo) -> CardState:
         """A card as first seen: constraints checked, counted at its worst case."""
-        ov = self._override(info) or CardOverride()
-        lo, hi = info.min_limit_w, info.max_limit_w
-        valid = lo is not None and hi is not None and 0 < lo <= hi
-        if lo is not None and hi is not None and not valid:
-            log.error("invalid_constraints", index=info.index, uuid=info.uuid, min_w=lo, max_w=hi,
-                      action="card left alone and counted at its enforced limit")
-        r = self.read(info.uuid)
-        read = (r.requested_limit_w, r.enforced_limit_w) if r else ()
-        worst = worst_case_mw([opt_mw(v) for v in (hi, info.default_limit_w, *read)], opt_mw(ov.max_w)) or 0
-        min_mw = to_mw(lo) if valid else 0  # type: ignore[arg-type]
-        max_mw = worst if ov.max_w is None else max(min_mw, min(worst, int(ov.max_w * 1000)))
-        controllable = not ov.exclude and valid
-        return CardState(info, controllable, min_mw, max_mw, CardLedger(self.timings, worst),
-                         CardAudit(self.timings), ov.priority, role=Role.FAIR if controllable else Role.FIXED,
+        ov = override_for(self.overrides, info.uuid, info.index)
+        lim = card_limits(info, ov, self.read(info.uuid))
+        if info.min_limit_w is not None and info.max_limit_w is not None and not lim.valid:
+            log.error("invalid_constraints", index=info.index, uuid=info.uuid, min_w=info.min_limit_w,
+                      max_w=info.max_limit_w, action="card left alone and counted at its enforced limit")
+        return CardState(info, lim.controllable, lim.min_mw, lim.max_mw, CardLedger(self.timings, lim.worst_mw or 0),
+                         CardAudit(self.timings), ov.priority, role=Role.FAIR if lim.controllable else Role.FIXED,
                          excluded=ov.exclude)
 
     def _override_warnings(self) -> list[str]:
@@ -102,8 +93,8 @@ class CardSet:
         out = [f"[cards.\"{k}\"] matches no card (UUIDs and indices here: "
                f"{', '.join(sorted(keys))}): its settings do nothing" for k in sorted(self.overrides) if k not in keys]
         for c in self.cards:
-            ov = self._override(c.info)
-            if ov is not None and ov.max_w is not None and c.controllable and to_mw(ov.max_w) < c.min_mw:
+            ov = override_for(self.overrides, c.uuid, c.index)
+            if ov.max_w is not None and c.controllable and to_mw(ov.max_w) < c.min_mw:
                 out.append(f"[cards] max_w {ov.max_w:g} W for GPU {c.index} is below its minimum limit "
                            f"{c.min_mw / 1000:g} W: the card is held at {c.min_mw / 1000:g} W at most")
         for text in out:

@@ -29,10 +29,11 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 
 from powerbudgetd.control.actuator import Actuator
+from powerbudgetd.control.cardlimits import card_limits, override_for
 from powerbudgetd.core.fairshare import fair_shares
 from powerbudgetd.core.model import CardOverride
 from powerbudgetd.core.plan import Write
-from powerbudgetd.core.units import opt_mw
+from powerbudgetd.core.units import budget_mw, opt_mw
 from powerbudgetd.core.worstcase import limit_bound_mw, worst_case_mw
 from powerbudgetd.errors import NvmlError
 from powerbudgetd.hw.calls import InlineCalls
@@ -81,6 +82,16 @@ def _highest_w(r: PowerReading | None) -> float | None:
     return max(known) if known else None
 
 
+@dataclass
+class _Survey:
+    """The bank as found: the cards to lower, what every other card is reserved at (mW),
+    and the result of each card already settled (by index)."""
+
+    to_lower: list[_Card]
+    reserved_mw: int
+    settled: dict[int, Lowered]
+
+
 def failsafe(
     nvml: Nvml,
     budget_w: float,
@@ -96,52 +107,14 @@ def failsafe(
     initialised by the caller. Returns one :class:`Lowered` per card, in index order.
     Never raises for a card (its error is in the result); raises NvmlError only when
     NVML cannot even count the cards."""
-    overrides = overrides or {}
     calls = calls or InlineCalls()
     end = clock() + deadline_s
-    count = calls.call("bank", nvml.device_count)
-    found = calls.many({f"index {i}": (nvml.device, (i,)) for i in range(count)})
-    infos = [v for v in found.values() if isinstance(v, GpuInfo)]
-    reads = calls.many({i.uuid: (nvml.read, (i.uuid,)) for i in infos})
-    bank_max_mw = max((to_mw(i.max_limit_w) for i in infos if i.max_limit_w), default=None)
-
-    out: dict[int, Lowered] = {}
-    ctl: list[_Card] = []
-    reserved_mw = 0
-    for i in range(count):
-        info = found[f"index {i}"]
-        ov = _override(overrides, info.uuid if isinstance(info, GpuInfo) else None, i)
-        r = reads.get(info.uuid) if isinstance(info, GpuInfo) else None
-        stated = (opt_mw(info.max_limit_w), opt_mw(info.default_limit_w)) if isinstance(info, GpuInfo) else ()
-        req, enf = (opt_mw(r.requested_limit_w), opt_mw(r.enforced_limit_w)) if isinstance(r, PowerReading) \
-            else (None, None)
-        worst = worst_case_mw([*stated, req, enf], opt_mw(ov.max_w), bank_max_mw)
-        if isinstance(info, GpuInfo) and isinstance(r, PowerReading):
-            lo, hi = info.min_limit_w, info.max_limit_w
-            if ov.exclude or lo is None or hi is None or not 0 < lo <= hi:
-                # Not ours to write: counted at its bound, as the daemon counts it.
-                counted = None if worst is None else limit_bound_mw(req, enf, worst)
-                reserved_mw += UNKNOWN_MW if counted is None else counted
-                out[i] = Lowered(i, info.uuid, _highest_w(r), None, False, True,
-                                 counted_w=None if counted is None else counted / 1000)
-                continue
-            max_w = hi if ov.max_w is None else max(lo, min(hi, ov.max_w))
-            before = _highest_w(r)
-            ctl.append(_Card(info, to_mw(lo), to_mw(max_w), None if before is None else to_mw(before),
-                             limit_bound_mw(req, enf, worst or 0)))
-            continue
-        # Not enumerated, or unreadable: its worst case.
-        error = str(info if isinstance(info, NvmlError) else r)
-        uuid = info.uuid if isinstance(info, GpuInfo) else ""
-        if worst_case_mw([*stated, req, enf], opt_mw(ov.max_w)) is None:
-            error += "; its limits unknown: counted at the largest maximum limit here"
-        out[i] = Lowered(i, uuid, None, None if worst is None else worst / 1000, False, False, error, reached=False)
-        reserved_mw += UNKNOWN_MW if worst is None else worst  # nothing known anywhere: the others to their minimum
-
+    survey = _survey(nvml, calls, overrides or {})
+    out, ctl, reserved_mw = survey.settled, survey.to_lower, survey.reserved_mw
     actuator = Actuator(nvml, calls=calls)
     while ctl:
-        shares = fair_shares(int(budget_w * 1000) - reserved_mw, [c.lo_mw for c in ctl], [c.hi_mw for c in ctl])
-        shares = shares or [c.lo_mw for c in ctl]
+        shares = fair_shares(budget_mw(budget_w) - reserved_mw, [c.lo_mw for c in ctl], [c.hi_mw for c in ctl])
+        shares = shares or [c.lo_mw for c in ctl]  # the minimums do not fit: the lowest the bank can be held to
         failed = _lower(ctl, shares, actuator, calls, nvml, out, end, confirm_timeout_s, clock, sleep)
         if not failed:
             break
@@ -153,8 +126,56 @@ def failsafe(
     return [out[i] for i in sorted(out)]
 
 
-def _override(overrides: Mapping[str, CardOverride], uuid: str | None, index: int) -> CardOverride:
-    return (overrides.get(uuid) if uuid else None) or overrides.get(str(index)) or CardOverride()
+def _survey(nvml: Nvml, calls: InlineCalls, overrides: Mapping[str, CardOverride]) -> _Survey:
+    """Count the cards, look each up and read it; sort them into the cards to lower and
+    the cards reserved at what they may hold."""
+    count = calls.call("bank", nvml.device_count)
+    found = calls.many({f"index {i}": (nvml.device, (i,)) for i in range(count)})
+    infos = [v for v in found.values() if isinstance(v, GpuInfo)]
+    reads = calls.many({i.uuid: (nvml.read, (i.uuid,)) for i in infos})
+    bank_max_mw = max((to_mw(i.max_limit_w) for i in infos if i.max_limit_w), default=None)
+    survey = _Survey([], 0, {})
+    for i in range(count):
+        info = found[f"index {i}"]
+        uuid = info.uuid if isinstance(info, GpuInfo) else None
+        ov = override_for(overrides, uuid, i)
+        r = reads.get(uuid) if uuid else None
+        if isinstance(info, GpuInfo) and isinstance(r, PowerReading):
+            _read_card(survey, info, ov, r, bank_max_mw)
+        else:
+            _unreachable_card(survey, i, info, ov, r, bank_max_mw)
+    return survey
+
+
+def _read_card(survey: _Survey, info: GpuInfo, ov: CardOverride, r: PowerReading, bank_max_mw: int | None) -> None:
+    """A card enumerated and read: to lower when it is ours to write, else reserved at its
+    bound, as the daemon counts it."""
+    lim = card_limits(info, ov, r, bank_max_mw)
+    req, enf = opt_mw(r.requested_limit_w), opt_mw(r.enforced_limit_w)
+    if not lim.controllable:
+        counted = None if lim.worst_mw is None else limit_bound_mw(req, enf, lim.worst_mw)
+        survey.reserved_mw += UNKNOWN_MW if counted is None else counted
+        survey.settled[info.index] = Lowered(info.index, info.uuid, _highest_w(r), None, False, True,
+                                             counted_w=None if counted is None else counted / 1000)
+        return
+    before = _highest_w(r)
+    survey.to_lower.append(_Card(info, lim.min_mw, lim.max_mw, None if before is None else to_mw(before),
+                                 limit_bound_mw(req, enf, lim.worst_mw or 0)))
+
+
+def _unreachable_card(survey: _Survey, index: int, info: GpuInfo | NvmlError | object, ov: CardOverride,
+                      r: PowerReading | NvmlError | object, bank_max_mw: int | None) -> None:
+    """A card not enumerated, or unreadable: reserved at its worst case (nothing known
+    anywhere: more than any budget, so the others go to their minimum)."""
+    stated = (opt_mw(info.max_limit_w), opt_mw(info.default_limit_w)) if isinstance(info, GpuInfo) else ()
+    worst = worst_case_mw(stated, opt_mw(ov.max_w), bank_max_mw)
+    error = str(info if isinstance(info, NvmlError) else r)
+    if worst_case_mw(stated, opt_mw(ov.max_w)) is None:
+        error += "; its limits unknown: counted at the largest maximum limit here"
+    uuid = info.uuid if isinstance(info, GpuInfo) else ""
+    survey.settled[index] = Lowered(index, uuid, None, None if worst is None else worst / 1000, False, False, error,
+                                    reached=False)
+    survey.reserved_mw += UNKNOWN_MW if worst is None else worst
 
 
 def _lower(ctl: list[_Card], shares: list[int], actuator: Actuator, calls: InlineCalls, nvml: Nvml,
@@ -173,8 +194,7 @@ def _lower(ctl: list[_Card], shares: list[int], actuator: Actuator, calls: Inlin
             out[i] = Lowered(i, c.info.uuid, before_w, share_mw / 1000, False, False, "failsafe deadline passed")
             failed.append(c)
             continue
-        # It only lowers: with no budget to spend, the actuator refuses any increase.
-        applied = actuator.apply([Write(c.info.uuid, c.before_mw or c.hi_mw, share_mw)], sum_bound_mw=0, budget_mw=0)[0]
+        applied = actuator.lower([Write(c.info.uuid, c.before_mw or c.hi_mw, share_mw)])[0]
         error = None if applied.error is None else f"write failed: {applied.error}"
         out[i] = Lowered(i, c.info.uuid, before_w, share_mw / 1000, applied.done, False, error)
         if applied.done:

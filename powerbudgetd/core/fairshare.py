@@ -1,40 +1,54 @@
-"""Fair share: the budget split evenly, clamped to each card's constraints (pure).
+"""Fair share: the budget split evenly, clamped to each card's constraints (pure); and
+the water-fill it rests on, which every division of watts in the project uses (the
+bank's fair shares, the lending policy, the circuit's and the power tree's max-min fair
+grants, :mod:`powerbudgetd.core.fair`).
 
-All arithmetic in integer mW, rounded down (toward safety).
+A bank's arithmetic is in integer mW, rounded down (toward safety).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from functools import lru_cache
+from typing import TypeVar
+
+N = TypeVar("N", int, float)
 
 
-def waterfill(amount_mw: int, lows: Sequence[int], highs: Sequence[int]) -> list[int]:
-    """Largest common level L with sum(clamp(L, lo, hi)) <= amount; each card gets
-    clamp(L, lo, hi). Watts a clamped card cannot take go to the others.
+def waterfill(amount: N, lows: Sequence[N], highs: Sequence[N], weights: Sequence[float] | None = None) -> list[N]:
+    """The water-fill, the one division rule of the project: the largest common level L
+    with sum(weight x clamp(L, lo, hi)) <= amount; each gets clamp(L, lo, hi). What a
+    clamped one cannot take goes to the others.
 
-    Assumes lows[i] <= highs[i] and sum(lows) <= amount_mw (callers check). Returns one
-    value per card, mW.
+    In integer mW without ``weights`` (a bank's cards: the level rounded down, toward
+    safety), or in W with them (a power tree's hosts, each watt of a host costing its
+    node ``weight`` watts). Assumes lows[i] <= highs[i] and sum(weight x low) <= amount
+    (callers check). Returns one value per entry, in the unit given.
     """
     if not lows:
         return []
-    if sum(highs) <= amount_mw:
+    w: Sequence[float] = weights if weights is not None else [1] * len(lows)
+    if sum(wi * hi for wi, hi in zip(w, highs)) <= amount:
         return list(highs)
-    # The total is piecewise linear in L: its slope is the number of cards with
+    # The total is piecewise linear in L: its slope is the weight of the entries with
     # lo <= L < hi. Walk the breakpoints (every lo and hi, sorted) up from min(lows),
-    # where the total is sum(lows), to the segment where it passes the amount: exact,
-    # and O(n log n) where a bisection over the level would be O(n log(range)).
-    level, total = min(lows), sum(lows)
-    rising = 0  # cards whose clamp rises with L just above ``level``
-    events = sorted([(lo, 1) for lo in lows] + [(hi, -1) for hi in highs])
-    for point, change in events:
+    # where the total is sum(weight x low), to the segment where it passes the amount:
+    # exact, and O(n log n) where a bisection over the level would be O(n log(range)).
+    level, total = min(lows), sum(wi * lo for wi, lo in zip(w, lows))
+    rising, open_ = 0 * w[0], 0  # the slope just above ``level``, and how many entries make it
+    # At one point the entries opening come before those closing, so the count of open
+    # entries reaches 0 only when none is open (then the slope is exactly 0, not a residue).
+    events = sorted([(lo, -1, wi) for lo, wi in zip(lows, w)] + [(hi, 1, -wi) for hi, wi in zip(highs, w)])
+    for point, closing, change in events:
         if point > level:
             step = rising * (point - level)
-            if total + step > amount_mw:
+            if total + step > amount:
                 break
             total, level = total + step, point
-        rising += change
-    level += (amount_mw - total) // rising if rising else 0
+        open_ -= closing
+        rising = rising + change if open_ else 0 * rising  # no float residue once none rises
+    if rising:
+        level += (amount - total) // rising if weights is None else (amount - total) / rising  # type: ignore[assignment]
     return [min(max(level, lo), hi) for lo, hi in zip(lows, highs)]
 
 

@@ -245,7 +245,7 @@ def divide(tree: PowerTree, wants_w: Mapping[str, float], lost: str | None = Non
 
     Priority-aware: the reserves first, class by class from the highest (each host up to
     min(want, reserve)), then the wants above them class by class; within a class,
-    progressive filling (max-min fair, :func:`core.circuit.max_min_fair` at each node)
+    progressive filling (max-min fair, :func:`core.fair.max_min_fair` at each node)
     until the host's want or a node on its paths is full. A host with no live cord
     gets 0. Never over any node's budget (a node already over stays where it is: nothing
     is added under it)."""

@@ -52,4 +52,5 @@ def test_one_worst_case_computation() -> None:
     assert defined == [("powerbudgetd/core/worstcase.py", "worst_case_mw")]
     callers = {path for path, tree in _product() for node in ast.walk(tree)
                if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "worst_case_mw"}
-    assert callers == {"powerbudgetd/control/cardset.py", "powerbudgetd/control/failsafe.py"}
+    # The range of a card it can read (control/cardlimits.py), and failsafe's card it cannot.
+    assert callers == {"powerbudgetd/control/cardlimits.py", "powerbudgetd/control/failsafe.py"}
