@@ -61,3 +61,17 @@ def test_a_controller_handed_a_bad_plan_keeps_the_bank_within_budget() -> None:
             rig.step()
             assert rig.truth_w() <= 500.0
     assert len(refusals(logs)) == 10 and rig.bank.cards[0].requested_mw == 250_000
+
+
+def test_lower_writes_decreases_only_and_refuses_an_increase_as_a_bug() -> None:
+    """``failsafe``'s writer: it spends no budget, so an increase is refused whatever the
+    sums, and each decrease is sent."""
+    rig = make_rig([card(0), card(1)], 500)
+    rig.run(1.0)
+    a, b = (x.uuid for x in rig.ctl.cards)
+    with capture_logs() as logs:
+        applied = Actuator(rig.nvml).lower([Write(a, 250_000, 200_000), Write(b, 250_000, 251_000)])
+    assert [x.done for x in applied] == [True, False] and applied[1].skipped
+    assert rig.bank.cards[0].requested_mw == 200_000 and rig.bank.cards[1].requested_mw == 250_000
+    (line,) = [e for e in logs if e["event"] == "increase_refused"]
+    assert line["bug"] is True and line["uuid"] == b
