@@ -245,7 +245,9 @@ def _parser() -> argparse.ArgumentParser:
                        ("leave", "remove a host's seat (its daemon stopped)"),
                        ("feed-down", "mark a feed of the power tree lost: every host divides by where its draw "
                         "now flows, within one round"),
-                       ("feed-up", "the feed is back: the hosts share it again")):
+                       ("feed-up", "the feed is back: the hosts share it again"),
+                       ("roles", "print the etcdctl commands that make the operator's role and one role per host "
+                        "that writes only that host's own keys")):
         cp = ci.add_parser(name, help=text, description=text[0].upper() + text[1:] + ".", formatter_class=fmt)
         cp.add_argument("--config", type=Path, default=None,
                         help="take [circuit] from this config (default: $POWERBUDGETD_CONFIG or "
@@ -278,6 +280,12 @@ def _parser() -> argparse.ArgumentParser:
     circuit_parsers["join"].add_argument(
         "--backend", choices=BACKENDS, default="nvml",
         help="where the cards are read, to refuse a reserve below their floors (sim: the config's [sim] bank)")
+    ro = circuit_parsers["roles"]
+    ro.add_argument("--host", action="append", metavar="NAME", dest="hosts",
+                    help="a host to make a role and user for, repeatable (default: the config's [circuit] host)")
+    ro.add_argument("--prefix", help="the circuits' key prefix (default: the config's [circuit] prefix, "
+                    "else /powerbudgetd/circuits)")
+    ro.add_argument("--operator-user", default="ops", metavar="NAME", help="the operator's etcd user")
     lv = circuit_parsers["leave"]
     lv.add_argument("--host", help="the host whose seat goes (default: the config's [circuit] host)")
     lv.add_argument("--force", action="store_true", help="even while the host's lease is held")
@@ -895,6 +903,7 @@ def _run_locked(args: argparse.Namespace, settings: Settings, config_path: Path)
         if ups is not None and settings.ups is not None and settings.ups.feed is not None:
             ups_feed, ups_name = settings.ups.feed, f"{settings.ups.name}@{settings.ups.host}"
             ups.on_feed = lambda on_battery: circuit.ups_on_battery(ups_feed, ups_name, on_battery)
+            circuit.marks_feed = True
         if recorder is not None:
             recorder.extras["circuit"] = lambda: circuit.status(daemon.clock()).fields()
     if settings.kubernetes is not None and not guest:  # in a pod: the node's startup taint and labels

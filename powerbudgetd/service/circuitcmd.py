@@ -68,6 +68,8 @@ def circuit_command(args: argparse.Namespace) -> int:
     from powerbudgetd.channels.circuit.store import StoreUnavailable
 
     try:
+        if args.circuit_command == "roles":
+            return _roles(args)
         cfg = _circuit_cfg(args)
     except ConfigError as exc:
         print(f"powerbudgetd: {exc}", file=sys.stderr)
@@ -97,6 +99,32 @@ def circuit_command(args: argparse.Namespace) -> int:
     except StoreUnavailable as exc:
         print(f"powerbudgetd: etcd unavailable: {exc}\n  endpoints: {', '.join(cfg.endpoints)}", file=sys.stderr)
         return ExitStatus.ERROR
+
+
+def _roles(args: argparse.Namespace) -> int:
+    """``circuit roles``: the etcdctl commands for least-privilege roles (nothing is sent
+    to etcd). The circuit's name, prefix and a host from --config's [circuit] unless
+    --name, --prefix and --host are all given. Raises ConfigError."""
+    from powerbudgetd.channels.circuit.roles import roles_script
+    from powerbudgetd.channels.circuit.store import CircuitStore
+
+    overrides: dict[str, Any] = {k: v for k, v in (("name", args.name), ("prefix", args.prefix)) if v}
+    for host in args.hosts or []:
+        _check_options({"host": host})
+    try:
+        CircuitConfig.model_validate({"name": "x", "reserve_w": 1, "host": "x", **overrides})
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        raise ConfigError(f"--{err['loc'][0]}: {err['msg']} (got {printable(repr(err.get('input')))[:120]})") from None
+    if not (args.name and args.hosts):
+        cfg = _circuit_cfg(args)
+        overrides = {"name": cfg.name, "prefix": cfg.prefix, **overrides}
+        hosts = args.hosts or [cfg.host]
+    else:
+        hosts = args.hosts
+    store = CircuitStore(["127.0.0.1:2379"], overrides["name"], prefix=overrides.get("prefix", "/powerbudgetd/circuits"))
+    print("\n".join(roles_script(store, hosts, operator_user=args.operator_user)))
+    return ExitStatus.OK
 
 
 def _reserve_refused(args: argparse.Namespace) -> int | None:

@@ -49,6 +49,8 @@ from powerbudgetd.channels.circuit.store import (
     HostRecord,
     LeaseGone,
     Read,
+    StoreFull,
+    StoreRefused,
     StoreUnavailable,
     Tls,
     seat_fits,
@@ -192,6 +194,10 @@ class CircuitChannel:
         self.seated = False
         self.grants_ok = False
         self.reachable = False
+        self._reach_said: str | None = None  # the last state of etcd said: reachable, unreachable, refused
+        self.nospace = False  # etcd's NOSPACE alarm seen and not yet seen cleared
+        self.credential_checked = False
+        self._unleased_said: set[str] = set()
         self.last_read: Read | None = None
         self.snapshot: BankSnapshot | None = None
         self._raised_at = -math.inf  # when the grant in use was last raised (the daemon's clock, s)
@@ -201,6 +207,7 @@ class CircuitChannel:
         self._feed_shown: str | None = None
         self._bad_said: dict[str, str] = {}
         self.ups_feed: tuple[str, bool, str] | None = None  # (feed, on battery, mark) from [ups] feed
+        self.marks_feed = False  # [ups] feed is set: this host's feed mark is its to keep or lift
         self.metrics.reserve.set(power.reserve_w)
         self.metrics.info.labels(circuit=cfg.name).set(1)
         # From the first tick: the reserve, whatever etcd says (or does not).
@@ -251,11 +258,22 @@ class CircuitChannel:
             else "lifting this host's mark on the feed, if it made one")
 
     async def run(self) -> None:
+        first = True
         try:
             while True:
                 try:
-                    await self.round()
+                    if first:  # whatever etcd does, a line about the circuit within a second of start
+                        first = False
+                        await self._first_round()
+                    else:
+                        await self.round()
                     self._set_reachable(True)
+                    await self._after_round()
+                except StoreFull as exc:
+                    self._set_full(True, str(exc))
+                    self._set_reachable(True)
+                except StoreRefused as exc:
+                    self._set_reachable(False, str(exc), refused=True)
                 except StoreUnavailable as exc:
                     self._set_reachable(False, str(exc))
                 except LeaseGone:  # a put under a lease etcd no longer has
@@ -271,6 +289,52 @@ class CircuitChannel:
             raise
         finally:
             await self.store.close()
+
+    FIRST_WORD_S = 0.8  # the first round not done by then: said (a second from start, with the start-up)
+
+    async def _first_round(self) -> None:
+        task = asyncio.ensure_future(self.round())
+        try:
+            done, _ = await asyncio.wait({task}, timeout=self.FIRST_WORD_S)
+        except asyncio.CancelledError:
+            task.cancel()
+            raise
+        if not done:
+            log.warning("circuit_etcd_no_answer_yet", endpoint=self.store.endpoint, circuit=self.store.name,
+                        waited_s=self.FIRST_WORD_S, timeout_s=self.store.timeout_s, host=self.host,
+                        detail="running on the reserve until etcd answers")
+        await task
+
+    async def _after_round(self) -> None:
+        """After a round etcd answered: the NOSPACE alarm looked at again while it was
+        seen (asked without writing), and this credential's reach checked once."""
+        if self.nospace and not await self.store.writes_refused(self.host):
+            self._set_full(False)
+        if not self.credential_checked and not self.nospace:
+            self.credential_checked = True
+            await self._check_credential()
+
+    async def _check_credential(self) -> None:
+        """Warn, naming each key, where this daemon's etcd user may write what only the
+        operator should (the spec, the tree, the operator's feed marks, other hosts' seats):
+        whoever holds this host's password could then raise every host on the circuit."""
+        broad = [(key.decode(errors="replace"), what) for key, what in self.store.operator_keys()
+                 if await self.store.can_write(key)]
+        if broad:
+            log.warning("circuit_credential_too_broad", host=self.host, circuit=self.store.name,
+                        user=self.cfg.username, keys=[k for k, _ in broad], writes=[w for _, w in broad],
+                        action="give this host a role that writes only its own keys: powerbudgetd circuit roles")
+
+    def _set_full(self, full: bool, error: str = "") -> None:
+        """etcd's NOSPACE alarm: one warning when it is seen, one line when it clears."""
+        if full and not self.nospace:
+            log.warning("circuit_etcd_nospace", endpoint=self.store.endpoint, error=error, circuit=self.store.name,
+                        host=self.host, detail="etcd answers reads but refuses every write: no seat, grant or record "
+                        "changes; grants run out at the fence. Compact, defragment, then etcdctl alarm disarm")
+        elif not full and self.nospace:
+            log.info("circuit_etcd_nospace_cleared", endpoint=self.store.endpoint, circuit=self.store.name,
+                     host=self.host)
+        self.nospace = full
 
     # -- one round ----------------------------------------------------------------------
     async def round(self) -> None:
@@ -298,11 +362,6 @@ class CircuitChannel:
                           action="create it once: powerbudgetd circuit init --budget W; running on the reserve")
             return
         self._check_spec(read)
-        if await self._follow_ups_feed(read):
-            read = await self.store.read()
-            self.last_read = read
-        if read.spec is None:
-            return  # wiped since the first read: the next round says so
         self._check_sharing()
         await self._ensure_lease(read.spec.ttl_s)
         assert self.lease_id is not None
@@ -312,6 +371,12 @@ class CircuitChannel:
                 return
         if not await self._check_claim(read):
             return
+        await self._adopt_mark(read)
+        if await self._follow_ups_feed(read):  # a mark of this host's, under its lease (it holds the name)
+            read = await self.store.read()
+            self.last_read = read
+            if read.spec is None:
+                return  # wiped since the first read: the next round says so
         if not await self._check_seat(read):
             read = await self.store.read()
             self.last_read = read
@@ -329,11 +394,13 @@ class CircuitChannel:
         if self.ups_feed is None:
             return False
         feed, on_battery, by = self.ups_feed
+        mark = read.marks.get(self.host)
+        mine = None if mark is None else mark[:2]
         if not on_battery:
             self._said.pop("circuit_ups_feed_not_marked", None)  # said again at the next outage
-            if read.down.get(feed) != by or not await self.store.unmark_feed(feed, by):
+            if mine is None or not await self.store.unmark_host(self.host):
                 return False
-            log.info("circuit_feed_mark_lifted", feed=feed, by=by, circuit=self.store.name)
+            log.info("circuit_feed_mark_lifted", feed=mine[0], by=mine[1], circuit=self.store.name)
             return True
         tree = read.view.tree
         if tree is None or feed not in tree.feeds():
@@ -342,17 +409,30 @@ class CircuitChannel:
                       action="[ups] feed names no feed of the circuit's tree: nothing is marked")
             return False
         self._said.pop("circuit_ups_feed_unknown", None)
-        if feed in read.down:
+        if mine == (feed, by):
             return False
-        if read.down:
+        if feed in read.down and mine is None:
+            return False  # marked already (the operator, or another host on the same UPS)
+        if read.down.keys() - {feed}:
             self._say("circuit_ups_feed_not_marked", (feed, tuple(read.down)), log.error, feed=feed,
                       down=sorted(read.down), circuit=self.store.name,
                       action="another feed is down already: one feed of the tree at a time")
             return False
-        if await self.store.mark_feed_lost(read, feed, by):
+        assert self.lease_id is not None
+        if await self.store.mark_host_feed_lost(read, self.host, feed, by, self.lease_id):
             log.warning("circuit_feed_marked_lost", feed=feed, by=by, circuit=self.store.name)
             return True
         return False  # a feed marked since the read: looked at again next round
+
+    async def _adopt_mark(self, read: Read) -> None:
+        """This host's feed mark, left by an earlier daemon of it (a restart during an
+        outage), put under this daemon's lease: it stays until the UPS says which, and
+        then ends with this daemon."""
+        assert self.lease_id is not None
+        if self.marks_feed and self.host in read.marks and read.marks[self.host][2] != self.lease_id:
+            if await self.store.adopt_host_mark(read, self.host, self.lease_id):
+                log.info("circuit_feed_mark_adopted", feed=read.marks[self.host][0], host=self.host,
+                         lease=f"{self.lease_id:x}")
 
     def _keepalive_every_s(self) -> float:
         return max(0.05, self._circuit_ttl_s() / KEEPALIVES_PER_TTL)
@@ -462,7 +542,8 @@ class CircuitChannel:
             # one at a time): take it, create-only or over exactly what was read.
             # (An unreadable value there is no claim of ours: create-only fails on it, and
             # the host stays at its reserve while the bad key is reported.)
-            replace = theirs.mod if theirs is not None else 0
+            # A claim under no lease has no writer left: taken over exactly as it was read.
+            replace = theirs.mod if theirs is not None else read.free_claims.get(self.host, 0)
             self.claimed = await self.store.claim(self.host, mine, self.lease_id, replace_mod=replace)
             if self.claimed:
                 self.ever_claimed = True
@@ -709,6 +790,11 @@ class CircuitChannel:
         for key in list(self._bad_said):
             if key not in read.bad:
                 del self._bad_said[key]
+        for key in read.unleased.keys() - self._unleased_said:
+            log.warning("circuit_record_unleased", key=key, host=self.host, circuit=self.store.name,
+                        detail="under no lease, so no live writer: ignored (a claim, grant, record, pending seat or "
+                        "feed mark lives under its writer's lease); delete the key")
+        self._unleased_said = set(read.unleased)
 
     def _show(self, read: Read) -> None:
         v = read.view
@@ -751,12 +837,20 @@ class CircuitChannel:
                 m.feed_lost.labels(feed=v.lost).set(1)
             self._feed_shown = v.lost
 
-    def _set_reachable(self, ok: bool, error: str = "") -> None:
-        if ok != self.reachable:
-            (log.info if ok else log.error)(
-                "circuit_etcd_reachable" if ok else "circuit_etcd_unreachable", endpoint=self.store.endpoint,
-                **({} if ok else {"error": error, "detail": "the grant stays valid only until the fence; then the reserve"}),
-            )
+    def _set_reachable(self, ok: bool, error: str = "", *, refused: bool = False) -> None:
+        state = "reachable" if ok else "refused" if refused else "unreachable"
+        if state != self._reach_said:
+            if ok:
+                log.info("circuit_etcd_reachable", endpoint=self.store.endpoint, circuit=self.store.name)
+            elif refused:
+                log.error("circuit_etcd_refused", endpoint=self.store.endpoint, error=error, circuit=self.store.name,
+                          user=self.cfg.username, detail="etcd answered but refused this user (its name, password or "
+                          "role): running on the reserve")
+            else:
+                log.error("circuit_etcd_unreachable", endpoint=self.store.endpoint, error=error,
+                          circuit=self.store.name,
+                          detail="the grant stays valid only until the fence; then the reserve")
+            self._reach_said = state
         self.reachable = ok
         self.metrics.reachable.set(1 if ok else 0)
         if not ok:
@@ -776,7 +870,14 @@ class CircuitChannel:
         if self.held_w > 0 and not self._cards_within(0.0):
             log.warning("circuit_grant_left_to_expire", grant_w=self.held_w, host=self.host)
             return
+        read = self.last_read
         try:
+            if read is not None and read.marks.get(self.host, ("", "", 0))[2] == self.lease_id:
+                # A feed mark of this host's lives on until its lease ends: a restart adopts it.
+                await self.store.give_back(self.host, self.identity.machine_id, self.identity.boot_id)
+                log.info("circuit_left_feed_mark_kept", host=self.host, feed=read.marks[self.host][0],
+                         lease=f"{self.lease_id:x}", detail="the grant given back; the mark ends with the lease")
+                return
             await self.store.revoke(self.lease_id)
             log.info("circuit_left", host=self.host, lease=f"{self.lease_id:x}")
         except (StoreUnavailable, LeaseGone):

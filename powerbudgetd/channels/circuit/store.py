@@ -14,7 +14,17 @@ Keys, under ``<prefix>/<circuit>/``::
                                                under the lease: the host's record, each round
     pending/<host>  {"reserve_w"}              under the lease: a seat that did not fit
     down/<feed>     {"by"}                     persistent: a feed of the tree known lost
-                                               (``circuit feed-down``; one at a time)
+                                               (the operator's ``circuit feed-down``; one at a time)
+    marks/<host>    {"feed", "by"}             under the host's lease: the feed its UPS carries,
+                                               on battery (``[ups] feed``): lost while it lives
+
+Every key but the spec, the tree, seats and the operator's ``down/`` marks is written
+under its writer's lease, so it ends with its writer. One found without a lease (written
+by hand, or over a daemon's) has no live writer: it is left out of the read and named in
+:attr:`Read.unleased` (a host's name then is free to claim, and no unseated "live" host
+holds anyone's seat out). Seats are persistent on purpose: a host's reserve stays counted
+while its daemon is down. Each host writes only keys named after it (and its seat), so
+etcd's per-key permissions can confine it (:func:`roles_script`).
 
 Every value read goes through ``records`` (bounded size and depth, finite numbers);
 one that fails is reported in :attr:`Read.bad` and never raises.
@@ -60,6 +70,20 @@ T = TypeVar("T")
 
 class StoreUnavailable(Exception):
     """No answer from etcd within the timeout (or an error on the way); retried."""
+
+
+class StoreRefused(StoreUnavailable):
+    """etcd answered but refused: authentication failed, or this user may not do that."""
+
+
+class StoreFull(StoreUnavailable):
+    """etcd's NOSPACE alarm is raised: reads are answered, every write refused until an
+    operator compacts, defragments and disarms it."""
+
+
+_REFUSED = ("permission denied", "authentication failed", "invalid auth token", "user name is empty",
+            "user name not found", "role is not granted", "auth: ")
+_FULL = ("database space exceeded", "no space")
 
 
 class LeaseGone(Exception):
@@ -135,6 +159,9 @@ class Read:
     bad: dict[str, str] = field(default_factory=dict)
     tree_mod: int = 0  # the tree key's mod revision (0: none)
     down: dict[str, str] = field(default_factory=dict)  # each feed marked lost: who marked it
+    marks: dict[str, tuple[str, str, int]] = field(default_factory=dict)  # each host's mark: (feed, by, lease)
+    unleased: dict[str, int] = field(default_factory=dict)  # keys left out for want of a lease: mod revision
+    free_claims: dict[str, int] = field(default_factory=dict)  # hosts whose claim has no lease: its mod revision
 
     def unseated_live(self) -> dict[str, float]:
         """Hosts with a live claim but no seat: their claimed reserve (W) each."""
@@ -295,6 +322,7 @@ class CircuitStore:
         self.pending = base + b"pending/"
         self.claims = base + b"claims/"
         self.down = base + b"down/"
+        self.marks = base + b"marks/"
         self.calls = 0  # etcd requests sent (for the load test's ops/s)
 
     @property
@@ -317,8 +345,12 @@ class CircuitStore:
             if _lease_not_found(exc):
                 raise LeaseGone(str(exc)) from None
             failed = self.endpoint
-            await self._rotate()
-            raise StoreUnavailable(f"{failed}: {type(exc).__name__}: {exc}".rstrip(": ")) from None
+            text = str(exc).lower()
+            if any(s in text for s in _FULL):  # every member shares the alarm: no use moving on
+                raise StoreFull(f"{failed}: {exc}") from None
+            await self._rotate()  # refused too: a new connection authenticates again (an expired token)
+            cls = StoreRefused if any(s in text for s in _REFUSED) else StoreUnavailable
+            raise cls(f"{failed}: {type(exc).__name__}: {exc}".rstrip(": ")) from None
 
     async def _rotate(self) -> None:
         client, self._client = self._client, None
@@ -340,6 +372,17 @@ class CircuitStore:
     def key(self, kind: bytes, host: str) -> bytes:
         return kind + host.encode()
 
+    def host_keys(self, host: str) -> list[bytes]:
+        """Every key ``host``'s daemon (and its ``circuit join`` and ``failsafe``) writes:
+        the only ones its etcd role needs write access to."""
+        return [self.key(k, host) for k in (self.seats, self.claims, self.grants, self.wants, self.pending, self.marks)]
+
+    def operator_keys(self) -> list[tuple[bytes, str]]:
+        """Keys only the operator should write, as (key, what), for the start-up check of
+        a daemon's credential (a host that can write them can raise every host)."""
+        return [(self.spec_key, "the spec (the budget)"), (self.tree_key, "the power tree"),
+                (self.down, "the operator's feed marks"), (self.seats, "other hosts' seats")]
+
     # -- reads ----------------------------------------------------------------------
     async def read(self) -> Read:
         """The circuit at one revision (a single range read over its prefix). A value
@@ -354,12 +397,15 @@ class CircuitStore:
         tree_value: bytes | None = None
         down: list[str] = []
         marked: dict[str, str] = {}
+        host_marks: dict[str, tuple[str, str, int]] = {}
         bad: dict[str, str] = {}
+        unleased: dict[str, int] = {}
+        free_claims: dict[str, int] = {}
 
         def name(key: bytes) -> str:
             return key.decode(errors="replace")
 
-        for key, value, mod, created, _ in kvs:
+        for key, value, mod, created, lease in kvs:
             if key == self.spec_key:
                 spec_mod, spec_created = mod, created
                 try:
@@ -374,6 +420,20 @@ class CircuitStore:
                     marked[down[-1]] = str(records.parse(value).get("by", ""))
                 except records.BadRecord:
                     marked[down[-1]] = ""
+            elif key.startswith(self.marks):
+                if not lease:
+                    unleased[name(key)] = mod
+                    continue
+                try:
+                    doc = records.parse(value)
+                    feed, by = records.text(doc, "feed"), records.text(doc, "by")
+                except records.BadRecord as exc:
+                    bad[name(key)] = str(exc)
+                    continue
+                host_marks[key[len(self.marks):].decode(errors="replace")] = (feed, by, lease)
+                if feed not in marked:  # an operator's mark on the same feed is the one shown
+                    down.append(feed)
+                    marked[feed] = by
         budget = spec.budget_w if spec else float("inf")
         seats: dict[str, float] = {}
         grants: dict[str, float] = {}
@@ -388,6 +448,11 @@ class CircuitStore:
             if kind is None:
                 continue
             host = key[len(kind):].decode(errors="replace")
+            if not lease and kind != self.seats:  # its writer's lease is gone (or it never had one)
+                unleased[name(key)] = mod
+                if kind == self.claims:
+                    free_claims[host] = mod
+                continue
             try:
                 doc = records.parse(value)
                 if kind == self.seats:
@@ -416,6 +481,10 @@ class CircuitStore:
             except records.BadRecord as exc:
                 bad[name(self.tree_key)] = str(exc)
         lost = down[0] if len(down) == 1 else None
+        if down and tree_value is None:  # a flat circuit has no feeds: a mark means nothing there
+            bad[name(self.down)] = f"feeds marked down {down} on a circuit without a power tree: ignored; " \
+                "remove them (circuit feed-up FEED)"
+            down, lost = [], None
         down_bad = bool(down) and (tree is None or len(down) > 1 or lost not in tree.feeds())
         if down_bad:  # no arithmetic for it: nothing is seated or raised until it is put right
             bad[name(self.down)] = f"feeds down {down}: one feed of the tree at a time (feeds: " + \
@@ -424,7 +493,8 @@ class CircuitStore:
                            unknown_seats=frozenset(unknown[self.seats]), unknown_grants=frozenset(unknown[self.grants]),
                            seat_order=order, tree=tree, tree_bad=(tree_value is not None and tree is None) or down_bad,
                            lost=None if down_bad else lost)
-        return Read(spec, view, revision, spec_mod, leases, spec_created, claims, recs, bad, tree_mod, marked)
+        return Read(spec, view, revision, spec_mod, leases, spec_created, claims, recs, bad, tree_mod, marked,
+                    host_marks, unleased, free_claims)
 
     async def lease_info(self, lease_id: int) -> tuple[int, int]:
         """(seconds left, granted TTL s) of ``lease_id``; seconds left -1: gone."""
@@ -479,27 +549,54 @@ class CircuitStore:
         """Mark ``feed`` lost (as :meth:`feed_down`) unless a feed was marked since ``read``
         (one at a time; the caller checks ``read.down`` itself). False: read again."""
         def txn(c: Any) -> Any:
-            t = c.transactions
-            return c.transaction(compare=[t.mod(self.down, _range_end(self.down)) < read.revision + 1],
-                                 success=[t.put(self.down + feed.encode(), records.dumps(by=by))], failure=[])
+            return c.transaction(compare=self._no_mark_since(c, read),
+                                 success=[c.transactions.put(self.down + feed.encode(), records.dumps(by=by))], failure=[])
         ok, _ = await self._call(txn)
         return bool(ok)
 
-    async def unmark_feed(self, feed: str, by: str) -> bool:
-        """Lift ``feed``'s mark only if ``by`` made it (a UPS back on line never lifts an
-        operator's). True when lifted."""
-        key = self.down + feed.encode()
+    async def mark_host_feed_lost(self, read: Read, host: str, feed: str, by: str, lease_id: int) -> bool:
+        """``host``'s UPS mark: ``feed`` lost, under the host's lease (it ends with the
+        host), unless a feed was marked since ``read``. False: read again."""
+        def txn(c: Any) -> Any:
+            return c.transaction(compare=self._no_mark_since(c, read), success=[c.transactions.put(
+                self.key(self.marks, host), records.dumps(feed=feed, by=by), lease=lease_id)], failure=[])
+        ok, _ = await self._call(txn)
+        return bool(ok)
+
+    async def adopt_host_mark(self, read: Read, host: str, lease_id: int) -> bool:
+        """Put ``host``'s own mark, left by an earlier daemon of it, under ``lease_id`` (as
+        it was read; False: it changed or went meanwhile)."""
+        key = self.key(self.marks, host)
+        if host not in read.marks:
+            return False
+        feed, by, _ = read.marks[host]
+        value = records.dumps(feed=feed, by=by)
 
         def txn(c: Any) -> Any:
             t = c.transactions
-            return c.transaction(compare=[t.value(key) == records.dumps(by=by)], success=[t.delete(key)], failure=[])
+            return c.transaction(compare=[t.mod(key) < read.revision + 1, t.version(key) > 0],
+                                 success=[t.put(key, value, lease=lease_id)], failure=[])
         ok, _ = await self._call(txn)
         return bool(ok)
 
-    async def feed_up(self, feed: str) -> bool:
-        """The feed is back (False: it was not marked lost)."""
-        res = await self._call(lambda c: c.delete(self.down + feed.encode()))
+    async def unmark_host(self, host: str) -> bool:
+        """Lift ``host``'s own UPS mark. True when there was one."""
+        res = await self._call(lambda c: c.delete(self.key(self.marks, host)))
         return bool(res)
+
+    def _no_mark_since(self, c: _Client, read: Read) -> list[Any]:
+        t = c.transactions
+        return [t.mod(k, _range_end(k)) < read.revision + 1 for k in (self.down, self.marks)]
+
+    async def feed_up(self, feed: str) -> bool:
+        """The feed is back: the operator's mark and every host's on it lifted (a UPS
+        still on battery marks it again at its host's next round). False: it was not
+        marked lost."""
+        read = await self.read()
+        keys = [self.down + feed.encode()] + [self.key(self.marks, h) for h, (f, _, _) in read.marks.items() if f == feed]
+        _, responses = await self._call(lambda c: c.transaction(
+            compare=[], success=[c.transactions.delete(k) for k in keys], failure=[]))
+        return any(int(r.response_delete_range.deleted) for r in responses)
 
     async def wipe(self) -> None:
         """Delete every key of the circuit (the operator's reset; tests)."""
@@ -515,7 +612,8 @@ class CircuitStore:
         # A deletion only lowers the sum. A claim created since: a live host whose
         # reserve the read did not see. A feed marked lost since: less may flow.
         return [t.mod(self.spec_key) == read.spec_mod, t.mod(self.tree_key) == read.tree_mod] + [
-            t.mod(kind, _range_end(kind)) < read.revision + 1 for kind in (self.seats, self.grants, self.claims, self.down)]
+            t.mod(kind, _range_end(kind)) < read.revision + 1
+            for kind in (self.seats, self.grants, self.claims, self.down, self.marks)]
 
     async def register_seat(self, read: Read, host: str, reserve_w: float, *, grant_w: float = 0.0,
                             lease_id: int | None = None) -> bool:
@@ -606,6 +704,29 @@ class CircuitStore:
             compare=[c.transactions.create(key) == 0] if not replace_mod else [c.transactions.mod(key) == replace_mod],
             success=[c.transactions.put(key, body, lease=lease_id)], failure=[]))
         return bool(ok)
+
+    async def can_write(self, key: bytes) -> bool:
+        """Whether this credential may write ``key``, asked without writing it: a
+        transaction whose compare never holds (a version below 0) with a put on ``key``;
+        etcd checks the permission of every operation in it, run or not. Raises
+        StoreUnavailable (StoreFull under the NOSPACE alarm)."""
+        try:
+            await self._call(lambda c: c.transaction(compare=[c.transactions.version(key) < 0],
+                                                     success=[c.transactions.put(key, b"")], failure=[]))
+        except StoreRefused as exc:
+            if "permission denied" in str(exc):
+                return False
+            raise
+        return True
+
+    async def writes_refused(self, host: str) -> bool:
+        """Whether etcd refuses writes now (the NOSPACE alarm), asked without writing: the
+        same never-true transaction on ``host``'s record. Raises StoreUnavailable."""
+        try:
+            await self.can_write(self.key(self.wants, host))
+        except StoreFull:
+            return True
+        return False
 
     # -- leases -----------------------------------------------------------------------
     async def grant_lease(self, ttl_s: int) -> tuple[int, int]:
