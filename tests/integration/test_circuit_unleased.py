@@ -18,7 +18,6 @@ from pathlib import Path
 import pytest
 
 from support.circuit import EtcdCluster, Host, circuit_status, etcd_edit, granted, init_circuit, start_hosts, stop_hosts
-from support.wait import wait_until
 
 pytestmark = pytest.mark.slow  # real etcd and daemons: the full run (CI) covers them
 

@@ -196,6 +196,7 @@ class CircuitChannel:
         self.reachable = False
         self._reach_said: str | None = None  # the last state of etcd said: reachable, unreachable, refused
         self.nospace = False  # etcd's NOSPACE alarm seen and not yet seen cleared
+        self._full_asked = float("-inf")  # when etcd was last asked whether it refuses writes (lease clock)
         self.credential_checked = False
         self._unleased_said: set[str] = set()
         self.last_read: Read | None = None
@@ -306,10 +307,15 @@ class CircuitChannel:
         await task
 
     async def _after_round(self) -> None:
-        """After a round etcd answered: the NOSPACE alarm looked at again while it was
-        seen (asked without writing), and this credential's reach checked once."""
-        if self.nospace and not await self.store.writes_refused(self.host):
-            self._set_full(False)
+        """After a round etcd answered: whether etcd refuses writes (the NOSPACE alarm),
+        asked without writing, once per keepalive period (a round may write nothing for a
+        long while) and every round while it is seen; this credential's reach, once."""
+        now = self.lease_clock()
+        if self.nospace or now - self._full_asked >= self._keepalive_every_s():
+            self._full_asked = now
+            full = await self.store.writes_refused(self.host)
+            if full != self.nospace:
+                self._set_full(full, "etcd refuses writes: database space exceeded (NOSPACE alarm)")
         if not self.credential_checked and not self.nospace:
             self.credential_checked = True
             await self._check_credential()
