@@ -224,6 +224,13 @@ async def _join(store: Any, host: str, reserve_w: float) -> int:
             print(f"circuit {store.name}: {host} already seated with {reserve_w:g} W")
             return ExitStatus.OK
         tree = read.view.tree
+        if read.view.tree_bad:  # not a matter of room: nothing is seated until it is put right
+            why = "; ".join(f"{printable(k)}: {printable(w)}" for k, w in sorted(read.bad.items())
+                            if k in (store.tree_key.decode(), store.down.decode()))
+            print(f"powerbudgetd: circuit {store.name}: its power tree or feed marks cannot be used ({why}): no seat is "
+                  "registered until they are put right (circuit init --tree FILE --force, circuit feed-up FEED)",
+                  file=sys.stderr)
+            return ExitStatus.ERROR
         if tree is not None and host not in tree.hosts:
             print(f"powerbudgetd: circuit {store.name}: {printable(host)} is not in its power tree (add it under "
                   "[hosts] in the tree file and run circuit init --tree FILE --force)", file=sys.stderr)
