@@ -86,8 +86,13 @@ def test_every_state_of_the_circuit_at_boot_is_said_within_a_second(etcd1: EtcdC
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline and any(_said_after_s(h, e) is None for h, e in expected):
             time.sleep(0.2)
-        after = {h.name: _said_after_s(h, e) for h, e in expected}
-        assert all(s is not None and s <= FIRST_WORD_S for s in after.values()), after
+        said = {h.name: _said_after_s(h, e) for h, e in expected}
+        assert all(s is not None for s in said.values()), said  # each state said, in its own words
+        # ... and a line within a second of start: those words, or, where etcd (auth's
+        # bcrypt, a loaded machine) has not answered by then, that it has not yet
+        after = {h.name: min(s for s in (_said_after_s(h, e), _said_after_s(h, "circuit_etcd_no_answer_yet"))
+                             if s is not None) for h, e in expected}
+        assert all(s <= FIRST_WORD_S for s in after.values()), (after, said)
         # the black-holed one then says it is unreachable, once, at its request timeout
         down.daemon.wait_for(lambda: down.daemon.events("circuit_etcd_unreachable"), "unreachable said", 10)
         # the seated one runs as root: it can write the spec and the tree, and says so, naming them

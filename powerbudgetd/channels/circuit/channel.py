@@ -291,7 +291,7 @@ class CircuitChannel:
         finally:
             await self.store.close()
 
-    FIRST_WORD_S = 0.8  # the first round not done by then: said (a second from start, with the start-up)
+    FIRST_WORD_S = 0.5  # the first round not done by then: said (within a second of start, on a loaded host)
 
     async def _first_round(self) -> None:
         task = asyncio.ensure_future(self.round())
