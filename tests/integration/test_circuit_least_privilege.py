@@ -23,9 +23,9 @@ import pytest
 from powerbudgetd.channels.circuit.store import CircuitStore, StoreRefused
 from support.circuit import EXE, EtcdCluster, Host, granted, start_hosts, stop_hosts
 
-pytestmark = [pytest.mark.slow,  # a real etcd and daemons: the full run (CI) covers it
-              pytest.mark.skipif(shutil.which("etcdctl") is None, reason="etcdctl (Debian: etcd-client) not installed")]
+pytestmark = pytest.mark.slow  # a real etcd and daemons: the full run (CI) covers it
 
+# Never skipped: scripts/install-test-deps installs it (Debian: etcd-client).
 ETCDCTL = shutil.which("etcdctl") or "etcdctl"
 PASSWORD = {"root": "root-pw", "ops": "ops-pw", "h0": "h0-pw", "h1": "h1-pw"}
 
