@@ -53,8 +53,8 @@ if TYPE_CHECKING:
 log = structlog.get_logger("powerbudgetd")
 
 SOURCE = "ups"
-# Pair the UPS's reading with the lowest board power of the last 2 s: the UPS averages
-# and we poll late, and the lowest board power can only overstate the rest of the host.
+# The board power shown beside the UPS (record, tests): the lowest of the last 2 s. The
+# measured load itself is paired by the sensor model (core.sensor) at the time it changed.
 BOARD_WINDOW_S = 2.0
 CAUSES = ("unreachable", "stale", "unknown_ups", "auth_failed", "error")
 STATES = ("waiting", "ok", *CAUSES)
@@ -159,6 +159,7 @@ def guard_params(cfg: UpsConfig, feed: Feed | None) -> UpsParams:
         wall_limit_w=feed.wall_limit_w() if measured and feed is not None else None,
         psu_efficiency=feed.psu_efficiency if feed is not None else 0.9,
         hysteresis_w=cfg.hysteresis_w,
+        reach=cfg.reach(),
     )
 
 
@@ -238,6 +239,7 @@ class UpsChannel:
         """One tick's bank: summed GPU board power (W; None: unknown) and the floor (W)."""
         if board_w is not None:
             self._board.append((now, board_w))
+            self.guard.own_draw(now, board_w)
         while self._board and now - self._board[0][0] > BOARD_WINDOW_S:
             self._board.popleft()
         self.floor_w = floor_w
@@ -311,7 +313,7 @@ class UpsChannel:
         reading = parse_vars(variables)
         self._note_values(reading)
         self.metrics.reading(reading)
-        self.guard.observe(reading, now, board_w=self.board_power_w(), configured_w=self.configured_w)
+        self.guard.observe(reading, now, board_w=None, configured_w=self.configured_w)
         self._note_plausibility()
         if not reading.flags:
             self.metrics.polls_failed.labels("stale").inc()

@@ -39,6 +39,7 @@ from powerbudgetd.core.feed import DEFAULT_DERATING, DEFAULT_PSU_EFFICIENCY, DEF
 from powerbudgetd.core.model import CardOverride
 from powerbudgetd.core.meterpath import PathError, watts_at
 from powerbudgetd.core.peaks import MEASURED_TRANSIENT_FACTOR, FeedLine, binding_line, transient_factor
+from powerbudgetd.core.sensor import Reach
 from powerbudgetd.errors import ConfigError
 from powerbudgetd.core.model import Timings
 from powerbudgetd.config.kubernetes import KubernetesConfig
@@ -321,7 +322,20 @@ METER_SAMPLES: dict[str, tuple[dict[str, Any], ...]] = {
 _PRESET_PATHS = {"tasmota": "ENERGY.Power", "shelly": "apower"}
 
 
-class WallMeterConfig(_Section):
+class _MeterReach(_Section):
+    """What a meter covers besides this host (``core.sensor.Reach``): ``hosts``, the
+    powerbudgetd hosts behind it (this one included; each takes 1/hosts of its excess
+    and headroom), or ``share``, the fraction this host takes (hosts of unequal size).
+    Left out: the meter is this host's alone."""
+
+    hosts: int = Field(1, ge=1, le=1000)
+    share: float | None = Field(None, gt=0, le=1)
+
+    def reach(self) -> Reach:
+        return Reach(self.hosts, self.share)
+
+
+class WallMeterConfig(_MeterReach):
     """A smart plug or metered PDU that reports the host's wall (plug) power over MQTT.
 
     Presets: ``tasmota`` (``topic`` is the device topic: ``tele/<topic>/SENSOR``,
@@ -656,7 +670,7 @@ class _EnvSource(EnvSettingsSource):
 _NUT_WORD = re.compile(r"^[A-Za-z0-9_.@:+-]+$")  # NUT's protocol is line- and space-delimited
 
 
-class UpsConfig(_Section):
+class UpsConfig(_MeterReach):
     """A UPS watched through Network UPS Tools: ``upsd`` at ``host``:``port`` serving
     UPS ``name``. Off unless configured. The password, as for MQTT and etcd, first found
     wins: ``password``, ``POWERBUDGETD_UPS__PASSWORD``, ``password_file`` (mode 0600), or
@@ -671,6 +685,10 @@ class UpsConfig(_Section):
     limit lowers the budget by the excess (``hysteresis_w`` dead band). Silence (upsd
     unreachable, stale data, the UPS gone) keeps the budget in force;
     ``stale_as_on_battery`` also lowers it to the on-battery budget.
+
+    ``hosts`` / ``share``: a UPS shared with other powerbudgetd hosts (NUT's
+    primary/secondary set-up): ``hosts = 2`` has each of two hosts correct half the
+    measured excess, ``share = 0.3`` this one 30 % of it (see ``_MeterReach``).
 
     ``feed``: the feed of the shared circuit's power tree this UPS carries (needs
     ``[circuit]``). While the on-battery budget is in force the feed is marked lost in

@@ -9,9 +9,15 @@ The one figure the daemon can trust is what its own cards draw (board power, rea
 - **below our own draw**: less than what our cards alone draw at the plug, board power
   / PSU efficiency (the ``core.feed`` model): the meter cannot be on this host's plug,
   or it lies;
-- **frozen**: the same value :data:`FROZEN_READINGS` readings in a row while our own
-  draw moved by more than :data:`FROZEN_SPAN_W` at the plug (and three times the
-  reading's resolution): a meter on our plug would have moved too.
+- **frozen**: the same value :data:`FROZEN_READINGS` refreshes in a row (polls, for a
+  source that changes at every poll; :meth:`InputCheck.unchanged` is told how many
+  polls a refresh of the source takes) while our own draw moved by more than
+  :data:`FROZEN_SPAN_W` at the plug (and three times the reading's resolution): a
+  meter on our plug would have moved too.
+
+A new value (:meth:`InputCheck.check`) is checked against our draw *at the time it was
+taken* (``core.sensor`` pairs them); a value seen again (:meth:`InputCheck.unchanged`)
+is no new reading: only the frozen rule looks at it, against our draw now.
 
 A rejected reading moves nothing: the budget the source allows keeps its last good
 value. The source is *distrusted* from then on, until :data:`TRUST_AFTER` plausible
@@ -76,12 +82,38 @@ class InputCheck:
         self._same_count = 0  # ... this many readings in a row
         self._own_lo_w = self._own_hi_w = 0.0  # our own draw at the plug over that run (W)
 
-    def check(self, wall_w: float, board_w: float, psu_efficiency: float, *, resolution_w: float = 1.0) -> Verdict:
+    def check(self, wall_w: float, board_w: float, psu_efficiency: float, *, resolution_w: float = 1.0,
+              polls_a_refresh: float = 1.0) -> Verdict:
         """A wall reading (W at the plug) paired with our cards' board power (W).
         ``psu_efficiency`` in (0, 1]; ``resolution_w``: the reading's step (a UPS's
-        ``ups.load`` is 1 % of its nominal power)."""
+        ``ups.load`` is 1 % of its nominal power); ``polls_a_refresh``: how many polls
+        a refresh of the source takes (the frozen rule counts refreshes)."""
         own_wall_w = board_w / psu_efficiency
-        reason = self._reason(wall_w, own_wall_w, resolution_w)
+        reason = self._reason(wall_w, own_wall_w, resolution_w, polls_a_refresh)
+        return self._verdict(reason, wall_w, board_w, psu_efficiency, own_wall_w)
+
+    def unchanged(self, wall_w: float, board_w: float, psu_efficiency: float, *, resolution_w: float = 1.0,
+                  polls_a_refresh: float = 1.0) -> Verdict | None:
+        """The same value seen again while our cards draw ``board_w`` now (W): no new
+        reading, so only the frozen rule is applied; a Verdict when it finds the source
+        frozen, None otherwise."""
+        own_wall_w = board_w / psu_efficiency
+        if wall_w != self._same:
+            return None
+        self._same_count += 1
+        self._own_lo_w, self._own_hi_w = min(self._own_lo_w, own_wall_w), max(self._own_hi_w, own_wall_w)
+        if not self._frozen(resolution_w, polls_a_refresh):
+            return None
+        return self._verdict("frozen", wall_w, board_w, psu_efficiency, own_wall_w)
+
+    def confirm(self, wall_w: float, board_w: float, psu_efficiency: float) -> Verdict:
+        """A distrusted source's plausible value standing through another poll (checked
+        when it came, against ``board_w``, our draw then): one more plausible reading
+        toward trust."""
+        return self._verdict(None, wall_w, board_w, psu_efficiency, board_w / psu_efficiency)
+
+    def _verdict(self, reason: str | None, wall_w: float, board_w: float, psu_efficiency: float,
+                 own_wall_w: float) -> Verdict:
         drew = (f"{self.source} reads {wall_w:g} W at the plug while our cards drew {board_w:.0f} W of board power "
                 f"({own_wall_w:.0f} W at the plug at PSU efficiency {psu_efficiency:g})")
         if reason is not None:
@@ -89,7 +121,7 @@ class InputCheck:
             self.rejected += 1
             changed, self.trusted = self.trusted, False
             why = {"sentinel": "a no-data sentinel", "below_own_draw": "less than our own cards draw",
-                   "frozen": f"the same value {self._same_count} readings in a row while our draw moved "
+                   "frozen": f"the same value {self._same_count} polls in a row while our draw moved "
                              f"{self._own_hi_w - self._own_lo_w:.0f} W"}[reason]
             return Verdict(reason, False, changed,
                            f"{drew}: {why}; ignored, the budget it allows keeps its last good value", wall_w, board_w)
@@ -111,7 +143,12 @@ class InputCheck:
             return current_w
         return next_w if current_w is None else min(current_w, next_w)
 
-    def _reason(self, wall_w: float, own_wall_w: float, resolution_w: float) -> str | None:
+    def _frozen(self, resolution_w: float, polls_a_refresh: float) -> bool:
+        span_w = max(self.frozen_span_w, 3 * resolution_w)
+        return (self._same_count >= self.frozen_readings * max(1.0, polls_a_refresh)
+                and self._own_hi_w - self._own_lo_w > span_w)
+
+    def _reason(self, wall_w: float, own_wall_w: float, resolution_w: float, polls_a_refresh: float = 1.0) -> str | None:
         if wall_w == self._same:
             self._same_count += 1
             self._own_lo_w, self._own_hi_w = min(self._own_lo_w, own_wall_w), max(self._own_hi_w, own_wall_w)
@@ -121,7 +158,4 @@ class InputCheck:
             return "sentinel"
         if wall_w < own_wall_w:
             return "below_own_draw"
-        span_w = max(self.frozen_span_w, 3 * resolution_w)
-        if self._same_count >= self.frozen_readings and self._own_hi_w - self._own_lo_w > span_w:
-            return "frozen"
-        return None
+        return "frozen" if self._frozen(resolution_w, polls_a_refresh) else None

@@ -31,8 +31,8 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from powerbudgetd.core.feed import next_wall_budget_w
 from powerbudgetd.core.plausible import InputCheck, Verdict
+from powerbudgetd.core.sensor import RISE_FRACTION_S, RISE_GAIN, LoopParams, MeterLoop, Reach
 
 # ups.status flags NUT defines. Anything else is unknown: shown, never acted on.
 KNOWN_FLAGS = frozenset({
@@ -159,6 +159,9 @@ class UpsParams:
     wall_limit_w: float | None = None
     psu_efficiency: float = 0.9
     hysteresis_w: float = 20.0
+    reach: Reach = Reach()  # the controlled hosts behind this UPS (``[ups] hosts`` / ``share``)
+    rise_gain: float = RISE_GAIN  # core.sensor's bounded rise (the simulator's reference loop sets 1)
+    rise_fraction_s: float = RISE_FRACTION_S
 
     def __post_init__(self) -> None:
         checks = [
@@ -214,18 +217,53 @@ class UpsGuard:
     battery_in_force: bool = False  # the on-battery budget applies (after the delay, until the hold)
     # ... and a fresh reading said on battery (not a silence taken as one): the feed is lost
     on_battery_seen: bool = False
-    meter_w: float | None = None  # the measured-load budget (board W) after hysteresis; None: not limiting
-    allowed_w: float | None = None  # what the last measured load allowed, before hysteresis
-    plausibility: InputCheck = field(default_factory=lambda: InputCheck("ups"))
     verdict: Verdict | None = None  # the last measured load's, None when it was not checked
     _t: _Timers = field(default_factory=_Timers)
+    _loop: MeterLoop | None = None
+
+    # -- the measured load: a reading, through the sensor model (core.sensor) -----------
+    @property
+    def loop(self) -> MeterLoop | None:
+        """The loop on the measured load; None without a plug-side limit."""
+        p = self.params
+        if p.wall_limit_w is None:
+            self._loop = None
+            return None
+        params = LoopParams(p.wall_limit_w, p.psu_efficiency, p.hysteresis_w, p.reach, p.rise_gain, p.rise_fraction_s)
+        if self._loop is None:
+            self._loop = MeterLoop("ups", params)
+        elif self._loop.params != params:
+            self._loop.set_params(params)
+        return self._loop
+
+    @property
+    def plausibility(self) -> InputCheck:
+        loop = self.loop
+        return loop.plausibility if loop is not None else InputCheck("ups")
+
+    @property
+    def meter_w(self) -> float | None:
+        """The measured-load budget (board W) after the dead band; None: not limiting."""
+        return None if self._loop is None or self.params.wall_limit_w is None else self._loop.budget_w
+
+    @property
+    def allowed_w(self) -> float | None:
+        """What the last measured load allowed (board W), before dead band and rise bound."""
+        return None if self._loop is None else self._loop.allowed_w
+
+    def own_draw(self, now: float, board_w: float) -> None:
+        """Our cards' summed board power at ``now`` (W), every tick: the measured load
+        is paired with it at the time the UPS's figure changed."""
+        loop = self.loop
+        if loop is not None:
+            loop.own_draw(now, board_w)
 
     # -- inputs -----------------------------------------------------------------------
     def observe(self, reading: UpsReading, now: float, *, board_w: float | None, configured_w: float) -> None:
-        """A fresh poll. ``board_w``: the GPUs' summed board power to pair the measured
-        load with (W; None: unknown, the measured load is not used); ``configured_w``:
-        the configured budget (W). A reading without a known ``ups.status`` flag
-        (missing, garbled, unknown words only) is a silence: it moves nothing."""
+        """A fresh poll. ``board_w``: the GPUs' summed board power now (W; None: given
+        by :meth:`own_draw` every tick instead); ``configured_w``: the configured budget
+        (W). A reading without a known ``ups.status`` flag (missing, garbled, unknown
+        words only) is a silence: it moves nothing."""
         if not reading.flags:
             self.last = reading
             self.silence(now)
@@ -263,7 +301,9 @@ class UpsGuard:
                     self.battery_in_force, self.on_battery_seen, t.online_since = False, False, None
         # neither OL nor OB (OFF, BYPASS, unknown words only): keep what is in force.
         self.verdict = None
-        self._measure(reading, board_w, configured_w)
+        if board_w is not None:
+            self.own_draw(now, board_w)
+        self._measure(reading, now, configured_w)
 
     def silence(self, now: float) -> None:
         """No usable data at ``now`` (unreachable, stale, the UPS gone, refused): keep
@@ -273,6 +313,8 @@ class UpsGuard:
             t.silent_since = now
         t.online_since = t.online_run_since = None
         t.floor_clear_since = None
+        if self._loop is not None:
+            self._loop.gap()
         if self.params.stale_as_on_battery and now - t.silent_since >= self.params.on_battery_delay_s:
             self.battery_in_force = True
 
@@ -296,22 +338,16 @@ class UpsGuard:
         """Seconds since the last fresh reading; None before the first."""
         return None if self.last_fresh_at is None else max(0.0, now - self.last_fresh_at)
 
-    def _measure(self, reading: UpsReading, board_w: float | None, configured_w: float) -> None:
-        limit = self.params.wall_limit_w
+    def _measure(self, reading: UpsReading, now: float, configured_w: float) -> None:
+        loop = self.loop
         wall_w = reading.wall_w()
-        if limit is None or wall_w is None or board_w is None:
+        if loop is None or wall_w is None:
             return  # no figure to act on: the last measured-load budget stays
         from_load = reading.realpower_w is None and reading.realpower_nominal_w is not None
         step_w = reading.realpower_nominal_w / 100.0 if from_load and reading.realpower_nominal_w else 1.0
-        self.verdict = self.plausibility.check(wall_w, board_w, self.params.psu_efficiency, resolution_w=step_w)
-        if not self.verdict.plausible:
-            return  # a lie: the last good measured-load budget stays
-        # The plug-side excess, in board watts: what the GPUs must give up so the UPS
-        # carries no more than its limit (the rest of the host is taken as it is).
-        allowed = board_w + (limit - wall_w) * self.params.psu_efficiency
-        self.allowed_w = allowed
-        wanted = next_wall_budget_w(self.meter_w, allowed, configured_w, self.params.hysteresis_w)
-        self.meter_w = self.plausibility.admit(self.meter_w, wanted)
+        # Used once, when it changes, paired with our draw when it was taken (core.sensor);
+        # an implausible one keeps the last good measured-load budget.
+        self.verdict = loop.poll(wall_w, now, configured_w, resolution_w=step_w)
 
     # -- output -----------------------------------------------------------------------
     def evaluate(self, now: float, configured_w: float, floor_w: float | None) -> UpsConstraint:

@@ -1,0 +1,285 @@
+"""Hosts behind one measured UPS: the daemon's own UPS channel closing its loop on a
+slow, shared meter, against the plug's limit.
+
+Each simulated host runs powerbudgetd's :class:`~powerbudgetd.channels.ups.UpsChannel`
+(the code a daemon runs, fed through its public hooks: ``bank`` every tick,
+``variables`` every poll) and its budget arbiter; its GPUs draw their demand up to the
+budget in force, applied at the host's next tick. The UPS's ``ups.realpower`` is the
+plug's draw (every host's wall power plus an unmanaged load beside them: a NAS, a
+switch) sampled every ``refresh_s``, as usbhid-ups refreshes at its ``pollfreq``;
+each host polls it every ``poll_s`` at its own phase.
+
+The *meter* figures (:class:`MeterFigures`): seconds the plug spent over its limit,
+the worst excess (W), the seconds over it *beyond the allowance* after a demand step
+(one refresh plus two polls: what no causal controller can avoid), the budget's moves
+of more than 5 % of the configured budget a minute at steady demand (the limit cycle),
+and the work done (board W-s) against the oracle's (the plug's limit divided at every
+instant, by water-fill over the hosts' demands).
+
+Pure and on virtual time: a run of minutes takes a fraction of a second.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from prometheus_client import CollectorRegistry
+
+from powerbudgetd.channels.ups import UpsChannel
+from powerbudgetd.config import UpsConfig
+from powerbudgetd.core.arbiter import BudgetArbiter
+from powerbudgetd.core.feed import Feed
+
+DT_S = 0.1
+TICK_S = 1.0  # each host's controller tick: the budget in force becomes its cards' limits
+SWING_FRACTION = 0.05  # a budget move larger than this fraction of the configured budget is a swing
+MAX_SWINGS_PER_MIN = 2.0  # at steady demand (the target)
+STEADY_AFTER_S = 20.0  # demand counts as steady this long after a step ...
+
+Profile = Callable[[float], float]  # time (s) -> W
+
+
+def steps(*points: tuple[float, float]) -> Profile:
+    """A piecewise-constant profile: ``(from_s, W)`` pairs in order."""
+    pts = sorted(points)
+
+    def at(t: float) -> float:
+        value = pts[0][1]
+        for t0, w in pts:
+            if t >= t0:
+                value = w
+        return value
+
+    at.steps = [t0 for t0, _ in pts[1:]]  # type: ignore[attr-defined]
+    return at
+
+
+@dataclass(frozen=True)
+class HostSpec:
+    """One controlled host: its configured board budget (W), its GPUs' demand (board W
+    over time), its non-GPU draw at the PSU output (W)."""
+
+    budget_w: float
+    demand: Profile
+    host_w: float = 100.0
+
+
+@dataclass(frozen=True)
+class MeterScenario:
+    """Hosts behind one UPS whose plug-side limit is ``limit_w`` (W); ``unmanaged``: the
+    load beside them at the plug (W over time); ``refresh_s``: how often the UPS's
+    figure changes; ``hosts_configured``: what each host's ``[ups] hosts`` says (the
+    number of controlled hosts behind the meter; None: the option left out)."""
+
+    name: str
+    hosts: tuple[HostSpec, ...]
+    unmanaged: Profile
+    limit_w: float = 2000.0
+    refresh_s: float = 30.0
+    poll_s: float = 2.0
+    duration_s: float = 120.0
+    psu_efficiency: float = 0.9
+    hosts_configured: int | None = None
+    warmup_s: float = 0.0
+
+
+@dataclass
+class MeterFigures:
+    """What :func:`run_meter_scenario` measured (s, W, board W-s)."""
+
+    over_s: float = 0.0
+    worst_excess_w: float = 0.0
+    over_beyond_allowance_s: float = 0.0
+    swings_per_min: float = 0.0  # the busiest host's budget moves > 5 % a minute at steady demand
+    swings: int = 0
+    steady_s: float = 0.0
+    work: float = 0.0
+    oracle_work: float = 0.0
+    budgets: list[list[float]] = field(default_factory=list)  # per step, per host (W)
+    plug_w: list[float] = field(default_factory=list)
+
+    @property
+    def work_lost(self) -> float:
+        return 0.0 if self.oracle_work <= 0 else 1.0 - self.work / self.oracle_work
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "over_s": round(self.over_s, 1), "worst_excess_w": round(self.worst_excess_w, 1),
+            "over_beyond_allowance_s": round(self.over_beyond_allowance_s, 1),
+            "swings_per_min": round(self.swings_per_min, 2), "work_lost": round(self.work_lost, 4),
+        }
+
+
+def _demand_steps(sc: MeterScenario) -> list[float]:
+    out: set[float] = set(getattr(sc.unmanaged, "steps", []))
+    for h in sc.hosts:
+        out.update(getattr(h.demand, "steps", []))
+    return sorted(out)
+
+
+def _water_fill(total_w: float, wants: Sequence[float]) -> list[float]:
+    """``total_w`` divided among ``wants`` (W): each gets its want, the largest ones cut to one level."""
+    if sum(wants) <= total_w:
+        return list(wants)
+    order = sorted(range(len(wants)), key=lambda i: wants[i])
+    out = [0.0] * len(wants)
+    left, n = max(0.0, total_w), len(wants)
+    for k, i in enumerate(order):
+        level = left / (n - k)
+        out[i] = min(wants[i], level)
+        left -= out[i]
+    return out
+
+
+class _Host:
+    def __init__(self, spec: HostSpec, sc: MeterScenario, index: int, clock: Callable[[], float]) -> None:
+        self.spec = spec
+        self.arbiter = BudgetArbiter(spec.budget_w)
+        extra: dict[str, Any] = {} if sc.hosts_configured is None else {"hosts": sc.hosts_configured}
+        cfg = UpsConfig(name="ups", poll_s=sc.poll_s, **extra)
+        feed = Feed(ups_w=sc.limit_w, ups_margin=0.0, psu_efficiency=sc.psu_efficiency, host_w=spec.host_w)
+        self.channel = UpsChannel(cfg, self.arbiter, feed, registry=CollectorRegistry(), clock=clock)
+        self.cap_w = spec.budget_w
+        self.draw_w = 0.0
+        # Hosts poll at their own phase: spread over the poll interval.
+        self.poll_phase = round((index + 0.5) * sc.poll_s / (len(sc.hosts) + 1) / DT_S)
+
+
+def run_meter_scenario(sc: MeterScenario, *, keep_series: bool = False, reference: bool = False) -> MeterFigures:
+    """Simulate ``sc``; see the module docstring. ``reference``: the loop without the
+    sensor model's bounded rise (every rise taken whole, at once): what the bound costs."""
+    now = [0.0]
+    hosts = [_Host(h, sc, i, lambda: now[0]) for i, h in enumerate(sc.hosts)]
+    if reference:
+        for h in hosts:
+            h.channel.guard.params = dataclasses.replace(h.channel.guard.params, rise_gain=1.0, rise_fraction_s=1e9)
+    eff = sc.psu_efficiency
+    figures = MeterFigures()
+    step_times = _demand_steps(sc)
+    allowance_s = sc.refresh_s + 2 * sc.poll_s
+    tick_every = round(TICK_S / DT_S)
+    refresh_every = max(1, round(sc.refresh_s / DT_S))
+    poll_every = max(1, round(sc.poll_s / DT_S))
+    meter_w: float | None = None
+    last_budget = [h.spec.budget_w for h in hosts]
+    swings = [0] * len(hosts)
+    n = round(sc.duration_s / DT_S)
+    for k in range(n + 1):
+        t = round(k * DT_S, 9)
+        now[0] = t
+        # the plant: cards draw their demand up to the limits set at the last tick
+        for h in hosts:
+            h.draw_w = min(h.spec.demand(t), h.cap_w)
+        plug_w = sum((h.draw_w + h.spec.host_w) / eff for h in hosts) + sc.unmanaged(t)
+        if k % refresh_every == 0:
+            meter_w = plug_w  # the driver's refresh: the UPS's figure changes
+        for h in hosts:
+            if k % tick_every == 0:
+                h.channel.bank(t, h.draw_w, 0.0)
+                h.cap_w = h.arbiter.resolve(t).budget_w
+            if meter_w is not None and k % poll_every == h.poll_phase % poll_every:
+                h.channel.variables({"ups.status": "OL", "ups.realpower": f"{meter_w:.0f}"})
+        budgets = [h.arbiter.resolve(t).budget_w for h in hosts]
+        since_step = min((t - s for s in step_times if s <= t), default=t)
+        steady = t >= sc.warmup_s and since_step >= max(STEADY_AFTER_S, allowance_s)
+        for i, b in enumerate(budgets):
+            if abs(b - last_budget[i]) > SWING_FRACTION * hosts[i].spec.budget_w:
+                if steady:
+                    swings[i] += 1
+                last_budget[i] = b
+        if steady:
+            figures.steady_s += DT_S
+        # what was done, and what the oracle could have done
+        figures.work += DT_S * sum(h.draw_w for h in hosts)
+        room_w = (sc.limit_w - sc.unmanaged(t)) * eff - sum(h.spec.host_w for h in hosts)
+        wants = [min(h.spec.demand(t), h.spec.budget_w) for h in hosts]
+        figures.oracle_work += DT_S * sum(_water_fill(room_w, wants))
+        if t >= sc.warmup_s and plug_w > sc.limit_w + 0.5:
+            figures.over_s += DT_S
+            figures.worst_excess_w = max(figures.worst_excess_w, plug_w - sc.limit_w)
+            if since_step > allowance_s and t - sc.warmup_s > allowance_s:
+                figures.over_beyond_allowance_s += DT_S
+        if keep_series:
+            figures.budgets.append(budgets)
+            figures.plug_w.append(plug_w)
+    figures.swings = max(swings)
+    figures.swings_per_min = max(swings) / (figures.steady_s / 60) if figures.steady_s > 0 else 0.0
+    return figures
+
+
+# -- the scenarios ---------------------------------------------------------------------------------
+def _nas_steps() -> Profile:
+    return steps((0, 1000.0), (40, 600.0), (80, 1000.0))
+
+
+def one_host(refresh_s: float) -> MeterScenario:
+    """The issue's set-up: one host (1000 W board budget, busy) beside a 1000 W NAS on a
+    2000 W UPS limit; the NAS drops to 600 W and comes back."""
+    return MeterScenario(f"one host, {refresh_s:g} s meter", (HostSpec(1000.0, steps((0, 1000.0))),),
+                         _nas_steps(), refresh_s=refresh_s, duration_s=120.0)
+
+
+def shared(n: int, refresh_s: float, *, configured: bool = True) -> MeterScenario:
+    """``n`` hosts behind one UPS (NUT's primary/secondary set-up), an unmanaged load
+    beside them; each host's GPUs step between busy and half-busy at its own times."""
+    limit = 1000.0 + 700.0 * n
+    hosts = tuple(
+        HostSpec(1000.0, steps((0, 1000.0), (50 + 20 * i, 500.0), (130 + 20 * i, 1000.0))) for i in range(n)
+    )
+    return MeterScenario(f"{n} host{'s' if n > 1 else ''}, {refresh_s:g} s meter", hosts,
+                         steps((0, 900.0), (100, 500.0), (200, 900.0)), limit_w=limit, refresh_s=refresh_s,
+                         duration_s=300.0, hosts_configured=n if configured else None)
+
+
+def fresh_meter_work(n: int) -> MeterScenario:
+    """The work a sensor model costs: ``n`` hosts, a fresh 1 s meter, polled every 1 s."""
+    sc = shared(n, 1.0)
+    return MeterScenario(f"{n} host{'s' if n > 1 else ''}, fresh 1 s meter", sc.hosts, sc.unmanaged,
+                         limit_w=sc.limit_w, refresh_s=1.0, poll_s=1.0, duration_s=sc.duration_s,
+                         hosts_configured=n)
+
+
+def suite() -> list[MeterScenario]:
+    """Every scenario the targets are judged on: 1-3 hosts x 2/10/30 s meters, and the issue's one-host set-up."""
+    out = [one_host(r) for r in (2.0, 30.0)]
+    out += [shared(n, r) for n in (1, 2, 3) for r in (2.0, 10.0, 30.0)]
+    out += [fresh_meter_work(n) for n in (1, 2, 3)]
+    return out
+
+
+def format_table(rows: Sequence[tuple[MeterScenario, MeterFigures]]) -> str:
+    """The meter column of the scoreboard: one line per scenario."""
+    head = (f"{'scenario':<28} {'over limit':>10} {'worst':>8} {'beyond allow.':>13} {'swings/min':>10} "
+            f"{'work lost':>9}")
+    lines = [head]
+    for sc, f in rows:
+        lines.append(f"{sc.name:<28} {f.over_s:>8.1f} s {f.worst_excess_w:>+6.0f} W {f.over_beyond_allowance_s:>11.1f} s "
+                     f"{f.swings_per_min:>10.2f} {100 * f.work_lost:>8.2f}%")
+    return "\n".join(lines)
+
+
+def main() -> None:  # pragma: no cover - a report
+    import logging
+
+    import structlog
+
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.ERROR))
+    rows = [(sc, run_meter_scenario(sc)) for sc in suite()]
+    print(format_table(rows))
+    print("\nthe bounded rise's cost at a fresh meter (work against the same loop rising whole, at once):")
+    for n in (1, 2, 3):
+        sc = fresh_meter_work(n)
+        ref = run_meter_scenario(sc, reference=True)
+        got = run_meter_scenario(sc)
+        print(f"  {sc.name:<26} {100 * (1 - got.work / ref.work):+.2f}% "
+              f"(reference: {ref.over_s:.1f} s over, {ref.swings_per_min:.2f} swings/min)")
+    if any(math.isnan(f.work_lost) for _, f in rows):
+        raise SystemExit(1)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()
