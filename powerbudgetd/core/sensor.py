@@ -140,7 +140,7 @@ class OwnDraw:
         for t, w in self._samples:
             if t > until:
                 break
-            if t < since:
+            if t <= since:  # the latest of these is the sample in force at since
                 before = w
                 continue
             best = w if best is None else min(best, w)
