@@ -211,6 +211,11 @@ UPS_DATA_STATE = _declare(
 UPS_STATUS = _declare(
     "ups_status", "gauge", "1 while the UPS reports the ups.status flag (OL, OB, LB, FSD, OVER, ...)", ("flag",)
 )
+UPS_ON_BATTERY = _declare(
+    "ups_on_battery", "gauge",
+    "1 while the UPS is judged on battery, by the evidence: OB, OL DISCHRG (a falling charge), input.voltage (near 0 V)",
+    ("evidence",),
+)
 UPS_LOAD = _declare("ups_load_ratio", "gauge", "UPS load (ups.load / 100)")
 UPS_REALPOWER = _declare(
     "ups_realpower_watts", "gauge", "UPS output real power: ups.realpower, else ups.load x ups.realpower.nominal",

@@ -43,7 +43,7 @@ from powerbudgetd.channels import metricnames as names
 from powerbudgetd.core.backoff import Backoff
 from powerbudgetd.core.feed import Feed
 from powerbudgetd.core.plausible import REASONS as PLAUSIBILITY_REASONS
-from powerbudgetd.core.ups import BOUNDS, KNOWN_FLAGS, REASONS, UpsConstraint, UpsGuard, UpsParams, UpsReading, parse_vars
+from powerbudgetd.core.ups import BOUNDS, EVIDENCE, KNOWN_FLAGS, REASONS, UpsConstraint, UpsGuard, UpsParams, UpsReading, parse_vars
 from powerbudgetd.config import UpsConfig
 
 if TYPE_CHECKING:
@@ -82,6 +82,9 @@ class UpsMetrics:
     def __init__(self, registry: CollectorRegistry) -> None:
         self.state = names.gauge(names.UPS_DATA_STATE, registry)
         self.status = names.gauge(names.UPS_STATUS, registry)
+        self.on_battery = names.gauge(names.UPS_ON_BATTERY, registry)
+        for evidence in EVIDENCE:
+            self.on_battery.labels(evidence).set(0)
         self.load = names.gauge(names.UPS_LOAD, registry)
         self.realpower = names.gauge(names.UPS_REALPOWER, registry)
         self.nominal = names.gauge(names.UPS_REALPOWER_NOMINAL, registry)
@@ -203,7 +206,9 @@ class UpsChannel:
         self.constraint = UpsConstraint(None, None)
         self.polls = 0
         self._board: deque[tuple[float, float]] = deque(maxlen=256)  # (s, W)
-        self._flags: frozenset[str] | None = None
+        self._flags: frozenset[str] | None = None  # the last known flags: kept through silences and reconnects
+        self._waiting = False
+        self._evidence: str | None = None
         self._unknown: frozenset[str] = frozenset()
         self._rejected: tuple[str, ...] = ()
         self._offered: float | None = None
@@ -311,9 +316,21 @@ class UpsChannel:
         now = self.clock()
         self.polls += 1
         reading = parse_vars(variables)
+        if reading.waiting and not reading.flags:
+            # NUT's WAIT: upsd has no data from the driver yet (it serves it after each
+            # start). No status, no event: the budget in force is kept, said once at info.
+            if not self._waiting:
+                log.info("ups_no_data_yet", ups=f"{self.cfg.name}@{self.cfg.host}:{self.cfg.port}",
+                         detail="upsd serves WAIT until its driver's first data: the budget in force is kept")
+            self._waiting = True
+            self.guard.silence(now)
+            self._offer(now)
+            return
+        self._waiting = False
         self._note_values(reading)
         self.metrics.reading(reading)
         self.guard.observe(reading, now, board_w=None, configured_w=self.configured_w)
+        self._note_evidence()
         self._note_plausibility()
         if not reading.flags:
             self.metrics.polls_failed.labels("stale").inc()
@@ -368,7 +385,7 @@ class UpsChannel:
 
     # -- logging, once per change ---------------------------------------------------------
     def _note_values(self, r: UpsReading) -> None:
-        if r.flags is not None and r.flags != self._flags:
+        if r.flags and r.flags != self._flags:  # the first status after a reconnect is news only if it changed
             was = None if self._flags is None else " ".join(sorted(self._flags))
             now_flags = " ".join(sorted(r.flags)) or "(none)"
             alarming = bool(r.flags & {"OB", "LB", "FSD", "OVER"})
@@ -389,6 +406,25 @@ class UpsChannel:
                 log.warning("ups_values_rejected", variables=list(r.rejected),
                             detail="non-numeric or out of bounds: ignored, the budget is not raised by them")
             self._rejected = r.rejected
+
+    def _note_evidence(self) -> None:
+        """On battery without ``OB`` (or back): one line per change, naming the evidence."""
+        ev = self.guard.evidence
+        for e in EVIDENCE:
+            self.metrics.on_battery.labels(e).set(1 if e == ev else 0)
+        if ev == self._evidence:
+            return
+        was, self._evidence = self._evidence, ev
+        if ev is not None and ev != "OB":
+            r = self.guard.last
+            log.warning("ups_on_battery_inferred", evidence=ev, was=was,
+                        status=None if r is None or r.flags is None else " ".join(sorted(r.flags)),
+                        charge_pct=None if r is None else r.battery_charge_pct,
+                        input_voltage_v=None if r is None else r.input_voltage_v,
+                        detail={"OL DISCHRG": "the UPS says OL but discharges and the charge falls (NUT's "
+                                              "onlinedischarge case): the mains are taken as lost",
+                                "input.voltage": "the UPS says OL but its input voltage is near 0 V: the mains "
+                                                 "are taken as lost"}[ev])
 
     def _note_plausibility(self) -> None:
         """The measured load's verdict: a metric per rejection, one line per change of trust."""

@@ -24,7 +24,9 @@ we poll every 2 s), so it never moves a budget again. Each reading carries
 
 using each reading once, paired with our own board power at the time it was taken
 (the lowest of a short history over the reading's window: that can only overstate
-what the rest of the plug draws). Below the budget in force it drops at once (with the
+what the rest of the plug draws). A value that stands through a whole refresh while
+our draw held steady is confirmed: used again, paired with that draw, at most once a
+refresh (it is what a refresh reading the same would say). Below the budget in force it drops at once (with the
 dead band of :func:`powerbudgetd.core.feed.next_wall_budget_w`); it rises
 :data:`RISE_GAIN` of the way to what the reading allows, and no faster than
 :data:`RISE_FRACTION_S` of the configured budget a second, so two hosts that each
@@ -237,7 +239,7 @@ class MeterLoop:
         self.reading: Reading | None = None  # the last one used
         self.verdict: Verdict | None = None  # the last poll's, None when nothing was checked
         self._value_verdict: Verdict | None = None  # the verdict on the value standing now
-        self._confirmed = False  # the reading in use was paired again, once, with our draw confirmed steady
+        self._used_at: float | None = None  # when the standing value was last used (s)
 
     def set_params(self, params: LoopParams) -> None:
         """New rules (a reload); the readings and trust so far stay."""
@@ -274,7 +276,6 @@ class MeterLoop:
             elif last is not None and self.plausibility.trusted and self._confirmable(now):
                 assert self.reading is not None
                 self.verdict = None
-                self._confirmed = True
                 self.paired_w = self.own.latest_w
                 self._use(self.reading, self.paired_w or 0.0, now, configured_w)
             elif last is not None and not self.plausibility.trusted and self.reading is not None:
@@ -294,26 +295,27 @@ class MeterLoop:
         self.verdict = self._value_verdict = self.plausibility.check(value_w, paired, eff, resolution_w=resolution_w)
         if not self.verdict.plausible:
             return self.verdict  # a lie: the last good budget stays
-        self.reading, self.paired_w, self._confirmed = reading, paired, False
+        self.reading, self.paired_w = reading, paired
         self._use(reading, paired, now, configured_w)
         return self.verdict
 
     def _confirmable(self, now: float) -> bool:
-        """The reading in use may be paired again, once, with our draw now: that draw has
-        held (within the dead band) for a whole refresh of the source and a poll, and the
-        value did not change: so it was taken at that draw, not at the one first paired."""
+        """The standing value may be used again, paired with our draw now: that draw has
+        held (within half the dead band) for a whole refresh of the source and a poll
+        since the value was last used, and the value did not change, so it was taken at
+        that draw: the same as a refresh that read the same (at most once a refresh)."""
         refresh = self.sensor.refresh_s
-        if self._confirmed or self.reading is None or self.paired_w is None or refresh is None:
+        if self.reading is None or refresh is None or self._used_at is None:
             return False
         steady = self.own.steady(self.params.hysteresis_w / 2)
         if steady is None:
             return False
-        since, level = steady
-        held = max(since, self.reading.changed_at - refresh)
-        return abs(level - self.paired_w) > self.params.hysteresis_w and now - held >= refresh + self.sensor.poll_gap_s
+        wait_s = refresh + self.sensor.poll_gap_s
+        return now - max(steady[0], self._used_at) >= wait_s
 
     def _use(self, reading: Reading, paired_w: float, now: float, configured_w: float) -> None:
         p = self.params
+        self._used_at = now
         headroom_w = (p.limit_w - reading.value_w) * p.psu_efficiency  # board W; negative: an excess
         allowed = paired_w + p.reach.fraction * headroom_w
         self.allowed_w = allowed

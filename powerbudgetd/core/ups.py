@@ -5,8 +5,12 @@ or a silence (NUT unreachable, stale data, the UPS gone) with the time ``now`` (
 monotonic clock) and answers, through :meth:`UpsGuard.evaluate`, the board budget (W)
 the UPS allows, or None when it does not constrain. It can only lower the budget:
 
-- ``OB`` (on battery) for ``on_battery_delay_s``: ``on_battery_w`` (reason
-  ``ups_on_battery``); restored once ``OL`` has been read, fresh, for ``online_hold_s``;
+- on battery for ``on_battery_delay_s``: ``on_battery_w`` (reason ``ups_on_battery``);
+  restored once ``OL`` has been read, fresh, for ``online_hold_s``. On battery is
+  ``OB``, or ``OL DISCHRG`` (not ``CHRG``/``CAL``) with a falling charge (usbhid-ups's
+  ``onlinedischarge`` case), or ``OL`` with an input voltage near 0 V
+  (:attr:`UpsGuard.evidence` says which);
+- ``WAIT`` (upsd has no data from the driver yet) is no status: a silence;
 - ``LB``, ``FSD`` or ``OVER``: the bank's floor, every card at its minimum limit, at
   once (``ups_low_battery``, ``ups_forced_shutdown``, ``ups_overload``), until the flag
   has been clear for ``online_hold_s``;
@@ -44,6 +48,13 @@ FLOOR_FLAGS = (("FSD", "ups_forced_shutdown"), ("LB", "ups_low_battery"), ("OVER
 REASONS = (
     "ups_forced_shutdown", "ups_low_battery", "ups_overload", "ups_on_battery", "ups_stale", "ups_measured_load",
 )
+# NUT's "no data yet" (upsd serves it until the driver's first data): not a status.
+NO_DATA_FLAGS = frozenset({"WAIT"})
+# Mains gone although ``OB`` is not said: NUT's usbhid-ups ``onlinedischarge`` case
+# (``OL DISCHRG`` with a falling charge; ``CHRG``/``CAL`` rule it out) and an input
+# voltage near 0 V under ``OL``. The evidence names it in the log line and the metric.
+EVIDENCE = ("OB", "OL DISCHRG", "input.voltage")
+NO_INPUT_V = 20.0  # an input voltage below this is no mains (V)
 MAX_STATUS_CHARS = 256  # a longer ups.status is not a UPS talking
 MAX_FLAGS = 16
 
@@ -53,9 +64,17 @@ BOUNDS: tuple[tuple[str, str, float, float], ...] = (
     ("ups.realpower", "realpower_w", 0.0, 1_000_000.0),
     ("ups.realpower.nominal", "realpower_nominal_w", 1.0, 1_000_000.0),
     ("battery.charge", "battery_charge_pct", 0.0, 100.0),
-    ("battery.runtime", "battery_runtime_s", 0.0, 10_000_000.0),
+    ("battery.runtime", "battery_runtime_s", 0.0, 7 * 86400.0),  # a week: above it no battery, a sentinel
     ("input.voltage", "input_voltage_v", 0.0, 1000.0),
 )
+
+
+# Values firmwares and drivers use for "no data" (NUT passes them on), rejected like an
+# out-of-bounds value: 0xFFFF s or minutes of runtime (65535 min = 3932100 s), and the like.
+SENTINELS: Mapping[str, frozenset[float]] = {
+    "battery.runtime": frozenset({65535.0, 3932100.0, 4294967295.0, 2147483647.0}),
+    "battery.charge": frozenset({255.0}),
+}
 
 
 @dataclass(frozen=True)
@@ -74,6 +93,7 @@ class UpsReading:
     battery_runtime_s: float | None = None
     input_voltage_v: float | None = None
     rejected: tuple[str, ...] = ()
+    waiting: bool = False  # ``WAIT``: upsd has no data from the driver yet
 
     @property
     def on_battery(self) -> bool:
@@ -103,12 +123,18 @@ def parse_status(text: str) -> tuple[frozenset[str], frozenset[str]] | None:
     if not words or len(words) > MAX_FLAGS:
         return None
     known = frozenset(w for w in words if w in KNOWN_FLAGS)
-    return known, frozenset(words) - known
+    return known, frozenset(words) - known - NO_DATA_FLAGS
 
 
-def _number(text: str, lo: float, hi: float) -> float | None:
+def _number(text: str, lo: float, hi: float, name: str | None = None) -> float | None:
     if len(text) > 32:
         return None
+    if name is not None and name in SENTINELS:
+        try:
+            if float(text) in SENTINELS[name]:
+                return None
+        except ValueError:
+            return None
     try:
         value = float(text)
     except ValueError:
@@ -129,11 +155,13 @@ def parse_vars(variables: Mapping[str, str]) -> UpsReading:
         if text is None:
             values[key] = None
             continue
-        value = _number(text, lo, hi) if isinstance(text, str) else None
+        value = _number(text, lo, hi, name) if isinstance(text, str) else None
         if value is None:
             rejected.append(name)
         values[key] = value
+    waiting = isinstance(status, str) and bool(NO_DATA_FLAGS & set(status.upper().split()))
     return UpsReading(
+        waiting=waiting,
         flags=None if parsed is None else parsed[0],
         unknown_flags=frozenset() if parsed is None else parsed[1],
         rejected=tuple(rejected),
@@ -218,6 +246,8 @@ class UpsGuard:
     # ... and a fresh reading said on battery (not a silence taken as one): the feed is lost
     on_battery_seen: bool = False
     verdict: Verdict | None = None  # the last measured load's, None when it was not checked
+    evidence: str | None = None  # why the last fresh reading is on battery (EVIDENCE), None: it is not
+    _charge: float | None = None  # the battery charge last reported (%)
     _t: _Timers = field(default_factory=_Timers)
     _loop: MeterLoop | None = None
 
@@ -283,17 +313,21 @@ class UpsGuard:
             if now - t.floor_clear_since >= self.params.online_hold_s:
                 t.floor_flag, t.floor_clear_since = None, None
         # On battery, after the delay; back on line for the hold.
-        if reading.on_battery:  # restarted as the budget's hold is: by OB or a silence, not by OFF or BYPASS
+        evidence = self._battery_evidence(reading)
+        self.evidence = evidence
+        on_battery = evidence is not None
+        online = reading.online and not on_battery
+        if on_battery:  # restarted as the budget's hold is: by OB or a silence, not by OFF or BYPASS
             t.online_run_since = None
-        elif reading.online and t.online_run_since is None:
+        elif online and t.online_run_since is None:
             t.online_run_since = now
-        if reading.on_battery:
+        if on_battery:
             t.online_since = None
             if t.on_battery_since is None:
                 t.on_battery_since = now
             if now - t.on_battery_since >= self.params.on_battery_delay_s:
                 self.battery_in_force = self.on_battery_seen = True
-        elif reading.online:
+        elif online:
             t.on_battery_since = None
             if self.battery_in_force:
                 t.online_since = now if t.online_since is None else t.online_since
@@ -304,6 +338,23 @@ class UpsGuard:
         if board_w is not None:
             self.own_draw(now, board_w)
         self._measure(reading, now, configured_w)
+
+    def _battery_evidence(self, r: UpsReading) -> str | None:
+        """Why this reading says the UPS runs on battery (one of :data:`EVIDENCE`), None
+        when it does not: ``OB``; ``OL DISCHRG`` (not ``CHRG`` or ``CAL``) with the
+        charge falling; ``OL`` with the input voltage under :data:`NO_INPUT_V`."""
+        flags = r.flags or frozenset()
+        charge, self._charge = self._charge, r.battery_charge_pct if r.battery_charge_pct is not None else self._charge
+        if "OB" in flags:
+            return "OB"
+        if "DISCHRG" in flags and not flags & {"CHRG", "CAL"}:
+            was = self.evidence == "OL DISCHRG"
+            if r.battery_charge_pct is not None and charge is not None and (
+                    r.battery_charge_pct < charge or (was and r.battery_charge_pct <= charge)):
+                return "OL DISCHRG"
+        if r.input_voltage_v is not None and r.input_voltage_v < NO_INPUT_V and "OL" in flags:
+            return "input.voltage"
+        return None
 
     def silence(self, now: float) -> None:
         """No usable data at ``now`` (unreachable, stale, the UPS gone, refused): keep

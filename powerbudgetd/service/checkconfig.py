@@ -177,8 +177,21 @@ def describe(
         lines.append(f"environment overrides: {', '.join(used)}")
     if env.links:
         lines.append(f"not settings, ignored (service links an orchestrator sets): {', '.join(env.links)}")
+    lines += meter_reach_lines(settings)
     lines += [f"warning: {w}" for w in settings.warnings]
     return "\n".join(lines)
+
+
+def meter_reach_lines(settings: Settings) -> list[str]:
+    """Which rule applies to each measured source's loop (``core.sensor.Reach``):
+    the meter this host's alone, or shared by ``hosts`` / this host's ``share``."""
+    out = []
+    if settings.ups is not None and settings.ups.measured_load and settings.feed is not None:
+        out.append(f"UPS measured load: {settings.ups.reach().describe()} ([ups] hosts / share)")
+    meter = settings.mqtt.wall_meter if settings.mqtt is not None else None
+    if meter is not None:
+        out.append(f"wall meter: {meter.reach().describe()} ([mqtt.wall_meter] hosts / share)")
+    return out
 
 
 # WatchdogSec in the packaged unit (systemd/powerbudgetd.service; a test keeps them equal):

@@ -238,3 +238,39 @@ def test_fuzz_never_above_configured_never_raises(events, dt, configured_w, floo
         else:
             assert 0.0 <= c.budget_w <= configured_w
             assert c.reason in REASONS
+
+
+# -- NUT's semantics --------------------------------------------------------------------
+def test_ol_dischrg_is_on_battery_only_with_a_falling_charge() -> None:
+    g = guard(on_battery_w=700.0)
+    feed(g, 0.0, "OL DISCHRG", **{"battery.charge": "97"})
+    assert budget(g, 0.0) == (None, None)  # nothing fell yet
+    feed(g, 2.0, "OL DISCHRG", **{"battery.charge": "95"})
+    assert budget(g, 2.0) == (700.0, "ups_on_battery") and g.evidence == "OL DISCHRG"
+    feed(g, 4.0, "OL DISCHRG", **{"battery.charge": "95"})  # a 1 % step: still discharging
+    assert g.evidence == "OL DISCHRG"
+
+
+@pytest.mark.parametrize("flag", ["CHRG", "CAL"])
+def test_ol_dischrg_with_chrg_or_cal_is_not_on_battery(flag: str) -> None:
+    g = guard(on_battery_w=700.0)
+    feed(g, 0.0, f"OL DISCHRG {flag}", **{"battery.charge": "97"})
+    feed(g, 2.0, f"OL DISCHRG {flag}", **{"battery.charge": "95"})
+    assert budget(g, 2.0) == (None, None) and g.evidence is None
+
+
+def test_ol_with_no_input_voltage_is_on_battery() -> None:
+    g = guard(on_battery_w=700.0)
+    feed(g, 0.0, "OL CHRG", **{"input.voltage": "0"})
+    assert budget(g, 0.0) == (700.0, "ups_on_battery") and g.evidence == "input.voltage"
+
+
+def test_wait_is_no_status_and_no_unknown_flag() -> None:
+    r = parse_vars({"ups.status": "WAIT"})
+    assert r.waiting and r.flags == frozenset() and r.unknown_flags == frozenset()
+
+
+@pytest.mark.parametrize("runtime", ["65535", "3932100", "4294967295", "9000000"])
+def test_a_sentinel_runtime_is_rejected(runtime: str) -> None:
+    r = parse_vars({"ups.status": "OL", "battery.runtime": runtime})
+    assert r.battery_runtime_s is None and "battery.runtime" in r.rejected

@@ -212,3 +212,64 @@ async def test_a_server_refusing_the_credentials(tmp_path: Path) -> None:
     assert ch.metrics.state.labels("auth_failed")._value.get() == 1
     assert any(e["event"] == "ups_unavailable" and e["state"] == "auth_failed" for e in logs)
     assert "ups" not in sink.offers
+
+
+# -- NUT's semantics (issue: a flag that does not mean what it says) -------------------
+async def test_ol_dischrg_with_a_falling_charge_is_on_battery(nut: Nut, run_channel) -> None:  # type: ignore[no-untyped-def]
+    r = run_channel(ups_cfg(nut))
+    await r.until(lambda: r.channel.state == "ok" and ups(r.sink) is None, what="first poll")
+    with capture_logs() as logs:
+        nut.set("OL DISCHRG", **{"battery.charge": "97", "ups.load": "40"})
+        await asyncio.to_thread(nut.wait_for, "battery.charge", "97")
+        await asyncio.sleep(3 * POLL_S)
+        nut.set("OL DISCHRG", **{"battery.charge": "95", "ups.load": "40"})
+        await r.until(lambda: ups(r.sink) == 700.0, what="the on-battery budget without OB")
+    assert r.channel.constraint.reason == "ups_on_battery"
+    said = [e for e in logs if e["event"] == "ups_on_battery_inferred"]
+    assert said and said[0]["evidence"] == "OL DISCHRG"
+    assert r.channel.metrics.on_battery.labels("OL DISCHRG")._value.get() == 1
+
+
+async def test_wait_is_no_data_yet_not_an_event(nut: Nut, run_channel) -> None:  # type: ignore[no-untyped-def]
+    r = run_channel(ups_cfg(nut))
+    nut.set("OB DISCHRG")
+    await r.until(lambda: ups(r.sink) == 700.0, what="on battery")
+    with capture_logs() as logs:
+        nut.set("WAIT")
+        await asyncio.to_thread(nut.wait_for, "ups.status", "WAIT")
+        await asyncio.sleep(4 * POLL_S)
+        r.channel.bank(time.monotonic(), 500.0, FLOOR_W)
+        assert ups(r.sink) == 700.0, "the budget in force is kept"
+        nut.set("OB DISCHRG")
+        await asyncio.to_thread(nut.wait_for, "ups.status", "OB DISCHRG")
+        await asyncio.sleep(3 * POLL_S)
+    events = [e["event"] for e in logs]
+    assert "ups_no_data_yet" in events
+    assert [e for e in logs if e["event"] == "ups_no_data_yet"][0]["log_level"] == "info"
+    assert "ups_unknown_flags" not in events and "ups_unavailable" not in events
+    assert "ups_status_changed" not in events, "OB before WAIT and after it: no new loss of mains"
+
+
+async def test_a_sentinel_runtime_is_rejected(nut: Nut, run_channel) -> None:  # type: ignore[no-untyped-def]
+    r = run_channel(ups_cfg(nut))
+    await r.until(lambda: r.channel.state == "ok")
+    nut.set("OL CHRG", **{"battery.runtime": "3932100", "battery.charge": "100"})  # 65535 min
+    await asyncio.to_thread(nut.wait_for, "battery.runtime", "3932100")
+    await r.until(lambda: r.channel.metrics.rejected.labels("battery.runtime")._value.get() >= 1,
+                  what="the sentinel rejected")
+    assert r.channel.guard.last is not None and r.channel.guard.last.battery_runtime_s is None
+    runtime = r.channel.metrics.runtime._value.get()
+    assert runtime != runtime, "NaN: not reported, never 3932100 s"
+
+
+async def test_an_unchanged_realpower_is_not_applied_again(nut: Nut, run_channel) -> None:  # type: ignore[no-untyped-def]
+    feed = Feed(breaker_a=15, volts=120, ups_w=1000, ups_margin=0.2, psu_efficiency=0.9, host_w=200)
+    r = run_channel(ups_cfg(nut), feed)  # plug-side limit 800 W
+    await r.until(lambda: r.channel.state == "ok")
+    nut.set("OL", **{"ups.realpower": "900"})  # 100 W over with 500 W of board power
+    await r.until(lambda: ups(r.sink) is not None, what="a measured-load budget")
+    first = ups(r.sink)
+    assert first == pytest.approx(500 - 100 * 0.9 - 20)
+    polls = r.channel.polls
+    await r.until(lambda: r.channel.polls >= polls + 8, what="eight more polls of the same figure")
+    assert ups(r.sink) == first, "the same 900 W is no new information: the excess is not taken off again"

@@ -6,10 +6,11 @@ From each reading and the GPUs' board power (``core.feed``)::
     non-GPU wall draw = wall power - board power / PSU efficiency
     board budget      = (plug-side limit - non-GPU wall draw) x PSU efficiency
 
-with hysteresis against a noisy meter (:func:`powerbudgetd.core.feed.next_wall_budget_w`),
+through the sensor model every measured source goes through (``core.sensor``: each
+reading used once, when it changes, paired with our board power when it was taken;
+a bounded rise; ``hosts``/``share`` for a meter other controlled hosts draw through),
 once the reading has passed the plausibility rule every wall figure passes
-(``core.plausible``: not a sentinel, not below our own cards' draw at the plug, not
-frozen). Clock-free: ``now`` (s) is passed in.
+(``core.plausible``). Clock-free: ``now`` (s) is passed in.
 """
 
 from __future__ import annotations
@@ -20,13 +21,12 @@ from typing import Any
 
 import structlog
 
-from powerbudgetd.core.feed import next_wall_budget_w
 from powerbudgetd.channels.mqtt._text import shown
 from powerbudgetd.channels.mqtt.metrics import READING_ERRORS, MqttMetrics
 from powerbudgetd.core.arbiter import BudgetArbiter
 from powerbudgetd.core.feed import Feed
 from powerbudgetd.core.meterpath import PathError, watts_at
-from powerbudgetd.core.plausible import InputCheck
+from powerbudgetd.core.sensor import LoopParams, MeterLoop
 from powerbudgetd.config import WallMeterConfig
 
 log = structlog.get_logger("powerbudgetd")
@@ -94,7 +94,10 @@ class WallMeter:
         self.last_ok_at = float("-inf")
         self.started_at: float | None = None  # first age check: the daemon's first tick
         self.silence_warned = False
-        self.plausibility = InputCheck(SOURCE)
+        limit = feed.wall_limit_w()
+        assert limit is not None
+        self.loop = MeterLoop(SOURCE, LoopParams(limit, feed.psu_efficiency, cfg.hysteresis_w, cfg.reach()))
+        self.plausibility = self.loop.plausibility
         metrics.meter_waiting.set(1)
 
     def reading(
@@ -117,7 +120,12 @@ class WallMeter:
                 )
             if board_w is None:
                 return  # no tick yet: nothing to pair the reading with
-            verdict = self.plausibility.check(wall_w, board_w, self.feed.psu_efficiency)
+            self.loop.own_draw(now, board_w)
+            checked = self.loop.poll(wall_w, now, configured_w)
+            if checked is None:  # the same figure again: no new information
+                self.last_ok_at = now
+                return
+            verdict = checked
             if not verdict.plausible:
                 hint = ": is the meter on this host's plug?" if verdict.reason == "below_own_draw" else ""
                 raise ReadingError("implausible", verdict.detail + hint)
@@ -125,10 +133,10 @@ class WallMeter:
             self.metrics.ignored.labels(exc.reason).inc()
             self._set_state(exc.reason, str(exc))
             return
-        non_gpu_w, allowed_w = self.feed.board_budget_from_wall_w(wall_w, board_w)
+        non_gpu_w = self.feed.non_gpu_wall_w(wall_w, self.loop.paired_w if self.loop.paired_w is not None else board_w)
+        allowed_w = self.loop.allowed_w if self.loop.allowed_w is not None else 0.0
         self.wall_w, self.non_gpu_w, self.allowed_w = wall_w, non_gpu_w, allowed_w
-        wanted = next_wall_budget_w(self.budget_w, allowed_w, configured_w, self.cfg.hysteresis_w)
-        self.budget_w = self.plausibility.admit(self.budget_w, wanted)
+        self.budget_w = self.loop.budget_w
         self.last_ok_at = now
         if self.arbiter is not None:
             if self.budget_w is None:
