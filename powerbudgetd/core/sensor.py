@@ -47,7 +47,8 @@ from powerbudgetd.core.plausible import InputCheck, Verdict
 RISE_GAIN = 0.5  # of the way up to what a reading allows, taken at that reading
 RISE_FRACTION_S = 0.1  # the fastest a measured budget rises: of the configured budget, per second
 AVERAGING_S = 1.0  # a meter averages over about this long before its figure changes
-MAX_PAIR_S = 10.0  # the longest window a reading is paired over (after a silence, the first reading)
+MAX_PAIR_S = 10.0  # the longest window a reading is paired over
+FIRST_PAIR_S = 2.0  # the window of a first reading (or the first after a silence): its age is unknown
 OWN_HISTORY_S = 120.0  # our own draw kept this long
 REFRESH_HISTORY = 8  # changes the refresh interval is learnt from
 MAX_REFRESH_S = 300.0  # a source that changes less often than this is taken as refreshing this often
@@ -286,8 +287,11 @@ class MeterLoop:
             else:
                 self.verdict = None
             return self.verdict
-        since = max(reading.previous_at if reading.previous_at is not None else now - MAX_PAIR_S, now - MAX_PAIR_S)
-        paired = self.own.lowest(since - AVERAGING_S, now)
+        if reading.previous_at is None:  # its age unknown: the window the daemon always paired over
+            since = now - FIRST_PAIR_S
+        else:  # taken since the last poll that showed the old value, averaged over about a second
+            since = max(reading.previous_at - AVERAGING_S, now - MAX_PAIR_S)
+        paired = self.own.lowest(since, now)
         if paired is None:
             self.verdict = None
             self.sensor.gap()  # not used: the next value is a change again
