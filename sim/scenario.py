@@ -73,7 +73,6 @@ ScenarioError naming the file, the table, its index and the key, one line per pr
 from __future__ import annotations
 
 import dataclasses
-import tomllib
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -159,10 +158,13 @@ def load_scenario(name_or_path: str | Path) -> Scenario:
     if not path.is_file():
         known = ", ".join(p.stem for p in sorted(scenario_dir().glob("*.toml")))
         raise ScenarioError(f"no scenario {str(name_or_path)!r}: not a file, nor one of: {known}")
+    from powerbudgetd.config import parse_toml  # one reader for every TOML file: encodings, depth
+    from powerbudgetd.errors import ConfigError
+
     try:
-        data = tomllib.loads(path.read_text())
-    except tomllib.TOMLDecodeError as exc:
-        raise ScenarioError(f"{path}: not valid TOML: {exc}") from None
+        data = parse_toml(path)
+    except ConfigError as exc:
+        raise ScenarioError(str(exc)) from None
     try:
         return parse_scenario(data, default_name=path.stem)
     except ScenarioError as exc:

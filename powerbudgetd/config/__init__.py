@@ -18,7 +18,7 @@ from contextvars import ContextVar
 import stat
 import tomllib
 from pathlib import Path
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -1004,9 +1004,42 @@ def parse_toml(path: Path) -> dict[str, Any]:
     if "\r" in text.replace("\r\n", ""):
         text = text.replace("\r\n", "\n").replace("\r", "\n")
     try:
-        return tomllib.loads(text)
+        data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path}: not valid TOML: {exc}") from None
+    except RecursionError:  # the parser recurses on nested arrays and inline tables
+        raise ConfigError(f"{path}: nested too deep for the TOML parser (more than {MAX_TOML_DEPTH} levels "
+                          "are refused)") from None
+    where = too_deep(data, MAX_TOML_DEPTH)
+    if where is not None:
+        raise ConfigError(f"{path}: {where}: nested more than {MAX_TOML_DEPTH} levels deep") from None
+    return data
+
+
+# The deepest table or array any file of the project reads is a few levels (a tree's
+# [hosts.NAME] cords); anything deeper is refused before a validator walks it.
+MAX_TOML_DEPTH = 16
+
+
+def too_deep(data: object, limit: int) -> str | None:
+    """The dotted path of the first value nested more than ``limit`` tables or arrays
+    deep in ``data`` (as parsed from TOML or JSON), or None. Iterative: bounded by the
+    data's size, whatever its depth."""
+    stack: list[tuple[object, str, int]] = [(data, "", 0)]
+    while stack:
+        value, where, depth = stack.pop()
+        if isinstance(value, dict):
+            items: Iterable[tuple[object, object]] = value.items()
+        elif isinstance(value, list):
+            items = enumerate(value)
+        else:
+            continue
+        if depth >= limit:
+            return where or "the top level"
+        for key, item in items:
+            part = f"[{key}]" if isinstance(key, int) else (f".{key}" if where else str(key))
+            stack.append((item, (where + part)[:200], depth + 1))
+    return None
 
 
 def unsafe_mode(mode: int, uid: int, dir_mode: int, dir_uid: int) -> str | None:

@@ -48,6 +48,13 @@ from powerbudgetd.core.fair import max_min_fair
 MODES = ("redundant", "oversubscribed")
 KINDS = ("site", "feed", "ups", "panel", "pdu", "circuit")
 EPS_W = 1e-6
+# Limits on a tree's size, so that every check is bounded: a hall of 200 racks with an A
+# and a B PDU each, its panels and feeds, is under 500 nodes and a few thousand hosts;
+# a site's feeds -> UPS -> panels -> PDUs -> circuits is under ten levels.
+MAX_NODES = 4096
+MAX_HOSTS = 4096
+MAX_DEPTH = 32  # nodes on the path from a leaf to the root, both counted
+MAX_NAME = 63  # characters in a node's or host's name
 
 
 @dataclass(frozen=True)
@@ -95,27 +102,73 @@ class PowerTree:
     hosts: Mapping[str, Host]
     pairs: Mapping[frozenset[str], Pair] = field(default_factory=dict)
     _coefficients: dict[tuple[str | None, bool], dict[str, dict[str, float]]] = field(default_factory=dict, compare=False, repr=False)
+    _checked: bool = field(default=False, compare=False, repr=False)  # the shape checked (a copy of a checked tree)
 
     def __post_init__(self) -> None:
-        problems = [*self._node_problems(), *self._host_problems()]
+        if self._checked:
+            return
+        problems = list(self._size_problems())
+        if not problems:
+            problems = [*self._node_problems(), *self._host_problems()]
         if problems:
             raise ValueError("; ".join(problems))
 
+    def _size_problems(self) -> Iterable[str]:
+        """The limits (:data:`MAX_NODES`, :data:`MAX_HOSTS`, :data:`MAX_NAME`), checked
+        before anything whose cost grows with the tree."""
+        if len(self.nodes) > MAX_NODES:
+            yield f"nodes: {len(self.nodes)} nodes, more than {MAX_NODES}"
+        if len(self.hosts) > MAX_HOSTS:
+            yield f"hosts: {len(self.hosts)} hosts, more than {MAX_HOSTS}"
+        for what, names in (("nodes", self.nodes), ("hosts", self.hosts)):
+            long = next((n for n in names if len(n) > MAX_NAME), None)
+            if long is not None:
+                yield f"{what}.{long[:MAX_NAME]}...: a name longer than {MAX_NAME} characters ({len(long)})"
+
     def _node_problems(self) -> Iterable[str]:
+        """One pass over the parents (each node visited once): a missing parent, each
+        cycle once (nodes that hang below it are not cycles), not one root, a leaf
+        deeper than :data:`MAX_DEPTH`."""
         roots = [n.name for n in self.nodes.values() if n.parent is None]
         if len(roots) != 1:
-            yield f"the tree needs exactly one root (a node without parent), found {len(roots)}: {', '.join(roots) or 'none'}"
-        for node in self.nodes.values():
-            if node.parent is not None and node.parent not in self.nodes:
-                yield f"nodes.{node.name}.parent: no node {node.parent!r}"
+            shown = ", ".join(roots[:5]) + (f" and {len(roots) - 5} more" if len(roots) > 5 else "")
+            yield f"the tree needs exactly one root (a node without parent), found {len(roots)}: {shown or 'none'}"
+        depth: dict[str, int] = {}  # settled: levels from the node up to its root (or to a problem: -1)
+        for start in self.nodes:
+            if start in depth:
                 continue
-            seen, up = [node.name], node.parent
-            while up is not None and up in self.nodes:
-                if up in seen:
-                    yield f"nodes.{node.name}.parent: a cycle ({' -> '.join([*seen, up])})"
+            walk: list[str] = []
+            on_walk: dict[str, int] = {}
+            at: str | None = start
+            below = 0
+            while True:
+                if at is None:
+                    below = 0
                     break
-                seen.append(up)
-                up = self.nodes[up].parent
+                if at in depth:
+                    below = depth[at]
+                    break
+                if at in on_walk:  # a new cycle: reported once, from its first node met
+                    cycle = walk[on_walk[at]:]
+                    yield f"nodes.{at}.parent: a cycle ({' -> '.join([*cycle, at])})"
+                    below = -1
+                    break
+                node = self.nodes[at]
+                if node.parent is not None and node.parent not in self.nodes:
+                    yield f"nodes.{at}.parent: no node {node.parent!r}"
+                    on_walk[at] = len(walk)
+                    walk.append(at)
+                    below = -1
+                    break
+                on_walk[at] = len(walk)
+                walk.append(at)
+                at = node.parent
+            for name in reversed(walk):
+                below = -1 if below < 0 else below + 1
+                depth[name] = below
+        deepest = max(depth.items(), key=lambda kv: kv[1], default=("", 0))
+        if deepest[1] > MAX_DEPTH:
+            yield f"nodes.{deepest[0]}: {deepest[1]} levels from the root, more than {MAX_DEPTH}"
 
     def _host_problems(self) -> Iterable[str]:
         parents = {n.parent for n in self.nodes.values()}
@@ -146,7 +199,8 @@ class PowerTree:
         if len(cords) < 2:
             return None
         a, b = self.path(cords[0]), self.path(cords[1])
-        common = next(n for n in a if n in b)
+        on_b = set(b)
+        common = next(n for n in a if n in on_b)
         return frozenset((a[a.index(common) - 1], b[b.index(common) - 1]))
 
     def mode_of(self, host: str) -> str:
@@ -164,13 +218,14 @@ class PowerTree:
         """The same tree with every feed pair in ``mode`` (``shed_s`` for oversubscribed)."""
         pairs = {p: Pair(p, mode, shed_s if mode == "oversubscribed" else None)
                  for p in {self.pair_of(h) for h in self.hosts} if p is not None}
-        return replace(self, pairs=pairs, _coefficients={})
+        return replace(self, pairs=pairs, _coefficients={}, _checked=True)
 
     def with_reserves(self, reserves_w: Mapping[str, float]) -> PowerTree:
         """The same tree with each host's reserve as given (W; 0 for one not given): the
         seats a circuit's store holds, rather than the file's plan."""
         hosts = {h: replace(host, reserve_w=reserves_w.get(h, 0.0)) for h, host in self.hosts.items()}
-        return replace(self, hosts=hosts, _coefficients={})
+        # The same shape: not checked again, and the coefficients (cords, pairs) shared.
+        return replace(self, hosts=hosts, _coefficients=self._coefficients, _checked=True)
 
     # -- what each node carries -------------------------------------------------------
     def coefficients(self, lost: str | None = None, *, flow: bool = False) -> dict[str, dict[str, float]]:
@@ -186,15 +241,21 @@ class PowerTree:
         return self._coefficients[key]
 
     def _coefficients_of(self, lost: str | None, flow: bool) -> dict[str, dict[str, float]]:
+        # Each host's cords walked up once: O(hosts x depth), whatever the tree's width.
         dead = set() if lost is None else {n for n in self.nodes if lost in self.path(n)}
         out: dict[str, dict[str, float]] = {n: {} for n in self.nodes if n not in dead}
         for host in self.hosts.values():
             live = {leaf: s for leaf, s in host.cords.items() if leaf not in dead}
+            if not live:
+                continue
             whole = not flow and self.mode_of(host.name) == "redundant"
-            for node in out:
-                under = sum(s for leaf, s in live.items() if node in self.path(leaf))
-                if under > 0:
-                    out[node][host.name] = 1.0 if whole else min(1.0, under / sum(live.values()))
+            total = sum(live.values())
+            under: dict[str, float] = {}
+            for leaf, share in live.items():
+                for node in self.path(leaf):
+                    under[node] = under.get(node, 0.0) + share
+            for node, share in under.items():
+                out[node][host.name] = 1.0 if whole else min(1.0, share / total)
         return out
 
     def loads_w(self, draw_w: Mapping[str, float], lost: str | None = None, *, flow: bool = False) -> dict[str, float]:

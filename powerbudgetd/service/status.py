@@ -157,7 +157,7 @@ def _metrics_table(path: Path) -> MetricsConfig | None:
         if not isinstance(table, dict):
             return None
         return MetricsConfig.model_validate({k: v for k, v in table.items() if k in MetricsConfig.model_fields})
-    except (OSError, tomllib.TOMLDecodeError, ValueError):
+    except (OSError, tomllib.TOMLDecodeError, ValueError, RecursionError):
         return None
 
 

@@ -23,7 +23,7 @@ import math
 from typing import Any
 
 MAX_VALUE_BYTES = 4096  # the largest record the daemon writes is a few hundred bytes
-MAX_TREE_BYTES = 262_144  # a power tree: about 100 bytes a node or host, so some 2000 of them
+MAX_TREE_BYTES = 1_048_576  # a power tree: about 100 bytes a node or host; core.tree allows 4096 of each
 MAX_DEPTH = 4  # the daemon's records are flat objects (depth 1)
 MAX_WATTS = 10_000_000.0  # 10 MW: more than any circuit one etcd prefix describes
 MAX_SECONDS = 86_400.0

@@ -324,6 +324,7 @@ class CircuitStore:
         self.down = base + b"down/"
         self.marks = base + b"marks/"
         self.calls = 0  # etcd requests sent (for the load test's ops/s)
+        self._tree_seen: tuple[bytes, PowerTree | str] | None = None  # the tree value last parsed, and what it gave
 
     @property
     def endpoint(self) -> str:
@@ -384,6 +385,24 @@ class CircuitStore:
                 (self.down, "the operator's feed marks"), (self.seats, "other hosts' seats")]
 
     # -- reads ----------------------------------------------------------------------
+    async def _tree_shape(self, value: bytes) -> PowerTree | str:
+        """The tree key's power tree (no reserves), or why it could not be read: parsed
+        and checked only when the value changes, in a worker thread (a large tree's
+        checks must not hold up the event loop, and with it the watchdog's ping)."""
+        seen = self._tree_seen
+        if seen is not None and seen[0] == value:
+            return seen[1]
+
+        def parse() -> PowerTree | str:
+            try:
+                return tree_from_doc(records.parse(value, records.MAX_TREE_BYTES), {})
+            except records.BadRecord as exc:
+                return str(exc)
+
+        shape = await asyncio.to_thread(parse)
+        self._tree_seen = (value, shape)
+        return shape
+
     async def read(self) -> Read:
         """The circuit at one revision (a single range read over its prefix). A value
         that cannot be read is left out and named in :attr:`Read.bad`; an unreadable
@@ -476,10 +495,11 @@ class CircuitStore:
         wants = {h: r.want_w for h, r in recs.items()}
         tree: PowerTree | None = None
         if tree_value is not None:
-            try:
-                tree = tree_from_doc(records.parse(tree_value, records.MAX_TREE_BYTES), seats)
-            except records.BadRecord as exc:
-                bad[name(self.tree_key)] = str(exc)
+            shape = await self._tree_shape(tree_value)
+            if isinstance(shape, str):
+                bad[name(self.tree_key)] = shape
+            else:
+                tree = shape.with_reserves(seats)
         lost = down[0] if len(down) == 1 else None
         if down and tree_value is None:  # a flat circuit has no feeds: a mark means nothing there
             bad[name(self.down)] = f"feeds marked down {down} on a circuit without a power tree: ignored; " \
