@@ -164,16 +164,27 @@ class SimHost:
         return self.power.want_w(self.ctl.snapshot(self.bank.now))
 
 
-def _host(name: str, sc: Scenario, share_w: float, reserve_fraction: float, timings: Timings, seed: int,
-          policy: str, release_hold_s: float, step_w: float) -> SimHost:
+def host_feed(sc: Scenario) -> Feed:
+    """A scenario's feed model (300 W of host draw where it states none)."""
     feed = feed_from_dict(sc.feed) if sc.feed else Feed(psu_efficiency=0.9, host_w=300.0)
     if feed.host_w is None:
         feed = Feed(psu_efficiency=feed.psu_efficiency, host_w=300.0)
+    return feed
+
+
+def floor_wall_w(sc: Scenario) -> float:
+    """The least seat a scenario's host can hold (wall W): every card at its minimum
+    limit, through its feed model, and a watt of rounding."""
+    return host_feed(sc).wall_w(sum(c.min_w for c in sc.cards)) + 1.0
+
+
+def _host(name: str, sc: Scenario, share_w: float, reserve_fraction: float, timings: Timings, seed: int,
+          policy: str, release_hold_s: float, step_w: float) -> SimHost:
+    feed = host_feed(sc)
     # The oracle's bank applies writes at once (as the single-host oracle's does).
     bank = SimBank(list(sc.cards), lag_s=0.0 if policy == "oracle" else sc.lag_s, seed=seed, events=list(sc.events))
     # A seat holds at least the bank's floor (every card at its minimum limit).
-    floor_wall = feed.wall_w(sum(c.min_mw for c in bank.cards) / 1000) + 1.0
-    reserve = share_w if policy == "static" else max(floor_wall, share_w * reserve_fraction)
+    reserve = share_w if policy == "static" else max(floor_wall_w(sc), share_w * reserve_fraction)
     power = HostPower(feed, reserve)
     nvml = Nvml(SimNvmlLibrary(bank, []))
     nvml.init()

@@ -2,12 +2,15 @@
 (redundant, oversubscribed) vs an oracle, through a feed loss part-way.
 
 Each host of the tree file (``config.tree``) is a packaged scenario's bank under the
-real controller (as in ``circuit.py``), corded to its leaves. Four ways to split the tree:
+real controller (as in ``circuit.py``), corded to its leaves. Five ways to split the tree:
 
 - ``static``: each host holds a fixed reserve for good: the priority-aware division of
   the tree in redundant mode over the hosts' own budgets at the wall (so a feed loss
-  overloads nothing, and nothing is ever shed);
-- ``redundant`` and ``oversubscribed``: each host holds its seat and shares the rest
+  overloads nothing, and nothing is ever shed); not played, with a line saying so, where
+  that leaves a host below its scenario's floor (a tree that fits only oversubscribed);
+- ``declared``: each pair in the mode the file gives it (the tree as the daemons play it);
+  ``redundant`` and ``oversubscribed``: every pair in that mode (what if), not played
+  where the seats do not fit it. Each host holds its seat and shares the rest
   through a model of the store: every ``poll_s`` (hosts spread over the period) it
   publishes its want (``HostPower.want_w``, as the daemon sees it) and moves its grant
   to the daemon's target (``core.circuit.GrantPolicy`` over a ``CircuitView`` of the
@@ -16,9 +19,11 @@ real controller (as in ``circuit.py``), corded to its leaves. Four ways to split
   a node is over, then at once: the shed); a raise only where ``raise_allowed`` (the
   transaction's check) and once the last lowering is confirmed; a lowering to the
   cards first and to the store as the cards' bound comes down (``HostPower.lowered_grant_w``);
-- ``oracle``: every tick, the oversubscribed division over the hosts' true wants
+- ``oracle``: every tick, the division of the declared tree over the hosts' true wants
   (clairvoyant, no rounds, no hold, writes that land at once): the upper bound of the
-  rule.
+  rule's fairness, not of the work: a policy that holds a grant above its fair share
+  (the release hold) can do more, and the scoreboard then says so, with the watt-seconds
+  it held above the oracle's shares.
 
 The feed loss (``feed_lost`` at ``lost_at_s``) is known to the store at once (a UPS on
 battery, an operator's ``feed-down``); each host acts on it at its next round. From then
@@ -47,12 +52,30 @@ from powerbudgetd.config.tree import TreeFile, load_tree
 from powerbudgetd.core.circuit import CircuitView, GrantPolicy, raise_allowed
 from powerbudgetd.core.model import Timings
 from powerbudgetd.core.tree import PowerTree, divide
-from powerbudgetd_sim.circuit import SimHost, make_host
+from powerbudgetd_sim.circuit import SimHost, floor_wall_w, make_host
 from powerbudgetd_sim.feed import Breaker, Ups, feed_from_dict
 from powerbudgetd_sim.scenario import ScenarioError, load_scenario
 
-POLICIES = ("static", "redundant", "oversubscribed", "oracle")
+POLICIES = ("static", "redundant", "oversubscribed", "declared", "oracle")
 DEFAULT_SHED_S = 2.0
+
+
+class PolicyRefused(ScenarioError):
+    """A policy this tree cannot be played under (its row says why); the others play."""
+
+
+def _policy_tree(base: PowerTree, policy: str, shed_s: float) -> PowerTree:
+    """The tree ``policy`` plays: the file's modes (``declared``, ``oracle``), or every
+    pair in one mode. Raises PolicyRefused where the seats do not fit that mode."""
+    if policy in ("declared", "oracle"):
+        return base
+    mode = "oversubscribed" if policy == "oversubscribed" else "redundant"
+    tree = base.with_mode(mode, shed_s)
+    over = tree.over_w({h: host.reserve_w for h, host in tree.hosts.items()})
+    if over and policy != "static":
+        node, w = max(over.items(), key=lambda kv: kv[1])
+        raise PolicyRefused(f"the seats do not fit every pair {mode}: node {node} over by {w:.0f} W")
+    return tree
 
 
 def tree_path(name: str) -> Path:
@@ -167,15 +190,29 @@ def run_tree(
     missing = sorted(set(base.hosts) - set(file.sim.scenarios))
     if missing:
         raise ScenarioError(f"{tree_file}: [sim] scenarios names no scenario for {', '.join(missing)}")
-    shed_given = next((p.shed_s for p in base.pairs.values() if p.shed_s is not None), DEFAULT_SHED_S)
-    mode = "redundant" if policy in ("static", "redundant") else "oversubscribed"
-    tree = base.with_mode(mode, shed_given)
+    floors = {h: floor_wall_w(load_scenario(file.sim.scenarios[h])) for h in base.hosts}
+    below = [f"{tree_file}: hosts.{h}.reserve_w: {host.reserve_w:.0f} W is below the floor of its scenario "
+             f"{file.sim.scenarios[h]} ({floors[h]:.0f} W at the wall: every card at its minimum limit)"
+             for h, host in sorted(base.hosts.items()) if host.reserve_w < floors[h]]
+    if below:
+        raise ScenarioError("\n".join(below))
+    declared = [p.shed_s for p in base.pairs.values() if p.mode == "oversubscribed" and p.shed_s is not None]
+    shed_given = max(declared, default=DEFAULT_SHED_S)
+    tree = _policy_tree(base, policy, shed_given)
+    oversubscribed = any(tree.mode_of(h) == "oversubscribed" for h in tree.hosts)
+    modes = sorted({tree.mode_of(h) for h in tree.hosts if tree.pair_of(h) is not None})
+    mode = "/".join(modes) or "single-corded"
     feed_lost = file.sim.feed_lost
     lost_at = lost_at_s if lost_at_s is not None else file.sim.lost_at_s
     if lost_at is None or lost_at >= duration_s:  # a run shorter than the file's: half-way
         lost_at = duration_s / 2
     timings = Timings(tick_s=0.1)
     static_w = divide(tree, {h: _own_wall_w(file.sim.scenarios[h]) for h in tree.hosts}) if policy == "static" else {}
+    short = sorted(h for h, w in static_w.items() if w < floors[h])
+    if short:
+        first = short[0]
+        raise PolicyRefused(f"the redundant division leaves {len(short)} host(s) below the floor (first: {first}, "
+                            f"{static_w[first]:.0f} W < {floors[first]:.0f} W): the tree fits only with oversubscribed pairs")
     clients = {}
     for i, (name, host) in enumerate(sorted(tree.hosts.items())):
         sc = load_scenario(file.sim.scenarios[name])
@@ -192,13 +229,13 @@ def run_tree(
     worst_instant: dict[str, float] = {}
     worst_limits: dict[str, float] = {}
     records_over_w = limits_over_w = 0.0
+    above_fair_ws = 0.0  # watt-seconds held in use above the oracle's share of the true wants
     k = 0
     while (t := round(k * timings.tick_s, 9)) <= duration_s:
         lost = feed_lost if feed_lost is not None and t >= lost_at else None
         live = {h for hs in tree.coefficients(lost, flow=True).values() for h in hs}
-        if policy == "oracle":
-            wants = {h: c.host.power.reserve_w + c.host.want_w(t) for h, c in clients.items()}
-            fair = divide(tree, wants, lost)
+        wants = {h: c.host.power.reserve_w + c.host.want_w(t) for h, c in clients.items()}
+        fair = divide(base, wants, lost)  # the oracle's: the declared tree over the true wants
         for name, c in clients.items():
             if name not in live:
                 continue  # no live cord: the host is down
@@ -213,6 +250,7 @@ def run_tree(
                 h.keeper.arbiter.offer("circuit", h.power.board_w(c.in_use_w), t)
             h.keeper.apply(h.ctl, t)
             h.ctl.tick(t)
+        above_fair_ws += timings.tick_s * sum(max(0.0, c.in_use_w - fair[n]) for n, c in clients.items() if n in live)
         limits = {n: _wall(c, "limit") for n, c in clients.items() if n in live and c.host.ctl.ready}
         draw = {n: _wall(c, "avg") for n, c in clients.items() if n in live}
         instant = tree.loads_w({n: _wall(c, "instant") for n, c in clients.items() if n in live}, lost, flow=True)
@@ -228,14 +266,15 @@ def run_tree(
             for node in over_limits:  # while its shed lasts
                 worst_instant[node] = max(worst_instant.get(node, 0.0), instant[node])
                 worst_limits[node] = max(worst_limits.get(node, 0.0), flow[node])
-        if lost is None or t >= lost_at + shed_given:
+        if lost is None or t >= lost_at + (shed_given if oversubscribed else 0.0):
             records_over_w = max(records_over_w, *over_records.values(), 0.0)
             limits_over_w = max(limits_over_w, *over_limits.values(), 0.0)
         k += 1
     shed = limits_spells.shed_s(lost_at, timings.tick_s) if feed_lost is not None else None
     return {
         "policy": policy, "mode": mode, "hosts": len(clients), "feed_lost": feed_lost, "lost_at_s": lost_at,
-        "duration_s": duration_s, "shed_s_stated": shed_given if mode == "oversubscribed" else None,
+        "duration_s": duration_s, "shed_s_stated": shed_given if oversubscribed else None,
+        "above_oracle_share_ws": round(above_fair_ws, 1),
         "work_tgp_s": round(sum(sum(c.host.meters.work) for c in clients.values()), 1),
         "trips": {n: m.trips() for n, m in meters.items() if m.trips()},
         "records_over_w": round(records_over_w, 1), "limits_over_w": round(limits_over_w, 1),
@@ -299,34 +338,52 @@ def _survivors(meters: dict[str, NodeMeter], worst_limits_w: dict[str, float], w
 
 
 def compare(tree_file: str, **kw: Any) -> dict[str, Any]:
-    """Every policy on the same tree and feed loss; work against the oracle's."""
-    out = {p: run_tree(tree_file, policy=p, **kw) for p in POLICIES}
-    oracle = out["oracle"]["work_tgp_s"]
+    """Every policy on the same tree and feed loss; work against the oracle's. A policy
+    the tree cannot be played under is ``{"policy", "refused"}`` (why, one line)."""
+    out: dict[str, Any] = {}
+    for p in POLICIES:
+        try:
+            out[p] = run_tree(tree_file, policy=p, **kw)
+        except PolicyRefused as exc:
+            out[p] = {"policy": p, "refused": str(exc)}
+    oracle = out["oracle"].get("work_tgp_s")
     for r in out.values():
-        r["work_vs_oracle"] = round(r["work_tgp_s"] / oracle, 3) if oracle else None
+        if "refused" not in r:
+            r["work_vs_oracle"] = round(r["work_tgp_s"] / oracle, 3) if oracle else None
     return out
 
 
 def format_compare(result: dict[str, Any]) -> str:
     """The scoreboard: work, trips, the worst overs outside the shed, the shed times, and
-    the surviving devices' tolerance against the oversubscribed shed."""
-    first = next(iter(result.values()))
+    the surviving devices' tolerance against the shed; a line for each policy not played
+    and for each that did more work than the oracle (why)."""
+    played = {n: r for n, r in result.items() if "refused" not in r}
+    first = next(iter(played.values()))
     lines = [f"power tree: {first['hosts']} hosts, {first['duration_s']:g} s, "
              f"{first['feed_lost'] or 'no feed'} lost at {first['lost_at_s']:g} s",
              f"  {'split':<15} {'work TGP-s':>10} {'vs oracle':>9} {'trips':>6} {'over W (records/limits)':>24} "
              f"{'shed s (limits/draw)':>21}"]
     for name, r in result.items():
+        if "refused" in r:
+            lines.append(f"  {name:<15} not played: {r['refused']}")
+            continue
         shed = "-" if r["shed_s"] is None else f"{r['shed_s']:g} / {r['draw_shed_s']:g}"
-        lines.append(f"  {name:<15} {r['work_tgp_s']:>10g} {r['work_vs_oracle']:>9} {len(r['trips']):>6} "
+        lines.append(f"  {name:<15} {r['work_tgp_s']:>10g} {r['work_vs_oracle']!s:>9} {len(r['trips']):>6} "
                      f"{r['records_over_w']:>11g} / {r['limits_over_w']:<10g} {shed:>21}")
-    for name, r in result.items():
+    for name, r in played.items():
         for node, trips in r["trips"].items():
             lines.append(f"  {name}: {node} tripped: {', '.join(trips)}")
-    over = result.get("oversubscribed")
-    if over and over["shed_s"] is not None:
-        lines.append(f"  oversubscribed: shed in {over['shed_s']:g} s (stated {over['shed_s_stated']:g} s); the surviving side "
-                     "while it was over its budget:")
-        for s in over["survivors"]:
+        if name != "oracle" and (r["work_vs_oracle"] or 0) > 1:
+            lines.append(f"  {name}: {r['work_vs_oracle']} of the oracle: the oracle is the fair division of the true "
+                         f"wants every tick, not the most work; {name} held {r['above_oracle_share_ws']:g} W-s in use "
+                         "above those shares (a grant kept through its release hold, a static seat above its share)")
+    for name, r in played.items():
+        if r["shed_s"] is None or r["shed_s_stated"] is None:
+            continue
+        lines.append(f"  {name}: shed in {r['shed_s']:g} s (stated {r['shed_s_stated']:g} s)" + (
+            "; the surviving side while it was over its budget:" if r["survivors"] else
+            "; no surviving node with a breaker or UPS went over its budget"))
+        for s in r["survivors"]:
             tol = "holds for good" if s["tolerance_s"] is None else f"trips after {s['tolerance_s']:g} s, margin {s['margin_s']:g} s"
             lines.append(f"    {s['node']:<8} budget {s['budget_w']:g} W, limits up to {s['worst_limits_w']:g} W: {tol} "
                          f"(instant load seen: {s['worst_instant_w']:g} W, {100 * s['instant_of_rating']:.0f} % of its rating)")

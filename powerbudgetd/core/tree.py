@@ -42,6 +42,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
+from typing import cast
 
 from powerbudgetd.core.fair import max_min_fair
 
@@ -302,37 +303,51 @@ class PowerTree:
 
 def divide(tree: PowerTree, wants_w: Mapping[str, float], lost: str | None = None) -> dict[str, float]:
     """Each host's allowed wall draw (reserve + grant, W) for its ``wants_w`` (W, total),
-    so that every node's load (committed, or the flow with ``lost`` dead) fits its budget.
+    so that every node's committed load fits its budget, and with ``lost`` dead also its
+    flow (the two the records are held to: ``CircuitView.node_loads_w``).
 
     Priority-aware: the reserves first, class by class from the highest (each host up to
     min(want, reserve)), then the wants above them class by class; within a class,
     progressive filling (max-min fair, :func:`core.fair.max_min_fair` at each node)
-    until the host's want or a node on its paths is full. A host with no live cord
-    gets 0. Never over any node's budget (a node already over stays where it is: nothing
-    is added under it)."""
-    coefficients = tree.coefficients(lost)
-    room = {n: tree.nodes[n].budget_w for n in coefficients}
+    until the host's want or a node on its paths is full. Never over any node's budget
+    (a node already over stays where it is: nothing is added under it).
+
+    Failover-invariant where the loss asks nothing new: a node's flow under the loss
+    counts only where it carries some host more than committed (an oversubscribed
+    host's surviving cord). A redundant pair's hosts are committed whole on each cord,
+    so losing either feed of it adds no bound, and the division is the normal one: the
+    loss moves no grant. A host with no live cord (down) draws nothing, but keeps its
+    share where committed: its records hold it there until its lease ends."""
+    committed = tree.coefficients()
+    bounds: dict[object, Mapping[str, float]] = {n: hs for n, hs in committed.items()}
+    room: dict[object, float] = {n: tree.nodes[n].budget_w for n in committed}
+    if lost is not None:
+        flow = tree.coefficients(lost)
+        for node, hs in flow.items():
+            if any(c > committed[node].get(h, 0.0) + EPS_W for h, c in hs.items()):
+                bounds[("flow", node)] = hs
+                room[("flow", node)] = tree.nodes[node].budget_w
     alloc = {h: 0.0 for h in tree.hosts}
-    live = {h for hs in coefficients.values() for h in hs}
-    classes = sorted({tree.hosts[h].priority for h in live}, reverse=True)
+    hosts = sorted({h for hs in bounds.values() for h in hs})
+    classes = sorted({tree.hosts[h].priority for h in hosts}, reverse=True)
     for stage in ("reserve", "want"):
         for cls in classes:
-            members = [h for h in live if tree.hosts[h].priority == cls]
+            members = [h for h in hosts if tree.hosts[h].priority == cls]
             caps = {h: max(0.0, wants_w.get(h, 0.0)) for h in members}
             if stage == "reserve":
                 caps = {h: min(w, tree.hosts[h].reserve_w) for h, w in caps.items()}
-            _fill(coefficients, room, alloc, caps)
+            _fill(bounds, room, alloc, caps)
     return alloc
 
 
-def _fill(coefficients: Mapping[str, Mapping[str, float]], room: dict[str, float], alloc: dict[str, float],
+def _fill(coefficients: Mapping[object, Mapping[str, float]], room: dict[object, float], alloc: dict[str, float],
           caps: Mapping[str, float]) -> None:
     """Raise each host in ``caps`` towards its cap by equal steps (progressive filling):
     at each round the node whose max-min fair level is lowest is the bottleneck; its
     hosts stop there. Updates ``alloc`` and ``room`` (W) in place."""
     open_w = {h: c - alloc[h] for h, c in caps.items() if c - alloc[h] > EPS_W}
     while open_w:
-        step, bottleneck = math.inf, None
+        step, bottleneck = math.inf, cast(object, None)  # a node, or a node's flow under the loss
         for node, hs in coefficients.items():
             members = {h: open_w[h] for h in hs if h in open_w}
             if not members:

@@ -61,14 +61,16 @@ def test_a_host_short_of_its_want_is_held_by_a_full_node_that_lower_classes_do_n
     tree, wants = case
     for lost in [None, *tree.feeds()]:
         alloc = divide(tree, wants, lost)
-        loads = tree.loads_w(alloc, lost)
-        coefficients = tree.coefficients(lost)
+        # The bounds: every node committed, and with a feed lost each live node's flow.
+        loads = {n: w for n, w in tree.loads_w(alloc).items()}
+        coefficients = dict(tree.coefficients())
+        budget = {n: tree.nodes[n].budget_w for n in tree.nodes}
+        if lost is not None:
+            for n, w in tree.loads_w(alloc, lost).items():
+                loads[n + "/flow"], coefficients[n + "/flow"], budget[n + "/flow"] = w, tree.coefficients(lost)[n], budget[n]
         for h, got in alloc.items():
-            if not any(h in hs for hs in coefficients.values()):
-                assert got == 0  # down: no live cord
-                continue
             host = tree.hosts[h]
-            full = [n for n, hs in coefficients.items() if h in hs and loads[n] >= tree.nodes[n].budget_w - 1e-3]
+            full = [n for n, hs in coefficients.items() if h in hs and loads[n] >= budget[n] - 1e-3]
             lower = {n: [g for g in coefficients[n] if tree.hosts[g].priority < host.priority] for n in full}
             if got < min(wants[h], host.reserve_w) - 1e-3:
                 # Full of seats alone: no host there above its seat, no lower class at all.
@@ -141,12 +143,17 @@ def test_redundant_counts_each_host_whole_on_each_cord_oversubscribed_its_share(
     assert over.largest_grant_w("batch2", draw) == pytest.approx((3000 - 800) / 0.5 - 500)
 
 
-def test_a_single_corded_host_on_a_lost_feed_is_down_and_gets_nothing():
+def test_a_single_corded_host_on_a_lost_feed_is_down_and_the_redundant_host_beside_it_does_not_move():
+    """The host on the lost feed draws nothing (no flow through any node); its share
+    stays where committed (its records hold it), so the redundant host keeps its own."""
     nodes = {"s": Node("s", 5000), "a": Node("a", 3000, "s"), "b": Node("b", 3000, "s")}
     hosts = {"dual": Host("dual", {"a": 0.5, "b": 0.5}, 100), "only-a": Host("only-a", {"a": 1.0}, 100)}
     tree = PowerTree(nodes, hosts)
     assert tree.feeds() == ["a", "b"]
-    assert divide(tree, {"dual": 4000.0, "only-a": 4000.0}, lost="a") == {"dual": 3000.0, "only-a": 0.0}
+    wants = {"dual": 4000.0, "only-a": 4000.0}
+    after = divide(tree, wants, lost="a")
+    assert after == divide(tree, wants) == {"dual": 1500.0, "only-a": 1500.0}
+    assert tree.loads_w(after, "a") == {"s": 1500.0, "b": 1500.0}
 
 
 @pytest.mark.parametrize("nodes, hosts, problem", [

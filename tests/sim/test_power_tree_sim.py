@@ -25,7 +25,9 @@ def test_a_surviving_nodes_tolerance_is_the_trip_models_breaker_on_averages_ups_
 @pytest.mark.slow
 def test_the_row_holds_every_node_through_a_feed_loss_and_sheds_within_the_stated_time() -> None:
     result = compare("row-4", duration_s=12.0, lost_at_s=6.0)
-    static, redundant, over, oracle = (result[p] for p in ("static", "redundant", "oversubscribed", "oracle"))
+    static, redundant, over, declared, oracle = (
+        result[p] for p in ("static", "redundant", "oversubscribed", "declared", "oracle"))
+    assert declared["work_tgp_s"] == over["work_tgp_s"]  # the row declares its pair oversubscribed
     assert all(r["hosts"] == 40 and r["feed_lost"] == "feed-a" for r in result.values())
     for r in result.values():
         assert r["trips"] == {}, r  # no breaker or UPS tripped anywhere
