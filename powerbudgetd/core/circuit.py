@@ -224,7 +224,30 @@ class CircuitView:
         assert self.tree is not None
         totals = {h: self.seats.get(h, 0.0) + self.pending.get(h, 0.0) + self.wants.get(h, 0.0)
                   for h in self.tree.hosts if h not in self.unknown_seats}
-        return divide(self.tree, totals, self.lost)
+        # A live host whose seat did not fit counts its reserve as a seat, before any
+        # want: the others shed to make room for it, rather than it waiting behind them.
+        reserves = {h: self.seats.get(h, 0.0) + self.pending.get(h, 0.0) for h in self.tree.hosts}
+        return divide(self.tree.with_reserves(reserves), totals, self.lost)
+
+    def unseated_hold_w(self, host: str, reserve_w: float, floor_w: float) -> float:
+        """What a live host whose seat of ``reserve_w`` does not fit holds its cards at
+        (wall W) until it does: what every node on its cords' paths can carry beside
+        every other host's seat, grant and pending reserve (and, with a feed lost, where
+        they flow), within [``floor_w``, ``reserve_w``]: never below its cards' floors
+        (``floor_w``: the least they can be held to), and never what nobody counted.
+        Off a tree: what the budget leaves beside the others."""
+        if self.tree is not None and host in self.tree.hosts:
+            held = self.held_w()
+            held.pop(host, None)
+            carry = self.tree.room_for_w(host, held)
+            if self.lost is not None:
+                carry = min(carry, self.tree.room_for_w(host, held, self.lost))
+        elif self.tree is not None:
+            carry = 0.0  # the tree has no place for it
+        else:
+            others = sum(w for h, w in self.held_w().items() if h != host)
+            carry = self.budget_w - others
+        return max(floor_w, min(reserve_w, carry))
 
     def holds(self) -> bool:
         """The invariant at this revision: sum(seats) + sum(grants) <= budget, and on a

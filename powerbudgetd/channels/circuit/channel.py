@@ -181,6 +181,7 @@ class CircuitChannel:
         self.spec_created = 0  # the spec this host validated its seat against (create revision)
         self.at_floors = False
         self.had_seat = False  # seated once: a seat lost with no room again sends the cards to their floors
+        self.hold_w: float | None = None  # unseated: what the cards are held at (wall W) instead of the reserve
         self.raises_after = float("-inf")  # no raise before (lease clock): a circuit just (re-)created
         self.lease_id: int | None = None
         self.ttl_s: int | None = None
@@ -591,6 +592,7 @@ class CircuitChannel:
             if not self.seated:
                 log.info("circuit_seated", host=self.host, reserve_w=reserve, circuit=self.store.name)
             self.seated = self.had_seat = True
+            self._unhold()
             self._said.pop("circuit_seat_does_not_fit", None)
             v = read.view
             short = v.short_under_loss(self.host)
@@ -615,6 +617,7 @@ class CircuitChannel:
             if seat_fits(read, self.host, reserve + cover) and await self.store.register_seat(
                     read, self.host, reserve, grant_w=cover, lease_id=self.lease_id):
                 self.seated = self.had_seat = True
+                self._unhold()
                 self.held_w = cover
                 if self.lease_clock() < self.valid_until:  # counted: in use, as after a raise (the
                     self.in_use_w = cover                    # policy moves it from here; cards that
@@ -636,6 +639,13 @@ class CircuitChannel:
             return False  # the compare failed, or the cards are still coming down to fit: next round
         await self.store.put_pending(self.host, reserve, self.lease_id)
         v = read.view
+        # Not counted: the cards are held at what the nodes carry beside everyone else
+        # (their floors at the least) until the seat fits; the others shed to make room
+        # (the division counts this reserve before any want).
+        floor = self._floor_wall_w()
+        hold = v.unseated_hold_w(self.host, reserve, reserve if floor is None else floor)
+        self.hold_w = hold
+        self._offer()
         others = v.seats_w - v.seats.get(self.host, 0.0)
         if self.had_seat:
             # Running, and the seat it had is gone with no room for it: the reserve is not
@@ -647,10 +657,24 @@ class CircuitChannel:
                                          grants={h: w for h, w in v.grants.items() if h != self.host})
             tree = {"in_tree": self.host in v.tree.hosts, "nodes_over_w": seated.nodes_over_w()}
         self._say("circuit_seat_does_not_fit", True, log.error, host=self.host, reserve_w=reserve,
-                  other_seats_w=others, grants_w=v.grants_w, budget_w=v.budget_w, **tree,
-                  action="this host takes no grant and runs on its reserve, which the circuit does NOT cover: "
-                  "lower reserve_w here or elsewhere, or raise the circuit budget (or the tree's nodes)")
+                  other_seats_w=others, grants_w=v.grants_w, budget_w=v.budget_w, held_at_w=round(hold, 1), **tree,
+                  action="this host takes no grant and holds its cards at held_at_w (what the circuit carries beside "
+                  "the others, its cards' floors at the least) until its seat fits; the others shed to make room. "
+                  "If it never fits: lower reserve_w here or elsewhere, or raise the circuit budget (or the tree's nodes)")
         return False
+
+    def _unhold(self) -> None:
+        if self.hold_w is not None:
+            log.info("circuit_seat_hold_lifted", host=self.host, held_at_w=round(self.hold_w, 1))
+            self.hold_w = None
+
+    def _floor_wall_w(self) -> float | None:
+        """The least the cards can be held to, at the wall (W): their minimum limits
+        through the feed model; None before the first snapshot."""
+        snap = self.snapshot
+        if snap is None:
+            return None
+        return self.power.feed.wall_w(sum(c.min_limit_w or 0.0 for c in snap.cards))
 
     def _set_floors(self, on: bool, read: Read, why: str) -> None:
         if on and not self.at_floors:
@@ -773,7 +797,8 @@ class CircuitChannel:
     def _offer(self) -> None:
         now = self.clock()
         left = self.valid_until - self.lease_clock()
-        reserve_board = 0.0 if self.at_floors else self.power.board_budget_w()
+        reserve_board = 0.0 if self.at_floors else self.power.board_budget_w() if self.hold_w is None else \
+            max(0.0, self.power.board_w(min(self.hold_w, self.power.reserve_w)))
         if self.in_use_w > 0 and left > 0 and not self.at_floors:
             self.arbiter.offer(SOURCE, self.power.board_budget_w(self.in_use_w), now,
                                expires_at_s=now + left, expired_w=reserve_board)
