@@ -950,11 +950,13 @@ def _serve_metrics(settings: Settings, daemon: Daemon, registry: CollectorRegist
     daemon.register(metrics)
     log = structlog.get_logger("powerbudgetd")
     try:
-        server = serve(metrics.registry, str(cfg.listen_address), 0 if guest else cfg.port,
-                       max_connections=cfg.max_connections, idle_timeout_s=cfg.idle_timeout_s)
+        server = serve(metrics, str(cfg.listen_address), 0 if guest else cfg.port,
+                       max_connections=cfg.max_connections, idle_timeout_s=cfg.idle_timeout_s,
+                       request_timeout_s=cfg.request_timeout_s)
     except OSError as exc:
         log.error("metrics_unavailable", address=str(cfg.listen_address), port=cfg.port, error=str(exc))
         return None
     log.info("metrics_listening", address=str(cfg.listen_address), port=server.server_port,
-             max_connections=server.max_connections, idle_timeout_s=cfg.idle_timeout_s)
+             max_connections=server.max_connections, idle_timeout_s=cfg.idle_timeout_s,
+             request_timeout_s=cfg.request_timeout_s)
     return server

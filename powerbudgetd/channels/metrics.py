@@ -7,10 +7,18 @@ Every name, label set and help text is declared in :mod:`~powerbudgetd.channels.
 
 The daemon feeds :class:`Metrics` each tick's bank snapshot through the side-channel
 hook (cheap: a reference kept and a few counter increments on the event loop); the
-HTTP server (:func:`serve`) answers scrapes from its own threads and renders that snapshot. Energy is the
-one NVML read done at scrape time, not per tick: ``nvmlDeviceGetTotalEnergyConsumption``
-costs ~3 ms median, 16 ms p99 on an H200 (brief), too much for a 100 ms control loop
-but nothing for a scrape every 15 s.
+HTTP server (:func:`serve`) answers scrapes from its own threads. Nothing on the scrape
+path calls NVML: a hung card's call would hold the scrape past Prometheus' scrape
+timeout (``up == 0``, a page saying nothing keeps the bank under budget, where the
+truth is the failsafe). The energy counters, the one reading not in the tick's
+snapshot, are read by :meth:`Metrics.run` off the loop, each card within a deadline
+(:mod:`~powerbudgetd.channels.energy`); a card whose read failed or hangs has no
+energy series until it reads again (Prometheus marks it stale).
+
+A scrape is served from bytes rendered at most once per change (a tick, a reload, an
+energy round) or :data:`MAX_RENDER_AGE_S`, so a flood of scrapes renders nothing more;
+scrape answers are paced (:data:`MIN_SCRAPE_INTERVAL_S`) so that clients scraping back
+to back cost the control loop's threads nothing measurable (``benchmarks/metrics_scrape.py``).
 """
 
 from __future__ import annotations
@@ -28,12 +36,14 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import structlog
-from prometheus_client import CollectorRegistry, ProcessCollector, disable_created_metrics, make_wsgi_app
+from prometheus_client import CollectorRegistry, ProcessCollector, disable_created_metrics, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from powerbudgetd import __version__
 from powerbudgetd.channels import metricnames as names
+from powerbudgetd.channels.energy import MIN_ENERGY_INTERVAL_S, EnergyCounters, Reading
 from powerbudgetd.channels.metricnames import PEAK_WINDOW_S
 from powerbudgetd.errors import NvmlError
 from powerbudgetd.core.model import Mode, Role
@@ -85,8 +95,8 @@ class Metrics:
     A side channel: register it with ``Daemon.register``; serve it with :func:`serve`.
     Thread-safe: the hooks run on the event loop, scrapes on the HTTP server's threads.
     ``clock`` (s) is the clock of ``TickReport.now`` (the daemon's); ``wall_clock`` (Unix
-    s) stamps timestamps. ``nvml``: where energy is read at scrape time, only while
-    :meth:`run` runs (the daemon runs it between NVML init and shutdown).
+    s) stamps timestamps. ``nvml``: where :meth:`run` reads the energy counters (the
+    daemon runs it between NVML init and shutdown); never read at scrape time.
     """
 
     def __init__(
@@ -101,11 +111,13 @@ class Metrics:
         self._clock = clock
         self._wall = wall_clock
         self._snapshot: BankSnapshot | None = None
-        self._nvml_source = nvml
-        # The NVML layer energy is read from at scrape time, set only while NVML is up
-        # (run() does that for the daemon's lifetime); None: no energy series.
-        self.nvml: Nvml | None = None
-        self._no_energy: set[str] = set()
+        self._counters = None if nvml is None else EnergyCounters(lambda uuid: nvml.energy_j(uuid))
+        self._energy: dict[str, float] = {}  # J by UUID, the last round's good readings
+        self._no_energy: set[str] = set()  # cards whose NVML has no energy counter
+        # The exposition rendered for scrapes: re-rendered when _version moved past it.
+        self._version = 0
+        self._rendered: tuple[int, float, bytes] | None = None  # (version, clock s, bytes)
+        self._render_lock = threading.Lock()
         self._labels: dict[str, tuple[str, str, str]] = {}
         self._read_errors_seen: dict[tuple[str, str], int] = {}
 
@@ -125,12 +137,47 @@ class Metrics:
 
     # -- hooks ----------------------------------------------------------------------
     async def run(self) -> None:
-        # Runs between NVML init and shutdown: no scrape reads energy outside.
-        self.nvml = self._nvml_source
-        try:
+        """Read the energy counters every :data:`MIN_ENERGY_INTERVAL_S` (from the first
+        tick on), off the loop; runs between NVML init and shutdown."""
+        if self._counters is None:
             await asyncio.Event().wait()
-        finally:
-            self.nvml = None
+            return
+        while True:
+            if self._snapshot is None:
+                await asyncio.sleep(0.1)
+                continue
+            self.energy_readings(await self._counters.read_off_loop(self._energy_uuids()))
+            await asyncio.sleep(MIN_ENERGY_INTERVAL_S)
+
+    def read_energy(self) -> None:
+        """One round of energy reads now, on this thread (blocks up to the per-card deadline)."""
+        if self._counters is not None:
+            self.energy_readings(self._counters.read(self._energy_uuids()))
+
+    def _energy_uuids(self) -> list[str]:
+        snap = self._snapshot
+        return [] if snap is None else [c.uuid for c in snap.cards if c.uuid not in self._no_energy]
+
+    def energy_readings(self, readings: dict[str, Reading]) -> None:
+        """Take one round of energy readings (J by UUID): a card whose read failed or
+        hung counts an NVML error and has no energy series until it reads again; one
+        without the counter (None) is not asked again."""
+        fresh: dict[str, float] = {}
+        for uuid, j in readings.items():
+            if isinstance(j, NvmlError):
+                if uuid in self._labels:
+                    self.nvml_errors.labels(*self._labels[uuid], j.kind).inc()
+            elif j is None:
+                self._no_energy.add(uuid)
+            else:
+                fresh[uuid] = j
+        self._energy = fresh
+        self._version += 1
+
+    def energy_j(self, uuid: str) -> float | None:
+        """The card's energy counter (J) as last read; None: unread, unsupported, or its
+        last read failed."""
+        return self._energy.get(uuid)
 
     def on_reload(self, ok: bool, settings: Settings | None) -> None:
         self.reload_result(ok)
@@ -139,6 +186,7 @@ class Metrics:
         """Record a configuration load (at start, and on each reload): ``ok`` or failed."""
         self.reload_success.set(1 if ok else 0)
         self.reload_timestamp.set(self._wall())
+        self._version += 1
 
     def on_tick(self, report: TickReport) -> None:
         """Called with each tick's report; never blocks."""
@@ -170,26 +218,27 @@ class Metrics:
             else:
                 window.expire(report.now)
         self._snapshot = snap
+        self._version += 1
+
+    def exposition(self) -> bytes:
+        """The text exposition (Prometheus' format 0.0.4) as a scrape serves it: the
+        bytes last rendered, rendered afresh only when something changed since (a tick,
+        a reload, energy read) or they are older than :data:`MAX_RENDER_AGE_S` (the
+        process_* series, a stalled loop's last tick). One render at a time."""
+        with self._render_lock:
+            version, now = self._version, time.monotonic()
+            cached = self._rendered
+            if cached is not None and cached[0] == version and now - cached[1] < MAX_RENDER_AGE_S:
+                return cached[2]
+            body = generate_latest(self.registry)
+            self._rendered = (version, now, body)
+            return body
 
     def peak_w(self, uuid: str) -> float | None:
         """The card's highest instant reading (W) over the last :data:`PEAK_WINDOW_S`
         of ticks; None when it read none (no instant field, or unreadable)."""
         window = self._peaks.get(uuid)
         return None if window is None else window.max_w
-
-    # -- scrape time ----------------------------------------------------------------
-    def _energy(self, uuid: str) -> float | None:
-        nvml = self.nvml
-        if nvml is None or uuid in self._no_energy:
-            return None
-        try:
-            j = nvml.energy_j(uuid)
-        except NvmlError as exc:
-            self.nvml_errors.labels(*self._labels[uuid], exc.kind).inc()
-            return None
-        if j is None:  # not supported on this card: stop asking
-            self._no_energy.add(uuid)
-        return j
 
 
 def held_at_floors(s: BankSnapshot) -> bool:
@@ -223,7 +272,7 @@ class PeakWindow:
 
 
 class _StateCollector(Collector):
-    """Renders the last tick's snapshot (and energy, read now) at each scrape."""
+    """Renders the last tick's snapshot and the last energy readings."""
 
     def __init__(self, metrics: Metrics) -> None:
         self.m = metrics
@@ -305,7 +354,7 @@ class _StateCollector(Collector):
                     rejected.add_metric([*labels, reason], n)
                 if c.peak_excursion_w is not None:
                     peak.add_metric(list(labels), c.peak_excursion_w)
-                j = self.m._energy(c.uuid)
+                j = self.m.energy_j(c.uuid)
                 if j is not None:
                     energy.add_metric(list(labels), j)
         yield from bank.values()
@@ -332,6 +381,12 @@ class _StateCollector(Collector):
 # fit under RLIMIT_NOFILE minus these.
 RESERVED_FDS = 128
 SCRAPE_THREADS = 2  # scrapes answered at once; every other connection waits on the one I/O thread
+# Scrape answers at least this far apart (s), all clients together: Prometheus scrapes
+# every 15-60 s (two replicas, a `status`, a curl: a handful a minute); 20 a second is
+# far above that and bounds what a flood of back-to-back scrapes can take from the loop.
+MIN_SCRAPE_INTERVAL_S = 0.05
+# Rendered bytes are re-rendered after this (s) even with nothing changed (process_*).
+MAX_RENDER_AGE_S = 1.0
 
 
 def connection_cap(max_connections: int, nofile_soft: int) -> int:
@@ -370,50 +425,126 @@ class _ServerLog(logging.Handler):
             event("metrics_server", detail=record.getMessage()[:200])
 
 
-def serve(registry: CollectorRegistry, address: str, port: int, *, max_connections: int = 256,
-          idle_timeout_s: float = 10.0) -> MetricsServer:
-    """Serve ``registry`` on ``http://address:port/metrics`` (see :func:`metrics_app`)
+def serve(metrics: Metrics, address: str, port: int, *, max_connections: int = 256,
+          idle_timeout_s: float = 10.0, request_timeout_s: float = 5.0,
+          min_interval_s: float | None = None) -> MetricsServer:
+    """Serve ``metrics`` on ``http://address:port/metrics`` (see :func:`metrics_app`)
     with waitress: one I/O thread multiplexes every connection (an idle one costs a
-    descriptor, never a thread), :data:`SCRAPE_THREADS` render scrapes. At most
-    :func:`connection_cap` connections are held (more wait in the listen backlog); a
-    connection silent for ``idle_timeout_s`` (s) — idle between requests or stalled in
-    one — is closed; request headers are capped at 8 KiB and bodies at 1 KiB.
+    descriptor, never a thread), :data:`SCRAPE_THREADS` answer scrapes. At most
+    :func:`connection_cap` connections are held (more wait in the listen backlog). A
+    connection is closed when silent for ``idle_timeout_s`` (s) between requests, or
+    when a request has not arrived in full ``request_timeout_s`` (s) after its first
+    byte (or after the connection was accepted): a client dribbling a byte at a time
+    (slowloris) holds its slot that long at most. Request headers are capped at 8 KiB
+    and bodies at 1 KiB; answers are paced ``min_interval_s`` apart (default
+    :data:`MIN_SCRAPE_INTERVAL_S`).
 
     Raises OSError when the address cannot be bound (port in use, address not on this
     host)."""
-    from waitress.server import create_server
+    from waitress.adjustments import Adjustments
+    from waitress.task import ThreadedTaskDispatcher
 
     waitress_log = logging.getLogger("waitress")
     if not any(isinstance(h, _ServerLog) for h in waitress_log.handlers):
         waitress_log.addHandler(_ServerLog())
         waitress_log.propagate = False  # no bare lines on stderr beside the JSON log
     cap = connection_cap(max_connections, resource.getrlimit(resource.RLIMIT_NOFILE)[0])
-    server = create_server(
-        metrics_app(registry), host=address, port=port, threads=SCRAPE_THREADS, connection_limit=cap,
-        channel_timeout=idle_timeout_s, cleanup_interval=max(0.5, idle_timeout_s / 4), asyncore_use_poll=True,
+    adj = Adjustments(
+        host=address, port=port, threads=SCRAPE_THREADS, connection_limit=cap, channel_timeout=idle_timeout_s,
+        cleanup_interval=max(0.1, min(idle_timeout_s, request_timeout_s) / 4), asyncore_use_poll=True,
         max_request_header_size=8192, max_request_body_size=1024, backlog=64, ident="powerbudgetd",
         expose_tracebacks=False, clear_untrusted_proxy_headers=True,
     )
+    dispatcher = ThreadedTaskDispatcher()
+    dispatcher.set_thread_count(adj.threads)
+    interval = MIN_SCRAPE_INTERVAL_S if min_interval_s is None else min_interval_s
+    server = _server_class()(metrics_app(metrics, interval), map={}, dispatcher=dispatcher, adj=adj,
+                             sockinfo=adj.listen[0], request_timeout_s=request_timeout_s)
     thread = threading.Thread(target=server.run, name="metrics-http", daemon=True)
     thread.start()
     return MetricsServer(server, thread, cap)
 
 
-def metrics_app(registry: CollectorRegistry) -> Callable[[dict[str, Any], Any], Iterable[bytes]]:
-    """The WSGI app :func:`serve` runs: ``/metrics`` (Prometheus' exposition, as
-    ``prometheus_client`` serves it), ``/`` (a pointer to it), 404 otherwise."""
-    exposition = make_wsgi_app(registry)
+def _server_class() -> type:
+    """waitress' TCP server whose connections must deliver each request in full within
+    a deadline (waitress itself closes a connection only when silent: one sending a
+    byte every few seconds would hold its slot for ever). Built on first use: waitress
+    is imported only where metrics are served."""
+    from waitress.channel import HTTPChannel
+    from waitress.server import TcpWSGIServer
+
+    class Channel(HTTPChannel):
+        def __init__(self, *args: Any, **kw: Any) -> None:
+            super().__init__(*args, **kw)
+            # When the request being read began (monotonic s); None: not reading one
+            # (idle between requests, the idle timeout's business, or answering).
+            self.reading_since: float | None = time.monotonic()
+
+        def received(self, data: bytes) -> bool:
+            before = self.request
+            out: bool = super().received(data)
+            if self.request is None:
+                self.reading_since = None  # every request in ``data`` arrived in full
+            elif self.request is not before or self.reading_since is None:
+                self.reading_since = time.monotonic()  # a new one began in ``data``
+            return out
+
+    class Server(TcpWSGIServer):
+        channel_class = Channel
+
+        def __init__(self, *args: Any, request_timeout_s: float, **kw: Any) -> None:
+            self.request_timeout_s = request_timeout_s
+            super().__init__(*args, **kw)
+
+        def maintenance(self, now: float) -> None:
+            super().maintenance(now)  # the idle ones
+            cutoff = time.monotonic() - self.request_timeout_s
+            for channel in list(self.active_channels.values()):
+                since = getattr(channel, "reading_since", None)
+                if since is not None and since < cutoff and not channel.requests:
+                    channel.will_close = True
+
+    return Server
+
+
+class _Pace:
+    """Answers at least ``interval_s`` (s) apart, whoever asks: a client scraping back to
+    back (or several) waits its turn, sleeping, instead of taking the GIL from the
+    control loop's threads answer after answer."""
+
+    def __init__(self, interval_s: float) -> None:
+        self.interval_s = interval_s
+        self._lock = threading.Lock()
+        self._next = 0.0
+
+    def wait(self) -> None:
+        with self._lock:
+            now = time.monotonic()
+            at = max(now, self._next)
+            self._next = at + self.interval_s
+        if at > now:
+            time.sleep(at - now)
+
+
+def metrics_app(metrics: Metrics, min_interval_s: float = 0.0) -> Callable[[dict[str, Any], Any], Iterable[bytes]]:
+    """The WSGI app :func:`serve` runs: ``/metrics`` (:meth:`Metrics.exposition`, the
+    text format), ``/`` (a pointer to it), 404 otherwise; answers ``min_interval_s``
+    (s) apart at least."""
+    pace = _Pace(min_interval_s)
 
     def app(environ: dict[str, Any], start_response: Any) -> Iterable[bytes]:
+        pace.wait()
         path = environ.get("PATH_INFO") or "/"
         if path == METRICS_PATH:
-            return exposition(environ, start_response)
+            body = metrics.exposition()
+            start_response("200 OK", [("Content-Type", CONTENT_TYPE_LATEST), ("Content-Length", str(len(body)))])
+            return [body]
         if path == "/":
-            body, status = f"powerbudgetd {__version__}: metrics at {METRICS_PATH}\n", "200 OK"
+            text, status = f"powerbudgetd {__version__}: metrics at {METRICS_PATH}\n", "200 OK"
         else:
-            body, status = f"not found: {path} (powerbudgetd serves {METRICS_PATH})\n", "404 Not Found"
+            text, status = f"not found: {path} (powerbudgetd serves {METRICS_PATH})\n", "404 Not Found"
         start_response(status, [("Content-Type", "text/plain; charset=utf-8")])
-        return [body.encode()]
+        return [text.encode()]
 
     return app
 

@@ -260,7 +260,9 @@ class MetricsConfig(_Section):
     ``listen_address = "0.0.0.0"`` (or the address of the scrape network). Port 19400:
     outside 9100-9999, which exporters have claimed, and clear of dcgm-exporter's 9400.
     At most ``max_connections`` are held at once (fewer where the descriptor limit is
-    low); a connection silent for ``idle_timeout_s`` is closed.
+    low); a connection silent for ``idle_timeout_s`` is closed, and one that has not
+    sent a whole request ``request_timeout_s`` after its first byte (a client dribbling
+    bytes to hold its slot) too.
     """
 
     enabled: bool = True
@@ -268,6 +270,7 @@ class MetricsConfig(_Section):
     port: int = Field(19400, ge=1, le=65535)
     max_connections: int = Field(256, ge=4, le=10_000)
     idle_timeout_s: float = Field(10.0, gt=0, le=300)
+    request_timeout_s: float = Field(5.0, gt=0, le=300)
 
 
 _TOPIC_LEVEL_CHARS = re.compile(r"[+#\x00]")

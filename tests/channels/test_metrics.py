@@ -32,8 +32,8 @@ class Exposition:
     labels. The injected clocks: each tick takes TICK_COST_S; wall time is WALL0 + t."""
 
     def __init__(self, rig: Rig) -> None:
-        self.metrics = Metrics(CollectorRegistry(), clock=lambda: rig.t + TICK_COST_S, wall_clock=lambda: WALL0 + rig.t)
-        self.metrics.nvml = rig.nvml
+        self.metrics = Metrics(CollectorRegistry(), nvml=rig.nvml, clock=lambda: rig.t + TICK_COST_S,
+                               wall_clock=lambda: WALL0 + rig.t)
         self.ctl = rig.ctl
         rig.listen(self.metrics.on_tick)
 
@@ -55,6 +55,7 @@ def make_rig(faults: list[Fault] | None = None, dry_run: bool = False) -> tuple[
 def test_card_and_bank_metrics_match_the_simulated_bank_while_lending() -> None:
     rig, ex = make_rig()
     rig.run_until(10.0)
+    ex.metrics.read_energy()  # as Metrics.run does every few seconds
     now = rig.bank.now
     for i, sim in enumerate(rig.bank.cards):
         lab = ex.card(i)
@@ -131,16 +132,50 @@ def test_dry_run_changes_nothing() -> None:
     assert ex.value("powerbudgetd_mode", mode="dry-run") == 1.0
 
 
-def test_energy_only_while_nvml_is_up_and_where_supported() -> None:
+def test_energy_where_supported_and_never_read_at_scrape_time() -> None:
     unsupported = Fault("nvmlDeviceGetTotalEnergyConsumption", "NOT_SUPPORTED", card=3)
     rig, ex = make_rig([unsupported])
     rig.run_until(1.0)
+    assert ex.value("powerbudgetd_gpu_energy_joules_total", **ex.card(0)) is None  # not read yet
     for _ in range(2):
+        ex.metrics.read_energy()
         assert ex.value("powerbudgetd_gpu_energy_joules_total", **ex.card(3)) is None
         assert ex.value("powerbudgetd_gpu_energy_joules_total", **ex.card(0)) is not None
     assert ex.value("powerbudgetd_nvml_errors_total", **ex.card(3), kind="not_supported") == 0.0
-    ex.metrics.nvml = None
-    assert ex.value("powerbudgetd_gpu_energy_joules_total", **ex.card(0)) is None
+    reads = []
+    real = rig.nvml.energy_j
+    rig.nvml.energy_j = lambda uuid: reads.append(uuid) or real(uuid)  # type: ignore[method-assign]
+    for _ in range(3):
+        ex.metrics.exposition()
+        ex.value("powerbudgetd_gpu_energy_joules_total", **ex.card(0))
+    assert reads == []  # a scrape calls no NVML ...
+    ex.metrics.read_energy()
+    assert sorted(reads) == sorted(c.uuid for c in ex.ctl.cards[:3])  # ... the energy round does
+
+
+def test_a_card_whose_energy_read_fails_has_no_energy_series_until_it_reads_again() -> None:
+    rig, ex = make_rig([Fault("nvmlDeviceGetTotalEnergyConsumption", "UNKNOWN", card=1, from_s=2.0, until_s=3.0)])
+    rig.run_until(1.0)
+    ex.metrics.read_energy()
+    assert ex.value("powerbudgetd_gpu_energy_joules_total", **ex.card(1)) is not None
+    rig.run_until(2.5)
+    ex.metrics.read_energy()
+    assert ex.value("powerbudgetd_gpu_energy_joules_total", **ex.card(1)) is None  # left out: Prometheus marks it stale
+    assert ex.value("powerbudgetd_gpu_energy_joules_total", **ex.card(0)) is not None
+    assert ex.value("powerbudgetd_nvml_errors_total", **ex.card(1), kind="other") == 1.0
+    rig.run_until(3.5)
+    ex.metrics.read_energy()
+    assert ex.value("powerbudgetd_gpu_energy_joules_total", **ex.card(1)) is not None
+
+
+def test_a_scrape_is_rendered_once_per_change() -> None:
+    rig, ex = make_rig()
+    rig.run_until(1.0)
+    first = ex.metrics.exposition()
+    assert ex.metrics.exposition() is first  # nothing changed: the same bytes, not rendered again
+    rig.run_until(1.2)  # a tick
+    again = ex.metrics.exposition()
+    assert again is not first and b"powerbudgetd_budget_watts" in again
 
 
 def test_before_the_first_tick_only_process_metrics_are_exposed() -> None:
@@ -229,7 +264,8 @@ def test_exposition_passes_promtool_check_metrics() -> None:
     rig, ex = make_rig([lost])
     rig.run_until(10.0)
     ex.metrics.reload_result(True)
-    text = generate_latest(ex.metrics.registry).decode()
+    ex.metrics.read_energy()
+    text = ex.metrics.exposition().decode()
     # modelName is dcgm-exporter's spelling, kept so dashboards can join on it; promtool
     # lints its camelCase and nothing else: the same exposition with the label renamed
     # is clean.
@@ -260,7 +296,8 @@ def exposed_names() -> set[str]:
     rig, ex = make_rig()
     rig.run_until(1.0)
     ex.metrics.reload_result(True)
-    text = generate_latest(ex.metrics.registry).decode()
+    ex.metrics.read_energy()
+    text = ex.metrics.exposition().decode()
     return {line.split("{")[0].split(" ")[0] for line in text.splitlines() if line and not line.startswith("#")}
 
 

@@ -9,7 +9,6 @@ No ``aiomqtt`` here: the session hands in its client as a :class:`Publisher`.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
@@ -22,18 +21,11 @@ from powerbudgetd.channels.mqtt.wallmeter import WallMeter
 from powerbudgetd.core.arbiter import BudgetArbiter
 from powerbudgetd.core.snapshot import BankSnapshot
 from powerbudgetd.errors import NvmlError
-from powerbudgetd.hw.calls import DeadlineCalls
+from powerbudgetd.channels.energy import MIN_ENERGY_INTERVAL_S, EnergyCounters
 from powerbudgetd.config import MqttConfig
 
 log = structlog.get_logger("powerbudgetd")
 
-# NVML's energy counter costs ~3 ms a card (16 ms p99, brief): read in a worker thread,
-# once per publish interval and never more often than this.
-MIN_ENERGY_INTERVAL_S = 5.0
-ENERGY_READ_GRACE_S = 1.0  # on stop: how long a read in flight may finish before NVML shuts down
-# Each card's read is abandoned after this (s; 60 x the p99): a card that hangs every
-# call then holds neither the worker thread (which the loop joins at exit) nor the stop.
-ENERGY_READ_TIMEOUT_S = 1.0
 
 
 class Publisher(Protocol):
@@ -69,8 +61,7 @@ class StatePublisher:
         self.retain = cfg.retain is not False  # "auto" starts with retain, drops it if refused
         self.configuration_url: str | None = None
         self.ups: Callable[[], Mapping[str, Any]] | None = None
-        self._energy_j = energy_j
-        self._energy_calls = DeadlineCalls(ENERGY_READ_TIMEOUT_S)  # one key per card: a hung one is skipped
+        self._energy = None if energy_j is None else EnergyCounters(energy_j)
         self.energy = ha.BankEnergy()
         self._energy_at = float("-inf")
         # Home Assistant's view, per broker session: every card seen in this run (by
@@ -220,27 +211,15 @@ class StatePublisher:
 
     # -- energy -----------------------------------------------------------------------
     async def read_energy(self, snap: BankSnapshot) -> None:
-        """Every card's energy counter, at most once per publish interval, in a worker
-        thread. A read in flight when the task is cancelled is waited for (briefly): the
-        daemon shuts NVML down once its channels are done."""
+        """Every card's energy counter, once per publish interval (never more often than
+        MIN_ENERGY_INTERVAL_S), off the loop (:mod:`~powerbudgetd.channels.energy`). A
+        card whose read failed or is still hung is left out (its problem shows in its
+        availability)."""
         now = self.clock()
-        if self._energy_j is None or now - self._energy_at < max(self.cfg.publish_interval_s, MIN_ENERGY_INTERVAL_S):
+        if self._energy is None or now - self._energy_at < max(self.cfg.publish_interval_s, MIN_ENERGY_INTERVAL_S):
             return
         self._energy_at = now
         uuids = [c.uuid for c in snap.cards if ha.card_available(c) and c.uuid not in self.energy.unsupported]
-        read = asyncio.ensure_future(asyncio.to_thread(self._energy_readings, uuids))
-        try:
-            readings = await asyncio.shield(read)
-        except asyncio.CancelledError:
-            with contextlib.suppress(BaseException):
-                await asyncio.wait_for(read, ENERGY_READ_GRACE_S)
-            raise
-        for uuid, joules in readings:
-            self.energy.reading(uuid, joules)
-
-    def _energy_readings(self, uuids: list[str]) -> list[tuple[str, float | None]]:
-        """Every card's counter at once, each within ENERGY_READ_TIMEOUT_S; a card whose
-        read failed or is still hung is left out (its problem shows in its availability)."""
-        assert self._energy_j is not None
-        read = self._energy_calls.many({uuid: (self._energy_j, (uuid,)) for uuid in uuids})
-        return [(uuid, j) for uuid, j in read.items() if not isinstance(j, NvmlError)]
+        for uuid, joules in (await self._energy.read_off_loop(uuids)).items():
+            if not isinstance(joules, NvmlError):
+                self.energy.reading(uuid, joules)
