@@ -7,7 +7,12 @@ peak resident set (``ru_maxrss`` of the child). The README's figure must hold fo
 every shape: narrow records (4 cards), wide ones (64 and 1024 cards with long UUIDs),
 and records with a UPS block padded with keys the recorder never writes.
 
+``--junk N``: one run of 100 samples with N junk lines (not JSON, or records that are
+not samples) amid them instead: what the skipped lines cost (bounded: only the first
+few are held, the rest counted).
+
     python benchmarks/log_report_memory.py [--mib 300] [--keep DIR]
+    python benchmarks/log_report_memory.py --junk 3000000
 """
 
 from __future__ import annotations
@@ -62,6 +67,22 @@ def write_log(directory: Path, shape: tuple[int, int, int], mib: float) -> int:
     return count
 
 
+def write_junk(directory: Path, junk: int) -> int:
+    """100 samples with ``junk`` junk lines after the 50th; the lines written."""
+    head, line = records(4, 40, 0)
+    path = directory / "power-00000001-20250615T000000Z.jsonl"
+    with path.open("wb") as fh:
+        fh.write(head)
+        for n in range(1, 101):
+            if n == 51:
+                for k in range(junk):
+                    fh.write(b"not a record %d\n" % k if k % 2 else b'{"v": 1, "kind": "sample", "n": %d}\n' % k)
+            t = T0 + n
+            fh.write(line.replace(b'"n": 0', b'"n": %d' % n).replace(b'"UTC"', b'"%s"' % utc_iso(t).encode())
+                     .replace(b'"mono_s": 0.0', b'"mono_s": %.1f' % (5.0 + n)))
+    return 101 + junk
+
+
 def peak_rss_mib(directory: Path) -> tuple[float, int, float, str]:
     """(peak RSS of the report in MiB, its exit status, seconds, its last line)."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
@@ -80,7 +101,16 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--mib", type=float, default=300.0, help="MiB of samples written per shape")
     ap.add_argument("--shape", choices=list(SHAPES), help="one shape (the child's peak is per process)")
+    ap.add_argument("--junk", type=int, help="junk lines amid 100 samples, instead of the shapes")
     args = ap.parse_args()
+    if args.junk is not None:
+        with tempfile.TemporaryDirectory(prefix="pbd-bench-") as tmp:
+            count = write_junk(Path(tmp), args.junk)
+            size = sum(f.stat().st_size for f in Path(tmp).iterdir()) / 2**20
+            rss, rc, secs, last = peak_rss_mib(Path(tmp))
+        print(f"{args.junk} junk lines, {count:>9d} lines {size:7.1f} MiB: peak RSS {rss:7.1f} MiB, exit {rc}, "
+              f"{secs:5.1f} s" + (f"  ({last})" if rc else ""), flush=True)
+        return
     shapes = [args.shape] if args.shape else list(SHAPES)
     if len(shapes) > 1:  # ru_maxrss of children is the largest so far: one shape per process
         for name in shapes:

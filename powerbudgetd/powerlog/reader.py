@@ -17,6 +17,8 @@ A log is read as untrusted input, with bounds: a line longer than
 with wrong types is a skipped line (never a traceback), a timestamp outside
 [:data:`EARLIEST_UTC_S`, :data:`LATEST_UTC_S`] (2000 to 2200) is an impossible one and its
 record skipped, and a window of more than ``max_bytes`` of parsed samples is a LogError.
+Skipped lines are bounded too (:class:`Skipped`): the first :data:`MAX_SKIPPED_KEPT` are
+described, the rest only counted, so a file of junk costs no more memory than one of samples.
 """
 
 from __future__ import annotations
@@ -47,6 +49,9 @@ EARLIEST_UTC_S = 946_684_800.0  # 2000-01-01T00:00:00Z: no recorder wrote before
 # only a date no clock of this era shows is impossible.
 LATEST_UTC_S = 7_258_118_400.0  # 2200-01-01T00:00:00Z
 _PARSE_ERRORS = (ValueError, KeyError, TypeError, OverflowError, RecursionError)
+# Skipped lines described one by one (file, line, why); past this they are only counted.
+# 3 M junk lines described took 1.41 GB (benchmarks/log_report_memory.py --junk).
+MAX_SKIPPED_KEPT = 100
 CLOCK_STEP_S = 2.0  # wall time and monotonic time between two records disagreeing by more: a step
 
 
@@ -89,6 +94,23 @@ class SkippedLine:
     line: int  # 1-based; 0: the whole file
     why: str
     torn: bool  # the file's last line, without its newline: cut mid-write
+
+
+class Skipped(list[SkippedLine]):
+    """The lines a read skipped: the first :data:`MAX_SKIPPED_KEPT` described (a torn
+    last line always: one a file at most), every one counted in ``total``; ``last``:
+    the one skipped last."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.total = 0
+        self.last: SkippedLine | None = None
+
+    def add(self, line: SkippedLine) -> None:
+        self.total += 1
+        self.last = line
+        if len(self) < MAX_SKIPPED_KEPT or line.torn:
+            self.append(line)
 
 
 @dataclass
@@ -258,7 +280,7 @@ def _tail(fh: BinaryIO, end: int) -> tuple[bytes, int]:
 def load_samples(
     files: list[LogFile], since_s: float = float("-inf"), *, since_mono_s: float | None = None,
     max_bytes: int = MAX_WINDOW_BYTES, max_line_bytes: int = MAX_LINE_BYTES,
-) -> tuple[list[Sample], list[SkippedLine]]:
+) -> tuple[list[Sample], Skipped]:
     """Parse every sample record in ``files``, in order, and the lines that were skipped
     (torn, zero-filled, too long or not records). ``since_mono_s``: only records of one
     run at or after this CLOCK_MONOTONIC time (s), the way to window a run whatever its
@@ -270,7 +292,7 @@ def load_samples(
     """
     samples: list[Sample] = []
     held_b = 0
-    skipped: list[SkippedLine] = []
+    skipped = Skipped()
     # The recorder writes "utc" as fixed-width ISO text and "mono_s" early in the line:
     # lines before the window are passed over without parsing them.
     since_iso = utc_iso(since_s).encode() if since_s > 0 and since_mono_s is None else b""
@@ -278,7 +300,7 @@ def load_samples(
         try:
             fh = open(f.path, "rb")  # noqa: SIM115 - closed below
         except OSError as exc:
-            skipped.append(SkippedLine(f.path, 0, f"unreadable: {exc.strerror or exc}", False))
+            skipped.add(SkippedLine(f.path, 0, f"unreadable: {exc.strerror or exc}", False))
             continue
         with fh:
             try:
@@ -288,7 +310,7 @@ def load_samples(
                 n = 0
                 for n, raw in _lines(fh, end, max_line_bytes):
                     if raw is None:
-                        skipped.append(SkippedLine(f.path, n, f"longer than {max_line_bytes} bytes", False))
+                        skipped.add(SkippedLine(f.path, n, f"longer than {max_line_bytes} bytes", False))
                         continue
                     torn = not raw.endswith(b"\n")  # only the last line can lack its newline
                     if since_iso and (k := raw.find(b'"utc":"', 0, 120)) >= 0 and raw[k + 7 : k + 31] < since_iso:
@@ -305,7 +327,7 @@ def load_samples(
                         sample = _sample(rec, f.run_id)
                     except _PARSE_ERRORS as exc:  # JSONDecodeError is a ValueError
                         why = _torn_why(zeros) if torn else f"not a record: {_why(exc)}"
-                        skipped.append(SkippedLine(f.path, n, why, torn))
+                        skipped.add(SkippedLine(f.path, n, why, torn))
                         continue
                     if sample.mono_s >= since_mono_s if since_mono_s is not None else sample.utc_s >= since_s:
                         held_b += sample_cost_b(len(sample.cards))
@@ -316,10 +338,10 @@ def load_samples(
                                 "or give one file instead of the directory"
                             )
                         samples.append(sample)
-                if zeros and (not skipped or skipped[-1].path != f.path or not skipped[-1].torn):
-                    skipped.append(SkippedLine(f.path, n + 1, _zeros_why(zeros), True))
+                if zeros and (skipped.last is None or skipped.last.path != f.path or not skipped.last.torn):
+                    skipped.add(SkippedLine(f.path, n + 1, _zeros_why(zeros), True))
             except OSError as exc:
-                skipped.append(SkippedLine(f.path, 0, f"unreadable: {exc.strerror or exc}", False))
+                skipped.add(SkippedLine(f.path, 0, f"unreadable: {exc.strerror or exc}", False))
     return samples, skipped
 
 

@@ -171,13 +171,17 @@ def summarize(log: LogIndex, last_s: float, configured: FeedConfig | None = None
     # Times of the window as the monotonic clock places them before the stop.
     w_from, w_to = (stop - (stop_mono - window[0].mono_s), stop - (stop_mono - window[-1].mono_s)) \
         if stop_mono is not None else (window[0].utc_s, window[-1].utc_s)
-    skipped += [t for t in log.torn if t.path not in {s.path for s in skipped}]
+    seen = {s.path for s in skipped if s.torn}
+    for t in log.torn:
+        if t.path not in seen:
+            skipped.add(t)
     return {
         "source": str(log.source),
         "files": len(log.files),
-        "skipped_lines": [
+        "skipped_lines": [  # the first MAX_SKIPPED_KEPT (and every torn one); skipped_total counts them all
             {"file": s.path.name, "line": s.line, "why": s.why, "torn": s.torn} for s in skipped
         ],
+        "skipped_total": skipped.total,
         "runs": [
             {"run": r.run_id, "start": _iso(r.start_s), "stop": _iso(r.stop_s), "files": len(r.files),
              "ended": ended(r, r is runs[-1], now_s, host), "backend": r.backend}
@@ -389,7 +393,7 @@ def format_summary(d: dict[str, Any]) -> str:
     torn = [s for s in d["skipped_lines"] if s["torn"]]
     if torn:
         lines.append(f"  {len(torn)} torn last line(s) skipped (cut mid-write): " + ", ".join(s["file"] for s in torn))
-    other = len(d["skipped_lines"]) - len(torn)
+    other = d["skipped_total"] - len(torn)
     if other:
         lines.append(f"  {other} other unreadable line(s) skipped")
     gap = win["expected"] - win["samples"]

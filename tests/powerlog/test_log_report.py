@@ -215,3 +215,36 @@ def test_no_ups_in_the_log_no_ups_in_the_report(tmp_path: Path) -> None:
     write_run(tmp_path, "r1", T0, 100)
     d = summarize(scan_log(tmp_path), 600.0, host=ELSEWHERE)
     assert d["ups"] is None
+
+
+def test_junk_lines_are_counted_not_held(tmp_path: Path) -> None:
+    """20 000 junk lines amid the samples: every one is counted and said in the
+    report, but only the first MAX_SKIPPED_KEPT are held (and listed), so the memory a
+    report takes is bounded by its samples, not by the junk it read past."""
+    from powerbudgetd.powerlog.reader import MAX_SKIPPED_KEPT
+
+    write_run(tmp_path, "r1", T0, 100)
+    path = log_files(tmp_path)[0]
+    lines = path.read_bytes().splitlines(keepends=True)
+    junk = 20_000
+    path.write_bytes(b"".join(lines[:50]) + b"not json at all\n" * (junk // 2)
+                     + b'{"v": 1, "kind": "sample"}\n' * (junk // 2) + b"".join(lines[50:]))
+    index = scan_log(tmp_path)
+    samples, skipped = load_samples(index.files)
+    assert len(samples) == 100
+    assert skipped.total == junk and len(skipped) == MAX_SKIPPED_KEPT
+    d = summarize(index, 3600.0, host=ELSEWHERE)
+    assert d["skipped_total"] == junk and len(d["skipped_lines"]) == MAX_SKIPPED_KEPT
+    assert d["skipped_lines"][0]["line"] == 51  # the first ones, as they came
+    text = main_text(tmp_path)
+    assert f"{junk} other unreadable line(s) skipped" in text
+
+
+def main_text(directory: Path) -> str:
+    import contextlib
+    import io
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert main(["log", "report", "--dir", str(directory), "--last", "1h"]) == 0
+    return out.getvalue()
