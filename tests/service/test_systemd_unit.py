@@ -9,6 +9,7 @@ from pathlib import Path
 from support.paths import REPO
 
 UNIT = REPO / "systemd" / "powerbudgetd.service"
+IGNORE_HUP = "/usr/bin/env --ignore-signal=HUP"  # how ExecStart starts the daemon: SIGHUP ignored from exec
 
 
 def directives(text: str) -> dict[str, list[str]]:
@@ -28,9 +29,9 @@ def test_systemd_analyze_verify_passes(tmp_path: Path) -> None:
     exe = shutil.which("powerbudgetd", path=str(Path(sys.executable).parent))
     assert exe, "powerbudgetd is not installed next to this Python"
     text = UNIT.read_text()
-    assert "ExecStart=/opt/powerbudgetd/bin/powerbudgetd " in text
+    assert f"ExecStart={IGNORE_HUP} /opt/powerbudgetd/bin/powerbudgetd " in text
     copy = tmp_path / UNIT.name
-    copy.write_text(text.replace("ExecStart=/opt/powerbudgetd/bin/powerbudgetd ", f"ExecStart={exe} ")
+    copy.write_text(text.replace(" /opt/powerbudgetd/bin/powerbudgetd run ", f" {exe} run ")
                     .replace("ExecStopPost=/opt/powerbudgetd/bin/powerbudgetd ", f"ExecStopPost={exe} "))
     result = subprocess.run(
         ["systemd-analyze", "verify", str(copy)], capture_output=True, text=True, timeout=60
@@ -57,7 +58,7 @@ def test_ordering_notify_and_hardening() -> None:
     for key in ("NoNewPrivileges", "ProtectHome", "PrivateTmp", "ProtectKernelModules", "ProtectControlGroups"):
         assert d[key] == ["yes"], key
     assert d["ProtectSystem"] == ["strict"]
-    assert d["ExecStart"][0].split()[1:] == ["run", "--config", "/etc/powerbudgetd/powerbudgetd.toml"]
+    assert d["ExecStart"][0].split()[3:] == ["run", "--config", "/etc/powerbudgetd/powerbudgetd.toml"]
     # Any exit leaves the cards at the reserve share: the failsafe command runs after it.
     assert d["ExecStopPost"][0].split()[1:] == ["failsafe", "--config", "/etc/powerbudgetd/powerbudgetd.toml"]
 
