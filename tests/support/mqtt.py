@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import getpass
 import shutil
 import socket
 import subprocess
@@ -28,10 +29,17 @@ def mosquitto_path() -> str:
 class Mosquitto:
     """A broker of our own on 127.0.0.1:<free port>, which a test may kill and restart."""
 
-    def __init__(self, workdir: Path) -> None:
+    def __init__(self, workdir: Path, acl: str | None = None) -> None:
+        """``acl``: the text of an ACL file (mosquitto's ``acl_file``) the broker enforces."""
         self.port = free_port()
         self.conf = workdir / "mosquitto.conf"
         self.conf.write_text(f"listener {self.port} 127.0.0.1\nallow_anonymous true\npersistence false\n")
+        if acl is not None:
+            (workdir / "mosquitto.acl").write_text(acl)
+            with self.conf.open("a") as conf:
+                # Run as root, mosquitto drops to its own user before reading the file (in a
+                # directory only we may read): keep our user (ignored when not root).
+                conf.write(f"acl_file {workdir / 'mosquitto.acl'}\nuser {getpass.getuser()}\n")
         self.log = workdir / "mosquitto.log"
         self.proc: subprocess.Popen[bytes] | None = None
 

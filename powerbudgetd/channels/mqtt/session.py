@@ -52,6 +52,7 @@ from powerbudgetd.channels.mqtt.identity import Identity
 from powerbudgetd.channels.mqtt.inbox import Inbox
 from powerbudgetd.channels.mqtt.metrics import MqttMetrics
 from powerbudgetd.channels.mqtt.remote import RemoteBudget
+from powerbudgetd.channels.mqtt.refusals import Refusals
 from powerbudgetd.channels.mqtt.state import StatePublisher
 from powerbudgetd.channels.mqtt.wallmeter import WallMeter
 from powerbudgetd.core.arbiter import BudgetArbiter
@@ -120,6 +121,7 @@ class MqttBridge:
             response_topic=(remote.response_topic or f"{cfg.topic()}/budget/result") if remote.enabled else None,
         )
         self.connected: bool | None = None  # None: not tried yet
+        self.refusals = Refusals(f"{cfg.host}:{cfg.port}", self.layout.availability)
         self._board: deque[tuple[float, float]] = deque(maxlen=256)  # (s, W); ~20 at 10 ticks/s
         self.state = StatePublisher(cfg, self.layout, arbiter, self.remote, self.meter, clock=clock,
                                     energy_j=energy_j)
@@ -201,6 +203,7 @@ class MqttBridge:
             try:
                 async with _client(self.cfg, self.client_id, self.layout.availability, self.retain) as client:
                     up_at = time.monotonic()
+                    self.refusals.watch(client._client)  # PUBACK reasons: aiomqtt drops them
                     self._set_connected(True)
                     await self._session(client)
             except MqttConnectError as exc:
@@ -265,8 +268,10 @@ class MqttBridge:
             # Commands keep their retain flag as published (MQTT 5), so a retained command
             # is recognised even when it arrives live, not only when replayed on subscribe.
             as_published = SubscribeOptions(qos=1, retainAsPublished=True)
-            await client.subscribe([(t, as_published if t == layout.command_topic else SubscribeOptions(qos=1))
-                                    for t in self._subscriptions()])
+            topics = self._subscriptions()
+            granted = await client.subscribe([(t, as_published if t == layout.command_topic else SubscribeOptions(qos=1))
+                                              for t in topics])
+            self.refusals.check_suback(topics, granted)
             await client.publish(layout.instance, json.dumps(self.identity.announcement()), qos=1, retain=retain)
             tasks = [asyncio.create_task(self._publish_loop(client)), asyncio.create_task(self._receive_loop(client))]
             try:
