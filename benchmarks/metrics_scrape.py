@@ -47,7 +47,7 @@ def scrape_loop(url: str, duration_s: float, pause_s: float, out: list[tuple[flo
         try:
             with urllib.request.urlopen(url, timeout=SCRAPE_TIMEOUT_S) as resp:
                 body = resp.read().decode()
-            out.append((t0, time.monotonic() - t0, body if "mode=\"failsafe\"" in body else ""))
+            out.append((t0, time.monotonic() - t0, body if "powerbudgetd_mode{mode=\"failsafe\"} 1.0" in body else ""))
         except OSError:
             out.append((t0, None, ""))
         if pause_s:
