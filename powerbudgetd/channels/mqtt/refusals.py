@@ -37,7 +37,9 @@ class Refusals:
 
         def publish_hooked(topic: str, payload: Any = None, qos: int = 0, *args: Any, **kw: Any) -> Any:
             info = publish(topic, payload, qos, *args, **kw)
-            if qos > 0 and not info.is_published():  # QoS 0 is never acknowledged
+            # QoS 0 is never acknowledged; a failed send (rc) is aiomqtt's to raise, and
+            # is_published() raises on one
+            if qos > 0 and info.rc == 0 and not info.is_published():
                 topics[info.mid] = topic
             return info
 
