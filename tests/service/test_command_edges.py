@@ -393,17 +393,15 @@ def test_8_the_metrics_endpoint_serves_metrics_and_404_elsewhere():
     import urllib.error
     import urllib.request
 
-    from prometheus_client import CollectorRegistry, Gauge
+    from prometheus_client import CollectorRegistry
 
-    from powerbudgetd.channels.metrics import serve
+    from powerbudgetd.channels.metrics import Metrics, serve
 
-    registry = CollectorRegistry()
-    Gauge("powerbudgetd_test_gauge", "a test", registry=registry).set(1)
-    server = serve(registry, "127.0.0.1", 0)
+    server = serve(Metrics(CollectorRegistry()), "127.0.0.1", 0)
     base = f"http://127.0.0.1:{server.server_port}"
     try:
         with urllib.request.urlopen(f"{base}/metrics", timeout=5) as resp:
-            assert resp.status == 200 and b"powerbudgetd_test_gauge 1.0" in resp.read()
+            assert resp.status == 200 and b"powerbudgetd_build_info{" in resp.read()
         with urllib.request.urlopen(f"{base}/", timeout=5) as resp:
             assert resp.status == 200 and b"/metrics" in resp.read()
         for path in ("/nope", "/metrics/x", "/favicon.ico"):
