@@ -32,6 +32,7 @@ from prometheus_client import CollectorRegistry
 from powerbudgetd.channels.ups import UpsChannel
 from powerbudgetd.config import UpsConfig
 from powerbudgetd.core.arbiter import BudgetArbiter
+from powerbudgetd.core.fair import max_min_fair
 from powerbudgetd.core.feed import Feed
 
 DT_S = 0.1
@@ -121,20 +122,6 @@ def _demand_steps(sc: MeterScenario) -> list[float]:
     return sorted(out)
 
 
-def _water_fill(total_w: float, wants: Sequence[float]) -> list[float]:
-    """``total_w`` divided among ``wants`` (W): each gets its want, the largest ones cut to one level."""
-    if sum(wants) <= total_w:
-        return list(wants)
-    order = sorted(range(len(wants)), key=lambda i: wants[i])
-    out = [0.0] * len(wants)
-    left, n = max(0.0, total_w), len(wants)
-    for k, i in enumerate(order):
-        level = left / (n - k)
-        out[i] = min(wants[i], level)
-        left -= out[i]
-    return out
-
-
 class _Host:
     def __init__(self, spec: HostSpec, sc: MeterScenario, index: int, clock: Callable[[], float]) -> None:
         self.spec = spec
@@ -197,7 +184,7 @@ def run_meter_scenario(sc: MeterScenario, *, keep_series: bool = False, referenc
         figures.work += DT_S * sum(h.draw_w for h in hosts)
         room_w = (sc.limit_w - sc.unmanaged(t)) * eff - sum(h.spec.host_w for h in hosts)
         wants = [min(h.spec.demand(t), h.spec.budget_w) for h in hosts]
-        figures.oracle_work += DT_S * sum(_water_fill(room_w, wants))
+        figures.oracle_work += DT_S * sum(max_min_fair(room_w, {str(i): w for i, w in enumerate(wants)}).values())
         if t >= sc.warmup_s and plug_w > sc.limit_w + 0.5:
             figures.over_s += DT_S
             figures.worst_excess_w = max(figures.worst_excess_w, plug_w - sc.limit_w)
