@@ -412,7 +412,7 @@ step_w = 10
         return None if board is None else (board + HOST_W) / PSU_EFFICIENCY
 
     def stop(self) -> None:
-        reap(self.proc, 15)
+        reap(getattr(self, "proc", None), 15)
         if getattr(self, "_supervisor", None) is not None:
             self._supervisor.join(60)
         try:
@@ -543,12 +543,16 @@ def start_hosts(hosts: list[Host]) -> None:
     """The set-up step (each seat registered before its daemon first runs: else a host
     booting while another holds the pool runs on a reserve not yet counted), then the
     daemons, until each is ready."""
-    for h in hosts:
-        h.join()
-    for h in hosts:
-        h.start()
-    for h in hosts:
-        h.wait_ready()
+    try:
+        for h in hosts:
+            h.join()
+        for h in hosts:
+            h.start()
+        for h in hosts:
+            h.wait_ready()
+    except BaseException:
+        stop_hosts(hosts)  # no daemon outlives a failed start (the caller's finally never runs)
+        raise
 
 
 def stop_hosts(hosts: list[Host]) -> None:
