@@ -1,4 +1,4 @@
-"""Fixtures for the tests (quiet logs and a temporary state directory for each; a NOTIFY
+"""Fixtures for the tests (quiet logs, a temporary state and runtime directory for each; a NOTIFY
 socket, the daemon launcher, brokers, an idle-bank controller on request) and the quick
 profile's Hypothesis settings. Support code (the rig, waiting, the daemon as a
 subprocess) is in ``support/``."""
@@ -36,6 +36,23 @@ def pytest_configure(config: pytest.Config) -> None:
         settings.load_profile("quick")
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    # Under pytest-xdist (CI: `-n`, `--dist loadgroup`; README, Tests):
+    # - a module's tests that share a module-scoped fixture (a Home Assistant venv, a
+    #   recorded log, a built library) go to one worker, which sets it up once;
+    # - modules with slow tests first, so that the long tests start at once and the quick
+    #   ones fill the workers' last minutes. A module stays whole (its fixtures once).
+    for item in items:
+        defs = getattr(item, "_fixtureinfo", None)
+        if defs is not None and any(d.scope in ("module", "package", "session")
+                                    for name in item.fixturenames for d in defs.name2fixturedefs.get(name, ())
+                                    if not d.argname.startswith("_") and d.baseid):
+            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
+    slow_modules = {item.nodeid.split("::")[0] for item in items if item.get_closest_marker("slow")}
+    items.sort(key=lambda item: item.nodeid.split("::")[0] not in slow_modules)
+
+
 _DEVNULL = open(os.devnull, "w")  # noqa: SIM115 - lives as long as the test session
 
 
@@ -52,6 +69,10 @@ def _state_directory(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pyte
     # The flight recorder defaults to $STATE_DIRECTORY: a daemon started by a test
     # (here or as a subprocess) records into a temporary directory, never /var/lib.
     monkeypatch.setenv("STATE_DIRECTORY", str(tmp_path_factory.mktemp("state")))
+    # The instance lock of a real-NVML run is $RUNTIME_DIRECTORY/powerbudgetd.lock: each
+    # test its own, so that tests running side by side (pytest-xdist) or another
+    # checkout's suite never find a daemon of theirs holding /run/powerbudgetd's.
+    monkeypatch.setenv("RUNTIME_DIRECTORY", str(tmp_path_factory.mktemp("run")))
 
 
 @pytest.fixture

@@ -10,17 +10,19 @@ from __future__ import annotations
 import json
 import signal
 import time
+from dataclasses import replace
 
 import pytest
 from structlog.testing import capture_logs
 
 from support.rig import Fault, Phase, busy, card, idle, make_rig
+from support.timings import FAST
 from powerbudgetd.errors import BudgetInfeasible, NvmlNoPermission
 from powerbudgetd.core.model import Mode, Role, Timings
 from powerbudgetd_sim.physics import BankEvent
 from support.daemon import DaemonProcess, NotifySocket
 
-T = Timings(donor_hold_s=1.0, recipient_hold_s=0.5, release_hold_s=2.0, failsafe_hold_s=5.0)
+T = replace(FAST, failsafe_hold_s=5.0)
 
 
 def card350(i, *phases, **kw):

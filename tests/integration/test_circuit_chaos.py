@@ -31,11 +31,13 @@ from support.circuit import (
     start_hosts,
     stop_hosts,
 )
+from support.timings import LEASE_TTL_S
+
 pytestmark = pytest.mark.slow  # real etcd members and daemons: the full run (CI) covers it
 
 BUDGET_W = 3400.0
 RESERVE_W = 780.0  # four seats: 3120 W, a 280 W pool (a reserve below 778 W leaves less than the floors)
-TTL_S = 5
+TTL_S = LEASE_TTL_S
 SETTLE_S = 2.0
 ACTIONS = ("forced_leave", "wipe_and_init", "duplicate_name", "sigstop_watchdog", "sigstop_unenforced",
            "leader_kill", "quorum_loss")

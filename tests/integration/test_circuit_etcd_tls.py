@@ -12,6 +12,7 @@ import pytest
 
 from powerbudgetd.channels.circuit.store import CircuitStore, StoreUnavailable, Tls
 from support.circuit import EXE, EtcdCluster, make_certs
+from support.timings import LEASE_TTL_S
 
 pytestmark = pytest.mark.slow  # a real etcd: the full run (CI) covers it
 
@@ -52,7 +53,7 @@ def _cli(*args: str) -> subprocess.CompletedProcess[str]:
 
 def test_the_commands_and_the_store_speak_tls_with_a_client_certificate(tls_etcd: EtcdCluster, tmp_path: Path) -> None:
     cfg = _config(tmp_path, tls_etcd)
-    r = _cli("init", "--config", str(cfg), "--budget-w", "3000", "--ttl", "5")
+    r = _cli("init", "--config", str(cfg), "--budget-w", "3000", "--ttl", str(LEASE_TTL_S))
     assert r.returncode == 0, r.stderr
     r = _cli("join", "--backend", "sim", "--config", str(cfg))
     assert r.returncode == 0, r.stderr

@@ -32,14 +32,15 @@ from support.circuit import (
     start_hosts,
     stop_hosts,
 )
+from support.timings import LEASE_TTL_S, POLL_S, REQUEST_TIMEOUT_S
 from support.wait import wait_until
 
 pytestmark = pytest.mark.slow  # real etcd and daemons: the full run (CI) covers them
 
 BUDGET_W = 3000.0
 RESERVE_W = 800.0
-TTL_S = 5
-ROUND_S = 0.2 + 0.5  # poll_s + one request timeout: the longest a round may take
+TTL_S = LEASE_TTL_S
+ROUND_S = POLL_S + REQUEST_TIMEOUT_S  # the longest a round may take
 TWO_ROUNDS_S = 2 * ROUND_S + 1.0  # and a second for a loaded machine's scheduling
 
 

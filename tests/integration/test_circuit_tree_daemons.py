@@ -11,7 +11,7 @@ in all, 750 W a rack. Both modes of the feed pair: ``oversubscribed`` (grants fi
 normal split, up to 3 kW; shed within 2 s of the loss) and ``redundant`` (grants fit B
 alone carrying every host all along: nothing is ever over, the loss included).
 
-The scale is the suite's (12 hosts; 40 s oversubscribed, 20 s redundant);
+The scale is the suite's (12 hosts; 20 s each: oversubscribed twice the in-process hosts' lease);
 ``POWERBUDGETD_TREE_HOSTS`` and ``POWERBUDGETD_TREE_RUN_S`` run it larger by hand (40
 hosts in racks of ten, the loss at 45 % of the run): the figures in the README came from
 ``POWERBUDGETD_TREE_HOSTS=40 POWERBUDGETD_TREE_RUN_S=120``.
@@ -30,15 +30,16 @@ import pytest
 from powerbudgetd.core.tree import PowerTree
 from powerbudgetd.config.tree import load_tree
 from support.circuit import ROUND_S, Checker, EtcdCluster, Host, Sharer, circuit_cli, start_hosts, stop_hosts
+from support.timings import RELEASE_HOLD_S, ROUNDING_LEASE_TTL_S, TREE_TTL_S
 
 pytestmark = pytest.mark.slow  # real etcd members and daemons: the full run (CI) covers it
 
 RESERVE_W = 800.0
 SHED_S = 2.0
 HOSTS = int(os.environ.get("POWERBUDGETD_TREE_HOSTS", "12"))
-# Oversubscribed: past the in-process hosts' lease TTL (they renew); redundant: the loss alone.
+# Oversubscribed: twice the in-process hosts' lease TTL (they renew); redundant: the loss alone.
 RUN_S = {mode: float(os.environ.get("POWERBUDGETD_TREE_RUN_S", default))
-         for mode, default in (("oversubscribed", "40"), ("redundant", "20"))}
+         for mode, default in (("oversubscribed", str(2 * ROUNDING_LEASE_TTL_S)), ("redundant", "20"))}
 RACK = 6 if HOSTS <= 12 else 10
 RACKS = -(-HOSTS // RACK)
 DAEMONS = {f"d{i}": i * RACKS // 4 for i in range(4)}  # host -> rack: four full daemons, spread over the racks
@@ -135,9 +136,9 @@ def test_daemons_and_in_process_hosts_keep_every_node_within_budget_through_a_fe
     tree_file = tmp_path / "tree.toml"
     tree_file.write_text(_tree_text(mode))
     tree, _ = load_tree(tree_file)
-    assert circuit_cli(eps, "init", "--name", "row", "--tree", str(tree_file), "--ttl", "10").returncode == 0
+    assert circuit_cli(eps, "init", "--name", "row", "--tree", str(tree_file), "--ttl", str(TREE_TTL_S)).returncode == 0
     daemons = [Host(name, tmp_path, eps, "row", reserve_w=RESERVE_W) for name in DAEMONS]
-    sharers = [Sharer(eps, name, release_hold_s=2.0) for name in SHARERS]
+    sharers = [Sharer(eps, name, release_hold_s=RELEASE_HOLD_S, lease_ttl_s=ROUNDING_LEASE_TTL_S) for name in SHARERS]
     start_hosts(daemons)
     try:
         # Every 100 ms each host's wall draw: a daemon's truth (its simulated cards' highest

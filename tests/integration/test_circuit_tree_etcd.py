@@ -21,6 +21,7 @@ import pytest
 from powerbudgetd.channels.circuit.store import CircuitStore, Read
 from powerbudgetd.core.circuit import raise_allowed
 from support.circuit import EXE, PAIR_TREE, ROUND_S, EtcdCluster, Sharer, circuit_cli, rounds_until
+from support.timings import TREE_TTL_S
 
 pytestmark = pytest.mark.slow  # real etcd members: the full run (CI) covers it
 
@@ -76,7 +77,7 @@ def _join(eps: list[str], tmp_path: Path, host: str, reserve_w: float) -> subpro
 
 def test_init_join_and_status_on_a_tree(etcd1: EtcdCluster, tmp_path: Path) -> None:
     eps = etcd1.endpoints
-    r = circuit_cli(eps, "init", "--name", "row", "--tree", str(_tree_file(tmp_path)), "--ttl", "10")
+    r = circuit_cli(eps, "init", "--name", "row", "--tree", str(_tree_file(tmp_path)), "--ttl", str(TREE_TTL_S))
     assert r.returncode == 0, r.stderr
     assert "budget 10000 W" in r.stdout and "3 nodes, 4 hosts" in r.stdout
     for host in HOSTS[:3]:

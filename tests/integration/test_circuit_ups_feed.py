@@ -19,10 +19,11 @@ import pytest
 from powerbudgetd.channels.circuit.store import CircuitStore, Read
 from support.circuit import PAIR_TREE, EtcdCluster, Host, circuit_cli, start_hosts, stop_hosts
 from support.nut import Nut
+from support.timings import UPS_ONLINE_HOLD_S
 
 pytestmark = pytest.mark.slow  # real etcd, upsd and a daemon: the full run (CI) covers it
 
-HOLD_S = 1.5  # the UPS's online_hold_s
+HOLD_S = UPS_ONLINE_HOLD_S
 
 
 def _read(eps: list[str]) -> Read:

@@ -18,6 +18,7 @@ from powerbudgetd.channels.ups import UpsChannel
 from support.daemon import Launch, scrape
 from support.inprocess import Running, running_daemon
 from support.scenarios import idle_4
+from support.timings import UPS_ONLINE_HOLD_S
 from support.wait import free_port
 
 pytestmark = pytest.mark.slow  # a real upsd and its driver: the full run (CI) covers it
@@ -52,7 +53,7 @@ poll_s = {POLL_S}
 timeout_s = 1
 reconnect_max_s = 1
 on_battery_budget_w = 700
-online_hold_s = 1.5
+online_hold_s = {UPS_ONLINE_HOLD_S}
 {ups_extra}""")
     return path
 
@@ -87,7 +88,7 @@ async def test_on_battery_lowers_within_a_poll_and_a_tick_then_the_hold_restores
         t_online = await asyncio.to_thread(served(nut, "OL CHRG"))
         await r.until(lambda: r.ctl.budget_mw == 1_000_000, what="restored")
         t_back = time.monotonic()
-        assert t_back - t_online >= 1.5 - POLL_S, "held on line for online_hold_s first"
+        assert t_back - t_online >= UPS_ONLINE_HOLD_S - POLL_S, "held on line for online_hold_s first"
         assert r.ticks[-1][1].snapshot.budget_source == "config" or r.ctl.budget_mw == 1_000_000
 
 

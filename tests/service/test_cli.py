@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import time
 
 import pytest
 
@@ -90,7 +89,8 @@ def test_run_dry_run_writes_nothing(tmp_path, launch):
     cfg = tmp_path / "pb.toml"
     cfg.write_text("budget_w = 1000\n[control]\ndonor_hold_s = 1.0\nrecipient_hold_s = 0.5\n[sim]\nscenario = 'one-busy'\n")
     daemon = launch(cfg, "--dry-run")
-    time.sleep(4)
+    daemon.wait_for(lambda: len([e for e in daemon.events("power_limit_would_set") if e["reason"] == "lend"]) >= 4,
+                    "the four lending decisions")
     assert daemon.stop(20) == 0
     events = [json.loads(line) for line in daemon.output().splitlines()]
     names = [e["event"] for e in events]

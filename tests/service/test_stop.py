@@ -22,6 +22,7 @@ import pytest
 from support.daemon import DaemonProcess, Launch
 from support.mqtt import Mosquitto
 from support.rig import Fault, card, make_rig
+from support.timings import AFTER_READY_S
 from support.wait import free_port
 from support.paths import REPO
 
@@ -36,15 +37,17 @@ def fault(call: str, error: str, **keys: object) -> str:
     return f'[[faults]]\ncall = "{call}"\nerror = "{error}"\n' + "".join(f"{k} = {v}\n" for k, v in keys.items())
 
 
-# Card 1 of 4 goes bad 1 s into the run (after READY).
+# Card 1 of 4 goes bad once the daemon is READY (a card lost before then stops the boot).
+BAD_S = AFTER_READY_S
 CASES = {
-    "gpu_lost": fault("*", "GPU_IS_LOST", card=1, from_s=1),
-    "unknown_error": fault("*", "UNKNOWN", card=1, from_s=1),
+    "gpu_lost": fault("*", "GPU_IS_LOST", card=1, from_s=BAD_S),
+    "unknown_error": fault("*", "UNKNOWN", card=1, from_s=BAD_S),
     # its energy counter hangs from the start (MQTT's read is in flight at the stop), then every call
     "hung": fault("nvmlDeviceGetTotalEnergyConsumption", "SLOW", card=1, delay_s=HANG_S)
-    + fault("*", "SLOW", card=1, from_s=1, delay_s=HANG_S),
+    + fault("*", "SLOW", card=1, from_s=BAD_S, delay_s=HANG_S),
     # lost, and nvmlShutdown hangs behind it
-    "gpu_lost_shutdown_hangs": fault("*", "GPU_IS_LOST", card=1, from_s=1) + fault("nvmlShutdown", "SLOW", delay_s=HANG_S),
+    "gpu_lost_shutdown_hangs": fault("*", "GPU_IS_LOST", card=1, from_s=BAD_S)
+    + fault("nvmlShutdown", "SLOW", delay_s=HANG_S),
 }
 
 

@@ -41,6 +41,7 @@ from pathlib import Path
 from powerbudgetd.channels.circuit.store import CircuitStore, HostRecord
 from powerbudgetd.core.circuit import GrantPolicy, raise_allowed
 from support.daemon import DaemonProcess, json_lines, metric
+from support.timings import FALLBACK_S, POLL_S, RELEASE_HOLD_S, REQUEST_TIMEOUT_S, SHARER_LEASE_TTL_S, WATCHDOG_S
 from support.wait import free_port, reap, wait_until
 
 ETCD = shutil.which("etcd") or "/usr/bin/etcd"
@@ -268,13 +269,13 @@ class Host:
     circuit: str
     reserve_w: float = 800.0
     busy: int = 4
-    watchdog_s: float = 1.5
+    watchdog_s: float = WATCHDOG_S
     extra: str = ""
     seat: str | None = None  # the [circuit] host name (default: ``name``)
     machine_id: str = ""  # default: one of its own, from ``name``
     enforce_watchdog: bool = True  # False: WATCHDOG_USEC alone, and nothing kills it when the pings stop
     failsafe_delay_s: float = 0.0  # ExecStopPost waits this long before the failsafe (a slow one)
-    fallback_s: float = 2.5
+    fallback_s: float = FALLBACK_S
     port: int = field(default_factory=free_port)
     proc: subprocess.Popen | None = None
     failsafe_runs: list[tuple[float, int, str]] = field(default_factory=list)
@@ -310,10 +311,10 @@ machine_id_file = "{self.dir / 'machine-id'}"
 reserve_w = {self.reserve_w}
 psu_efficiency = {PSU_EFFICIENCY}
 host_w = {HOST_W}
-poll_s = 0.2
-request_timeout_s = 0.5
+poll_s = {POLL_S}
+request_timeout_s = {REQUEST_TIMEOUT_S}
 fallback_s = {self.fallback_s}
-release_hold_s = 2
+release_hold_s = {RELEASE_HOLD_S}
 step_w = 10
 {self.extra}
 """)
@@ -591,8 +592,7 @@ h3 = { cords = { A = 0.5, B = 0.5 }, reserve_w = 1000 }
 h4 = { cords = { A = 0.5, B = 0.5 }, reserve_w = 1000 }
 """
 
-ROUND_S = 0.2  # the daemon's default poll_s
-LEASE_TTL_S = 30
+ROUND_S = POLL_S  # the daemon's round
 
 
 class Sharer:
@@ -601,7 +601,9 @@ class Sharer:
     modelled wall draw (:meth:`draw_w`) is its seat plus the grant in use: raised after
     etcd, lowered before it, as the daemon's cards are."""
 
-    def __init__(self, eps: list[str], host: str, release_hold_s: float = 10.0, circuit: str = "row") -> None:
+    def __init__(self, eps: list[str], host: str, release_hold_s: float = 10.0, circuit: str = "row",
+                 lease_ttl_s: int = SHARER_LEASE_TTL_S) -> None:
+        self.lease_ttl_s = lease_ttl_s
         self.store = CircuitStore(eps, circuit, timeout_s=5)
         self.host = host
         self.policy = GrantPolicy(release_hold_s=release_hold_s)
@@ -614,7 +616,7 @@ class Sharer:
 
     async def join(self, seat_w: float, want_w: float) -> None:
         self.seat_w = seat_w
-        self.lease = (await self.store.grant_lease(LEASE_TTL_S))[0]
+        self.lease = (await self.store.grant_lease(self.lease_ttl_s))[0]
         self.renewed = time.monotonic()
         await self.store.put_record(self.host, HostRecord(want_w=want_w), self.lease)
         for attempt in range(300):  # a compare that fails only means something changed: read again
@@ -629,7 +631,7 @@ class Sharer:
         await self.store.put_record(self.host, HostRecord(want_w=want_w), self.lease)
 
     async def round(self) -> None:
-        if time.monotonic() - self.renewed >= LEASE_TTL_S / 6:  # as the daemon renews: its grant lives on
+        if time.monotonic() - self.renewed >= self.lease_ttl_s / 6:  # as the daemon renews: its grant lives on
             await self.store.keepalive(self.lease)
             self.renewed = time.monotonic()
         read = await self.store.read()

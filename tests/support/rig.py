@@ -20,6 +20,7 @@ from powerbudgetd_sim.libnvml import Fault, SimNvmlLibrary
 from powerbudgetd_sim.physics import BankEvent, CardSpec, SimBank
 from powerbudgetd_sim.profiles import Phase, Profile
 from powerbudgetd_sim.scenario import load_scenario
+from support.timings import FAST
 
 Listener = Callable[[TickReport], object]
 
@@ -44,9 +45,6 @@ def busy(at_s: float = 0.0, power_w: float = 300.0) -> Phase:
 
 def idle(at_s: float = 0.0) -> Phase:
     return Phase(at_s, "idle")
-
-
-FAST = Timings(donor_hold_s=1.0, recipient_hold_s=0.5, release_hold_s=2.0)
 
 
 @dataclass
