@@ -248,7 +248,7 @@ def test_nvml_init_retries_then_starts(tmp_path):
     faults = '[[faults]]\ncall = "nvmlInit"\nerror = "LIB_RM_VERSION_MISMATCH"\ncount = 2\n'
     # 500 W: the boot writes (2 x 250 W) come after the failed inits. (At 1000 W both
     # cards sit at their 300 W max: nothing to write, and nothing worth lending.)
-    rc, logs, err = run_daemon(tmp_path, faults, budget=500, stop_after=3.0)
+    rc, logs, err = run_daemon(tmp_path, faults, budget=500, stop_after="ready")
     assert rc == 0 and "Traceback" not in err
     failed = events(logs, "nvml_init_failed")
     assert len(failed) == 2 and "reboot" in failed[0]["action"]
@@ -296,7 +296,8 @@ def test_another_tool_fighting_over_a_limit_is_marked_contested():
 # Also ----------------------------------------------------------------------------------
 def run_daemon(tmp_path, scenario_extra, budget=1000, stop_after=None, extra_config="", timeout=30, **daemon_kw):
     """Run ``powerbudgetd run --backend sim`` on a 2-card bank with ``scenario_extra``
-    (TOML: faults, events); return (exit status, JSON log events, stderr)."""
+    (TOML: faults, events), stopped (SIGTERM) ``stop_after`` s in or once "ready" is
+    logged, if given; return (exit status, JSON log events, stderr)."""
     scenario = tmp_path / "bank.toml"
     scenario.write_text(
         'bank = "ada-2"\n[[cards]]\nphases = [{ at_s = 0, kind = "constant", power_w = 300 }]\n' + scenario_extra
@@ -308,8 +309,11 @@ def run_daemon(tmp_path, scenario_extra, budget=1000, stop_after=None, extra_con
     )
     cfg.chmod(0o600)
     with DaemonProcess(cfg, **daemon_kw) as daemon:
-        if stop_after is not None:
+        if stop_after == "ready":
+            daemon.wait_for(lambda: daemon.events("ready"), "ready", timeout_s=timeout)
+        elif stop_after is not None:
             time.sleep(stop_after)
+        if stop_after is not None:
             daemon.send(signal.SIGTERM)
         rc = daemon.wait(timeout)
     return rc, daemon.events(), daemon.errors()

@@ -5,7 +5,6 @@ exit status, naming the holder's PID (issue case: two daemons fighting over limi
 from __future__ import annotations
 
 import os
-import time
 from pathlib import Path
 
 import pytest
@@ -73,14 +72,12 @@ def test_second_daemon_on_the_same_cards_exits_naming_the_first(tmp_path: Path) 
         assert not second.events("power_limit_set")
         # a dry run beside it is not blocked (and writes nothing)
         with DaemonProcess(cfg, "--dry-run", log=tmp_path / "dry.log") as dry:
-            time.sleep(3)
-            assert dry.returncode is None, dry.tail()
+            dry.wait_for(lambda: dry.events("ready"), "the dry run ready beside the first")
             assert dry.stop(15) == 0
         assert first.returncode is None
         assert (tmp_path / "cards.json").stat().st_mtime_ns >= state_before
         assert first.stop(20) == 0
     # the lock died with its holder: the next daemon starts
     with DaemonProcess(cfg, log=tmp_path / "again.log") as again:
-        time.sleep(2)
-        assert again.returncode is None, again.tail()
+        again.wait_for(lambda: again.events("ready"), "the next daemon ready")
         assert again.stop(20) == 0
