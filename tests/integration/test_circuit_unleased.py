@@ -18,12 +18,13 @@ from pathlib import Path
 import pytest
 
 from support.circuit import EtcdCluster, Host, circuit_status, etcd_edit, granted, init_circuit, start_hosts, stop_hosts
+from support.timings import LEASE_TTL_S
 
 pytestmark = pytest.mark.slow  # real etcd and daemons: the full run (CI) covers them
 
 BUDGET_W = 4000.0  # room for a third seat beside two busy hosts' grants
 RESERVE_W = 800.0
-TTL_S = 5
+TTL_S = LEASE_TTL_S
 
 GHOST_CLAIM = {"machine_id": "e" * 32, "boot_id": "b", "pid": 7, "watchdog_s": 1, "fallback_s": 1, "reserve_w": 2000}
 UNLEASED = {
