@@ -599,7 +599,8 @@ class Sharer:
     """One in-process host doing a daemon's grant round (no cards): read the circuit,
     the grant policy's target, raise by transaction or lower; its want published. Its
     modelled wall draw (:meth:`draw_w`) is its seat plus the grant in use: raised after
-    etcd, lowered before it, as the daemon's cards are."""
+    etcd, lowered before it, as the daemon's cards are. Its lease lasts ``lease_ttl_s``
+    (s; support.timings says which)."""
 
     def __init__(self, eps: list[str], host: str, release_hold_s: float = 10.0, circuit: str = "row",
                  lease_ttl_s: int = SHARER_LEASE_TTL_S) -> None:

@@ -22,7 +22,7 @@ from powerbudgetd.core.model import Timings
 
 # time: the lease a circuit is initialised with. A SIGSTOPped daemon's watchdog kill
 # (WATCHDOG_S) plus ExecStopPost's failsafe, a fresh interpreter, must land inside it,
-# and tests assert so; under 5 s that misses on a loaded machine.
+# and tests assert so: shorter leaves a loaded machine too little of those 5 s.
 LEASE_TTL_S = 5
 # time: systemd's WatchdogSec for the daemons (pings every half of it).
 WATCHDOG_S = 1.5
