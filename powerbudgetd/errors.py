@@ -84,12 +84,12 @@ class ConfigError(PowerBudgetError):
 
 
 class ExitStatus(IntEnum):
-    """Exit statuses of the daemon and every command (README: Troubleshooting).
+    """Exit statuses of the daemon and every command (docs/guides/troubleshooting.md).
 
     The unit's ``RestartPreventExitStatus=`` lists those a restart cannot fix.
     """
 
-    OK = 0
+    OK = 0  # done: the command did what it was asked, or the daemon stopped cleanly
     ERROR = 1  # a failure not listed below (also: a log that cannot be read)
     CONFIG = 2  # the config file, an argument or a scenario is invalid
     INFEASIBLE = 3  # the budget is below what the cards can be held to

@@ -21,7 +21,7 @@ from powerbudgetd.errors import ExitStatus
 
 from support.powerlog import header, sample
 from support.daemon import clean_env, cli, no_traceback
-from support.paths import REPO
+from support.paths import REPO, manual, manual_files
 
 T0 = 1_750_000_000.0
 
@@ -193,8 +193,8 @@ def test_4_the_suite_exits_1_on_a_miss(monkeypatch, capsys):
     assert "1 target(s) NOT MET" in capsys.readouterr().out
 
 
-def test_4_the_readme_states_the_suites_exit_status():
-    readme = (REPO / "README.md").read_text()
+def test_the_manual_states_the_suites_exit_status():
+    readme = manual()
     row = next(line for line in readme.splitlines() if line.startswith("| `powerbudgetd simulate --suite"))
     assert "exit 1 when any target is NOT MET" in row
 
@@ -207,7 +207,7 @@ def test_6_the_readme_documents_the_over_budget_keys_and_the_table_says_which():
     from powerbudgetd_sim.scoreboard import format_table
     from powerbudgetd_sim.simulate import run_scenario
 
-    readme = (REPO / "README.md").read_text()
+    readme = manual()
     para = readme[readme.index("`simulate --json` prints one object"):]
     para = para[:para.index("\n\n")]
     report = run_scenario(load_scenario("ada-2"), duration_s=5, compare=False).report
@@ -220,7 +220,7 @@ def test_6_the_readme_documents_the_over_budget_keys_and_the_table_says_which():
 
 @pytest.mark.slow  # a simulation in a subprocess
 def test_6_the_readme_says_what_simulate_incident_does():
-    readme = (REPO / "README.md").read_text()
+    readme = manual()
     inc = readme[readme.index("- `incident`: at the operator's 1000 W"):]
     inc = inc[:inc.index("\n- ")]
     assert "UPS tripped at\n  90 s" in inc and "powerbudgetd@feed" in inc
@@ -415,7 +415,7 @@ def test_8_the_metrics_endpoint_serves_metrics_and_404_elsewhere():
 def test_8_every_source_path_the_docs_name_exists():
     import re
 
-    docs = [REPO / "README.md", *sorted((REPO / "config").glob("*.toml"))]
+    docs = [*manual_files(), *sorted((REPO / "config").glob("*.toml"))]
     named = {(doc.name, m) for doc in docs
              for m in re.findall(r"\b((?:powerbudgetd|sim)/[\w/]+\.py)\b", doc.read_text())}
     assert named, "the pattern finds nothing: the test cannot fail"

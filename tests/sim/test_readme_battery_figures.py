@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import json
 import re
-from pathlib import Path
+from support.paths import REPO
 
 import pytest
 
 from powerbudgetd.cli import main
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+README = REPO / "docs" / "design" / "scoreboard.md"
 
 
 def runtime_min(policy: str, capsys: pytest.CaptureFixture[str]) -> float:
