@@ -61,7 +61,7 @@ def metrics_page() -> str:
     lines += ["| alert | for | severity | what it means |", "|---|---|---|---|"]
     for rule in _alert_rules():
         ann = rule.get("annotations", {})
-        meaning = re.sub(r"\{\{\s*(\$labels\.\w+|\$value)\s*\}\}", r"`\1`",
+        meaning = re.sub(r"\{\{\s*(.*?)\s*\}\}", r"`\1`",
                          _cell(ann.get("description") or ann.get("summary", "")))
         lines.append(f"| `{rule['alert']}` | {rule.get('for', '0s')} | {rule.get('labels', {}).get('severity', '')} | "
                      f"{meaning} |")
