@@ -57,7 +57,8 @@ def metrics_page() -> str:
         series = ", ".join(f"`{s}`" for s in spec.series)
         labels = ", ".join(f"`{label}`" for label in spec.labels) or "—"
         lines.append(f"| {series} | {spec.kind} | {labels} | {_cell(spec.doc)} |")
-    lines += ["", "## Alerts", "", "The rules in `config/prometheus-rules.yml` (tested with `promtool test rules`):", ""]
+    lines += ["", "Also served, as every Prometheus client serves them: " + ", ".join(f"`{n}`" for n in _process_series()) + ".",
+              "", "## Alerts", "", "The rules in `config/prometheus-rules.yml` (tested with `promtool test rules`):", ""]
     lines += ["| alert | for | severity | what it means |", "|---|---|---|---|"]
     for rule in _alert_rules():
         ann = rule.get("annotations", {})
@@ -66,6 +67,19 @@ def metrics_page() -> str:
         lines.append(f"| `{rule['alert']}` | {rule.get('for', '0s')} | {rule.get('labels', {}).get('severity', '')} | "
                      f"{meaning} |")
     return "\n".join(lines) + "\n"
+
+
+def _process_series() -> list[str]:
+    """The samples a fresh daemon registry serves beside the declared ones (the process's)."""
+    from prometheus_client import CollectorRegistry
+
+    from powerbudgetd.channels.metricnames import DECLARED
+    from powerbudgetd.channels.metrics import Metrics
+
+    registry = CollectorRegistry()
+    Metrics(registry)
+    declared = {s for spec in DECLARED for s in spec.series}
+    return sorted({sample.name for m in registry.collect() for sample in m.samples} - declared)
 
 
 def _alert_rules() -> Iterator[dict[str, typing.Any]]:

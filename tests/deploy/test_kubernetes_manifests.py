@@ -21,11 +21,11 @@ from powerbudgetd.config import load_config
 from powerbudgetd.config.kubernetes import DEFAULT_TAINT
 from powerbudgetd.control.failsafe import CALL_TIMEOUT_S, DEADLINE_S, INIT_TIMEOUT_S
 from powerbudgetd.service.pod import STOP_TIMEOUT_S
-from support.paths import REPO
+from support.paths import REPO, manual
 
 KUBE = REPO / "deploy" / "kubernetes"
 OVERLAYS = sorted(p.name for p in (KUBE / "overlays").iterdir())
-VERSIONS = ("1.30", "1.31", "1.32", "1.33", "1.34", "1.35")  # the README's "Kubernetes 1.30 to 1.35"
+VERSIONS = ("1.30", "1.31", "1.32", "1.33", "1.34", "1.35")  # the manual's "Kubernetes 1.30 to 1.35" (docs/getting-started/kubernetes.md)
 CONTAINER_ROOTS = {"gpu-operator-driver": "/run/nvidia/driver", "host-driver": "/"}
 
 
@@ -46,7 +46,7 @@ def one(docs: list[dict[str, Any]], kind: str) -> dict[str, Any]:
 
 
 def test_the_readme_names_the_versions_validated() -> None:
-    assert f"Kubernetes {VERSIONS[0]} to {VERSIONS[-1]}" in (REPO / "README.md").read_text()
+    assert f"Kubernetes {VERSIONS[0]} to {VERSIONS[-1]}" in " ".join(manual().split())
     assert OVERLAYS == sorted(CONTAINER_ROOTS)
 
 
