@@ -289,12 +289,12 @@ class GrantPolicy:
             self._above_since = None
             raise_to = current_w + min(fair - current_w, max(0.0, view.free_w), max(0.0, view.room_w(host) - current_w))
             return raise_to if raise_to - current_w >= self.step_w else current_w
+        if view.free_known_w < 0 or view.nodes_over_w(known_only=True):  # over-committed, or a feed lost
+            self._above_since = None  # every host above its share gives back, however little: their
+            return fair  # slivers under EPS_W each may add up to more than EPS_W at a node
         if current_w <= fair + EPS_W:
             self._above_since = None
             return current_w
-        if view.free_known_w < 0 or view.nodes_over_w(known_only=True):  # over-committed, or a feed lost
-            self._above_since = None
-            return fair
         if self._above_since is None:
             self._above_since = now
         if now - self._above_since >= self.release_hold_s:

@@ -43,14 +43,16 @@ def wait_until(predicate: Callable[[], T | None], timeout_s: float, what: str, *
     deadline = time.monotonic() + timeout_s
     last: Exception | None = None
     while time.monotonic() < deadline:  # never asked after the deadline: a timeout may be a bound
-        if proc is not None and proc.poll() is not None:
-            raise AssertionError(f"waiting for {what}: the process exited ({proc.returncode}) first\n{log_tail(log)}")
+        exited = proc is not None and proc.poll() is not None  # before the answer: what it did before exiting counts
         try:
             value = predicate()
         except ignore as exc:
             value, last = None, exc
         if value:
             return value
+        if exited:
+            assert proc is not None
+            raise AssertionError(f"waiting for {what}: the process exited ({proc.returncode}) first\n{log_tail(log)}")
         time.sleep(step_s)
     seen = "" if last is None else f" (last: {last!r})"
     raise AssertionError(f"timed out after {timeout_s} s waiting for {what}{seen}\n{log_tail(log)}".rstrip())
