@@ -371,7 +371,9 @@ def test_kill_9_mid_lend_restarts_into_a_safe_state(tmp_path):
         time.sleep(1.5)
         assert daemon.stop(10) == 0
     saved = json.loads(state.read_text())
-    assert [c["requested_mw"] for c in saved["cards"]] == [250_000] * 4
+    # Stopped once every card is confirmed at or below its fair share: a donor whose raise
+    # back to its share had not landed when the last decrease was confirmed stays below.
+    assert all(c["requested_mw"] <= 250_000 for c in saved["cards"]), saved["cards"]
     assert saved["peak_bound_mw"] <= 1_000_000
 
 

@@ -4,7 +4,7 @@ host's reserve, seated or not, before any want, so the others shed to make room.
 
 from __future__ import annotations
 
-from hypothesis import assume, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from powerbudgetd.core.circuit import CircuitView, GrantPolicy, raise_allowed
@@ -39,7 +39,8 @@ def _view(tree: PowerTree, seats, grants, wants, pending, lost=None) -> CircuitV
                        tree=tree.with_reserves(seats), lost=lost)
 
 
-@settings(max_examples=examples(25), deadline=None)
+# Trees whose plan already overflows a node are assumed away: many, by design.
+@settings(max_examples=examples(25), deadline=None, suppress_health_check=[HealthCheck.filter_too_much])
 @given(trees(), st.data())
 def test_random_trees_and_join_orders_hold_every_node_within_budget_once_the_join_is_shed(case, data):
     """Hosts start one by one in a random order, some rounds apart; every round each live
