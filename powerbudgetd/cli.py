@@ -19,8 +19,10 @@ from powerbudgetd import __version__
 from powerbudgetd.core.feed import DEFAULT_UPS_MARGIN
 from powerbudgetd.errors import AlreadyRunning, BudgetInfeasible, ConfigError, ExitStatus, NvmlError
 from powerbudgetd.service.cliargs import (
+    BACKENDS,
     DefaultsHelpFormatter,
     OneLineParser,
+    add_card_options,
     duration,
     metrics_url,
     positive_float,
@@ -32,7 +34,6 @@ from powerbudgetd.service.logs import configure_logging
 from powerbudgetd.service.output import Progress, pipe_safe
 
 POLICY_NAMES = ("static", "slurm", "reactive", "powerbudgetd", "oracle", "causal", "ruled")  # simulate.POLICIES
-BACKENDS = ("nvml", "sim")  # service.backend.BACKENDS (imported lazily: it loads the simulator)
 DEFAULT_METRICS_PORT = 19400  # channels.metrics.DEFAULT_PORT
 SIM_MIN_DURATION_S, SIM_MAX_DURATION_S = 1.0, 7 * 86400.0  # powerbudgetd_sim.scenario.MIN/MAX_DURATION_S
 
@@ -228,10 +229,7 @@ def _parser() -> argparse.ArgumentParser:
         "runs it as ExecStopPost=, so any exit leaves the cards at a share the circuit counts. Then gives "
         "this host's circuit grant back. Not while the daemon runs.",
     )
-    fs.add_argument("--config", type=Path, default=None,
-                    help="config file (default: $POWERBUDGETD_CONFIG or /etc/powerbudgetd/powerbudgetd.toml)")
-    fs.add_argument("--backend", choices=BACKENDS, default="nvml",
-                    help="nvml: this host's GPUs; sim: the config's [sim] bank (its state_file)")
+    add_card_options(fs)
 
     ci = sub.add_parser(
         "circuit", help="a circuit several hosts share through etcd: init, status, join, leave", formatter_class=fmt,

@@ -5,8 +5,7 @@ from __future__ import annotations
 import time
 
 from powerbudgetd.hw.nvml import Nvml
-
-BACKENDS = ("nvml", "sim")
+from powerbudgetd.service.cliargs import BACKENDS
 
 
 def make_nvml(

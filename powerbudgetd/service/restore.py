@@ -19,10 +19,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from powerbudgetd.errors import AlreadyRunning, ConfigError, ExitStatus, NvmlError
+from powerbudgetd.service.cliargs import add_card_options
 
 CALL_TIMEOUT_S = 2.0  # one NVML call
 CONFIRM_TIMEOUT_S = 5.0  # one write's read-back (a healthy card takes well under a second)
-BACKENDS = ("nvml", "sim")
 
 if TYPE_CHECKING:
     from powerbudgetd.config import Settings
@@ -40,10 +40,7 @@ def add_parser(sub: argparse._SubParsersAction, formatter_class: type[argparse.H
         "Refuses, writing nothing, when the recorded limits sum over the budget, unless --force. Not while "
         "the daemon runs: stop it first (uninstall).",
     )
-    p.add_argument("--config", type=Path, default=None,
-                   help="config file (default: $POWERBUDGETD_CONFIG or /etc/powerbudgetd/powerbudgetd.toml)")
-    p.add_argument("--backend", choices=BACKENDS, default="nvml",
-                   help="nvml: this host's GPUs; sim: the config's [sim] bank (its state_file)")
+    add_card_options(p)
     p.add_argument("--file", type=Path, default=None,
                    help="the record to restore (default: original-limits.json in the config's [recorder] dir)")
     p.add_argument("--force", action="store_true",
