@@ -46,8 +46,16 @@ Handlers = dict[int, Any]
 
 def hold() -> Handlers:
     """From now on SIGHUP, SIGTERM and SIGINT only note that they came (see :func:`take`).
-    Returns the handlers they had, for :func:`restore`."""
-    return {sig: signal.signal(sig, _note) for sig in HELD}
+    Returns the handlers they had, for :func:`restore`.
+
+    The three are blocked for the moment their handlers go in (one mask change): one
+    sent between two installs waits and is noted once unblocked, instead of meeting the
+    default of a signal not yet held (a SIGINT there ended ``run`` with a traceback)."""
+    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, HELD)
+    try:
+        return {sig: signal.signal(sig, _note) for sig in HELD}
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
 
 
 def restore(handlers: Handlers) -> None:
