@@ -898,6 +898,11 @@ def _run_locked(args: argparse.Namespace, settings: Settings, config_path: Path)
         )
         daemon.register(circuit)
         daemon.circuit_status = circuit.status
+        if ups is not None and settings.ups is not None:  # a tree node may name this UPS as its meter
+            circuit.meter_sources[settings.ups.source_id()] = ups.guard.sample
+        if bridge is not None and bridge.meter is not None and settings.mqtt is not None \
+                and settings.mqtt.wall_meter is not None:  # ... or this wall meter
+            circuit.meter_sources[settings.mqtt.wall_meter.source_id()] = bridge.meter.loop.sample
         if ups is not None and settings.ups is not None and settings.ups.feed is not None:
             ups_feed, ups_name = settings.ups.feed, f"{settings.ups.name}@{settings.ups.host}"
             ups.on_feed = lambda on_battery: circuit.ups_on_battery(ups_feed, ups_name, on_battery)

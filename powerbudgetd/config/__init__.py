@@ -397,6 +397,10 @@ class WallMeterConfig(_MeterReach):
             return f"{self.prefix}/status/switch:{self.switch}"
         return self.topic  # type: ignore[return-value]
 
+    def source_id(self) -> str:
+        """The meter as a power-tree node's ``meter`` names it: ``mqtt:STATE_TOPIC``."""
+        return f"mqtt:{self.state_topic()}"
+
     def power_path(self) -> tuple[str, ...]:
         path = self.json_path if self.json_path is not None else _PRESET_PATHS.get(self.preset, "")
         return tuple(p for p in path.split(".") if p)
@@ -743,6 +747,10 @@ class UpsConfig(_MeterReach):
         if self.on_battery_budget_w is not None:
             return None
         return 0.5 if self.on_battery_fraction is None else self.on_battery_fraction
+
+    def source_id(self) -> str:
+        """The UPS as a power-tree node's ``meter`` names it: ``ups:NAME@HOST``."""
+        return f"ups:{self.name}@{self.host}"
 
     def connection(self) -> tuple:
         """What a reload cannot change in a running client (a restart applies it)."""
