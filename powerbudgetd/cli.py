@@ -629,6 +629,7 @@ def _suite(args: argparse.Namespace) -> int:
         TARGETS,
         format_suite_footer,
         format_suite_head,
+        format_suite_meter,
         format_suite_scenario,
         run_suite,
     )
@@ -654,6 +655,8 @@ def _suite(args: argparse.Namespace) -> int:
 
     suite = run_suite(names, duration_s=args.duration, seed=args.seed, on_scenario=on_scenario)
     progress.done()
+    if not args.json:
+        print(format_suite_meter(suite), flush=True)
     print(json.dumps(suite, indent=2) if args.json else format_suite_footer(suite))
     # A miss fails the command, as --fidelity does: scripts and CI see it in the status.
     return ExitStatus.OK if suite["all_met"] else ExitStatus.ERROR
