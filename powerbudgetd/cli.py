@@ -891,6 +891,8 @@ def _run_locked(args: argparse.Namespace, settings: Settings, config_path: Path)
             recorder.extras["ups"] = ups.record
         if bridge is not None:  # Home Assistant's UPS sensor and "on battery"
             bridge.attach_ups(ups.record)
+            if settings.ups.measured_load and settings.feed is not None:  # other hosts behind it: announced, checked
+                bridge.announce_meter(settings.ups.source_id(), settings.ups.reach(), "[ups]")
     if settings.circuit is not None and not guest:  # aetcd is imported only when a circuit is configured
         from powerbudgetd.channels.circuit.channel import CircuitChannel
 

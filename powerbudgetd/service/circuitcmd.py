@@ -485,7 +485,7 @@ def _nodes(v: Any, live: dict[str, dict[str, Any]], meters: dict[str, Any]) -> l
                    measured if meter is not None and meter.fresh and measured is not None else 0.0)
         within = dead or (committed[name] <= node.budget_w + 1e-6 and all(
             x is None or x <= node.budget_w + 1e-6 for x in (caps[name], reported, carried))
-            and (measured is None or not meter.fresh or measured <= rated + 1e-6))
+            and (meter is None or measured is None or not meter.fresh or measured <= rated + 1e-6))
         rows.append({"node": name, "kind": node.kind, "parent": node.parent, "depth": depth,
                      "budget_w": rated, "hosts_budget_w": round(node.budget_w, 1),
                      "committed_w": round(committed[name], 1), "caps_w": caps[name],
