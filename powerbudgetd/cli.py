@@ -629,6 +629,7 @@ def _suite(args: argparse.Namespace) -> int:
         TARGETS,
         format_suite_footer,
         format_suite_head,
+        format_suite_meter,
         format_suite_scenario,
         run_suite,
     )
@@ -654,6 +655,8 @@ def _suite(args: argparse.Namespace) -> int:
 
     suite = run_suite(names, duration_s=args.duration, seed=args.seed, on_scenario=on_scenario)
     progress.done()
+    if not args.json:
+        print(format_suite_meter(suite), flush=True)
     print(json.dumps(suite, indent=2) if args.json else format_suite_footer(suite))
     # A miss fails the command, as --fidelity does: scripts and CI see it in the status.
     return ExitStatus.OK if suite["all_met"] else ExitStatus.ERROR
@@ -888,6 +891,8 @@ def _run_locked(args: argparse.Namespace, settings: Settings, config_path: Path)
             recorder.extras["ups"] = ups.record
         if bridge is not None:  # Home Assistant's UPS sensor and "on battery"
             bridge.attach_ups(ups.record)
+            if settings.ups.measured_load and settings.feed is not None:  # other hosts behind it: announced, checked
+                bridge.announce_meter(settings.ups.source_id(), settings.ups.reach(), "[ups]")
     if settings.circuit is not None and not guest:  # aetcd is imported only when a circuit is configured
         from powerbudgetd.channels.circuit.channel import CircuitChannel
 
@@ -898,6 +903,11 @@ def _run_locked(args: argparse.Namespace, settings: Settings, config_path: Path)
         )
         daemon.register(circuit)
         daemon.circuit_status = circuit.status
+        if ups is not None and settings.ups is not None:  # a tree node may name this UPS as its meter
+            circuit.meter_sources[settings.ups.source_id()] = ups.guard.sample
+        if bridge is not None and bridge.meter is not None and settings.mqtt is not None \
+                and settings.mqtt.wall_meter is not None:  # ... or this wall meter
+            circuit.meter_sources[settings.mqtt.wall_meter.source_id()] = bridge.meter.loop.sample
         if ups is not None and settings.ups is not None and settings.ups.feed is not None:
             ups_feed, ups_name = settings.ups.feed, f"{settings.ups.name}@{settings.ups.host}"
             ups.on_feed = lambda on_battery: circuit.ups_on_battery(ups_feed, ups_name, on_battery)

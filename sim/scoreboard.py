@@ -46,6 +46,7 @@ from typing import Any
 
 from powerbudgetd.core.fairshare import fair_shares
 from powerbudgetd.config import FeedConfig
+from powerbudgetd_sim import sharedmeter
 from powerbudgetd_sim.meters import FLAP_WINDOW_S, MAX_REVERSALS, MAX_WRITES_PER_MIN
 from powerbudgetd_sim.simulate import POLICIES, run_policies, run_scenario
 from powerbudgetd_sim.scenario import Scenario, list_scenarios, load_scenario
@@ -320,7 +321,9 @@ def run_suite(
     scored = [done[n] for n in names]
     by_name = dict(zip(names, scored))
     verdicts = [c["met"] for s in scored for c in s["checks"]]
-    return {"targets": list(TARGETS), "scenarios": by_name, "all_met": all(v is not False for v in verdicts)}
+    meter = sharedmeter.board()  # the meter column: hosts behind one measured meter (seconds of virtual time)
+    return {"targets": list(TARGETS), "scenarios": by_name, "meter": meter,
+            "all_met": all(v is not False for v in verdicts) and meter["all_met"]}
 
 
 def format_table(reports: dict[str, dict[str, Any]]) -> str:
@@ -393,11 +396,21 @@ def format_suite_scenario(name: str, s: dict[str, Any]) -> str:
     return "\n".join(out)
 
 
+def format_suite_meter(suite: dict[str, Any]) -> str:
+    """The meter column: hosts behind one measured meter (shared UPS, slow meter,
+    unmanaged load, 1-3 hosts x 2/10/30 s): time over the meter's limit, worst excess,
+    budget swings a minute, each target met or NOT MET (``sharedmeter.board``)."""
+    return sharedmeter.format_board(suite["meter"]) if "meter" in suite else ""
+
+
 def format_suite_footer(suite: dict[str, Any]) -> str:
-    """The scoreboard's verdict: all met, or each miss."""
-    misses = [(n, c) for n, s in suite["scenarios"].items() for c in s["checks"] if c["met"] is False]
+    """The scoreboard's verdict: all met, or each miss (the meter column's too)."""
+    misses = [(n, c["target"], c["detail"]) for n, s in suite["scenarios"].items() for c in s["checks"]
+              if c["met"] is False]
+    misses += [(f"meter: {n}", t, "see the meter column") for n, r in suite.get("meter", {}).get("scenarios", {}).items()
+               for t, ok in r["met"].items() if not ok]
     out = ["", "All targets met." if not misses else f"{len(misses)} target(s) NOT MET:"]
-    out += [f"  {n}: {c['target']} ({c['detail']})" for n, c in misses]
+    out += [f"  {n}: {t} ({d})" for n, t, d in misses]
     return "\n".join(out)
 
 
@@ -406,5 +419,5 @@ def format_suite(suite: dict[str, Any]) -> str:
     return "\n".join(
         [format_suite_head(suite["targets"])]
         + [format_suite_scenario(n, s) for n, s in suite["scenarios"].items()]
-        + [format_suite_footer(suite)]
+        + [format_suite_meter(suite), format_suite_footer(suite)]
     )

@@ -329,8 +329,23 @@ CIRCUIT_NODE_COMMITTED = _declare(
 )
 CIRCUIT_NODE_DRAW = _declare(
     "circuit_node_draw_watts", "gauge",
-    "A node on this host's paths: the live hosts' published measured draw through it, where it flows now (wall W; "
-    "absent while a host's draw is unknown)", ("node",), unit="watts",
+    "A node on this host's paths: its reported draw, the live hosts' published measured draw through it, where it "
+    "flows now (wall W; absent while a host's draw is unknown)", ("node",), unit="watts",
+)
+CIRCUIT_NODE_MEASURED = _declare(
+    "circuit_node_measured_watts", "gauge",
+    "A metered node on this host's paths: its measured draw, the reading of the meter the tree names for it, as a "
+    "host under it published it (wall W; absent before a reading)", ("node",), unit="watts",
+)
+CIRCUIT_NODE_UNMANAGED = _declare(
+    "circuit_node_unmanaged_watts", "gauge",
+    "A node on this host's paths: the unmanaged load taken off its budget (measured - reported, floored at 0, from a "
+    "fresh reading; or its children's, the larger) (wall W; absent for a node without one)", ("node",), unit="watts",
+)
+CIRCUIT_NODE_METER_AGE = _declare(
+    "circuit_node_meter_age_seconds", "gauge",
+    "A metered node on this host's paths: seconds since a poll last showed its meter's value (stale after 3 "
+    "refreshes, at least 10 s: no unmanaged load counted)", ("node",), unit="seconds",
 )
 CIRCUIT_FEED_LOST = _declare(
     "circuit_feed_lost", "gauge", "1 while a feed of the power tree is marked lost (label feed); absent otherwise",

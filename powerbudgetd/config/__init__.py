@@ -397,6 +397,10 @@ class WallMeterConfig(_MeterReach):
             return f"{self.prefix}/status/switch:{self.switch}"
         return self.topic  # type: ignore[return-value]
 
+    def source_id(self) -> str:
+        """The meter as a power-tree node's ``meter`` names it: ``mqtt:STATE_TOPIC``."""
+        return f"mqtt:{self.state_topic()}"
+
     def power_path(self) -> tuple[str, ...]:
         path = self.json_path if self.json_path is not None else _PRESET_PATHS.get(self.preset, "")
         return tuple(p for p in path.split(".") if p)
@@ -539,8 +543,11 @@ class MqttConfig(_Section):
     retain: Literal["auto"] | bool = "auto"
     wall_meter: WallMeterConfig | None = None
     remote_budget: RemoteBudgetConfig = Field(default_factory=RemoteBudgetConfig)
+    # Where each daemon announces the meters it reads (retained, <meters_topic>/<node_id>):
+    # more hosts behind one meter than its [ups]/[mqtt.wall_meter] hosts says are warned of
+    meters_topic: str = "powerbudgetd/meters"
 
-    @field_validator("base_topic", "discovery_prefix")
+    @field_validator("base_topic", "discovery_prefix", "meters_topic")
     @classmethod
     def _topics(cls, value: str | None) -> str | None:
         return _check_topic(value)
@@ -743,6 +750,13 @@ class UpsConfig(_MeterReach):
         if self.on_battery_budget_w is not None:
             return None
         return 0.5 if self.on_battery_fraction is None else self.on_battery_fraction
+
+    def source_id(self) -> str:
+        """The UPS as a power-tree node's ``meter`` names it and as hosts behind it are
+        matched: ``ups:NAME@HOST``; a loopback ``host`` is this machine's name (two
+        machines' local upsd are two UPSes; a secondary names its primary by that name)."""
+        host = socket.gethostname().split(".")[0] if self.host in ("127.0.0.1", "localhost", "::1") else self.host
+        return f"ups:{self.name}@{host}"
 
     def connection(self) -> tuple:
         """What a reload cannot change in a running client (a restart applies it)."""

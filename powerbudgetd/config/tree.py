@@ -16,6 +16,9 @@
     [nodes.r1-a]
     kind = "pdu"
     parent = "feed-a"
+    meter = "mqtt:pdu/r1-a/power"  # its own meter (optional): a host under it that reads it
+    # (ups:NAME@HOST, or a wall meter's mqtt:TOPIC) publishes it; the load no host reports
+    # is taken off the budget the hosts share
     breaker_a = 32              # breaker amps x volts x derating (continuous loads at
     volts = 230                 #   80 %), on averages; budget_w, where also given,
     # derating = 0.8            #   can only lower it
@@ -56,6 +59,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from powerbudgetd.config import parse_toml
 from powerbudgetd.core.feed import DEFAULT_DERATING, DEFAULT_UPS_MARGIN, Feed
+from powerbudgetd.core.nodemeter import check_source
 from powerbudgetd.core.peaks import MEASURED_TRANSIENT_FACTOR, FeedLine
 from powerbudgetd.core.tree import KINDS, MODES, Host, Node, Pair, PowerTree
 from powerbudgetd.errors import ConfigError
@@ -80,9 +84,12 @@ class NodeTable(_Table):
     ups_w: UpsWatts | None = None
     ups_margin: float = Field(DEFAULT_UPS_MARGIN, ge=0, lt=1)
     transient_factor: float = Field(MEASURED_TRANSIENT_FACTOR, ge=1, le=3)
+    meter: str | None = None
 
     @model_validator(mode="after")
     def _has_a_budget(self) -> NodeTable:
+        if self.meter is not None:
+            check_source(self.meter)
         if self.kind not in KINDS:
             raise ValueError(f"kind: {self.kind!r} is not one of {', '.join(KINDS)}")
         if (self.breaker_a is None) != (self.volts is None):
@@ -180,7 +187,7 @@ def tree_from_dict(data: dict[str, Any]) -> tuple[PowerTree, TreeFile]:
         file = TreeFile.model_validate(data)
     except ValidationError as exc:
         raise ValueError("\n".join(_lines(exc))) from None
-    nodes = {name: Node(name, t.budget(), t.parent, t.kind) for name, t in file.nodes.items()}
+    nodes = {name: Node(name, t.budget(), t.parent, t.kind, t.meter) for name, t in file.nodes.items()}
     hosts = {name: Host(name, dict(t.cords), t.reserve_w, t.priority) for name, t in file.hosts.items()}
     pairs = {frozenset(p.feeds): Pair(frozenset(p.feeds), p.mode, p.shed_s) for p in file.pairs}
     try:

@@ -42,6 +42,7 @@ from collections import deque
 from dataclasses import dataclass, replace
 
 from powerbudgetd.core.feed import next_wall_budget_w
+from powerbudgetd.core.nodemeter import Sample
 from powerbudgetd.core.plausible import InputCheck, Verdict
 
 RISE_GAIN = 0.5  # of the way up to what a reading allows, taken at that reading
@@ -196,6 +197,13 @@ class Sensor:
             return None
         return min(MAX_REFRESH_S, min(self._intervals))
 
+    def sample(self) -> Sample | None:
+        """The value standing now, when it changed and was last seen (None: no value,
+        or a silence since): what a power-tree node's meter report carries."""
+        if self.value_w is None or self.changed_at is None or self.seen_at is None:
+            return None
+        return Sample(self.value_w, self.changed_at, self.seen_at, self.refresh_s)
+
     def unchanged_s(self, now: float) -> float:
         """Seconds the value has stood unchanged at ``now``."""
         return 0.0 if self.changed_at is None else max(0.0, now - self.changed_at)
@@ -246,6 +254,14 @@ class MeterLoop:
         """New rules (a reload); the readings and trust so far stay."""
         self.params = params
         self.sensor.reach = params.reach
+
+    def sample(self) -> Sample | None:
+        """The source's standing value (:meth:`Sensor.sample`) while plausible: what a
+        power-tree node's meter report carries (None: none, or one rejected)."""
+        verdict = self._value_verdict
+        if verdict is not None and not verdict.plausible:
+            return None
+        return self.sensor.sample()
 
     def own_draw(self, now: float, board_w: float) -> None:
         """Our cards' summed board power at ``now`` (W)."""

@@ -60,13 +60,23 @@ MAX_NAME = 63  # characters in a node's or host's name
 
 @dataclass(frozen=True)
 class Node:
-    """One level of the tree: ``budget_w`` (wall W, on averages), its ``parent`` (None at
-    the root) and its ``kind`` (one of :data:`KINDS`, for the operator)."""
+    """One level of the tree: ``budget_w`` (wall W, on averages: what its hosts may
+    commit), its ``parent`` (None at the root), its ``kind`` (one of :data:`KINDS`, for
+    the operator), the ``meter`` that measures it (a source id, ``core.nodemeter``; None:
+    not metered) and the ``unmanaged_w`` taken off its budget (W: a load no host
+    reports, ``core.nodemeter.unmanaged_by_node``; :meth:`PowerTree.with_unmanaged`)."""
 
     name: str
     budget_w: float
     parent: str | None = None
     kind: str = "circuit"
+    meter: str | None = None
+    unmanaged_w: float = 0.0
+
+    @property
+    def rated_w(self) -> float:
+        """The node's whole budget (W): what its hosts may commit plus the unmanaged load."""
+        return self.budget_w + self.unmanaged_w
 
 
 @dataclass(frozen=True)
@@ -227,6 +237,17 @@ class PowerTree:
         hosts = {h: replace(host, reserve_w=reserves_w.get(h, 0.0)) for h, host in self.hosts.items()}
         # The same shape: not checked again, and the coefficients (cords, pairs) shared.
         return replace(self, hosts=hosts, _coefficients=self._coefficients, _checked=True)
+
+    def with_unmanaged(self, unmanaged_w: Mapping[str, float]) -> PowerTree:
+        """The same tree with each node's budget lowered by its unmanaged load (W, >= 0; 0
+        for a node not given), from its whole budget (:attr:`Node.rated_w`), never below
+        0: every division, room and check then leaves that load its watts."""
+        nodes = {}
+        for name, node in self.nodes.items():
+            load = max(0.0, unmanaged_w.get(name, 0.0))
+            rated = node.rated_w
+            nodes[name] = replace(node, budget_w=max(0.0, rated - load), unmanaged_w=min(load, rated))
+        return replace(self, nodes=nodes, _coefficients=self._coefficients, _checked=True)
 
     # -- what each node carries -------------------------------------------------------
     def coefficients(self, lost: str | None = None, *, flow: bool = False) -> dict[str, dict[str, float]]:

@@ -36,6 +36,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from powerbudgetd.core.plausible import InputCheck, Verdict
+from powerbudgetd.core.nodemeter import Sample
 from powerbudgetd.core.sensor import RISE_FRACTION_S, RISE_GAIN, LoopParams, MeterLoop, Reach
 
 # ups.status flags NUT defines. Anything else is unknown: shown, never acted on.
@@ -280,6 +281,11 @@ class UpsGuard:
     def allowed_w(self) -> float | None:
         """What the last measured load allowed (board W), before dead band and rise bound."""
         return None if self._loop is None else self._loop.allowed_w
+
+    def sample(self) -> Sample | None:
+        """The measured load standing now, while plausible (``core.sensor.MeterLoop.sample``):
+        what a power-tree node's meter report carries; None without a measured-load loop."""
+        return None if self._loop is None else self._loop.sample()
 
     def own_draw(self, now: float, board_w: float) -> None:
         """Our cards' summed board power at ``now`` (W), every tick: the measured load

@@ -17,6 +17,7 @@ allows, and whether the cards' floors were checked (only with ``--backend``).
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from powerbudgetd.core.peaks import FeedLine, peak_wall_w
 from powerbudgetd.core.tree import PowerTree
@@ -182,15 +183,35 @@ def describe(
     return "\n".join(lines)
 
 
-def meter_reach_lines(settings: Settings) -> list[str]:
-    """Which rule applies to each measured source's loop (``core.sensor.Reach``):
-    the meter this host's alone, or shared by ``hosts`` / this host's ``share``."""
-    out = []
+def meter_sources(settings: Settings) -> dict[str, tuple[str, Any]]:
+    """The meters this host closes a loop on: source id -> (what it is, its section)."""
+    out: dict[str, tuple[str, Any]] = {}
     if settings.ups is not None and settings.ups.measured_load and settings.feed is not None:
-        out.append(f"UPS measured load: {settings.ups.reach().describe()} ([ups] hosts / share)")
+        out[settings.ups.source_id()] = ("UPS measured load", settings.ups)
     meter = settings.mqtt.wall_meter if settings.mqtt is not None else None
     if meter is not None:
-        out.append(f"wall meter: {meter.reach().describe()} ([mqtt.wall_meter] hosts / share)")
+        out[meter.source_id()] = ("wall meter", meter)
+    return out
+
+
+def meter_reach_lines(settings: Settings) -> list[str]:
+    """Which rule applies to each measured source's loop (``core.sensor.Reach``): the
+    meter this host's alone, or shared by ``hosts`` / this host's ``share``; how other
+    hosts behind it are seen; with ``[circuit]``, that a tree node naming it holds the
+    hosts under it to it (``check-config --tree`` says which node)."""
+    out = []
+    for source, (what, section) in meter_sources(settings).items():
+        key = "[ups]" if what.startswith("UPS") else "[mqtt.wall_meter]"
+        out.append(f"{what} ({source}): {section.reach().describe()} ({key} hosts / share)")
+        if settings.mqtt is not None:
+            out.append(f"  other powerbudgetd hosts reading {source} are seen on {settings.mqtt.meters_topic}/+: "
+                       f"more than {section.reach().hosts} without a share is warned of (meter_shared_unconfigured)")
+        else:
+            out.append("  without [mqtt] no other host behind it is seen: the configured hosts / share is trusted")
+        if settings.circuit is not None:
+            out.append(f"  with [circuit]: where a node of the power tree names meter = {source!r}, this host publishes "
+                       "its reading and the load no host reports is taken off that node's budget (the tree's "
+                       "division); this loop keeps its configured hosts / share")
     return out
 
 
@@ -225,6 +246,24 @@ def tree_place(settings: Settings, tree: PowerTree) -> tuple[list[str], list[str
                         "the tree would not count the difference")
     elif reserve < host.reserve_w - 1e-9:
         lines.append(f"  note: [circuit] reserve_w {_w(reserve)} W is below the tree's seat: the tree keeps the difference idle")
+    on_paths = {n for leaf in host.cords for n in tree.path(leaf)}
+    for source, (what, _section) in meter_sources(settings).items():
+        named = sorted(n for n, node in tree.nodes.items() if node.meter == source)
+        mine = [n for n in named if n in on_paths]
+        if mine:
+            lines.append(f"  {what} {source} is the meter of node{'s' if len(mine) > 1 else ''} {', '.join(mine)}: "
+                         "this host publishes its reading; the load no host reports is taken off the node's budget")
+        elif named:
+            problems.append(f"{what} {source} is the meter of node {', '.join(named)}, which is not on this host's "
+                            "cords' paths: its reading would count another branch's hosts")
+        else:
+            lines.append(f"  {what} {source}: no node of the tree names it (meter = ...): its configured hosts / "
+                         "share applies alone")
+    metered = sorted(n for n in on_paths if tree.nodes[n].meter is not None
+                     and tree.nodes[n].meter not in meter_sources(settings))
+    if metered:
+        lines.append("  metered nodes above it read by other hosts: " + ", ".join(
+            f"{n} ({tree.nodes[n].meter})" for n in metered))
     ups = settings.ups
     if ups is not None and ups.feed is not None:
         if ups.feed in tree.feeds():

@@ -345,15 +345,25 @@ async def _status(store: Any, as_json: bool) -> int:
         print("  power tree (committed: seats + grants, failover counted; draw: measured, where it flows now)")
         if doc["feed_lost"]:
             print(f"  FEED LOST: {printable(doc['feed_lost'])} (flow: seats + grants where they flow with it dead)")
+        metered = any(n["meter"] is not None for n in doc["nodes"])
+        if metered:
+            print("  measured: the node's own meter; reported: its hosts' draw; unmanaged: measured - reported, "
+                  "taken off the budget the hosts share")
         print(f"  {'node':<26} {'kind':<8} {'budget W':>9} {'committed W':>11} {'caps W':>8} {'draw W':>8} "
-              f"{'headroom W':>10}" + (f" {'flow W':>8}" if doc["feed_lost"] else ""))
+              f"{'headroom W':>10}" + (f" {'flow W':>8}" if doc["feed_lost"] else "")
+              + (f" {'measured W':>10} {'reported W':>10} {'unmanaged W':>11} {'age s':>6}" if metered else ""))
         for n in doc["nodes"]:
             def g(x: float | None) -> str:
                 return "-" if x is None else f"{x:g}"
             label = ("  " * n["depth"] + printable(n["node"]))[:26]
             flow = "" if not doc["feed_lost"] else f" {'dead' if n['dead'] else g(n['flow_w']):>8}"
+            meter = "" if not metered else (
+                f" {g(n['measured_w']):>10} {g(n['reported_w']):>10} {g(n['unmanaged_w']):>11} {g(n['meter_age_s']):>6}"
+                + ("" if n["meter_fresh"] is not False else "  STALE"))
             print(f"  {label:<26} {printable(n['kind']):<8} {n['budget_w']:>9g} {n['committed_w']:>11g} {g(n['caps_w']):>8} "
-                  f"{g(n['draw_w']):>8} {n['headroom_w']:>10g}{flow}" + ("" if n["within_budget"] else "  OVER"))
+                  f"{g(n['draw_w']):>8} {n['headroom_w']:>10g}{flow}{meter}" + ("" if n["within_budget"] else "  OVER"))
+            if n["meter_note"]:
+                print(f"    {printable(n['node'])}: meter {printable(n['meter'] or '')}: {printable(n['meter_note'])}")
     elif doc["tree_error"]:
         print(f"  POWER TREE UNREADABLE ({printable(doc['tree_error'])}): nothing is seated or raised until it is "
               "written again (powerbudgetd circuit init --tree FILE --force)")
@@ -410,7 +420,7 @@ def status_doc(name: str, read: Any, lease_info: dict[int, tuple[int, int]]) -> 
 
     caps, draw = total("caps_w"), total("draw_w")
     budget = read.spec.budget_w if read.spec else None
-    nodes = _nodes(v, {r["host"]: r for r in live})
+    nodes = _nodes(v, {r["host"]: r for r in live}, read.meters)
     nodes_within = all(n["within_budget"] is not False for n in nodes)
     spec_key = next((k for k in read.bad if k.endswith("/spec")), None)
     return {
@@ -432,14 +442,21 @@ def status_doc(name: str, read: Any, lease_info: dict[int, tuple[int, int]]) -> 
     }
 
 
-def _nodes(v: Any, live: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+def _nodes(v: Any, live: dict[str, dict[str, Any]], meters: dict[str, Any]) -> list[dict[str, Any]]:
     """A power tree's nodes, root first, each under its parent (depth): its budget, the
     seats and grants it carries (failover counted, as the invariant bounds them), the
     live hosts' caps counted the same way and their measured draw where it flows now
     (W, at the wall; None while a host's figure is unknown), and its headroom: budget
     minus the larger of committed and measured (W; < 0: over). With a feed lost,
     ``flow_w``: the seats and grants where they now flow (None for a dead node), which
-    the headroom and the verdict count too."""
+    the headroom and the verdict count too.
+
+    Held against its meter (``core.nodemeter``): ``meter`` (its source id; None: not
+    metered), ``measured_w`` (the meter's reading), ``reported_w`` (the hosts' draw
+    through it: ``draw_w``), ``unmanaged_w`` (the load no host reports, taken off the
+    budget: its own meter's or its children's, the larger), ``hosts_budget_w`` (what the
+    hosts under it may commit: budget - unmanaged), ``meter_age_s``, ``meter_fresh``
+    and ``meter_note`` (why no unmanaged load is counted, where none is)."""
     tree = v.tree
     if tree is None:
         return []
@@ -458,16 +475,28 @@ def _nodes(v: Any, live: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
 
     def visit(name: str, depth: int) -> None:
         node = tree.nodes[name]
+        rated, unmanaged = node.rated_w, node.unmanaged_w
         dead = v.lost is not None and name not in flow
         carried = None if v.lost is None or dead else round(flow[name], 1)
-        measured = draw.get(name)
-        used = max(committed[name], measured or 0.0, carried or 0.0)
+        reported = draw.get(name)
+        meter = meters.get(name)
+        measured = None if meter is None else meter.measured_w
+        used = max(committed[name] + unmanaged, (reported or 0.0) + unmanaged, (carried or 0.0) + unmanaged,
+                   measured if meter is not None and meter.fresh and measured is not None else 0.0)
         within = dead or (committed[name] <= node.budget_w + 1e-6 and all(
-            x is None or x <= node.budget_w + 1e-6 for x in (caps[name], measured, carried)))
+            x is None or x <= node.budget_w + 1e-6 for x in (caps[name], reported, carried))
+            and (meter is None or measured is None or not meter.fresh or measured <= rated + 1e-6))
         rows.append({"node": name, "kind": node.kind, "parent": node.parent, "depth": depth,
-                     "budget_w": node.budget_w, "committed_w": round(committed[name], 1), "caps_w": caps[name],
-                     "draw_w": measured, "flow_w": carried, "dead": dead,
-                     "headroom_w": round(node.budget_w - used, 1), "within_budget": within})
+                     "budget_w": rated, "hosts_budget_w": round(node.budget_w, 1),
+                     "committed_w": round(committed[name], 1), "caps_w": caps[name],
+                     "draw_w": reported, "flow_w": carried, "dead": dead,
+                     "headroom_w": round(rated - used, 1), "within_budget": within,
+                     "meter": node.meter, "measured_w": measured, "reported_w": reported,
+                     "unmanaged_w": round(unmanaged, 1),
+                     "meter_age_s": None if meter is None else meter.age_s,
+                     "meter_fresh": None if meter is None else meter.fresh,
+                     "meter_host": None if meter is None else meter.host,
+                     "meter_note": None if meter is None or not meter.why else meter.why})
         for child in sorted(children.get(name, [])):
             visit(child, depth + 1)
 

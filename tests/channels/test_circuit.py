@@ -597,3 +597,77 @@ def test_a_record_removed_or_changed_under_a_running_host_is_published_again(tmp
     read.records["vm"] = HostRecord(0.0, mine.caps_w, mine.draw_w, mine.seat_w, mine.grant_w, lease=1)
     asyncio.run(ch._publish(read))  # its want overwritten: again
     assert len(put) == 3 and put[-1].want_w == 300.0
+
+
+def test_a_host_publishes_the_meter_its_tree_node_names_and_exports_measured_beside_reported(tmp_path: Path) -> None:
+    """The tree names this host's UPS as PDU A's meter: the host publishes its standing
+    reading under its lease (its age and refresh with it), again only when it changed
+    or a third of its freshness has gone by; a meter no node names, or a node off its
+    paths, is not published. The node's measured draw, reported draw and unmanaged load
+    are exported side by side; a stale reading is said once, as a warning naming why."""
+    import asyncio
+
+    from prometheus_client import generate_latest
+
+    from powerbudgetd.channels.circuit.store import HostRecord, Read
+    from powerbudgetd.core.circuit import CircuitView
+    from powerbudgetd.core.nodemeter import MeterReport, Sample, node_meters, unmanaged_by_node
+    from powerbudgetd.core.tree import Host, Node, PowerTree
+
+    clock = {"mono": 100.0, "wall": 1_750_000_000.0}
+    sent: list[MeterReport] = []
+    store = _SeatStore()
+    store.wall_clock = lambda: clock["wall"]  # type: ignore[attr-defined]
+
+    async def put_meter(report: MeterReport, lease_id: int) -> None:
+        assert lease_id == 1
+        sent.append(report)
+
+    store.put_meter = put_meter  # type: ignore[attr-defined]
+    ch = _running(tmp_path, store, 0.0, None)
+    ch.clock = lambda: clock["mono"]
+    registry = CollectorRegistry()
+    from powerbudgetd.channels.circuit.channel import CircuitMetrics
+    ch.metrics = CircuitMetrics(registry)
+    me = ch.host
+    nodes = {"root": Node("root", 9000.0, meter="mqtt:site/main"), "A": Node("A", 3000.0, "root", meter="ups:pdu-a@nut1"),
+             "C": Node("C", 3000.0, "root", meter="ups:pdu-c@nut1")}
+    tree = PowerTree(nodes, {me: Host(me, {"A": 1.0}), "far": Host("far", {"C": 1.0})}).with_reserves({me: 800.0})
+    ch.meter_sources = {"ups:pdu-a@nut1": lambda: Sample(2100.0, 96.0, 99.0, 2.0),
+                        "ups:pdu-c@nut1": lambda: Sample(1.0, 0.0, 0.0, 2.0)}  # not on its paths
+    read = Read(None, CircuitView(9000.0, {me: 800.0}, tree=tree), 1)
+    asyncio.run(ch._publish_meters(read))
+    assert [(r.node, r.host, r.value_w, r.age_s, r.changed_s, r.refresh_s, r.at) for r in sent] == [
+        ("A", me, 2100.0, 1.0, 4.0, 2.0, clock["wall"])]
+    clock["mono"] += 1.0
+    clock["wall"] += 1.0
+    asyncio.run(ch._publish_meters(read))
+    assert len(sent) == 1  # unchanged, not seen again since, not a third of 10 s on
+    clock["mono"] += 3.0
+    clock["wall"] += 3.0
+    asyncio.run(ch._publish_meters(read))
+    assert len(sent) == 2 and sent[-1].age_s == 5.0  # a third of its freshness gone: again, its age grown
+
+    reported = {"A": 1500.0, "root": 1500.0, "C": 0.0}
+    meters = node_meters(tree, {"A": {me: sent[-1]}}, reported, clock["wall"])
+    shown = tree.with_unmanaged(unmanaged_by_node(tree, meters))
+    ch._show(Read(None, CircuitView(9000.0, {me: 800.0}, tree=shown), 2, meters=meters,
+                  records={me: HostRecord(0.0, draw_w=1500.0)}))
+    got = {}
+    for line in generate_latest(registry).decode().splitlines():
+        if line.startswith("powerbudgetd_circuit_node_"):
+            name, value = line.rsplit(" ", 1)
+            got[(name.split("{")[0].removeprefix("powerbudgetd_circuit_node_"), name.split('"')[1])] = float(value)
+    assert got[("measured_watts", "A")] == 2100.0 and got[("draw_watts", "A")] == 1500.0
+    assert got[("unmanaged_watts", "A")] == 600.0 and got[("unmanaged_watts", "root")] == 600.0
+    assert got[("budget_watts", "A")] == 3000.0 and got[("meter_age_seconds", "A")] == 5.0
+    assert ("measured_watts", "root") not in got  # metered, but nobody has published its meter
+
+    stale = node_meters(tree, {"A": {me: sent[-1]}}, reported, clock["wall"] + 60.0)
+    import structlog
+    with structlog.testing.capture_logs() as logs:
+        for _ in range(2):
+            ch._show(Read(None, CircuitView(9000.0, {me: 800.0}, tree=tree.with_unmanaged(
+                unmanaged_by_node(tree, stale))), 3, meters=stale, records={me: HostRecord(0.0, draw_w=1500.0)}))
+    ignored = [e for e in logs if e["event"] == "circuit_node_meter_ignored" and e["node"] == "A"]
+    assert len(ignored) == 1 and ignored[0]["log_level"] == "warning" and "stale" in ignored[0]["detail"]

@@ -310,7 +310,7 @@ def test_every_metric_the_issue_names_is_exposed() -> None:
 def test_rules_pass_promtool_check_and_unit_tests() -> None:
     checked = promtool("check", "rules", "prometheus-rules.yml", cwd=CONFIG)
     assert checked.returncode == 0, checked.stdout + checked.stderr
-    assert "SUCCESS: 22 rules found" in checked.stdout
+    assert "SUCCESS: 23 rules found" in checked.stdout
     tested = promtool("test", "rules", "prometheus-rules.test.yml", cwd=CONFIG)
     assert tested.returncode == 0, tested.stdout + tested.stderr
 
@@ -327,7 +327,7 @@ def test_every_alert_has_for_severity_description_and_a_test() -> None:
         "PowerBudgetUpsOnBattery", "PowerBudgetUpsLowBattery", "PowerBudgetUpsOverload", "PowerBudgetUpsDataStale",
         "PowerBudgetCircuitGrantLost", "PowerBudgetCircuitEtcdUnreachable", "PowerBudgetCircuitSeatsExceed",
         "PowerBudgetCircuitDrawOverBudget", "PowerBudgetCircuitNodeDrawOverBudget",
-        "PowerBudgetCircuitNodeRecordsOverBudget", "PowerBudgetCircuitFeedLost", "PowerBudgetCircuitRecordsDrift",
+        "PowerBudgetCircuitNodeMeterDisagrees", "PowerBudgetCircuitNodeRecordsOverBudget", "PowerBudgetCircuitFeedLost", "PowerBudgetCircuitRecordsDrift",
         "PowerBudgetCircuitRecordsUnreadable",
     ]
     for r in rules:

@@ -74,7 +74,8 @@ def test_a_host_s_credential_writes_its_own_keys_only_and_the_daemons_still_shar
         if "grant-permission powerbudgetd-lab-h" in c:
             host = c.split()[3].removeprefix("powerbudgetd-lab-")
             assert c.endswith("read --prefix=true /powerbudgetd/circuits/lab/") or (
-                "--prefix" not in c and c.endswith("/" + host)), c
+                "--prefix" not in c and c.endswith("/" + host)) or c.endswith(
+                f"readwrite --prefix=true /powerbudgetd/circuits/lab/meters/{host}/"), c
 
     # The operator (its role) creates the circuit.
     async def init() -> bool:
@@ -108,6 +109,9 @@ def test_a_host_s_credential_writes_its_own_keys_only_and_the_daemons_still_shar
                 "down/A": b'{"by": "h0"}',
                 **{f"{kind}/h1": b'{"reserve_w": 100, "grant_w": 5000}' for kind in
                    ("seats", "claims", "grants", "wants", "pending", "marks")},
+                # another host's meter reports, and one outside its own meters/<host>/ prefix
+                "meters/h1/A": b'{"value_w": 100}', "meters/h0x/A": b'{"value_w": 100}',
+                "meters/h0": b'{"value_w": 100}',
             }
             try:
                 for key, value in attempts.items():
@@ -122,6 +126,7 @@ def test_a_host_s_credential_writes_its_own_keys_only_and_the_daemons_still_shar
                     refused["delete seats/h1"] = str(exc)
                 # its own keys it may write
                 await store._call(lambda c: c.put(store.base + b"wants/h0", b'{"want_w": 0}'))
+                await store._call(lambda c: c.put(store.meter_key("h0", "A"), b'{"value_w": 0}'))
                 assert await store.can_write(store.spec_key) is False
                 assert await store.can_write(store.key(store.seats, "h0")) is True
                 return refused
@@ -130,7 +135,8 @@ def test_a_host_s_credential_writes_its_own_keys_only_and_the_daemons_still_shar
 
         refused = asyncio.run(tries())
         assert sorted(refused) == sorted(["spec", "tree", "down/A", "seats/h1", "claims/h1", "grants/h1", "wants/h1",
-                                          "pending/h1", "marks/h1", "delete seats/h1"]), refused
+                                          "pending/h1", "marks/h1", "delete seats/h1", "meters/h1/A",
+                                          "meters/h0x/A", "meters/h0"]), refused
         assert all("permission denied" in why for why in refused.values()), refused
 
         async def spec_and_seats() -> tuple[float | None, dict[str, float]]:

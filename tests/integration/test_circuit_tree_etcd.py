@@ -14,11 +14,13 @@ from __future__ import annotations
 import asyncio
 import json
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
 
-from powerbudgetd.channels.circuit.store import CircuitStore, Read
+from powerbudgetd.channels.circuit.store import CircuitStore, HostRecord, Read
+from powerbudgetd.core.nodemeter import MeterReport
 from powerbudgetd.core.circuit import raise_allowed
 from support.circuit import EXE, PAIR_TREE, ROUND_S, EtcdCluster, Sharer, circuit_cli, rounds_until
 from support.timings import TREE_TTL_S
@@ -262,3 +264,83 @@ def test_a_short_node_lowers_the_lower_class_first_and_the_higher_keeps_its_want
     print(f"\n[circuit figures] classes on a 6 kW PDU (3 kW of seats): two batch hosts at 1.5 kW grants each after "
           f"{times['batch_s']:.2f} s; the serving host (class 1) then wants 3 kW: it holds 3 kW and the batch hosts 0 "
           f"after {times['served_s']:.2f} s (1 s release hold), the PDU within budget every round")
+
+
+METERED_TREE = TREE.replace('kind = "pdu"\nparent = "root"\nbudget_w = 7000\n',
+                            'kind = "pdu"\nparent = "root"\nbudget_w = 7000\nmeter = "ups:pdu-a@nut1"\n', 1).replace(
+                                "budget_w = 10000", "budget_w = 16000")
+
+
+async def _unmanaged_load(eps: list[str]) -> dict:
+    """Four hosts each wanting 3 kW above a 1 kW seat (the root at 16 kW: each branch's
+    7 kW binds, 2.5 kW each), each drawing its seat plus grant (published as its
+    record's draw); branch A's meter, published by a1, reads what a1 and a2 draw, then 2
+    kW of storage more. The hosts under A come down by 1 kW each; b1 and b2 are not
+    lowered; A's committed load plus the 2 kW stays within its 7 kW. A reading gone
+    stale is ignored (said in the status) and the grants come back."""
+    sharers = {h: Sharer(eps, h, release_hold_s=1.0) for h in HOSTS}
+    stale_by = {"s": 0.0}  # how far in the past a1 stamps its report
+    extra = {"w": 0.0}
+
+    async def publish() -> None:
+        for s in sharers.values():
+            await s.store.put_record(s.host, HostRecord(want_w=3000.0, draw_w=s.draw_w()), s.lease)
+        value = sharers["a1"].draw_w() + sharers["a2"].draw_w() + extra["w"]
+        await sharers["a1"].store.put_meter(
+            MeterReport("A", "a1", value, 0.5, 0.5, 2.0, time.time() - stale_by["s"]), sharers["a1"].lease)
+
+    def within(view) -> None:
+        assert view.holds(), view.nodes_over_w()
+
+    try:
+        for s in sharers.values():
+            await s.join(1000.0, 3000.0)
+        ring = list(sharers.values())
+
+        async def rounds(done, limit_s: float) -> float:
+            start = time.monotonic()
+            while time.monotonic() - start < limit_s:
+                await publish()
+                await asyncio.gather(*(s.round() for s in ring))
+                read = await ring[0].store.read()
+                within(read.view)
+                if done(read):
+                    return time.monotonic() - start
+                await asyncio.sleep(ROUND_S)
+            raise AssertionError((await ring[0].store.read()).view)
+
+        out: dict = {}
+        await rounds(lambda r: all(r.view.grants.get(h) == 2500.0 for h in HOSTS), 15.0)
+        extra["w"] = 2000.0
+        out["lowered_s"] = await rounds(lambda r: r.view.grants.get("a1") == r.view.grants.get("a2") == 1500.0
+                                        and r.view.grants.get("b1") == r.view.grants.get("b2") == 2500.0, 15.0)
+        await publish()  # the draws and the meter after the lowering
+        out["status"] = json.loads(circuit_cli(eps, "status", "--name", "row", "--json").stdout)
+        out["text"] = circuit_cli(eps, "status", "--name", "row").stdout
+        stale_by["s"] = 3600.0  # published with a stamp an hour past: stale
+        out["back_s"] = await rounds(lambda r: r.view.grants.get("a1") == r.view.grants.get("a2") == 2500.0, 15.0)
+        out["stale"] = json.loads(circuit_cli(eps, "status", "--name", "row", "--json").stdout)
+        return out
+    finally:
+        for s in sharers.values():
+            await s.store.close()
+
+
+def test_an_unmanaged_load_under_a_metered_node_lowers_the_hosts_under_it(etcd1: EtcdCluster, tmp_path: Path) -> None:
+    eps = etcd1.endpoints
+    assert circuit_cli(eps, "init", "--name", "row", "--tree", str(_tree_file(tmp_path, METERED_TREE))).returncode == 0
+    out = asyncio.run(_unmanaged_load(eps))
+    nodes = {n["node"]: n for n in out["status"]["nodes"]}
+    a = nodes["A"]
+    # a1, a2 at 1 + 1.5 kW each: 5 kW reported, 7 kW measured, 2 kW unmanaged: 7 kW of 7 kW
+    assert (a["meter"], a["measured_w"], a["reported_w"], a["unmanaged_w"]) == ("ups:pdu-a@nut1", 7000, 5000, 2000), a
+    assert a["hosts_budget_w"] == 5000 and a["budget_w"] == 7000 and a["committed_w"] == 5000
+    assert a["meter_fresh"] and a["meter_host"] == "a1" and a["within_budget"] and a["meter_note"] is None
+    assert nodes["root"]["unmanaged_w"] == 2000 and nodes["B"]["unmanaged_w"] == 0 and nodes["B"]["meter"] is None
+    line = next(x for x in out["text"].splitlines() if x.split()[:1] == ["A"])
+    assert line.split()[-4:-1] == ["7000", "5000", "2000"], out["text"]
+    assert "measured W" in out["text"] and "unmanaged W" in out["text"]
+    stale = {n["node"]: n for n in out["stale"]["nodes"]}["A"]
+    assert stale["meter_fresh"] is False and stale["unmanaged_w"] == 0 and "stale" in stale["meter_note"]
+    print(f"\n[circuit figures] unmanaged load: 2 kW beside a1, a2 under a metered 7 kW PDU: the hosts under it "
+          f"lowered in {out['lowered_s']:.2f} s; a stale reading ignored, the grants back up in {out['back_s']:.2f} s")

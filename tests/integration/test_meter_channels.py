@@ -42,3 +42,23 @@ async def test_a_multi_channel_meter_drives_the_budget(broker: Mosquitto, tmp_pa
         assert meter.allowed_w == pytest.approx((1440 - meter.non_gpu_w) * 0.9)  # type: ignore[operator]
         assert r.ctl.budget_mw == int((meter.allowed_w - 20) * 1000)  # type: ignore[operator]
         assert 700_000 < r.ctl.budget_mw < 800_000
+
+
+async def test_hosts_behind_one_meter_see_each_other_through_the_broker(broker: Mosquitto, tmp_path: Path) -> None:
+    """The daemon announces the wall meter it reads (retained, on powerbudgetd/meters/
+    <node_id>); another host's retained announcement of the same meter, there before it
+    connected, is seen, and its goodbye (an empty retained message) too."""
+    from support.broker_daemon import METER
+    from support.mqtt import watching
+
+    topic = "mqtt:tele/plug/SENSOR"
+    await publish(broker.port, "powerbudgetd/meters/otherbox",
+                  json.dumps({"node_id": "otherbox", "host": "b", "pid": 7, "meters": [topic]}), retain=True)
+    config = write_config(tmp_path, broker.port, METER)
+    async with watching(broker.port, ["powerbudgetd/meters/testbox"]) as w, running(config) as r:
+        await r.until(lambda: r.bridge.connected, what="connected")
+        own = await w.wait_for(lambda: w.last_json("powerbudgetd/meters/testbox"))
+        assert own["meters"] == [topic] and own["node_id"] == "testbox"
+        await r.until(lambda: r.bridge.peers.behind(topic) == ["otherbox"], what="the other host seen")
+        await publish(broker.port, "powerbudgetd/meters/otherbox", b"", retain=True)
+        await r.until(lambda: r.bridge.peers.behind(topic) == [], what="the other host gone")

@@ -186,6 +186,11 @@ def test_cli_suite_json(capsys):
         assert set(s["reports"]) - {FEED_RUN} == set(POLICIES)
         assert [c["target"] for c in s["checks"]] == list(TARGETS)
         assert s["offsets_s"] == list(DEMAND_OFFSETS_S) and set(s["spread"]["work_vs_ruled"]) == {"min", "mean"}
+    meter = suite["meter"]  # the meter column, its targets judged in all_met too
+    assert {"shared UPS (2 hosts, 10 s)", "slow meter (1 host, 30 s)", "unmanaged load (3 hosts, 2 s)"} <= set(
+        meter["scenarios"])
+    for r in meter["scenarios"].values():
+        assert {"over_s", "worst_excess_w", "swings_per_min", "met"} <= set(r)
 
 
 def test_flapping_counts_reversals_of_a_cards_limit_within_any_window():

@@ -58,6 +58,7 @@ from powerbudgetd.channels.circuit.store import (
 )
 from powerbudgetd.core.arbiter import BudgetArbiter
 from powerbudgetd.core.circuit import Fence, GrantPolicy, HostPower, fenced_lease_ttl_s, raise_allowed
+from powerbudgetd.core.nodemeter import MeterReport, Sample, report_of, stale_after_s
 from powerbudgetd.core.snapshot import CircuitStatus
 from powerbudgetd.errors import ExitStatus
 
@@ -138,6 +139,9 @@ class CircuitMetrics:
         self.node_budget = names.gauge(names.CIRCUIT_NODE_BUDGET, registry)
         self.node_committed = names.gauge(names.CIRCUIT_NODE_COMMITTED, registry)
         self.node_draw = names.gauge(names.CIRCUIT_NODE_DRAW, registry)
+        self.node_measured = names.gauge(names.CIRCUIT_NODE_MEASURED, registry)
+        self.node_unmanaged = names.gauge(names.CIRCUIT_NODE_UNMANAGED, registry)
+        self.node_meter_age = names.gauge(names.CIRCUIT_NODE_METER_AGE, registry)
         self.feed_lost = names.gauge(names.CIRCUIT_FEED_LOST, registry)
         self.vanished = names.counter(names.CIRCUIT_SEAT_VANISHED, registry)
         self.vanished_grant = names.counter(names.CIRCUIT_GRANT_VANISHED, registry)
@@ -210,6 +214,10 @@ class CircuitChannel:
         self._bad_said: dict[str, str] = {}
         self.ups_feed: tuple[str, bool, str] | None = None  # (feed, on battery, mark) from [ups] feed
         self.marks_feed = False  # [ups] feed is set: this host's feed mark is its to keep or lift
+        # The meters this host reads (source id -> its standing value): a node of the tree
+        # naming one of them is published under this host's lease (core.nodemeter).
+        self.meter_sources: dict[str, Callable[[], Sample | None]] = {}
+        self._meters_sent: dict[str, MeterReport] = {}
         self.metrics.reserve.set(power.reserve_w)
         self.metrics.info.labels(circuit=cfg.name).set(1)
         # From the first tick: the reserve, whatever etcd says (or does not).
@@ -390,6 +398,7 @@ class CircuitChannel:
         self.grants_ok = self.sharing_ok and self.seated and self.claimed and not self.at_floors
         self._show(read)
         await self._publish(read)
+        await self._publish_meters(read)
         await self._move_grant(read)
         self._offer()
 
@@ -713,6 +722,30 @@ class CircuitChannel:
             await self.store.put_record(self.host, rec, self.lease_id)
             self.published = rec
 
+    async def _publish_meters(self, read: Read) -> None:
+        """Each meter this host reads that the tree names for a node above it: its
+        standing value, published under this host's lease (``meters/<host>/<node>``) when
+        it changed, was seen again after a change, or a third of its freshness has gone
+        by since the last report (so that its age, not a silence, says when it is stale)."""
+        assert self.lease_id is not None
+        tree = read.view.tree
+        if tree is None or not self.meter_sources or self.host not in tree.hosts:
+            return
+        mine = {n for leaf in tree.hosts[self.host].cords for n in tree.path(leaf)}
+        now, wall = self.clock(), self.store.wall_clock()
+        for node in sorted(mine):
+            source = tree.nodes[node].meter
+            sample = None if source is None or source not in self.meter_sources else self.meter_sources[source]()
+            if sample is None:
+                continue
+            report = report_of(sample, node, self.host, now, wall)
+            last = self._meters_sent.get(node)
+            due = last is None or last.value_w != report.value_w or report.age_s < last.age_at(wall) - 0.5 \
+                or wall - last.at >= stale_after_s(report.refresh_s) / 3
+            if due:
+                await self.store.put_meter(report, self.lease_id)
+                self._meters_sent[node] = report
+
     async def _move_grant(self, read: Read) -> None:
         assert self.lease_id is not None
         now = self.lease_clock()
@@ -845,7 +878,8 @@ class CircuitChannel:
         paths = set() if tree is None or self.host not in tree.hosts else {
             n for leaf in tree.hosts[self.host].cords for n in tree.path(leaf)}
         for gone in self._nodes_shown - paths:
-            for g in (m.node_budget, m.node_committed, m.node_draw):
+            for g in (m.node_budget, m.node_committed, m.node_draw, m.node_measured, m.node_unmanaged,
+                      m.node_meter_age):
                 with contextlib.suppress(KeyError):
                     g.remove(gone)
         self._nodes_shown = paths
@@ -853,7 +887,8 @@ class CircuitChannel:
             committed = v.node_loads_w()
             draw = tree.loads_known_w({h: r.draw_w for h, r in read.records.items()}, v.lost, flow=True)
             for n in paths:
-                m.node_budget.labels(node=n).set(tree.nodes[n].budget_w)
+                m.node_budget.labels(node=n).set(tree.nodes[n].rated_w)
+                self._show_meter(read, n)
                 m.node_committed.labels(node=n).set(committed[n])
                 through = draw.get(n)  # None: a host's draw unknown, or the node dead
                 if through is None:
@@ -867,6 +902,37 @@ class CircuitChannel:
             if v.lost is not None:
                 m.feed_lost.labels(feed=v.lost).set(1)
             self._feed_shown = v.lost
+
+    def _show_meter(self, read: Read, node: str) -> None:
+        """A node's measured draw, its meter's age and the unmanaged load taken off it;
+        a reading that is stale (or unusable) said once per change, naming why."""
+        m, tree = self.metrics, read.view.tree
+        assert tree is not None
+        meter = read.meters.get(node)
+        unmanaged = tree.nodes[node].unmanaged_w
+        if meter is None and not unmanaged:
+            for g in (m.node_measured, m.node_unmanaged, m.node_meter_age):
+                with contextlib.suppress(KeyError):
+                    g.remove(node)
+            return
+        m.node_unmanaged.labels(node=node).set(unmanaged)
+        if meter is None or meter.measured_w is None or meter.age_s is None:
+            for g in (m.node_measured, m.node_meter_age):
+                with contextlib.suppress(KeyError):
+                    g.remove(node)
+        else:
+            m.node_measured.labels(node=node).set(meter.measured_w)
+            m.node_meter_age.labels(node=node).set(meter.age_s)
+        if meter is not None:
+            state = meter.why.split(" (")[0]  # the reason, not its changing figures
+            if self._said.get(f"meter:{node}") != state:
+                self._said[f"meter:{node}"] = state
+                (log.warning if meter.why else log.info)(
+                    "circuit_node_meter_ignored" if meter.why else "circuit_node_meter_used", node=node,
+                    meter=meter.source, measured_w=meter.measured_w, reported_w=meter.reported_w,
+                    unmanaged_w=round(unmanaged, 1), circuit=self.store.name,
+                    detail=meter.why or "the unmanaged load (measured - reported) is taken off the node's budget: "
+                    "the hosts under it share what is left")
 
     def _set_reachable(self, ok: bool, error: str = "", *, refused: bool = False) -> None:
         state = "reachable" if ok else "refused" if refused else "unreachable"

@@ -107,6 +107,14 @@ def seconds(doc: dict[str, Any], key: str, *, lo: float = 0.0, optional: bool = 
         raise BadRecord(f"{key}: a number too large") from None
 
 
+def stamp(doc: dict[str, Any], key: str) -> float:
+    """``doc[key]`` as a wall-clock time (s since the epoch, up to the year 5000)."""
+    try:
+        return _number(doc, key, 0.0, 1e11, "s")
+    except OverflowError:
+        raise BadRecord(f"{key}: a number too large") from None
+
+
 def fraction(doc: dict[str, Any], key: str) -> float:
     """``doc[key]`` as a fraction in [0, 1] (a cord's share of its host's draw)."""
     return _number(doc, key, 0.0, 1.0, "")

@@ -4,7 +4,8 @@ etcd's permissions are per key or key prefix, not per writer. Each host's daemon
 only keys named after it (``CircuitStore.host_keys``: its seat, claim, grant, record,
 pending seat and UPS feed mark), so its role is read on the circuit's prefix and
 readwrite on exactly those keys (no ``--prefix``: ``seats/gpu1`` does not cover
-``seats/gpu10``). The operator's role writes the whole prefix: the spec, the tree, the
+``seats/gpu10``), and on its own meter reports, ``meters/<host>/`` (a prefix ending in
+a slash: one key per metered node above it, none another host writes). The operator's role writes the whole prefix: the spec, the tree, the
 operator's feed marks, and any host's seat (``circuit leave``).
 
 Granting and renewing a lease needs no key permission; revoking one needs write access
@@ -52,6 +53,7 @@ def roles_script(store: CircuitStore, hosts: Sequence[str], *, operator_user: st
             f"etcdctl role add {q(role)}",
             f"etcdctl role grant-permission {q(role)} read --prefix=true {q(base)}",
             *[f"etcdctl role grant-permission {q(role)} readwrite {q(k.decode())}" for k in store.host_keys(host)],
+            f"etcdctl role grant-permission {q(role)} readwrite --prefix=true {q(store.meter_prefix(host).decode())}",
             f"etcdctl user add {q(host)}",
             f"etcdctl user grant-role {q(host)} {q(role)}",
         ]

@@ -17,6 +17,10 @@ Keys, under ``<prefix>/<circuit>/``::
                                                (the operator's ``circuit feed-down``; one at a time)
     marks/<host>    {"feed", "by"}             under the host's lease: the feed its UPS carries,
                                                on battery (``[ups] feed``): lost while it lives
+    meters/<host>/<node>  {"value_w", "age_s", "changed_s", "refresh_s", "at"}
+                                               under the host's lease: its reading of the meter
+                                               the tree names for a node above it
+                                               (``core.nodemeter``): one key per host, never shared
 
 Every key but the spec, the tree, seats and the operator's ``down/`` marks is written
 under its writer's lease, so it ends with its writer. One found without a lease (written
@@ -49,6 +53,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -63,6 +68,7 @@ import grpc
 
 from powerbudgetd.channels.circuit import records
 from powerbudgetd.core.circuit import CircuitView
+from powerbudgetd.core.nodemeter import MeterReport, NodeMeter, check_source, node_meters, unmanaged_by_node
 from powerbudgetd.core.tree import KINDS, MODES, Host, Node, Pair, PowerTree
 
 T = TypeVar("T")
@@ -162,6 +168,7 @@ class Read:
     marks: dict[str, tuple[str, str, int]] = field(default_factory=dict)  # each host's mark: (feed, by, lease)
     unleased: dict[str, int] = field(default_factory=dict)  # keys left out for want of a lease: mod revision
     free_claims: dict[str, int] = field(default_factory=dict)  # hosts whose claim has no lease: its mod revision
+    meters: dict[str, NodeMeter] = field(default_factory=dict)  # each metered node's figures (core.nodemeter)
 
     def unseated_live(self) -> dict[str, float]:
         """Hosts with a live claim but no seat: their claimed reserve (W) each."""
@@ -221,7 +228,8 @@ def _spec(doc: dict[str, Any]) -> Spec:
 def tree_doc(tree: PowerTree) -> dict[str, Any]:
     """The power tree as the ``tree`` key stores it (reserves are the seats: not kept)."""
     return {
-        "nodes": {n.name: {"budget_w": n.budget_w, "parent": n.parent, "kind": n.kind} for n in tree.nodes.values()},
+        "nodes": {n.name: {"budget_w": n.rated_w, "parent": n.parent, "kind": n.kind,
+                           **({} if n.meter is None else {"meter": n.meter})} for n in tree.nodes.values()},
         "hosts": {h.name: {"cords": dict(h.cords), "priority": h.priority} for h in tree.hosts.values()},
         "pairs": [{"feeds": sorted(p.feeds), "mode": p.mode, "shed_s": p.shed_s} for p in tree.pairs.values()],
     }
@@ -239,9 +247,15 @@ def tree_from_doc(doc: dict[str, Any], seats: dict[str, float]) -> PowerTree:
             raise records.BadRecord(f"nodes.{name}: not an object")
         parent = n.get("parent")
         kind = n.get("kind", "circuit")
+        meter = n.get("meter")
         if parent is not None and not isinstance(parent, str) or kind not in KINDS:
             raise records.BadRecord(f"nodes.{name}: parent must be a node's name, kind one of {', '.join(KINDS)}")
-        out_nodes[name] = Node(name, records.watts(n, "budget_w") or 0.0, parent, kind)
+        if meter is not None:
+            try:
+                check_source(meter if isinstance(meter, str) else "")
+            except ValueError as exc:
+                raise records.BadRecord(f"nodes.{name}: {exc}") from None
+        out_nodes[name] = Node(name, records.watts(n, "budget_w") or 0.0, parent, kind, meter)
     out_hosts: dict[str, Host] = {}
     for name, h in hosts.items():
         cords, priority = (h.get("cords"), h.get("priority", 0)) if isinstance(h, dict) else (None, None)
@@ -261,6 +275,16 @@ def tree_from_doc(doc: dict[str, Any], seats: dict[str, float]) -> PowerTree:
         return PowerTree(out_nodes, out_hosts, out_pairs)
     except ValueError as exc:
         raise records.BadRecord(str(exc)[:200]) from None
+
+
+def _meter_report(rest: str, doc: dict[str, Any]) -> MeterReport:
+    """``meters/<host>/<node>``'s report; BadRecord for a key or value the daemon would not write."""
+    host, sep, node = rest.partition("/")
+    if not sep or not host or not node or "/" in node:
+        raise records.BadRecord("a meter key is meters/<host>/<node>")
+    return MeterReport(node, host, records.watts(doc, "value_w") or 0.0, records.seconds(doc, "age_s") or 0.0,
+                       records.seconds(doc, "changed_s") or 0.0, records.seconds(doc, "refresh_s", optional=True),
+                       records.stamp(doc, "at"))
 
 
 def _claim(doc: dict[str, Any], lease: int, mod: int) -> Claim:
@@ -302,6 +326,7 @@ class CircuitStore:
         tls: Tls | None = None,
         username: str | None = None,
         password: str | None = None,
+        wall_clock: Callable[[], float] = time.time,
     ) -> None:
         if not endpoints:
             raise ValueError("no etcd endpoints")
@@ -323,6 +348,8 @@ class CircuitStore:
         self.claims = base + b"claims/"
         self.down = base + b"down/"
         self.marks = base + b"marks/"
+        self.meters = base + b"meters/"
+        self.wall_clock = wall_clock  # a meter report's age: hosts on one circuit keep NTP time
         self.calls = 0  # etcd requests sent (for the load test's ops/s)
         self._tree_seen: tuple[bytes, PowerTree | str] | None = None  # the tree value last parsed, and what it gave
 
@@ -378,6 +405,14 @@ class CircuitStore:
         the only ones its etcd role needs write access to."""
         return [self.key(k, host) for k in (self.seats, self.claims, self.grants, self.wants, self.pending, self.marks)]
 
+    def meter_prefix(self, host: str) -> bytes:
+        """The prefix of ``host``'s meter reports (``meters/<host>/``, one key a node): its
+        role writes under it (the trailing slash: ``gpu1``'s does not cover ``gpu10``'s)."""
+        return self.meters + host.encode() + b"/"
+
+    def meter_key(self, host: str, node: str) -> bytes:
+        return self.meter_prefix(host) + node.encode()
+
     def operator_keys(self) -> list[tuple[bytes, str]]:
         """Keys only the operator should write, as (key, what), for the start-up check of
         a daemon's credential (a host that can write them can raise every host)."""
@@ -420,6 +455,7 @@ class CircuitStore:
         bad: dict[str, str] = {}
         unleased: dict[str, int] = {}
         free_claims: dict[str, int] = {}
+        reports: list[tuple[bytes, MeterReport]] = []
 
         def name(key: bytes) -> str:
             return key.decode(errors="replace")
@@ -439,6 +475,15 @@ class CircuitStore:
                     marked[down[-1]] = str(records.parse(value).get("by", ""))
                 except records.BadRecord:
                     marked[down[-1]] = ""
+            elif key.startswith(self.meters):
+                if not lease:
+                    unleased[name(key)] = mod
+                    continue
+                try:
+                    reports.append((key, _meter_report(key[len(self.meters):].decode(errors="replace"),
+                                                       records.parse(value))))
+                except records.BadRecord as exc:
+                    bad[name(key)] = str(exc)
             elif key.startswith(self.marks):
                 if not lease:
                     unleased[name(key)] = mod
@@ -501,6 +546,12 @@ class CircuitStore:
             else:
                 tree = shape.with_reserves(seats)
         lost = down[0] if len(down) == 1 else None
+        meters: dict[str, NodeMeter] = {}
+        if tree is not None and any(n.meter is not None for n in tree.nodes.values()):
+            meters = self._node_meters(tree, reports, recs, lost if lost in tree.feeds() else None, bad)
+            tree = tree.with_unmanaged(unmanaged_by_node(tree, meters))
+        else:
+            bad.update({name(k): "a meter report on a circuit whose tree names no meter: ignored" for k, _ in reports})
         if down and tree_value is None:  # a flat circuit has no feeds: a mark means nothing there
             bad[name(self.down)] = f"feeds marked down {down} on a circuit without a power tree: ignored; " \
                 "remove them (circuit feed-up FEED)"
@@ -514,7 +565,24 @@ class CircuitStore:
                            seat_order=order, tree=tree, tree_bad=(tree_value is not None and tree is None) or down_bad,
                            lost=None if down_bad else lost)
         return Read(spec, view, revision, spec_mod, leases, spec_created, claims, recs, bad, tree_mod, marked,
-                    host_marks, unleased, free_claims)
+                    host_marks, unleased, free_claims, meters)
+
+    def _node_meters(self, tree: PowerTree, reports: list[tuple[bytes, MeterReport]], recs: dict[str, HostRecord],
+                     lost: str | None, bad: dict[str, str]) -> dict[str, NodeMeter]:
+        """Each metered node's figures from the reports of hosts under it (another's is
+        named in ``bad`` and left out) and the live hosts' published draw through it."""
+        under = tree.coefficients()
+        by_node: dict[str, dict[str, MeterReport]] = {}
+        for key, r in reports:
+            node = tree.nodes.get(r.node)
+            if node is None or node.meter is None:
+                bad[key.decode(errors="replace")] = f"a reading for {r.node!r}, which is no metered node of the tree"
+            elif r.host not in under.get(r.node, {}):
+                bad[key.decode(errors="replace")] = f"host {r.host!r} is not under node {r.node!r}: its reading is ignored"
+            else:
+                by_node.setdefault(r.node, {})[r.host] = r
+        reported = tree.loads_known_w({h: r.draw_w for h, r in recs.items()}, lost, flow=True)
+        return node_meters(tree, by_node, reported, self.wall_clock())
 
     async def lease_info(self, lease_id: int) -> tuple[int, int]:
         """(seconds left, granted TTL s) of ``lease_id``; seconds left -1: gone."""
@@ -708,6 +776,14 @@ class CircuitStore:
         """Publish ``host``'s record (its want, caps, draw, seat and grant) under its lease."""
         fields = stored_fields(record)
         await self._call(lambda c: c.put(self.key(self.wants, host), records.dumps(**fields), lease=lease_id))
+
+    async def put_meter(self, report: MeterReport, lease_id: int) -> None:
+        """``report.host``'s reading of ``report.node``'s meter, under its lease."""
+        value = records.dumps(value_w=round(report.value_w, 1), age_s=round(report.age_s, 2),
+                              changed_s=round(report.changed_s, 2), at=round(report.at, 3),
+                              **({} if report.refresh_s is None else {"refresh_s": round(report.refresh_s, 2)}))
+        key = self.meter_key(report.host, report.node)
+        await self._call(lambda c: c.put(key, value, lease=lease_id))
 
     async def put_want(self, host: str, want_w: float, lease_id: int) -> None:
         """A record with the want alone (the load benchmark's clients have no cards)."""

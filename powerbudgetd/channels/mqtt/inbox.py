@@ -21,6 +21,7 @@ from powerbudgetd.channels.mqtt._text import shown
 from powerbudgetd.channels.mqtt.discovery import ONLINE
 from powerbudgetd.channels.mqtt.identity import Identity
 from powerbudgetd.channels.mqtt.metrics import MqttMetrics
+from powerbudgetd.channels.mqtt.peers import MeterPeers
 from powerbudgetd.channels.mqtt.state import Publisher, StatePublisher
 from powerbudgetd.config import MqttConfig
 
@@ -45,8 +46,10 @@ class Inbox:
         *,
         clock: Callable[[], float],
         board_power_w: Callable[[], float | None],
+        peers: MeterPeers | None = None,
     ) -> None:
         self.cfg, self.state, self.identity, self.metrics = cfg, state, identity, metrics
+        self.peers = peers
         self.layout, self.meter, self.remote = state.layout, state.meter, state.remote
         self.clock, self.board_power_w = clock, board_power_w
         self._dropped_said: set[tuple[str, str]] = set()
@@ -66,6 +69,8 @@ class Inbox:
             return "ha_status", MAX_OTHER_BYTES
         if topic == self.layout.instance:
             return "instance", MAX_OTHER_BYTES
+        if self.peers is not None and self.peers.is_peer_topic(topic):
+            return "meter_peer", MAX_OTHER_BYTES
         if topic == self.layout.availability:
             return "availability", MAX_OTHER_BYTES
         if self.layout.is_ours(topic):
@@ -103,6 +108,8 @@ class Inbox:
         drops it)."""
         if kind == "instance":
             self.identity.on_announcement(payload)
+        elif kind == "meter_peer" and self.peers is not None:
+            self.peers.on_announcement(topic, payload)
         elif kind == "availability":
             # We are connected (this arrived): anything but "online" on our own topic (a
             # will or a goodbye of another client with our node id, a stale retained

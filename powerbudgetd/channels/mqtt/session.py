@@ -51,6 +51,7 @@ import powerbudgetd.channels.mqtt.discovery as ha
 from powerbudgetd.channels.mqtt.identity import Identity
 from powerbudgetd.channels.mqtt.inbox import Inbox
 from powerbudgetd.channels.mqtt.metrics import MqttMetrics
+from powerbudgetd.channels.mqtt.peers import MeterPeers
 from powerbudgetd.channels.mqtt.remote import RemoteBudget
 from powerbudgetd.channels.mqtt.refusals import Refusals
 from powerbudgetd.channels.mqtt.state import StatePublisher
@@ -58,6 +59,7 @@ from powerbudgetd.channels.mqtt.wallmeter import WallMeter
 from powerbudgetd.core.arbiter import BudgetArbiter
 from powerbudgetd.core.backoff import Backoff
 from powerbudgetd.core.feed import Feed
+from powerbudgetd.core.sensor import Reach
 from powerbudgetd.config import MqttConfig
 
 if TYPE_CHECKING:
@@ -126,8 +128,11 @@ class MqttBridge:
         self.state = StatePublisher(cfg, self.layout, arbiter, self.remote, self.meter, clock=clock,
                                     energy_j=energy_j)
         self.identity = Identity(cfg.node_id, self.layout.base, self.metrics)
+        self.peers = MeterPeers(cfg.node_id, cfg.meters_topic)
         self.inbox = Inbox(cfg, self.state, self.identity, self.metrics, clock=clock,
-                           board_power_w=self.board_power_w)
+                           board_power_w=self.board_power_w, peers=self.peers)
+        if cfg.wall_meter is not None and self.meter is not None:
+            self.peers.read({cfg.wall_meter.source_id(): (cfg.wall_meter.reach(), "[mqtt.wall_meter]")})
         self.metrics.meter_budget.set(arbiter.configured_w)
         self._sleep = asyncio.sleep  # tests watch the backoff through this
 
@@ -156,6 +161,11 @@ class MqttBridge:
     @configuration_url.setter
     def configuration_url(self, url: str | None) -> None:
         self.state.configuration_url = url
+
+    def announce_meter(self, source: str, reach: Reach, setting: str) -> None:
+        """Another meter this daemon closes a loop on (the UPS): announced with the wall
+        meter, checked against the other daemons reading it (``peers``)."""
+        self.peers.read({**self.peers.mine, source: (reach, setting)})
 
     def attach_ups(self, state: Callable[[], Mapping[str, Any]]) -> None:
         """Publish a UPS's state: ``state()`` returns at least ``state`` (``ok``, or why
@@ -244,7 +254,7 @@ class MqttBridge:
 
     def _subscriptions(self) -> list[str]:
         """Every topic a session subscribes to, in order."""
-        topics = [self.layout.instance, self.layout.availability]
+        topics = [self.layout.instance, self.layout.availability, self.peers.wildcard]
         if self.cfg.discovery:
             topics.append(self.layout.ha_status)
         if self.meter is not None:
@@ -273,6 +283,8 @@ class MqttBridge:
                                               for t in topics])
             self.refusals.check_suback(topics, granted)
             await client.publish(layout.instance, json.dumps(self.identity.announcement()), qos=1, retain=retain)
+            if self.peers.mine:  # the meters it reads: hosts behind one meter see each other
+                await client.publish(self.peers.own_topic, json.dumps(self.peers.announcement()), qos=1, retain=retain)
             tasks = [asyncio.create_task(self._publish_loop(client)), asyncio.create_task(self._receive_loop(client))]
             try:
                 done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
@@ -293,6 +305,8 @@ class MqttBridge:
                 await client.publish(self.layout.availability, "offline", qos=1, retain=self.retain)
                 if self.retain:  # leave no announcement behind to be mistaken for a live twin
                     await client.publish(self.layout.instance, b"", qos=1, retain=True)
+                    if self.peers.mine:  # ... nor a host behind a meter that is gone
+                        await client.publish(self.peers.own_topic, b"", qos=1, retain=True)
         except (aiomqtt.MqttError, TimeoutError):
             pass
 
