@@ -135,6 +135,57 @@ class _Host:
         self.poll_phase = round((index + 0.5) * sc.poll_s / (len(sc.hosts) + 1) / DT_S)
 
 
+class MeterTally:
+    """The meter figures of one run, sample by sample: the one home of their rules, for
+    the virtual-time runs here and for a run against a real UPS server on the wall
+    clock. ``allowance_s``: one refresh plus two polls (plus, against a real server, its
+    driver's own poll); ``step_times``: when demand stepped (s from the start)."""
+
+    def __init__(self, sc: MeterScenario, allowance_s: float | None = None) -> None:
+        self.sc = sc
+        self.allowance_s = sc.refresh_s + 2 * sc.poll_s if allowance_s is None else allowance_s
+        self.step_times = _demand_steps(sc)
+        self.figures = MeterFigures()
+        self.last_budget = [h.budget_w for h in sc.hosts]
+        self.swings = [0] * len(sc.hosts)
+
+    def sample(self, t: float, dt: float, plug_w: float, draws: Sequence[float], budgets: Sequence[float]) -> None:
+        """What held over ``[t, t + dt)``: the plug's draw (W), each host's GPUs' board
+        draw (W) and board budget in force (W)."""
+        sc, f = self.sc, self.figures
+        since_step = min((t - s for s in self.step_times if s <= t), default=t)
+        steady = t >= sc.warmup_s and since_step >= max(STEADY_AFTER_S, self.allowance_s)
+        for i, b in enumerate(budgets):
+            if abs(b - self.last_budget[i]) > SWING_FRACTION * sc.hosts[i].budget_w:
+                if steady:
+                    self.swings[i] += 1
+                self.last_budget[i] = b
+        if steady:
+            f.steady_s += dt
+        # what was done, and what the oracle could have done
+        f.work += dt * sum(draws)
+        room_w = (sc.limit_w - sc.unmanaged(t)) * sc.psu_efficiency - sum(h.host_w for h in sc.hosts)
+        wants = [min(h.demand(t), h.budget_w) for h in sc.hosts]
+        f.oracle_work += dt * sum(max_min_fair(room_w, {str(i): w for i, w in enumerate(wants)}).values())
+        if t >= sc.warmup_s and plug_w > sc.limit_w + 0.5:
+            f.over_s += dt
+            f.worst_excess_w = max(f.worst_excess_w, plug_w - sc.limit_w)
+            if since_step > self.allowance_s and t - sc.warmup_s > self.allowance_s:
+                f.over_beyond_allowance_s += dt
+
+    def done(self) -> MeterFigures:
+        f = self.figures
+        f.swings = max(self.swings)
+        f.swings_per_min = max(self.swings) / (f.steady_s / 60) if f.steady_s > 0 else 0.0
+        return f
+
+
+def plug_w(sc: MeterScenario, t: float, draws: Sequence[float]) -> float:
+    """The plug's draw (W) at ``t``: every host's wall power (its GPUs' board draw plus
+    its own, through its PSU) and the unmanaged load beside them."""
+    return sum((d + h.host_w) / sc.psu_efficiency for d, h in zip(draws, sc.hosts, strict=True)) + sc.unmanaged(t)
+
+
 def run_meter_scenario(sc: MeterScenario, *, keep_series: bool = False, reference: bool = False) -> MeterFigures:
     """Simulate ``sc``; see the module docstring. ``reference``: the loop without the
     sensor model's bounded rise (every rise taken whole, at once): what the bound costs."""
@@ -143,16 +194,11 @@ def run_meter_scenario(sc: MeterScenario, *, keep_series: bool = False, referenc
     if reference:
         for h in hosts:
             h.channel.guard.params = dataclasses.replace(h.channel.guard.params, rise_gain=1.0, rise_fraction_s=1e9)
-    eff = sc.psu_efficiency
-    figures = MeterFigures()
-    step_times = _demand_steps(sc)
-    allowance_s = sc.refresh_s + 2 * sc.poll_s
+    tally = MeterTally(sc)
     tick_every = round(TICK_S / DT_S)
     refresh_every = max(1, round(sc.refresh_s / DT_S))
     poll_every = max(1, round(sc.poll_s / DT_S))
     meter_w: float | None = None
-    last_budget = [h.spec.budget_w for h in hosts]
-    swings = [0] * len(hosts)
     n = round(sc.duration_s / DT_S)
     for k in range(n + 1):
         t = round(k * DT_S, 9)
@@ -160,9 +206,9 @@ def run_meter_scenario(sc: MeterScenario, *, keep_series: bool = False, referenc
         # the plant: cards draw their demand up to the limits set at the last tick
         for h in hosts:
             h.draw_w = min(h.spec.demand(t), h.cap_w)
-        plug_w = sum((h.draw_w + h.spec.host_w) / eff for h in hosts) + sc.unmanaged(t)
+        plug = plug_w(sc, t, [h.draw_w for h in hosts])
         if k % refresh_every == 0:
-            meter_w = plug_w  # the driver's refresh: the UPS's figure changes
+            meter_w = plug  # the driver's refresh: the UPS's figure changes
         for h in hosts:
             if k % tick_every == 0:
                 h.channel.bank(t, h.draw_w, 0.0)
@@ -170,31 +216,11 @@ def run_meter_scenario(sc: MeterScenario, *, keep_series: bool = False, referenc
             if meter_w is not None and k % poll_every == h.poll_phase % poll_every:
                 h.channel.variables({"ups.status": "OL", "ups.realpower": f"{meter_w:.0f}"})
         budgets = [h.arbiter.resolve(t).budget_w for h in hosts]
-        since_step = min((t - s for s in step_times if s <= t), default=t)
-        steady = t >= sc.warmup_s and since_step >= max(STEADY_AFTER_S, allowance_s)
-        for i, b in enumerate(budgets):
-            if abs(b - last_budget[i]) > SWING_FRACTION * hosts[i].spec.budget_w:
-                if steady:
-                    swings[i] += 1
-                last_budget[i] = b
-        if steady:
-            figures.steady_s += DT_S
-        # what was done, and what the oracle could have done
-        figures.work += DT_S * sum(h.draw_w for h in hosts)
-        room_w = (sc.limit_w - sc.unmanaged(t)) * eff - sum(h.spec.host_w for h in hosts)
-        wants = [min(h.spec.demand(t), h.spec.budget_w) for h in hosts]
-        figures.oracle_work += DT_S * sum(max_min_fair(room_w, {str(i): w for i, w in enumerate(wants)}).values())
-        if t >= sc.warmup_s and plug_w > sc.limit_w + 0.5:
-            figures.over_s += DT_S
-            figures.worst_excess_w = max(figures.worst_excess_w, plug_w - sc.limit_w)
-            if since_step > allowance_s and t - sc.warmup_s > allowance_s:
-                figures.over_beyond_allowance_s += DT_S
+        tally.sample(t, DT_S, plug, [h.draw_w for h in hosts], budgets)
         if keep_series:
-            figures.budgets.append(budgets)
-            figures.plug_w.append(plug_w)
-    figures.swings = max(swings)
-    figures.swings_per_min = max(swings) / (figures.steady_s / 60) if figures.steady_s > 0 else 0.0
-    return figures
+            tally.figures.budgets.append(budgets)
+            tally.figures.plug_w.append(plug)
+    return tally.done()
 
 
 # -- the scenarios ---------------------------------------------------------------------------------
