@@ -888,6 +888,13 @@ def _run_locked(args: argparse.Namespace, settings: Settings, config_path: Path)
             recorder.extras["ups"] = ups.record
         if bridge is not None:  # Home Assistant's UPS sensor and "on battery"
             bridge.attach_ups(ups.record)
+    if settings.pdu is not None and feed is not None:  # pysnmp is imported only when a PDU is configured
+        from powerbudgetd.channels.pdu import pdu_channel
+
+        pdu = pdu_channel(settings.pdu, daemon.arbiter, feed, registry=registry)
+        daemon.register(pdu)
+        if recorder is not None:
+            recorder.extras["pdu"] = pdu.record
     if settings.circuit is not None and not guest:  # aetcd is imported only when a circuit is configured
         from powerbudgetd.channels.circuit.channel import CircuitChannel
 

@@ -245,6 +245,40 @@ UPS_MEASURED_LOAD_TRUSTED = _declare(
     "1 while the UPS's measured load may raise the budget; 0 after an implausible one, until plausible readings return",
 )
 
+# -- polled meters: a PDU over SNMP ([pdu]), the host's BMC over Redfish ([bmc]) ----------------
+METER_STATE = _declare(
+    "meter_state", "gauge", "1 for the state of each polled meter (source pdu, bmc): ok, waiting, implausible, or why "
+    "it is silent", ("source", "state"),
+)
+METER_POWER = _declare(
+    "meter_power_watts", "gauge", "The meter's last plausible figure: real power at the plug (a PDU's inlet or the "
+    "sum of the named outlets, the BMC's chassis power)", ("source",), "watts",
+)
+METER_PART_POWER = _declare(
+    "meter_part_power_watts", "gauge", "Each named outlet's real power as the PDU last gave it", ("source", "part"),
+    "watts",
+)
+METER_READING_AGE = _declare(
+    "meter_reading_age_seconds", "gauge",
+    "Seconds since the meter's figure last changed (a figure that stands is no new reading)", ("source",), "seconds",
+)
+METER_BUDGET = _declare(
+    "meter_budget_watts", "gauge", "Board budget the meter allows (the configured budget when it does not limit)",
+    ("source",), "watts",
+)
+METER_TRUSTED = _declare(
+    "meter_trusted", "gauge",
+    "1 while the meter's figures may raise the budget; 0 after an implausible one, until plausible ones return",
+    ("source",),
+)
+METER_READINGS_IMPLAUSIBLE = _declare(
+    "meter_readings_implausible", "counter",
+    "Meter figures refused by the plausibility rule (sentinel, below_own_draw, frozen, not_watts)", ("source", "reason"),
+)
+METER_POLLS_FAILED = _declare(
+    "meter_polls_failed", "counter", "Polls of a meter that gave no figure, by cause", ("source", "cause"),
+)
+
 # -- MQTT: broker, wall meter, remote budget ([mqtt]) -----------------------------------------
 MQTT_CONNECTED = _declare("mqtt_connected", "gauge", "1 while connected to the MQTT broker")
 MQTT_DROPPED = _declare(

@@ -191,6 +191,18 @@ def meter_reach_lines(settings: Settings) -> list[str]:
     meter = settings.mqtt.wall_meter if settings.mqtt is not None else None
     if meter is not None:
         out.append(f"wall meter: {meter.reach().describe()} ([mqtt.wall_meter] hosts / share)")
+    if settings.pdu is not None:
+        pdu = settings.pdu
+        limit = pdu.limit_w if pdu.limit_w is not None else (settings.feed.feed().wall_limit_w() if settings.feed else None)
+        out.append(f"PDU over SNMP v{pdu.version}: {pdu.where()}, held to {_w(limit or 0)} W at the plug "
+                   f"({'limit_w' if pdu.limit_w is not None else '[feed]'}), every {_n(pdu.poll_s)} s; "
+                   f"{pdu.reach().describe()} ([pdu] {'outlets' if pdu.outlets else 'hosts / share'})")
+    if settings.bmc is not None:
+        bmc = settings.bmc
+        limit = bmc.limit_w if bmc.limit_w is not None else (settings.feed.feed().wall_limit_w() if settings.feed else None)
+        out.append(f"BMC over Redfish: {bmc.url}{f' chassis {bmc.chassis}' if bmc.chassis else ''}, held to "
+                   f"{_w(limit or 0)} W at the plug ({'limit_w' if bmc.limit_w is not None else '[feed]'}), every "
+                   f"{_n(bmc.poll_s)} s; the host's own draw")
     return out
 
 
