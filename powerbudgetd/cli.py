@@ -895,6 +895,13 @@ def _run_locked(args: argparse.Namespace, settings: Settings, config_path: Path)
         daemon.register(pdu)
         if recorder is not None:
             recorder.extras["pdu"] = pdu.record
+    if settings.bmc is not None and feed is not None:  # sushy is imported only when a BMC is configured
+        from powerbudgetd.channels.bmc import bmc_channel
+
+        bmc = bmc_channel(settings.bmc, daemon.arbiter, feed, registry=registry)
+        daemon.register(bmc)
+        if recorder is not None:
+            recorder.extras["bmc"] = bmc.record
     if settings.circuit is not None and not guest:  # aetcd is imported only when a circuit is configured
         from powerbudgetd.channels.circuit.channel import CircuitChannel
 
