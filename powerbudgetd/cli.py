@@ -902,6 +902,10 @@ def _run_locked(args: argparse.Namespace, settings: Settings, config_path: Path)
         daemon.register(bmc)
         if recorder is not None:
             recorder.extras["bmc"] = bmc.record
+    if settings.rapl is not None and settings.feed is not None:  # the host's own draw measured
+        from powerbudgetd.channels.rapl import RaplChannel
+
+        daemon.register(RaplChannel(settings.rapl, settings.feed, daemon.arbiter, registry=registry))
     if settings.circuit is not None and not guest:  # aetcd is imported only when a circuit is configured
         from powerbudgetd.channels.circuit.channel import CircuitChannel
 

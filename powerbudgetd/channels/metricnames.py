@@ -128,8 +128,8 @@ OVER_BUDGET_SECONDS = _declare(
 MODE = _declare("mode", "gauge", "1 for the bank's current operating mode, 0 for the others", ("mode",))
 BUDGET_SOURCE_WATTS = _declare(
     "budget_source_watts", "gauge",
-    "Each budget source's current value: config (the file or its [feed] derivation), ups, wall_meter, remote, "
-    "circuit; the lowest is in force, never above config",
+    "Each budget source's current value: config (the file or its [feed] derivation), ups, wall_meter, pdu, bmc, "
+    "rapl, remote, circuit; the lowest is in force, never above config",
     ("source",), "watts",
 )
 BUDGET_SOURCE_IN_FORCE = _declare(
@@ -277,6 +277,20 @@ METER_READINGS_IMPLAUSIBLE = _declare(
 )
 METER_POLLS_FAILED = _declare(
     "meter_polls_failed", "counter", "Polls of a meter that gave no figure, by cause", ("source", "cause"),
+)
+
+# -- the host's own draw measured: the CPU packages' RAPL counters ([rapl]) ------------------------
+HOST_CPU_POWER = _declare(
+    "host_cpu_power_watts", "gauge", "The CPU packages' power over the last RAPL window (NaN: not read)",
+    unit="watts",
+)
+HOST_CPU_POWER_AGE = _declare(
+    "host_cpu_power_age_seconds", "gauge", "Seconds since the last RAPL window closed", unit="seconds",
+)
+HOST_DRAW = _declare(
+    "host_draw_watts", "gauge",
+    "The host's own draw in the feed's budget: [feed] host_w, or the packages + [rapl] other_w where higher",
+    unit="watts",
 )
 
 # -- MQTT: broker, wall meter, remote budget ([mqtt]) -----------------------------------------

@@ -41,7 +41,7 @@ from powerbudgetd.core.peaks import MEASURED_TRANSIENT_FACTOR, FeedLine, binding
 from powerbudgetd.errors import ConfigError
 from powerbudgetd.core.model import Timings
 from powerbudgetd.config.kubernetes import KubernetesConfig
-from powerbudgetd.config.meters import BmcConfig, PduConfig
+from powerbudgetd.config.meters import BmcConfig, PduConfig, RaplConfig
 from powerbudgetd.config.base import (  # noqa: F401 - re-exported: the section base and the secrets rule
     MAX_SECRET_BYTES, _MeterReach, _Section, check_private, credential_path, read_secret, resolve_password,
 )
@@ -734,6 +734,7 @@ class Settings(BaseSettings):
     kubernetes: KubernetesConfig | None = None  # off unless a node is named: its startup taint and labels
     pdu: PduConfig | None = None  # off unless configured: a metered PDU over SNMP (config.meters)
     bmc: BmcConfig | None = None  # off unless configured: the host's BMC over Redfish (config.meters)
+    rapl: RaplConfig | None = None  # off unless configured: the CPU packages' measured draw (config.meters)
 
     @model_validator(mode="after")
     def _check(self) -> Settings:
@@ -743,10 +744,12 @@ class Settings(BaseSettings):
             raise ValueError(f"the feed leaves no board budget: {self.effective_budget_w():.0f} W")
         if self.mqtt is not None and self.mqtt.wall_meter is not None and self.feed is None:
             raise ValueError("[mqtt.wall_meter] needs a [feed] section: the plug-side limit and PSU efficiency come from it")
-        for name, meter in (("pdu", self.pdu), ("bmc", self.bmc)):
+        for name, meter, why in (
+                ("pdu", self.pdu, "the PSU efficiency (and, without limit_w, the plug-side limit) come from it"),
+                ("bmc", self.bmc, "the PSU efficiency (and, without limit_w, the plug-side limit) come from it"),
+                ("rapl", self.rapl, "the measured host draw replaces its host_w in the feed's budget")):
             if meter is not None and self.feed is None:
-                raise ValueError(f"[{name}] needs a [feed] section: the PSU efficiency (and, without limit_w, the "
-                                 "plug-side limit) come from it")
+                raise ValueError(f"[{name}] needs a [feed] section: {why}")
         if self.ups is not None and self.ups.feed is not None and self.circuit is None:
             raise ValueError(f"[ups] feed {self.ups.feed!r} needs a [circuit] section: the feed is marked lost "
                              "in the shared circuit's power tree")
@@ -1134,7 +1137,7 @@ def _required_fields(model: type[BaseModel]) -> list[str]:
 # turn them on by half.
 _OPTIONAL_SECTIONS: dict[str, type[BaseModel]] = {
     "mqtt": MqttConfig, "feed": FeedConfig, "ups": UpsConfig, "circuit": CircuitConfig, "pdu": PduConfig,
-    "bmc": BmcConfig,
+    "bmc": BmcConfig, "rapl": RaplConfig,
 }
 
 

@@ -25,7 +25,7 @@ from urllib.parse import urlsplit
 
 from pydantic import Field, SecretStr, field_validator, model_validator
 
-from powerbudgetd.config.base import _MeterReach, resolve_password
+from powerbudgetd.config.base import _MeterReach, _Section, resolve_password
 
 PDU_COMMUNITY_CREDENTIAL = "pdu-snmp-community"
 PDU_AUTH_KEY_CREDENTIAL = "pdu-snmp-auth-key"
@@ -181,3 +181,19 @@ class BmcConfig(_PolledMeter):
         if self.hosts != 1 or self.share is not None:
             raise ValueError("a BMC measures its own host alone: leave hosts and share out")
         return self
+
+
+class RaplConfig(_Section):
+    """The CPU packages' power from the kernel's powercap RAPL counters under ``root``
+    (``intel-rapl:N/energy_uj``, wrapping at ``max_energy_range_uj``; the package zones,
+    not their sub-zones), over windows of ``window_s``. The host's own draw (at the PSU
+    output, as ``[feed] host_w``) is then measured: packages + ``other_w`` (what RAPL
+    does not see: fans, drives, NICs, memory), and the feed's board budget is worked out
+    with it wherever it is above ``host_w``. ``host_w`` stays the floor of the host's
+    draw (a CPU's draw steps up faster than a window shows), so a measured draw can
+    lower the budget, never raise it above what ``host_w`` allows. A counter that
+    cannot be read falls back to ``host_w`` alone (said once)."""
+
+    root: Path = Path("/sys/class/powercap")
+    window_s: float = Field(1.0, ge=0.1, le=60)
+    other_w: float = Field(0.0, ge=0, le=100_000)

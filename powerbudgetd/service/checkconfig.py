@@ -203,6 +203,11 @@ def meter_reach_lines(settings: Settings) -> list[str]:
         out.append(f"BMC over Redfish: {bmc.url}{f' chassis {bmc.chassis}' if bmc.chassis else ''}, held to "
                    f"{_w(limit or 0)} W at the plug ({'limit_w' if bmc.limit_w is not None else '[feed]'}), every "
                    f"{_n(bmc.poll_s)} s; the host's own draw")
+    if settings.rapl is not None and settings.feed is not None:
+        rapl = settings.rapl
+        out.append(f"host draw from RAPL: the CPU packages under {rapl.root} + other_w {_n(rapl.other_w)} W, over "
+                   f"{_n(rapl.window_s)} s windows; where above [feed] host_w {_n(settings.feed.host_w)} W it lowers "
+                   "the feed's budget (never raises it)")
     return out
 
 

@@ -127,3 +127,14 @@ def test_an_auth_key_is_never_quoted_in_an_error(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as exc:
         load_config(path)
     assert "pdu.auth_key" in str(exc.value) and SECRET not in str(exc.value)
+
+
+def test_check_config_says_how_rapl_applies(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = write(tmp_path, BASE + '[rapl]\nroot = "/sys/class/powercap"\nother_w = 80\n')
+    assert main(["check-config", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "host draw from RAPL: the CPU packages under /sys/class/powercap + other_w 80 W" in out
+    assert "where above [feed] host_w 50 W it lowers the feed's budget" in out
+    with pytest.raises(ConfigError) as exc:
+        load_config(write(tmp_path, 'budget_w = 1000\n[rapl]\n'))
+    assert "[rapl] needs a [feed] section" in str(exc.value)

@@ -5,6 +5,7 @@ daemon as a process wires each meter to its budget loop, serves each figure and 
 from __future__ import annotations
 
 import re
+import threading
 from pathlib import Path
 
 import pytest
@@ -71,3 +72,56 @@ poll_s = 0.5
     finally:
         agent.close()
         bmc.stop()
+
+
+def test_the_daemon_measures_the_host_s_draw_from_rapl(tmp_path: Path, launch: Launch) -> None:
+    zone = tmp_path / "powercap" / "intel-rapl:0"
+    zone.mkdir(parents=True)
+    (zone / "max_energy_range_uj").write_text("262143328850\n")
+    (zone / "energy_uj").write_text("0\n")
+    stop = threading.Event()
+
+    def count() -> None:  # the package draws 400 W: 40 J every 0.1 s
+        uj = 0
+        while not stop.wait(0.1):
+            uj += 40_000_000
+            tmp = zone / "energy_uj.tmp"
+            tmp.write_text(f"{uj}\n")
+            tmp.replace(zone / "energy_uj")
+
+    counter = threading.Thread(target=count, daemon=True)
+    counter.start()
+    try:
+        port = free_port()
+        config = tmp_path / "powerbudgetd.toml"
+        config.write_text(f"""budget_w = 1000
+[metrics]
+port = {port}
+[recorder]
+enabled = false
+[feed]
+breaker_a = 15
+volts = 120
+host_w = 50
+transient_factor = 1.0
+[sim]
+scenario = "{idle_4(tmp_path)}"
+[rapl]
+root = "{tmp_path / 'powercap'}"
+window_s = 0.5
+other_w = 60
+""")
+        d = launch(config)
+        text = d.wait_for(lambda: (t := scrape(port, 1)) and re.search(r"^powerbudgetd_host_cpu_power_watts \d", t, re.M)
+                          and t, "the packages' power on /metrics", ignore=(OSError,))
+        cpu = float(re.search(r"^powerbudgetd_host_cpu_power_watts (\S+)$", text, re.M).group(1))  # type: ignore[union-attr]
+        assert 300 < cpu < 500  # 400 W, give or take a write landing either side of a window
+        host = float(re.search(r"^powerbudgetd_host_draw_watts (\S+)$", text, re.M).group(1))  # type: ignore[union-attr]
+        assert host == pytest.approx(cpu + 60)
+        # the circuit: 1440 W x 0.9 = 1296 W less ~460 W of host: the budget is the measured draw's
+        d.wait_for(lambda: (t := scrape(port, 1)) and 'powerbudgetd_budget_source_in_force{source="rapl"} 1.0' in t,
+                   "the budget from rapl", ignore=(OSError,))
+        assert d.stop() == 0
+    finally:
+        stop.set()
+        counter.join()
