@@ -35,6 +35,15 @@ log = structlog.get_logger("powerbudgetd")
 SOURCE = "rapl"
 
 
+class RaplMetrics:
+    """The measured host draw's series: the packages' power, its age, the draw in force."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.cpu = names.gauge(names.HOST_CPU_POWER, registry)
+        self.host = names.gauge(names.HOST_DRAW, registry)
+        self.age = names.gauge(names.HOST_CPU_POWER_AGE, registry)
+
+
 class RaplChannel:
     """See the module docstring. ``feed``: the ``[feed]`` whose ``host_w`` the measured
     draw stands in for; ``state``: ``waiting``, ``ok`` or ``unreadable``."""
@@ -48,9 +57,8 @@ class RaplChannel:
         self.host_w: float | None = None  # the host draw in force: max(host_w, packages + other_w) (W)
         self.budget_w: float | None = None  # the feed's board budget on it (W)
         self._zones: list[Path] | None = None
-        self.metrics_cpu = names.gauge(names.HOST_CPU_POWER, registry)
-        self.metrics_host = names.gauge(names.HOST_DRAW, registry)
-        self.metrics_age = names.gauge(names.HOST_CPU_POWER_AGE, registry)
+        metrics = RaplMetrics(registry)
+        self.metrics_cpu, self.metrics_host, self.metrics_age = metrics.cpu, metrics.host, metrics.age
         self._sampled_at: float | None = None
         for g in (self.metrics_cpu, self.metrics_age):
             g.set(float("nan"))
@@ -111,4 +119,4 @@ class RaplChannel:
             self.state = "unreadable"
 
 
-__all__ = ["SOURCE", "RaplChannel"]
+__all__ = ["SOURCE", "RaplChannel", "RaplMetrics"]
