@@ -893,6 +893,24 @@ def _run_locked(args: argparse.Namespace, settings: Settings, config_path: Path)
             bridge.attach_ups(ups.record)
             if settings.ups.measured_load and settings.feed is not None:  # other hosts behind it: announced, checked
                 bridge.announce_meter(settings.ups.source_id(), settings.ups.reach(), "[ups]")
+    if settings.pdu is not None and feed is not None:  # pysnmp is imported only when a PDU is configured
+        from powerbudgetd.channels.pdu import pdu_channel
+
+        pdu = pdu_channel(settings.pdu, daemon.arbiter, feed, registry=registry)
+        daemon.register(pdu)
+        if recorder is not None:
+            recorder.extras["pdu"] = pdu.record
+    if settings.bmc is not None and feed is not None:  # sushy is imported only when a BMC is configured
+        from powerbudgetd.channels.bmc import bmc_channel
+
+        bmc = bmc_channel(settings.bmc, daemon.arbiter, feed, registry=registry)
+        daemon.register(bmc)
+        if recorder is not None:
+            recorder.extras["bmc"] = bmc.record
+    if settings.rapl is not None and settings.feed is not None:  # the host's own draw measured
+        from powerbudgetd.channels.rapl import RaplChannel
+
+        daemon.register(RaplChannel(settings.rapl, settings.feed, daemon.arbiter, registry=registry))
     if settings.circuit is not None and not guest:  # aetcd is imported only when a circuit is configured
         from powerbudgetd.channels.circuit.channel import CircuitChannel
 

@@ -128,8 +128,8 @@ OVER_BUDGET_SECONDS = _declare(
 MODE = _declare("mode", "gauge", "1 for the bank's current operating mode, 0 for the others", ("mode",))
 BUDGET_SOURCE_WATTS = _declare(
     "budget_source_watts", "gauge",
-    "Each budget source's current value: config (the file or its [feed] derivation), ups, wall_meter, remote, "
-    "circuit; the lowest is in force, never above config",
+    "Each budget source's current value: config (the file or its [feed] derivation), ups, wall_meter, pdu, bmc, "
+    "rapl, remote, circuit; the lowest is in force, never above config",
     ("source",), "watts",
 )
 BUDGET_SOURCE_IN_FORCE = _declare(
@@ -243,6 +243,54 @@ UPS_READINGS_IMPLAUSIBLE = _declare(
 UPS_MEASURED_LOAD_TRUSTED = _declare(
     "ups_measured_load_trusted", "gauge",
     "1 while the UPS's measured load may raise the budget; 0 after an implausible one, until plausible readings return",
+)
+
+# -- polled meters: a PDU over SNMP ([pdu]), the host's BMC over Redfish ([bmc]) ----------------
+METER_STATE = _declare(
+    "meter_state", "gauge", "1 for the state of each polled meter (source pdu, bmc): ok, waiting, implausible, or why "
+    "it is silent", ("source", "state"),
+)
+METER_POWER = _declare(
+    "meter_power_watts", "gauge", "The meter's last plausible figure: real power at the plug (a PDU's inlet or the "
+    "sum of the named outlets, the BMC's chassis power)", ("source",), "watts",
+)
+METER_PART_POWER = _declare(
+    "meter_part_power_watts", "gauge", "Each named outlet's real power as the PDU last gave it", ("source", "part"),
+    "watts",
+)
+METER_READING_AGE = _declare(
+    "meter_reading_age_seconds", "gauge",
+    "Seconds since the meter's figure last changed (a figure that stands is no new reading)", ("source",), "seconds",
+)
+METER_BUDGET = _declare(
+    "meter_budget_watts", "gauge", "Board budget the meter allows (the configured budget when it does not limit)",
+    ("source",), "watts",
+)
+METER_TRUSTED = _declare(
+    "meter_trusted", "gauge",
+    "1 while the meter's figures may raise the budget; 0 after an implausible one, until plausible ones return",
+    ("source",),
+)
+METER_READINGS_IMPLAUSIBLE = _declare(
+    "meter_readings_implausible", "counter",
+    "Meter figures refused by the plausibility rule (sentinel, below_own_draw, frozen, not_watts)", ("source", "reason"),
+)
+METER_POLLS_FAILED = _declare(
+    "meter_polls_failed", "counter", "Polls of a meter that gave no figure, by cause", ("source", "cause"),
+)
+
+# -- the host's own draw measured: the CPU packages' RAPL counters ([rapl]) ------------------------
+HOST_CPU_POWER = _declare(
+    "host_cpu_power_watts", "gauge", "The CPU packages' power over the last RAPL window (NaN: not read)",
+    unit="watts",
+)
+HOST_CPU_POWER_AGE = _declare(
+    "host_cpu_power_age_seconds", "gauge", "Seconds since the last RAPL window closed", unit="seconds",
+)
+HOST_DRAW = _declare(
+    "host_draw_watts", "gauge",
+    "The host's own draw in the feed's budget: [feed] host_w, or the packages + [rapl] other_w where higher",
+    unit="watts",
 )
 
 # -- MQTT: broker, wall meter, remote budget ([mqtt]) -----------------------------------------

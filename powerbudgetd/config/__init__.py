@@ -23,7 +23,6 @@ from typing import Annotated, Any, Literal
 
 from pydantic import (
     BaseModel,
-    ConfigDict,
     Field,
     IPvAnyAddress,
     PrivateAttr,
@@ -39,10 +38,13 @@ from powerbudgetd.core.feed import DEFAULT_DERATING, DEFAULT_PSU_EFFICIENCY, DEF
 from powerbudgetd.core.model import CardOverride
 from powerbudgetd.core.meterpath import PathError, watts_at
 from powerbudgetd.core.peaks import MEASURED_TRANSIENT_FACTOR, FeedLine, binding_line, transient_factor
-from powerbudgetd.core.sensor import Reach
 from powerbudgetd.errors import ConfigError
 from powerbudgetd.core.model import Timings
 from powerbudgetd.config.kubernetes import KubernetesConfig
+from powerbudgetd.config.meters import BmcConfig, PduConfig, RaplConfig
+from powerbudgetd.config.base import (  # noqa: F401 - re-exported: the section base and the secrets rule
+    MAX_SECRET_BYTES, _MeterReach, _Section, check_private, credential_path, read_secret, resolve_password,
+)
 
 DEFAULT_CONFIG_PATH = Path("/etc/powerbudgetd/powerbudgetd.toml")
 ENV_PREFIX = "POWERBUDGETD_"
@@ -66,10 +68,6 @@ _IGNORED_ENV: ContextVar[frozenset[str]] = ContextVar("_IGNORED_ENV", default=fr
 def default_config_path() -> Path:
     """``$POWERBUDGETD_CONFIG``, else ``/etc/powerbudgetd/powerbudgetd.toml``."""
     return Path(os.environ.get("POWERBUDGETD_CONFIG") or DEFAULT_CONFIG_PATH)
-
-
-class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
 class CardConfig(_Section):
@@ -325,19 +323,6 @@ METER_SAMPLES: dict[str, tuple[dict[str, Any], ...]] = {
 _PRESET_PATHS = {"tasmota": "ENERGY.Power", "shelly": "apower"}
 
 
-class _MeterReach(_Section):
-    """What a meter covers besides this host (``core.sensor.Reach``): ``hosts``, the
-    powerbudgetd hosts behind it (this one included; each takes 1/hosts of its excess
-    and headroom), or ``share``, the fraction this host takes (hosts of unequal size).
-    Left out: the meter is this host's alone."""
-
-    hosts: int = Field(1, ge=1, le=1000)
-    share: float | None = Field(None, gt=0, le=1)
-
-    def reach(self) -> Reach:
-        return Reach(self.hosts, self.share)
-
-
 class WallMeterConfig(_MeterReach):
     """A smart plug or metered PDU that reports the host's wall (plug) power over MQTT.
 
@@ -435,46 +420,6 @@ class RemoteBudgetConfig(_Section):
 MQTT_PASSWORD_CREDENTIAL = "mqtt-password"
 CIRCUIT_PASSWORD_CREDENTIAL = "etcd-password"
 UPS_PASSWORD_CREDENTIAL = "ups-password"
-MAX_SECRET_BYTES = 4096
-
-
-def credential_path(name: str) -> Path | None:
-    """``$CREDENTIALS_DIRECTORY/name`` when systemd passed that credential, else None."""
-    directory = os.environ.get("CREDENTIALS_DIRECTORY")
-    if not directory:
-        return None
-    path = Path(directory) / name
-    return path if path.is_file() else None
-
-
-def check_private(path: Path, what: str) -> None:
-    """The one rule for every file holding a secret (a password file, a credential, a
-    TLS private key): when this process is root, readable by its owner only.
-
-    Raises ValueError naming the file and the fix (never its contents); OSError when it
-    cannot be read at all.
-    """
-    st = path.stat()
-    if os.geteuid() == 0 and st.st_mode & 0o077:
-        raise ValueError(
-            f"{path} {what} but is open to group or others (mode {stat.S_IMODE(st.st_mode):04o}); "
-            f"fix: chmod 600 {path}"
-        )
-
-
-def resolve_password(password: SecretStr | None, password_file: Path | None, credential: str) -> SecretStr | None:
-    """A section's password, first found wins: ``password`` (the file or the
-    environment), ``password_file``, the systemd credential ``credential``. Raises
-    ValueError when both ``password`` and ``password_file`` are given, or for a file
-    :func:`read_secret` refuses."""
-    if password is not None and password_file is not None:
-        raise ValueError("give password or password_file, not both")
-    if password is not None:
-        return password
-    source = password_file or credential_path(credential)
-    return None if source is None else SecretStr(read_secret(source))
-
-
 def check_tls_files(section: typing.Mapping[str, Path | None]) -> None:
     """``ca_file``, ``cert_file`` and ``key_file`` exist; the private key is private
     (:func:`check_private`). Raises ValueError naming the field."""
@@ -488,24 +433,6 @@ def check_tls_files(section: typing.Mapping[str, Path | None]) -> None:
             check_private(key, "holds a private key")
         except OSError as exc:
             raise ValueError(f"key_file: cannot read {key}: {exc.strerror or exc}") from None
-
-
-def read_secret(path: Path) -> str:
-    """A secret file's contents, without the trailing newline.
-
-    Raises ValueError naming the file (never its contents): unreadable, empty, too long,
-    or, when this process is root, readable by group or others.
-    """
-    try:
-        check_private(path, "holds a secret")
-        with open(path, "rb") as fh:
-            data = fh.read(MAX_SECRET_BYTES + 1)
-    except OSError as exc:
-        raise ValueError(f"cannot read the secret in {path}: {exc.strerror or exc}") from None
-    text = data.decode("utf-8", "replace").rstrip("\r\n")
-    if not text or len(data) > MAX_SECRET_BYTES:
-        raise ValueError(f"{path}: expected one line holding the secret, got {'nothing' if not text else 'too much'}")
-    return text
 
 
 class MqttConfig(_Section):
@@ -819,6 +746,9 @@ class Settings(BaseSettings):
     ups: UpsConfig | None = None  # off unless configured
     circuit: CircuitConfig | None = None  # off unless configured: one budget shared with other hosts
     kubernetes: KubernetesConfig | None = None  # off unless a node is named: its startup taint and labels
+    pdu: PduConfig | None = None  # off unless configured: a metered PDU over SNMP (config.meters)
+    bmc: BmcConfig | None = None  # off unless configured: the host's BMC over Redfish (config.meters)
+    rapl: RaplConfig | None = None  # off unless configured: the CPU packages' measured draw (config.meters)
 
     @model_validator(mode="after")
     def _check(self) -> Settings:
@@ -828,6 +758,12 @@ class Settings(BaseSettings):
             raise ValueError(f"the feed leaves no board budget: {self.effective_budget_w():.0f} W")
         if self.mqtt is not None and self.mqtt.wall_meter is not None and self.feed is None:
             raise ValueError("[mqtt.wall_meter] needs a [feed] section: the plug-side limit and PSU efficiency come from it")
+        for name, meter, why in (
+                ("pdu", self.pdu, "the PSU efficiency (and, without limit_w, the plug-side limit) come from it"),
+                ("bmc", self.bmc, "the PSU efficiency (and, without limit_w, the plug-side limit) come from it"),
+                ("rapl", self.rapl, "the measured host draw replaces its host_w in the feed's budget")):
+            if meter is not None and self.feed is None:
+                raise ValueError(f"[{name}] needs a [feed] section: {why}")
         if self.ups is not None and self.ups.feed is not None and self.circuit is None:
             raise ValueError(f"[ups] feed {self.ups.feed!r} needs a [circuit] section: the feed is marked lost "
                              "in the shared circuit's power tree")
@@ -1151,6 +1087,8 @@ _SECRET_ADVICE = {
     "mqtt": f"[mqtt] password_file, or systemd LoadCredential={MQTT_PASSWORD_CREDENTIAL}:...",
     "circuit": f"[circuit] password_file, or systemd LoadCredential={CIRCUIT_PASSWORD_CREDENTIAL}:...",
     "ups": f"[ups] password_file, or systemd LoadCredential={UPS_PASSWORD_CREDENTIAL}:...",
+    "pdu": "[pdu] community_file / auth_key_file / priv_key_file, or systemd LoadCredential=pdu-snmp-community:...",
+    "bmc": "[bmc] password_file, or systemd LoadCredential=bmc-password:...",
 }
 
 
@@ -1212,7 +1150,8 @@ def _required_fields(model: type[BaseModel]) -> list[str]:
 # Sections a file may leave out (the feature is then off): the environment alone cannot
 # turn them on by half.
 _OPTIONAL_SECTIONS: dict[str, type[BaseModel]] = {
-    "mqtt": MqttConfig, "feed": FeedConfig, "ups": UpsConfig, "circuit": CircuitConfig,
+    "mqtt": MqttConfig, "feed": FeedConfig, "ups": UpsConfig, "circuit": CircuitConfig, "pdu": PduConfig,
+    "bmc": BmcConfig, "rapl": RaplConfig,
 }
 
 
@@ -1284,7 +1223,7 @@ def _is_section_prefix(name: str, exact: set[str]) -> bool:
     # POWERBUDGETD_FEED='{"breaker_a": 15, ...}' sets a whole section as JSON.
     return any(k.startswith(name + "__") for k in exact)
 
-_SECRET_KEY = re.compile(r"pass|secret|token|credential|pwd|auth", re.IGNORECASE)
+_SECRET_KEY = re.compile(r"pass|secret|token|credential|pwd|auth|community|priv_key", re.IGNORECASE)
 MAX_SHOWN_VALUE = 80
 
 

@@ -9,6 +9,10 @@ The one figure the daemon can trust is what its own cards draw (board power, rea
 - **below our own draw**: less than what our cards alone draw at the plug, board power
   / PSU efficiency (the ``core.feed`` model): the meter cannot be on this host's plug,
   or it lies;
+- **not watts**: a figure its source gives in other units (a PDU's sensor whose units
+  column says volt-amperes), or one above the apparent power (VA) the same source
+  gives beside it: real power never exceeds apparent power, so the two are swapped (NUT's
+  ``snmp-ups`` maps a Raritan PX2's outlet VA as ``realpower``) (:func:`not_watts`);
 - **frozen**: the same value :data:`FROZEN_READINGS` refreshes in a row (polls, for a
   source that changes at every poll; :meth:`InputCheck.unchanged` is told how many
   polls a refresh of the source takes) while our own draw moved by more than
@@ -33,11 +37,30 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-REASONS = ("sentinel", "below_own_draw", "frozen")
+REASONS = ("sentinel", "below_own_draw", "frozen", "not_watts")
 SENTINELS_W = frozenset({0.0, float(0x7FFF), float(0xFFFF), float(0x7FFFFFFF), float(0xFFFFFFFF)})
 TRUST_AFTER = 5  # plausible readings in a row before a distrusted source may raise the budget again
 FROZEN_READINGS = 10  # identical readings in a row ...
 FROZEN_SPAN_W = 100.0  # ... while our own draw at the plug moved by more than this (W)
+RAW_SENTINELS = frozenset({0x7FFF, 0xFFFF, 0x7FFFFFFF, 0xFFFFFFFF})  # a register's "no data", before scaling
+
+
+def raw_sentinel(raw: int) -> bool:
+    """A raw register or SNMP integer that means "no data" (before any scaling to W): a
+    negative one (APC's -1 for "not available") or one of :data:`RAW_SENTINELS`."""
+    return raw < 0 or raw in RAW_SENTINELS
+
+
+def not_watts(value_w: float, units: str, apparent_va: float | None, resolution_w: float = 1.0) -> str | None:
+    """Why a figure said to be real power is not watts, or None when it may be: ``units``
+    as the source states them (``W``, ``VA``, ...); ``apparent_va``: the apparent power
+    the same source gives beside it (None: not given); ``resolution_w``: their step."""
+    if units != "W":
+        return f"the source gives it in {units}, not W"
+    if apparent_va is not None and value_w > apparent_va + resolution_w:
+        return (f"{value_w:g} W is above the {apparent_va:g} VA of apparent power beside it: real power never is, "
+                "so the two are swapped (a VA figure read as W)")
+    return None
 
 
 @dataclass(frozen=True)
@@ -112,17 +135,25 @@ class InputCheck:
         toward trust."""
         return self._verdict(None, wall_w, board_w, psu_efficiency, board_w / psu_efficiency)
 
+    def reject(self, reason: str, wall_w: float, board_w: float, psu_efficiency: float, why: str) -> Verdict:
+        """A figure refused before it is a reading (``not_watts``, a raw ``sentinel``):
+        ``why`` says what was wrong; the source is distrusted as for any rejection."""
+        if reason not in REASONS:
+            raise ValueError(f"reason must be one of {REASONS}, got {reason!r}")
+        return self._verdict(reason, wall_w, board_w, psu_efficiency, board_w / psu_efficiency, why)
+
     def _verdict(self, reason: str | None, wall_w: float, board_w: float, psu_efficiency: float,
-                 own_wall_w: float) -> Verdict:
+                 own_wall_w: float, why: str | None = None) -> Verdict:
         drew = (f"{self.source} reads {wall_w:g} W at the plug while our cards drew {board_w:.0f} W of board power "
                 f"({own_wall_w:.0f} W at the plug at PSU efficiency {psu_efficiency:g})")
         if reason is not None:
             self.good_run = 0
             self.rejected += 1
             changed, self.trusted = self.trusted, False
-            why = {"sentinel": "a no-data sentinel", "below_own_draw": "less than our own cards draw",
-                   "frozen": f"the same value {self._same_count} polls in a row while our draw moved "
-                             f"{self._own_hi_w - self._own_lo_w:.0f} W"}[reason]
+            why = why or {"sentinel": "a no-data sentinel", "not_watts": "not watts",
+                          "below_own_draw": "less than our own cards draw",
+                          "frozen": f"the same value {self._same_count} polls in a row while our draw moved "
+                                    f"{self._own_hi_w - self._own_lo_w:.0f} W"}[reason]
             return Verdict(reason, False, changed,
                            f"{drew}: {why}; ignored, the budget it allows keeps its last good value", wall_w, board_w)
         self.good_run += 1

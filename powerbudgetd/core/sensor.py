@@ -271,6 +271,19 @@ class MeterLoop:
         """The source went silent: the next value starts a fresh pairing window."""
         self.sensor.gap()
 
+    def reject(self, reason: str, value_w: float, why: str) -> Verdict | None:
+        """A figure refused before it is a reading (``not_watts``, a raw ``sentinel``:
+        :func:`powerbudgetd.core.plausible.not_watts`, ``raw_sentinel``), ``why`` saying
+        what was wrong. The budget keeps its last good value; the source is distrusted;
+        the next figure starts a fresh pairing window. None while no own draw is known."""
+        board_w = self.own.latest_w
+        if board_w is None:
+            return None
+        self.verdict = self._value_verdict = self.plausibility.reject(
+            reason, value_w, board_w, self.params.psu_efficiency, why)
+        self.sensor.gap()
+        return self.verdict
+
     def poll(self, value_w: float, now: float, configured_w: float, *, resolution_w: float = 1.0,
              stamp: float | None = None) -> Verdict | None:
         """The source's value at ``now`` (W at the plug); ``configured_w``: the configured

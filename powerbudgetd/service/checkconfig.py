@@ -212,6 +212,23 @@ def meter_reach_lines(settings: Settings) -> list[str]:
             out.append(f"  with [circuit]: where a node of the power tree names meter = {source!r}, this host publishes "
                        "its reading and the load no host reports is taken off that node's budget (the tree's "
                        "division); this loop keeps its configured hosts / share")
+    if settings.pdu is not None:
+        pdu = settings.pdu
+        limit = pdu.limit_w if pdu.limit_w is not None else (settings.feed.feed().wall_limit_w() if settings.feed else None)
+        out.append(f"PDU over SNMP v{pdu.version}: {pdu.where()}, held to {_w(limit or 0)} W at the plug "
+                   f"({'limit_w' if pdu.limit_w is not None else '[feed]'}), every {_n(pdu.poll_s)} s; "
+                   f"{pdu.reach().describe()} ([pdu] {'outlets' if pdu.outlets else 'hosts / share'})")
+    if settings.bmc is not None:
+        bmc = settings.bmc
+        limit = bmc.limit_w if bmc.limit_w is not None else (settings.feed.feed().wall_limit_w() if settings.feed else None)
+        out.append(f"BMC over Redfish: {bmc.url}{f' chassis {bmc.chassis}' if bmc.chassis else ''}, held to "
+                   f"{_w(limit or 0)} W at the plug ({'limit_w' if bmc.limit_w is not None else '[feed]'}), every "
+                   f"{_n(bmc.poll_s)} s; the host's own draw")
+    if settings.rapl is not None and settings.feed is not None:
+        rapl = settings.rapl
+        out.append(f"host draw from RAPL: the CPU packages under {rapl.root} + other_w {_n(rapl.other_w)} W, over "
+                   f"{_n(rapl.window_s)} s windows; where above [feed] host_w {_n(settings.feed.host_w)} W it lowers "
+                   "the feed's budget (never raises it)")
     return out
 
 

@@ -19,8 +19,10 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from powerbudgetd.channels import metricnames as n
 from powerbudgetd.channels.circuit.channel import CircuitMetrics
+from powerbudgetd.channels.meter import MeterMetrics
 from powerbudgetd.channels.metrics import Metrics
 from powerbudgetd.channels.mqtt.metrics import MqttMetrics
+from powerbudgetd.channels.rapl import RaplMetrics
 from powerbudgetd.channels.ups import UpsMetrics
 from powerbudgetd.service import status
 
@@ -113,6 +115,8 @@ def test_every_family_the_exporters_build_is_declared_with_its_type_and_labels()
     mqtt = MqttMetrics(registry)
     mqtt.wall_power(500.0, 50.0)  # the wall series exist from the first reading on
     CircuitMetrics(registry)
+    MeterMetrics(registry)  # the PDU's and the BMC's, labelled by source
+    RaplMetrics(registry)
     by_name = {spec.name: spec for spec in n.DECLARED}
     seen = set()
     for fam in registry.collect():
