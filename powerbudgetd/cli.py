@@ -38,11 +38,14 @@ DEFAULT_METRICS_PORT = 19400  # channels.metrics.DEFAULT_PORT
 SIM_MIN_DURATION_S, SIM_MAX_DURATION_S = 1.0, 7 * 86400.0  # powerbudgetd_sim.scenario.MIN/MAX_DURATION_S
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from powerbudgetd.channels.metrics import MetricsServer
 
     from prometheus_client import CollectorRegistry
 
     from powerbudgetd.control.controller import Controller
+    from powerbudgetd.core.nodemeter import Sample
     from powerbudgetd.core.tree import PowerTree
     from powerbudgetd.hw.nvml import GpuInfo, Nvml
     from powerbudgetd_sim.scenario import Scenario
@@ -893,11 +896,15 @@ def _run_locked(args: argparse.Namespace, settings: Settings, config_path: Path)
             bridge.attach_ups(ups.record)
             if settings.ups.measured_load and settings.feed is not None:  # other hosts behind it: announced, checked
                 bridge.announce_meter(settings.ups.source_id(), settings.ups.reach(), "[ups]")
+    meters: dict[str, Callable[[], Sample | None]] = {}  # what a tree node may name as its meter
     if settings.pdu is not None and feed is not None:  # pysnmp is imported only when a PDU is configured
         from powerbudgetd.channels.pdu import pdu_channel
 
         pdu = pdu_channel(settings.pdu, daemon.arbiter, feed, registry=registry)
         daemon.register(pdu)
+        meters[settings.pdu.source_id()] = pdu.loop.sample
+        if bridge is not None and not settings.pdu.outlets:  # an inlet other hosts may draw through
+            bridge.announce_meter(settings.pdu.source_id(), settings.pdu.reach(), "[pdu]")
         if recorder is not None:
             recorder.extras["pdu"] = pdu.record
     if settings.bmc is not None and feed is not None:  # sushy is imported only when a BMC is configured
@@ -905,6 +912,7 @@ def _run_locked(args: argparse.Namespace, settings: Settings, config_path: Path)
 
         bmc = bmc_channel(settings.bmc, daemon.arbiter, feed, registry=registry)
         daemon.register(bmc)
+        meters[settings.bmc.source_id()] = bmc.loop.sample
         if recorder is not None:
             recorder.extras["bmc"] = bmc.record
     if settings.rapl is not None and settings.feed is not None:  # the host's own draw measured
@@ -921,7 +929,8 @@ def _run_locked(args: argparse.Namespace, settings: Settings, config_path: Path)
         )
         daemon.register(circuit)
         daemon.circuit_status = circuit.status
-        if ups is not None and settings.ups is not None:  # a tree node may name this UPS as its meter
+        circuit.meter_sources.update(meters)  # a tree node may name this PDU or BMC as its meter ...
+        if ups is not None and settings.ups is not None:  # ... or this UPS
             circuit.meter_sources[settings.ups.source_id()] = ups.guard.sample
         if bridge is not None and bridge.meter is not None and settings.mqtt is not None \
                 and settings.mqtt.wall_meter is not None:  # ... or this wall meter

@@ -133,6 +133,12 @@ class PduConfig(_PolledMeter):
                              "inlet other hosts draw through)")
         return self
 
+    def source_id(self) -> str:
+        """The PDU as a power-tree node's ``meter`` names it and as hosts behind it are
+        matched: ``pdu:HOST/inletN`` (or ``/outlets3+4``, ``#P`` for a chain member)."""
+        what = f"outlets{'+'.join(map(str, self.outlets))}" if self.outlets else f"inlet{self.inlet}"
+        return f"pdu:{self.host}{f'#{self.pdu}' if self.pdu != 1 else ''}/{what}"
+
     def where(self) -> str:
         """The PDU and what is read, for the logs: ``apc 10.0.0.5:161 outlets 3+4``."""
         what = f"outlets {'+'.join(map(str, self.outlets))}" if self.outlets else f"inlet {self.inlet}"
@@ -158,6 +164,11 @@ class BmcConfig(_PolledMeter):
     ca_file: Path | None = None
     poll_s: float = Field(5.0, ge=0.5, le=60)  # BMCs refresh their power figure every few seconds
     timeout_s: float = Field(5.0, ge=0.5, le=60)
+
+    def source_id(self) -> str:
+        """The BMC as a power-tree node's ``meter`` names it: ``bmc:HOST`` (the URL's
+        host, and ``/CHASSIS`` where one is named)."""
+        return f"bmc:{urlsplit(self.url).netloc}{f'/{self.chassis}' if self.chassis else ''}"
 
     @field_validator("url")
     @classmethod

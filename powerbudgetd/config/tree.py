@@ -17,8 +17,8 @@
     kind = "pdu"
     parent = "feed-a"
     meter = "mqtt:pdu/r1-a/power"  # its own meter (optional): a host under it that reads it
-    # (ups:NAME@HOST, or a wall meter's mqtt:TOPIC) publishes it; the load no host reports
-    # is taken off the budget the hosts share
+    # (ups:NAME@HOST, a wall meter's mqtt:TOPIC, a [pdu]'s pdu:HOST/inletN, a [bmc]'s
+    # bmc:HOST) publishes it; the load no host reports is taken off the budget the hosts share
     breaker_a = 32              # breaker amps x volts x derating (continuous loads at
     volts = 230                 #   80 %), on averages; budget_w, where also given,
     # derating = 0.8            #   can only lower it

@@ -58,8 +58,9 @@ def check_source(text: str) -> str:
     """``text`` as a source id (``scheme:rest``, lower-case scheme, no blanks, at most
     :data:`MAX_SOURCE` characters). Raises ValueError saying what is wrong."""
     if len(text) > MAX_SOURCE or not SOURCE_RE.match(text):
-        raise ValueError(f"meter {text[:MAX_SOURCE]!r} is no source id: give 'ups:NAME@HOST' (a UPS through NUT) "
-                         f"or 'mqtt:TOPIC' (a wall meter's state topic), without blanks, at most {MAX_SOURCE} characters")
+        raise ValueError(f"meter {text[:MAX_SOURCE]!r} is no source id: give 'ups:NAME@HOST' (a UPS through NUT), "
+                         f"'mqtt:TOPIC' (a wall meter's state topic), 'pdu:HOST/inletN' (a PDU over SNMP) or "
+                         f"'bmc:HOST' (a BMC over Redfish), without blanks, at most {MAX_SOURCE} characters")
     return text
 
 

@@ -138,3 +138,22 @@ def test_check_config_says_how_rapl_applies(tmp_path: Path, capsys: pytest.Captu
     with pytest.raises(ConfigError) as exc:
         load_config(write(tmp_path, 'budget_w = 1000\n[rapl]\n'))
     assert "[rapl] needs a [feed] section" in str(exc.value)
+
+
+def test_a_tree_node_may_name_the_pdu_or_the_bmc_as_its_meter(tmp_path: Path) -> None:
+    """Each source's id is what a power-tree node's ``meter`` names (and the tree file
+    accepts it); an inlet, a chain member's outlets and a named chassis are told apart."""
+    from powerbudgetd.config.tree import load_tree
+    from powerbudgetd.core.nodemeter import check_source
+
+    pdu = load_config(write(tmp_path, PDU + "pdu = 2\n")).pdu
+    outlets = load_config(write(tmp_path, PDU + "outlets = [3, 4]\n")).pdu
+    bmc = load_config(write(tmp_path, BMC + 'password = "pw-Zq9x"\nchassis = "1U"\n')).bmc
+    assert pdu is not None and outlets is not None and bmc is not None
+    ids = [pdu.source_id(), outlets.source_id(), bmc.source_id()]
+    assert ids == ["pdu:10.0.0.5#2/inlet1", "pdu:10.0.0.5/outlets3+4", "bmc:bmc.example/1U"]
+    assert all(check_source(i) == i for i in ids)
+    tree = tmp_path / "tree.toml"
+    tree.write_text(f'[nodes.site]\nbudget_w = 5000\n[nodes.pdu]\nparent = "site"\nbudget_w = 3000\n'
+                    f'meter = "{ids[0]}"\n[hosts.gpu1]\ncords = {{ pdu = 1.0 }}\nreserve_w = 500\n')
+    assert load_tree(tree)[0].nodes["pdu"].meter == ids[0]
