@@ -17,32 +17,32 @@ def _tick(policy: LendingPolicy, now: float, caps: dict[str, int], draw: dict[st
 
 
 def test_a_busy_card_below_its_share_lends_the_difference_and_is_reclaimed_on_the_instant_reading() -> None:
-    """A draws a steady 110 W under its 200 W share (busy: above its quiet line of 70 W);
+    """A draws a steady 90 W under its 200 W share (busy: above its quiet line of 70 W);
     B sits at its cap. After donor_hold_s (5 s) of A's draw below, A lends down to
-    110 / 0.7 = 157.1 -> 160 W and B gets the 40 W. At 20 s A's instant draw steps to
-    190 W (over 0.85 x 160 W): that same tick A is back at its share, B at its share."""
+    90 / 0.7 = 128.6 -> 130 W and B gets the 70 W. At 20 s A's instant draw steps to
+    190 W (over 0.85 x 130 W): that same tick A is back at its share, B at its share."""
     policy = LendingPolicy(Timings())
     caps = {"A": SHARE, "B": SHARE}
     lent_at = None
     for step in range(0, 250):
         now = round(step * 0.1, 9)
-        a = 110_000 if now < 20.0 else 190_000
+        a = 90_000 if now < 20.0 else 190_000
         caps = _tick(policy, now, caps, {"A": min(a, caps["A"]), "B": caps["B"]})
         if lent_at is None and caps["A"] < SHARE:
             lent_at = now
         if 8.0 <= now < 20.0:
-            assert caps["A"] == 160_000 and policy.role("A") == Role.DONOR, (now, caps)
-            assert caps["B"] == 240_000, (now, caps)
+            assert caps["A"] == 130_000 and policy.role("A") == Role.DONOR, (now, caps)
+            assert caps["B"] == 270_000, (now, caps)
         if now >= 20.0:
             assert caps["A"] >= SHARE and caps["B"] <= SHARE, (now, caps)  # reclaimed at once
     assert lent_at is not None and 5.0 <= lent_at <= 7.0, lent_at
 
 
 def test_a_busy_card_lends_nothing_without_a_measurable_gap_or_a_borrower() -> None:
-    """A at 135 W would lend down to 195 W: less than LEND_MIN_MW under its share, so it
-    keeps its share. With B not wanting more, A at 110 W lends nothing either."""
-    assert SHARE - 195_000 < LEND_MIN_MW
-    for a, b in ((135_000, None), (110_000, 120_000)):
+    """A at 115 W would lend down to 165 W: less than LEND_MIN_MW under its share, so it
+    keeps its share. With B not wanting more, A at 90 W lends nothing either."""
+    assert SHARE - 165_000 < LEND_MIN_MW
+    for a, b in ((115_000, None), (90_000, 120_000)):
         policy = LendingPolicy(Timings())
         caps = {"A": SHARE, "B": SHARE}
         for step in range(150):
@@ -52,27 +52,27 @@ def test_a_busy_card_lends_nothing_without_a_measurable_gap_or_a_borrower() -> N
 
 
 def test_a_card_that_wandered_to_its_limit_in_the_window_does_not_lend() -> None:
-    """A at 110 W but at its share once every 4 s: its highest draw per second over the
+    """A at 90 W but at its share once every 4 s: its highest draw per second over the
     window is its cap, so it never lends."""
     policy = LendingPolicy(Timings())
     caps = {"A": SHARE, "B": SHARE}
     for step in range(300):
         now = round(step * 0.1, 9)
-        a = SHARE if step % 40 == 0 else 110_000
+        a = SHARE if step % 40 == 0 else 90_000
         caps = _tick(policy, now, caps, {"A": a, "B": caps["B"]})
         assert caps["A"] == SHARE, (now, caps)
 
 
 def test_a_busy_lender_gone_quiet_lends_down_to_its_floor() -> None:
-    """A lends at 160 W from 110 W; at 12 s it idles at 20 W: after donor_hold_s it lends
+    """A lends at 130 W from 90 W; at 12 s it idles at 20 W: after donor_hold_s it lends
     the rest, down to its floor (a move further down), and B gets 300 W."""
     policy = LendingPolicy(Timings())
     caps = {"A": SHARE, "B": SHARE}
     for step in range(250):
         now = round(step * 0.1, 9)
-        caps = _tick(policy, now, caps, {"A": 110_000 if now < 12.0 else 20_000, "B": caps["B"]})
+        caps = _tick(policy, now, caps, {"A": 90_000 if now < 12.0 else 20_000, "B": caps["B"]})
         if 8.0 <= now < 12.0:
-            assert caps["A"] == 160_000, (now, caps)
+            assert caps["A"] == 130_000, (now, caps)
         if now >= 18.0:
             assert caps["A"] == LO and caps["B"] == HI, (now, caps)
 
