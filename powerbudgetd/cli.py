@@ -143,6 +143,10 @@ def _parser() -> argparse.ArgumentParser:
                    "cap, powerbudgetd and an oracle, through a feed loss: the largest count with zero breaker or UPS "
                    "trips, work per host and satisfaction ratio (--duration: each run, default 30 s; --plot: hosts vs "
                    "work per host)")
+    s.add_argument("--demand", choices=("scenario", "inference"),
+                   help="with --sweep: each host's packaged scenario, or inference: its cards driven by a request-rate "
+                   "curve (a diurnal day compressed into each run, bursts, a mix of models; --seed sets phase and mix) "
+                   "through the recorded H200 serving trace (default: scenario)")
 
     pr = sub.add_parser(
         "probe", help="read every card's limits and draw (read-only)", formatter_class=fmt,
@@ -328,6 +332,7 @@ _SIMULATE_NEEDS = (("--replay-draw", "--replay", lambda a: a.replay is not None)
                    ("--tree", "--circuit without hosts (the tree names them), or --sweep",
                     lambda a: a.circuit == "" or a.sweep),
                    ("--sweep", "--tree", lambda a: bool(a.tree)),
+                   ("--demand", "--sweep", lambda a: a.sweep),
                    ("--plot", "no --tree, or --sweep with it (the tree's split draws no plot)",
                     lambda a: not a.tree or a.sweep),
                    ("--seed", "no --tree, or --sweep with it (the tree's split runs each host's own seed)",
@@ -629,11 +634,8 @@ def _tree_sim(args: argparse.Namespace) -> int:
 
 def _sweep(args: argparse.Namespace) -> int:
     from powerbudgetd_sim.scenario import ScenarioError
-    from powerbudgetd_sim.sweep import DEFAULT_DURATION_S, WARMUP_S, format_sweep, plot_sweep, sweep
+    from powerbudgetd_sim.sweep import DEFAULT_DURATION_S, WARMUP_S, format_sweep, inference_source, plot_sweep, sweep
 
-    if not args.tree:
-        print("powerbudgetd: --sweep needs --tree NAME|FILE (the packaged row-4 or a power tree file)", file=sys.stderr)
-        return ExitStatus.CONFIG
     duration = args.duration or DEFAULT_DURATION_S
     if duration <= WARMUP_S:
         print(f"powerbudgetd: --sweep: --duration {duration:g} s is not over the sweep's {WARMUP_S:g} s warm-up",
@@ -641,8 +643,12 @@ def _sweep(args: argparse.Namespace) -> int:
         return ExitStatus.CONFIG
     progress = Progress(enabled=not args.json)
     try:
-        result = sweep(args.tree, duration_s=duration, seed=args.seed if args.seed is not None else 1,
+        seed = args.seed if args.seed is not None else 1
+        source = inference_source(seed, duration) if args.demand == "inference" else None
+        result = sweep(args.tree, duration_s=duration, seed=seed, scenario_source=source,
                        on_step=lambda count, policy: progress.update(f"sweep: {count} hosts, {policy}"))
+        if source is not None:
+            result["demand"] = "inference"
     except (ScenarioError, ConfigError, ValueError) as exc:
         progress.done()
         print(f"powerbudgetd: --sweep: {exc}", file=sys.stderr)

@@ -65,7 +65,8 @@ RELEASE_HOLD_S = 10.0
 STEP_W = 20.0
 SEAT_MARGIN = 1.05  # a generated host's seat: its floor plus 5 % (as the packaged row's)
 
-ScenarioSource = Callable[[str, int], Scenario]
+ScenarioSource = Callable[[Scenario, int], Scenario]  # (the host's scenario, its index) -> what it plays
+DEMANDS = ("scenario", "inference")
 
 
 @dataclass(frozen=True)
@@ -303,8 +304,8 @@ def sweep(tree: str, *, steps: tuple[float, ...] = STEPS, duration_s: float = DE
     ``steps`` (rounded, repeats dropped), each policy's trips, work per host relative to
     the same hosts unconstrained, and the satisfaction ratio per node; per policy the
     largest count with zero trips (every count up to it without a trip too).
-    ``scenario_source(name, host_index)`` gives each host's scenario (default: the
-    packaged scenario of that name). Raises ScenarioError for a tree the sweep cannot
+    ``scenario_source(scenario, host_index)`` gives what each host plays (default: its
+    template's scenario; :func:`inference_source`: demand shaped like inference). Raises ScenarioError for a tree the sweep cannot
     play (no hosts, a host without a scenario, not one host at nameplate)."""
     if not steps or any(s <= 0 for s in steps):
         raise ValueError("steps must be > 0")
@@ -316,13 +317,12 @@ def sweep(tree: str, *, steps: tuple[float, ...] = STEPS, duration_s: float = DE
     if n == 0:
         raise ScenarioError(f"{tree}: not one host fits the tree at its nameplate (every card at its maximum limit)")
     counts = sorted({max(1, round(n * s)) for s in steps})
-    rows = []
+    rows: list[dict[str, Any]] = []
     for count in counts:
         lay = layout(t, count, scenario_of)
         by_host = scenario_of
-        if scenario_source is not None:
-            by_host = {**scenario_of, **{f"{h}": scenario_source(lay.scenarios[h], i)
-                                         for i, h in enumerate(sorted(lay.tree.hosts))}}
+        if scenario_source is not None:  # each host its own scenario, keyed by its name
+            by_host = {h: scenario_source(scenario_of[lay.scenarios[h]], i) for i, h in enumerate(sorted(lay.tree.hosts))}
             lay = Layout(lay.tree, lay.file, {h: h for h in lay.tree.hosts})
         lost = _feed_to_lose(lay)
         runs: dict[str, dict[str, Any]] = {}
@@ -341,17 +341,26 @@ def sweep(tree: str, *, steps: tuple[float, ...] = STEPS, duration_s: float = DE
             r["satisfaction_mean"] = round(min(s["mean"] for s in sats.values()), 4) if sats else None
             r["satisfaction_p5"] = round(min(s["p5"] for s in sats.values()), 4) if sats else None
         rows.append({"count": count, "of_nameplate": round(count / n, 3), "feed_lost": lost, "runs": runs})
-    largest = {}
+    largest: dict[str, int | None] = {}
     for p in POLICIES:
-        best = None
+        best: int | None = None
         for row in rows:
             if row["runs"][p]["trips"]:
                 break
             best = row["count"]
         largest[p] = best
-    return {"tree": tree, "nameplate_count": n, "duration_s": duration_s, "steps": list(steps), "rows": rows,
+    return {"tree": tree, "demand": "scenario" if scenario_source is None else "given", "nameplate_count": n,
+            "duration_s": duration_s, "steps": list(steps), "rows": rows,
             "largest_zero_trip_count": largest,
             "largest_of_nameplate": {p: None if c is None else round(c / n, 3) for p, c in largest.items()}}
+
+
+def inference_source(seed: int, day_s: float) -> ScenarioSource:
+    """Each host's bank driven by inference demand (``inference.py``) on a ``day_s`` day
+    under ``seed``: the seed sets the phase and the mix of models."""
+    from powerbudgetd_sim.inference import inference_scenario
+
+    return lambda sc, i: inference_scenario(sc, seed, i, day_s)
 
 
 def _best_cap(lay: Layout, scenario_of: dict[str, Scenario], duration_s: float, lost: str | None,
@@ -382,7 +391,7 @@ def format_sweep(result: dict[str, Any]) -> str:
     the same hosts unconstrained), the least node's satisfaction mean and p5; then the
     largest zero-trip count per policy."""
     n = result["nameplate_count"]
-    lines = [f"hosts per feed: tree {result['tree']}, nameplate N = {n} hosts (every card at its maximum limit, "
+    lines = [f"hosts per feed: tree {result['tree']} ({result['demand']} demand), nameplate N = {n} hosts (every card at its maximum limit, "
              f"pairs redundant), {result['duration_s']:g} s a run"
              + (f", {result['rows'][0]['feed_lost']} lost half-way" if result["rows"][0]["feed_lost"] else ""),
              f"  {'hosts':>5} {'x N':>5}  {'policy':<13}{'trips':>6}{'work/host':>10}{'cap':>6}"

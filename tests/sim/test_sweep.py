@@ -102,3 +102,17 @@ def test_sweep_without_a_tree_is_refused() -> None:
     out = subprocess.run([sys.executable, "-m", "powerbudgetd", "simulate", "--sweep"],
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 2 and "--sweep needs --tree" in out.stderr
+
+
+def test_the_sweep_runs_on_inference_demand(tiny_tree: Path) -> None:
+    import json
+
+    out = subprocess.run([sys.executable, "-m", "powerbudgetd", "simulate", "--sweep", "--tree", str(tiny_tree),
+                          "--duration", "8", "--demand", "inference", "--seed", "3", "--json"],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    r = json.loads(out.stdout)
+    assert r["demand"] == "inference" and r["nameplate_count"] == 4
+    # Inference demand sits under the cards' max most of a day: nameplate trips nowhere.
+    assert r["largest_zero_trip_count"]["nameplate"] == 6
+    assert all(0 < row["runs"]["powerbudgetd"]["work_per_host"] <= 1.01 for row in r["rows"])
