@@ -424,10 +424,12 @@ def plot_sweep(result: dict[str, Any], path: str) -> None:
     except ImportError as exc:  # pragma: no cover - the plot extra is installed with the tests
         raise SystemExit("--plot needs matplotlib: pip install 'powerbudgetd[plot]'") from exc
     fig, ax = plt.subplots(figsize=(8, 4.5))
+    styles = {"nameplate": ("s", "--"), "best-cap": ("^", ":"), "powerbudgetd": ("o", "-"), "oracle": ("D", "-.")}
     for p in POLICIES:
         xs = [row["count"] for row in result["rows"]]
         ys = [row["runs"][p]["work_per_host"] or 0.0 for row in result["rows"]]
-        (line,) = ax.plot(xs, ys, marker="o", label=p)
+        marker, style = styles[p]  # nameplate and best-cap often coincide: both stay visible
+        (line,) = ax.plot(xs, ys, marker=marker, linestyle=style, label=p)
         tripped = [(x, y) for row, x, y in zip(result["rows"], xs, ys) if row["runs"][p]["trips"]]
         if tripped:
             ax.scatter([x for x, _ in tripped], [y for _, y in tripped], marker="x", s=120, color=line.get_color(),
@@ -436,7 +438,7 @@ def plot_sweep(result: dict[str, Any], path: str) -> None:
     ax.axvline(n, color="0.6", linestyle="--", linewidth=1)
     ax.set_xlabel(f"hosts (nameplate N = {n}; x: a breaker or UPS tripped)")
     ax.set_ylabel("work per host (of unconstrained)")
-    ax.set_title(f"hosts per feed: {result['tree']}")
+    ax.set_title(f"hosts per feed: {result['tree']} ({result['demand']} demand)")
     ax.legend()
     fig.tight_layout()
     try:
