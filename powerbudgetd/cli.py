@@ -135,7 +135,7 @@ def _parser() -> argparse.ArgumentParser:
                    "through a lease store vs oracle grants, and sharing through a 30 s etcd outage (default: none); "
                    "alone, with --tree: the hosts of a power tree")
     s.add_argument("--tree", metavar="NAME|FILE",
-                   help="with --circuit: a power tree file (or the packaged row-4) through a feed loss: static reserves "
+                   help="with --circuit: a power tree file (or a packaged one: row-4, lab-2) through a feed loss: static reserves "
                    "vs tree sharing, redundant and oversubscribed, vs an oracle (default: none)")
     s.add_argument("--sweep", action="store_true",
                    help="with --tree: hosts per feed: the tree's hosts swept from its nameplate count N (every card at "

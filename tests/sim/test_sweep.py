@@ -116,3 +116,13 @@ def test_the_sweep_runs_on_inference_demand(tiny_tree: Path) -> None:
     # Inference demand sits under the cards' max most of a day: nameplate trips nowhere.
     assert r["largest_zero_trip_count"]["nameplate"] == 6
     assert all(0 < row["runs"]["powerbudgetd"]["work_per_host"] <= 1.01 for row in r["rows"])
+
+
+@pytest.mark.slow
+def test_the_packaged_lab_carries_one_third_more_hosts_than_its_nameplate_under_powerbudgetd() -> None:
+    """lab-2: its eight hosts' nameplates fit its two circuits (N = 8); at 1.3 N (10
+    hosts) powerbudgetd trips nothing."""
+    r = sweep("lab-2", duration_s=10.0, steps=(1.0, 1.3))
+    assert r["nameplate_count"] == 8
+    assert [row["count"] for row in r["rows"]] == [8, 10]
+    assert r["largest_zero_trip_count"]["powerbudgetd"] == 10
