@@ -135,8 +135,18 @@ def _parser() -> argparse.ArgumentParser:
                    "through a lease store vs oracle grants, and sharing through a 30 s etcd outage (default: none); "
                    "alone, with --tree: the hosts of a power tree")
     s.add_argument("--tree", metavar="NAME|FILE",
-                   help="with --circuit: a power tree file (or the packaged row-4) through a feed loss: static reserves "
+                   help="with --circuit: a power tree file (or a packaged one: row-4, lab-2) through a feed loss: static reserves "
                    "vs tree sharing, redundant and oversubscribed, vs an oracle (default: none)")
+    s.add_argument("--sweep", action="store_true",
+                   help="with --tree: hosts per feed: the tree's hosts swept from its nameplate count N (every card at "
+                   "its maximum limit within every node's rating) to 1.5 N under static nameplate, the best static "
+                   "cap, powerbudgetd and an oracle, through a feed loss: the largest count with zero breaker or UPS "
+                   "trips, work per host and satisfaction ratio (--duration: each run, default 30 s; --plot: hosts vs "
+                   "work per host)")
+    s.add_argument("--demand", choices=("scenario", "inference"),
+                   help="with --sweep: each host's packaged scenario, or inference: its cards driven by a request-rate "
+                   "curve (a diurnal day compressed into each run, bursts, a mix of models; --seed sets phase and mix) "
+                   "through the recorded H200 serving trace (default: scenario)")
 
     pr = sub.add_parser(
         "probe", help="read every card's limits and draw (read-only)", formatter_class=fmt,
@@ -309,15 +319,24 @@ _SIMULATE_CONFLICTS = (
     ("--replay", ("--scenario",), "the replayed log is the scenario"),
     ("--circuit", ("--scenario", "--replay", "--policy", "--suite", "--plot", "--budget", "--seed", "--fidelity"),
      "the circuit runs each host's packaged scenario under each way of splitting the circuit"),
-    ("--tree", ("--scenario", "--replay", "--policy", "--suite", "--plot", "--budget", "--seed", "--fidelity", "--list"),
+    ("--tree", ("--scenario", "--replay", "--policy", "--suite", "--budget", "--fidelity", "--list"),
      "the tree file names each host's packaged scenario and the feed lost"),
+    ("--sweep", ("--scenario", "--replay", "--policy", "--suite", "--budget", "--fidelity", "--list"),
+     "the sweep plays the tree file's hosts, as many as each step puts on the tree"),
     ("--suite", ("--scenario", "--replay", "--policy", "--plot", "--budget"),
      "the suite runs every packaged scenario under every policy at its own budget"),
     ("--fidelity", ("--scenario", "--replay", "--policy", "--suite", "--plot", "--budget", "--duration", "--list"),
      "--fidelity replays each recorded trace, whole, at the limit it was recorded at"),
 )
 _SIMULATE_NEEDS = (("--replay-draw", "--replay", lambda a: a.replay is not None),
-                   ("--tree", "--circuit without hosts (the tree names them)", lambda a: a.circuit == ""))
+                   ("--tree", "--circuit without hosts (the tree names them), or --sweep",
+                    lambda a: a.circuit == "" or a.sweep),
+                   ("--sweep", "--tree", lambda a: bool(a.tree)),
+                   ("--demand", "--sweep", lambda a: a.sweep),
+                   ("--plot", "no --tree, or --sweep with it (the tree's split draws no plot)",
+                    lambda a: not a.tree or a.sweep),
+                   ("--seed", "no --tree, or --sweep with it (the tree's split runs each host's own seed)",
+                    lambda a: not a.tree or a.sweep))
 
 
 def _validate(args: argparse.Namespace) -> None:
@@ -513,6 +532,8 @@ def _simulate(args: argparse.Namespace) -> int:
         return _suite(args)
     if args.fidelity:
         return _fidelity(args)
+    if args.sweep:
+        return _sweep(args)
     if args.tree:
         return _tree_sim(args)
     if args.circuit is not None:
@@ -608,6 +629,42 @@ def _tree_sim(args: argparse.Namespace) -> int:
         print(f"powerbudgetd: --tree: {exc}", file=sys.stderr)
         return ExitStatus.CONFIG
     print(json.dumps(result, indent=2) if args.json else format_compare(result))
+    return ExitStatus.OK
+
+
+def _sweep(args: argparse.Namespace) -> int:
+    from powerbudgetd_sim.scenario import ScenarioError
+    from powerbudgetd_sim.sweep import DEFAULT_DURATION_S, WARMUP_S, format_sweep, inference_source, plot_sweep, sweep
+
+    duration = args.duration or DEFAULT_DURATION_S
+    if duration <= WARMUP_S:
+        print(f"powerbudgetd: --sweep: --duration {duration:g} s is not over the sweep's {WARMUP_S:g} s warm-up",
+              file=sys.stderr)
+        return ExitStatus.CONFIG
+    progress = Progress(enabled=not args.json)
+    try:
+        seed = args.seed if args.seed is not None else 1
+        source = inference_source(seed, duration) if args.demand == "inference" else None
+        result = sweep(args.tree, duration_s=duration, seed=seed, scenario_source=source,
+                       on_step=lambda count, policy: progress.update(f"sweep: {count} hosts, {policy}"))
+        if source is not None:
+            result["demand"] = "inference"
+    except (ScenarioError, ConfigError, ValueError) as exc:
+        progress.done()
+        print(f"powerbudgetd: --sweep: {exc}", file=sys.stderr)
+        return ExitStatus.CONFIG
+    progress.done()
+    print(json.dumps(result, indent=2) if args.json else format_sweep(result))
+    if args.plot:
+        sys.stdout.flush()
+        try:
+            plot_sweep(result, args.plot)
+        except OSError as exc:
+            print(f"powerbudgetd: --plot {args.plot}: cannot write the plot: {exc.strerror or exc} "
+                  "(the report above is complete)", file=sys.stderr)
+            return ExitStatus.ERROR
+        if not args.json:
+            print(f"plot written to {args.plot}")
     return ExitStatus.OK
 
 

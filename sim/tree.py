@@ -85,7 +85,7 @@ def tree_path(name: str) -> Path:
         return packaged
     if Path(name).is_file():
         return Path(name)
-    raise ScenarioError(f"no tree {name!r}: neither a file nor a packaged tree (row-4)")
+    raise ScenarioError(f"no tree {name!r}: neither a file nor a packaged tree (row-4, lab-2)")
 
 
 @dataclass

@@ -19,7 +19,7 @@ class Role(StrEnum):
     """What the controller does with a card right now."""
 
     FAIR = "fair_share"  # at budget / N (clamped to its constraints)
-    DONOR = "donor"  # idle; lowered to its floor, its watts lent out
+    DONOR = "donor"  # lends: idle, lowered to its floor; or busy below its share, to its draw plus a margin
     RECIPIENT = "recipient"  # pinned at its cap; raised with donors' watts
     FIXED = "fixed"  # not controllable (excluded, or limit control unsupported)
     LOST = "lost"  # cannot be read; reserved at the highest limit it may come back with

@@ -17,6 +17,13 @@ Rules (fractions and holds in :class:`~powerbudgetd.core.model.Timings`):
   :data:`LEND_RESIDUAL_S`, or none lasted this long (the pattern no longer holds). A
   serving card idling 0.3-3 s between bursts therefore keeps its share through its
   gaps; a batch card idle for seconds between steps lends at once.
+- **busy, below its limit**: a fair card that is not quiet and does not want more now,
+  whose highest draw in each second of the last ``donor_hold_s`` (watched that long)
+  stays at or under ``donor_enter_fraction`` x a limit :data:`LEND_MIN_MW` or more under
+  its fair share, lends the difference while some card borrows: it becomes a donor at
+  that limit (its highest draw / ``donor_enter_fraction``, whole steps of
+  :data:`LEND_STEP_MW` up, never under its floor), the same margin a quiet donor keeps
+  under its floor; should it turn quiet long enough to lend, it lends down to its floor.
 - **wants more**: its instant draw is at ``pinned_fraction`` x its cap or more, or its
   1 s average is, or (a bursty load, whose average hides its peaks) its instant draw
   has been at the cap for ``burst_pinned_share`` of the last ``burst_window_s``. A card
@@ -24,13 +31,15 @@ Rules (fractions and holds in :class:`~powerbudgetd.core.model.Timings`):
   :data:`WANT_GAP_S` (or ``burst_window_s``) do not restart that hold — may become a
   **recipient** (at once if it wants more now and donors' watts are already free,
   lent and not taken), unless it is quiet long enough to lend now (it lends instead;
-  its wish outlives the gap, so on waking it borrows again at once): it gets its fair share plus
+  its wish outlives a short gap, so on waking it borrows again at once, but expires
+  once it has been quiet for ``donor_hold_s``: then it earns its hold again): it gets its fair share plus
   the watts donors free, water-filled by priority, never above its max, nor above what
   it has shown it can use (a card that has not drawn near its cap for
   :data:`USE_MEMORY_S` gains nothing from a higher one: its raise is held to its
   highest recent draw / ``pinned_fraction``).
 - **reclaim**: a donor whose draw (its instant reading; without one, the larger of
-  the estimate and the average) reaches ``wake_fraction`` x its floor returns to fair
+  the estimate and the average) reaches ``wake_fraction`` x the limit it lends down to
+  (its floor, or a busy card's lent limit) returns to fair
   share at once; the plan lowers the recipients first.
 - **release**: a recipient whose average stays under ``release_fraction`` x its fair
   share, and whose instant draw is at the cap less than ``burst_release_share`` of the
@@ -49,8 +58,9 @@ Cards without an instant reading (field 186) get one estimated from the average:
 the one it dropped, which on a steady card is the previous mean. So a wake shows in
 100-200 ms instead of the second the average needs.
 
-A card is donor or recipient, never both, and every target is its floor, its fair
-share, or its fair share plus a part of what the donors free: so the targets sum to at
+A card is donor or recipient, never both, and every target is its floor, a lent limit
+between its floor and its fair share, its fair share, or its fair share plus a part of
+what the donors free: so the targets sum to at
 most the pool (a property test holds this for any timings :class:`Timings` accepts).
 """
 
@@ -74,6 +84,8 @@ CEILING_STEP_MW = 25_000  # ... rounded up to whole steps of this
 FLAP_WINDOW_S = 10.0  # no card's limit reverses direction more than ...
 MAX_REVERSALS = 2  # ... this many times in any window this long
 _FLAP_MARGIN_S = 0.5  # the limit lag and a tick or two between a target and the card
+LEND_MIN_MW = 50_000  # a busy card lends only this much or more (at 25 W, hgx-8-day lost 0.2 % of work) ...
+LEND_STEP_MW = 5_000  # ... down to a limit in whole steps of this
 
 
 class CardView(NamedTuple):
@@ -108,6 +120,7 @@ class _Track:
     cap_seen_mw: int | None = None
     idle_since: float | None = None
     limit_mw: int | None = None
+    lend_mw: int | None = None  # a donor's limit: its floor, or a busy card's lent limit
     at_cap: float = 0.0  # share of recent time the instant draw sat at the cap (moving average)
     last_t: float | None = None
     prev_avg_mw: int | None = None
@@ -164,7 +177,7 @@ class LendingPolicy:
                 if t.limit_mw is not None and t.limit_mw < limit < t.limit_mw + min_step:
                     limit = t.limit_mw
             elif t.role == Role.DONOR:
-                limit = c.min_mw
+                limit = _lent(t, c)
             else:
                 limit = c.share_mw
             self._moved(t, limit, now)
@@ -182,11 +195,15 @@ class LendingPolicy:
             if tr is None:  # not setdefault: that would build a track every tick
                 tr = self._tracks[c.uuid] = _Track()
             self._update(tr, c, now)
+            if tr.wants_since is not None and _held(tr.quiet_since, now, tm.donor_hold_s):
+                # Quiet the whole hold: the wish expires. Not on the early lend (a serving
+                # card's gap): expiring it there cost ada-2 work on the scoreboard.
+                tr.wants_since = tr.last_wanted = None
             if _draw(c, tr) is None:  # power unknown: neither donor nor recipient
                 if tr.role != Role.FAIR:
                     reasons[c.uuid] = "power_unknown"
                 tr.role = Role.FAIR
-            elif tr.role == Role.DONOR and _wake_draw(c, tr) >= tm.wake_fraction * c.min_mw:
+            elif tr.role == Role.DONOR and _wake_draw(c, tr) >= tm.wake_fraction * _lent(tr, c):
                 tr.role, reasons[c.uuid] = Role.FAIR, "reclaim"
             elif tr.role == Role.RECIPIENT and _held(tr.idle_since, now, tm.release_hold_s):
                 tr.role, reasons[c.uuid] = Role.FAIR, "release"
@@ -219,16 +236,25 @@ class LendingPolicy:
             c = by_id[u]
             if not lending and t.role == Role.DONOR:
                 t.role, reasons[u] = Role.FAIR, "no_recipient"
-            elif (lending and t.role == Role.FAIR and u not in reasons and u not in borrowing
-                    and c.min_mw < c.share_mw and self._quiet_lasts(t, now) and self._may_move(t, c, now, up=False)):
-                t.role, reasons[u] = Role.DONOR, "lend"
+            elif not lending or u in reasons or u in borrowing or c.min_mw >= c.share_mw:
+                continue
+            elif self._quiet_lasts(t, now):
+                # Quiet long enough: lend down to the floor (a busy lender that went
+                # quiet lends the rest: a move further down, no reversal).
+                if (t.role == Role.FAIR or (t.role == Role.DONOR and _lent(t, c) > c.min_mw)) and \
+                        self._may_move(t, c, now, up=False):
+                    reasons.setdefault(u, "lend")
+                    t.role, t.lend_mw = Role.DONOR, c.min_mw
+            elif t.role == Role.FAIR and (lent := self._busy_lends(t, c, now)) is not None and \
+                    self._may_move(t, c, now, up=False):
+                t.role, t.lend_mw, reasons[u] = Role.DONOR, lent, "lend"
 
     def _extras(self, now: float, pool_mw: int, by_id: dict[str, CardView], tracks: dict[str, _Track],
                 reasons: dict[str, str], recipients: list[str]) -> dict[str, int]:
         """What each recipient gets above its fair share (mW): the pool left once every
         other card has its target, by priority, within what each has shown it can use,
         and without a raise or a cut that would flap."""
-        fixed_mw = sum(c.min_mw if tracks[u].role == Role.DONOR else c.share_mw for u, c in by_id.items())
+        fixed_mw = sum(_lent(tracks[u], c) if tracks[u].role == Role.DONOR else c.share_mw for u, c in by_id.items())
         spare = pool_mw - fixed_mw
         if recipients and spare < int(self.timings.min_step_w * 1000):
             # Nothing worth lending: recipients-to-be stay at fair share.
@@ -327,6 +353,27 @@ class LendingPolicy:
         longer = [lasted - quiet_s for _, lasted in tr.spells if lasted > quiet_s]
         return not longer or sum(longer) / len(longer) >= LEND_RESIDUAL_S
 
+    def _busy_lends(self, tr: _Track, c: CardView, now: float) -> int | None:
+        """The limit a busy card below its fair share may lend down to (mW), or None:
+        its highest draw in each second of the last ``donor_hold_s`` (watched that long,
+        never at its cap, not wanting more now) / ``donor_enter_fraction``, rounded up to
+        :data:`LEND_STEP_MW`, at least its floor, and :data:`LEND_MIN_MW` or more under
+        its fair share."""
+        tm = self.timings
+        window = tm.donor_hold_s
+        peaks = tr.peaks
+        if tr.wants_now or not peaks or now - peaks[0][0] < window + 1.0:
+            return None  # seconds are whole: one more covers the window from its start
+        highest = 0
+        for s, mw, capped in peaks:
+            if now - s <= window + 1.0:
+                if capped:
+                    return None
+                highest = mw if mw > highest else highest
+        steps = -(-int(highest / tm.donor_enter_fraction) // LEND_STEP_MW)
+        lent = max(c.min_mw, steps * LEND_STEP_MW)
+        return lent if lent <= c.share_mw - LEND_MIN_MW else None
+
     def _ceiling(self, tr: _Track, c: CardView, now: float) -> int:
         """The most extra (mW above fair share) a recipient has shown it can use: up to
         its max if it sat at its cap in the last :data:`USE_MEMORY_S` (or has not been
@@ -395,6 +442,13 @@ def _wake_draw(c: CardView, tr: _Track) -> int:
     if c.power_instant_mw is not None:
         return c.power_instant_mw
     return _draw(c, tr) or 0
+
+
+def _lent(tr: _Track, c: CardView) -> int:
+    """A donor's limit (mW): what it lends down to, within its floor and its fair share
+    (a share that fell since keeps the targets within the pool)."""
+    lent = c.min_mw if tr.lend_mw is None else tr.lend_mw
+    return max(c.min_mw, min(lent, c.share_mw))
 
 
 def _held(since: float | None, now: float, hold_s: float) -> bool:
