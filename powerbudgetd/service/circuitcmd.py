@@ -189,14 +189,14 @@ async def _init(store: Any, args: argparse.Namespace) -> int:
     if not ok:
         read = await store.read()
         if args.force:
-            live = read.unseated_live()
+            live = read.view.unseated
             over = "" if tree is None else "".join(f"; node {n} over by {w:.0f} W" for n, w in sorted(
                 dataclasses.replace(read.view, tree=tree.with_reserves(read.view.seats), budget_w=budget).nodes_over_w().items()))
             print(f"powerbudgetd: circuit {store.name}: seats and grants ({read.view.committed_w:g} W)"
                   + (f" and live hosts without a seat ({_hosts_w(live)})" if live else "")
                   + f" exceed {budget:g} W{over}; lower them first", file=sys.stderr)
         elif read.spec is None:
-            print(f"powerbudgetd: circuit {store.name}: live hosts without a seat ({_hosts_w(read.unseated_live())}) "
+            print(f"powerbudgetd: circuit {store.name}: live hosts without a seat ({_hosts_w(read.view.unseated)}) "
                   f"exceed {budget:g} W: their daemons still run on those reserves", file=sys.stderr)
         else:
             spec = read.spec
@@ -213,8 +213,6 @@ async def _join(store: Any, host: str, reserve_w: float) -> int:
     counted, so no other host's grant can stand in its way when it boots. Refused when it
     does not fit beside the seats, grants and live hosts without a seat (a wiped circuit
     whose daemons have not seated themselves again yet), naming them."""
-    from powerbudgetd.channels.circuit.store import seat_fits
-
     for _ in range(20):  # a compare that fails only means something changed: read again
         read = await store.read()
         if read.spec is None:
@@ -242,9 +240,9 @@ async def _join(store: Any, host: str, reserve_w: float) -> int:
                   "power tree, failover counted: " + ", ".join(f"node {n} over by {w:.0f} W" for n, w in sorted(
                       full.nodes_over_w().items())), file=sys.stderr)
             return ExitStatus.ERROR
-        if not seat_fits(read, host, reserve_w):
+        if not read.view.seat_fits(reserve_w, host):
             v = read.view
-            live = {h: w for h, w in read.unseated_live().items() if h != host}
+            live = {h: w for h, w in read.view.unseated.items() if h != host}
             print(f"powerbudgetd: circuit {store.name}: {printable(host)}'s seat of {reserve_w:g} W does not fit: other "
                   f"seats {v.seats_w - v.seats.get(host, 0):g} W + grants {v.grants_w - v.grants.get(host, 0):g} W"
                   + (f" + live hosts without a seat ({_hosts_w(live)})" if live else "")

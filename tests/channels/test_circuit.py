@@ -453,9 +453,8 @@ class _SeatStore:
 
     async def register_seat(self, read, host: str, reserve_w: float, *, grant_w: float = 0.0,  # noqa: ANN001
                             lease_id: int | None = None) -> bool:
-        from powerbudgetd.channels.circuit.store import seat_fits
         assert lease_id == 1
-        if not seat_fits(read, host, reserve_w + grant_w):
+        if not read.view.seat_fits(reserve_w + grant_w, host):
             return False
         self.seats.append((reserve_w, round(grant_w, 6)))
         return True
@@ -490,11 +489,15 @@ def _running(tmp_path: Path, store: _SeatStore, grant_w: float, cards_grant_w: f
     return ch
 
 
-def _read(seats: dict[str, float], grants: dict[str, float], budget_w: float = 3000):
-    from powerbudgetd.channels.circuit.store import Read, Spec
+def _read(seats: dict[str, float], grants: dict[str, float], budget_w: float = 3000, unseated: dict | None = None):
+    """A read at revision 7; ``unseated``: live hosts with a claim and no seat (reserve W)."""
+    from powerbudgetd.channels.circuit.store import Claim, Read, Spec
     from powerbudgetd.core.circuit import CircuitView
 
-    return Read(Spec(budget_w, 5), CircuitView(budget_w, seats, grants, {}, revision=7), 7)
+    unseated = unseated or {}
+    claims = {h: Claim(h * 32, "boot", 1, 1.0, 1.0, w) for h, w in unseated.items()}
+    return Read(Spec(budget_w, 5), CircuitView(budget_w, seats, grants, {}, revision=7, unseated=unseated), 7,
+                claims=claims)
 
 
 def test_a_seat_removed_under_a_running_host_comes_back_with_a_grant_covering_its_cards(tmp_path: Path) -> None:
@@ -536,7 +539,6 @@ def test_a_grant_removed_under_a_running_host_is_put_back_while_its_cards_come_d
     seat's registration covers the cards)."""
     import asyncio
 
-    from powerbudgetd.channels.circuit.store import Claim
 
     store = _SeatStore()
     ch = _running(tmp_path, store, 200.0, 200.0)
@@ -550,9 +552,7 @@ def test_a_grant_removed_under_a_running_host_is_put_back_while_its_cards_come_d
 
     store = _SeatStore()  # a live host without a seat: its reserve's room is not ours to cover with
     ch = _running(tmp_path, store, 200.0, 200.0)
-    read = _read({"vm": 800, "b": 1000}, {"b": 800})
-    read.claims["c"] = Claim("c" * 32, "boot", 1, 1.0, 1.0, 300.0)
-    asyncio.run(ch._move_grant(read))
+    asyncio.run(ch._move_grant(_read({"vm": 800, "b": 1000}, {"b": 800}, unseated={"c": 300.0})))
     assert store.raised == [] and ch.held_w == 0.0 and ch.metrics.vanished_grant._value.get() == 1
 
     store = _SeatStore()
