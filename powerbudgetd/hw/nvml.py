@@ -32,6 +32,7 @@ from powerbudgetd.errors import (
     NvmlNotSupported,
     NvmlTimeout,
 )
+from powerbudgetd.hw.nvmlscope import NvmlScope
 
 # nvmlReturn_t codes (nvml.h); the same values in nvidia-ml-py and in the simulator.
 _ERROR_KINDS: dict[int, type[NvmlError]] = {
@@ -143,11 +144,8 @@ def query_driver_version(library: NvmlLibrary | None = None, timeout_s: float = 
     def ask() -> None:
         try:
             nvml = Nvml(library)
-            nvml.init()
-            try:
+            with NvmlScope(nvml):
                 outcome.append(nvml.driver_version())
-            finally:
-                nvml.shutdown()
         except Exception as exc:  # noqa: BLE001 - a broken library (OSError, ctypes) is reported, not raised
             outcome.append(exc)
 

@@ -132,13 +132,15 @@ def _reserve_refused(args: argparse.Namespace) -> int | None:
     model, checked against its cards' floors (``--backend``); the exit status when it
     is refused or the cards cannot be read, None when it fits."""
     from powerbudgetd.errors import BudgetInfeasible
+    from powerbudgetd.hw.nvmlscope import NvmlScope
     from powerbudgetd.service.backend import make_nvml
     from powerbudgetd.service.feasibility import start_at_reserve
 
     settings = _settings(args.config)
     try:
         nvml = make_nvml(args.backend, settings.sim.scenario, settings.sim.seed, settings.sim.lag_s)
-        nvml.init()
+        scope = NvmlScope(nvml)
+        scope.open()
     except NvmlError as exc:
         print(f"powerbudgetd: circuit join: NVML unavailable, the reserve cannot be checked against the cards' "
               f"floors: {exc}", file=sys.stderr)
@@ -152,7 +154,7 @@ def _reserve_refused(args: argparse.Namespace) -> int | None:
         print(f"powerbudgetd: circuit join: NVML error reading the cards: {exc}", file=sys.stderr)
         return ExitStatus.NVML
     finally:
-        nvml.shutdown()
+        scope.close()  # within its deadline: a hung shutdown does not hold the join
     return None
 
 
@@ -542,6 +544,7 @@ def _failsafe(args: argparse.Namespace, settings: Settings) -> int:
 
     from powerbudgetd.control.failsafe import CALL_TIMEOUT_S, INIT_TIMEOUT_S, failsafe
     from powerbudgetd.hw.calls import DeadlineCalls
+    from powerbudgetd.hw.nvmlscope import NvmlScope
     from powerbudgetd.service.backend import make_nvml
     from powerbudgetd.service.feasibility import reserve_figure
     from powerbudgetd.service.logs import configure_logging
@@ -554,7 +557,8 @@ def _failsafe(args: argparse.Namespace, settings: Settings) -> int:
     source = "the circuit reserve" if figure.source == "circuit reserve" else "configured"
     try:
         nvml = make_nvml(args.backend, settings.sim.scenario, settings.sim.seed, settings.sim.lag_s, settings.sim.state_file)
-        calls.call("init", nvml.init, timeout_s=INIT_TIMEOUT_S)
+        scope = NvmlScope(nvml, init_timeout_s=INIT_TIMEOUT_S)
+        scope.open()
     except NvmlError as exc:
         log.error("failsafe_nvml_unavailable", error=str(exc), action="no card lowered")
         print(f"powerbudgetd: failsafe: NVML unavailable: {exc}", file=sys.stderr)
@@ -566,11 +570,9 @@ def _failsafe(args: argparse.Namespace, settings: Settings) -> int:
         log.error("failsafe_nvml_unavailable", error=str(exc), action="the cards could not be counted: none lowered")
         print(f"powerbudgetd: failsafe: NVML cannot count the cards: {exc}", file=sys.stderr)
         return ExitStatus.NVML
-    finally:
-        try:  # with a call abandoned on a hung card it may never return
-            DeadlineCalls(2.0).call("shutdown", nvml.shutdown)
-        except NvmlError as exc:
-            log.warning("nvml_shutdown_abandoned", error=str(exc), after_s=2.0)
+    finally:  # within its deadline: with a call abandoned on a hung card it may never return
+        if (abandoned := scope.close()) is not None:
+            log.warning("nvml_shutdown_abandoned", error=str(abandoned), after_s=scope.shutdown_timeout_s)
     ok = all(r.confirmed for r in result)
     for r in result:
         if not r.reached:

@@ -46,7 +46,7 @@ from powerbudgetd.errors import BudgetInfeasible, CardLimitUnknown, ConfigError,
 from powerbudgetd.service.logs import configure_logging
 from powerbudgetd.core.model import Mode
 from powerbudgetd.service.notify import Notifier, watchdog_interval_s
-from powerbudgetd.hw.calls import DeadlineCalls
+from powerbudgetd.hw.nvmlscope import SHUTDOWN_TIMEOUT_S, shutdown_within
 from powerbudgetd.hw.nvml import Nvml, init_advice
 from powerbudgetd.hw.persistence import ensure_persistence_mode
 from powerbudgetd.service import signals
@@ -56,10 +56,10 @@ from powerbudgetd.service.tickthread import TickThread
 log = structlog.get_logger("powerbudgetd")
 
 
-# How long exit waits for nvmlShutdown (s): normally milliseconds; beyond this it is
-# left running, so that a card that hangs every call cannot hold the stop (the unit's
-# TimeoutStopSec) after the cards are already back at fair share.
-NVML_SHUTDOWN_TIMEOUT_S = 2.0
+# How long exit waits for nvmlShutdown (s): the commands' deadline (hw/nvmlscope.py), so
+# that a card that hangs every call cannot hold the stop (the unit's TimeoutStopSec)
+# after the cards are already back at fair share.
+NVML_SHUTDOWN_TIMEOUT_S = SHUTDOWN_TIMEOUT_S
 
 # Settings a reload cannot change in a running daemon: they shape the bank and the loop.
 RESTART_ONLY = (
@@ -324,9 +324,7 @@ class Daemon:
     def _shutdown_nvml(self) -> None:
         """``nvmlShutdown``, waited for at most NVML_SHUTDOWN_TIMEOUT_S: with a call
         abandoned on a lost or hung card it may never return, and the process is leaving."""
-        try:
-            DeadlineCalls(NVML_SHUTDOWN_TIMEOUT_S).call("shutdown", self.nvml.shutdown)
-        except NvmlError as exc:
+        if (exc := shutdown_within(self.nvml, NVML_SHUTDOWN_TIMEOUT_S)) is not None:
             log.warning("nvml_shutdown_abandoned", error=str(exc), after_s=NVML_SHUTDOWN_TIMEOUT_S)
 
     async def _loop(self, ctl: Controller) -> int:

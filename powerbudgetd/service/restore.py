@@ -97,16 +97,21 @@ def _restore(args: argparse.Namespace, settings: Settings, originals: dict[str, 
     from powerbudgetd.core.units import to_mw
     from powerbudgetd.hw.calls import DeadlineCalls
     from powerbudgetd.hw.nvml import GpuInfo, PowerReading
+    from powerbudgetd.hw.nvmlscope import NvmlScope
     from powerbudgetd.service.backend import make_nvml
     from powerbudgetd.service.feasibility import reserve_figure
 
     calls = DeadlineCalls(CALL_TIMEOUT_S)
+    scope: NvmlScope | None = None
     try:
         nvml = make_nvml(args.backend, settings.sim.scenario, settings.sim.seed, settings.sim.lag_s,
                          settings.sim.state_file)
-        calls.call("init", nvml.init, timeout_s=5.0)
+        scope = NvmlScope(nvml, init_timeout_s=5.0)
+        scope.open()
         count = calls.call("bank", nvml.device_count)
     except NvmlError as exc:
+        if scope is not None:
+            scope.close()
         print(f"powerbudgetd: restore: NVML unavailable: {exc}; no limit written", file=sys.stderr)
         return ExitStatus.NVML
     try:
@@ -177,10 +182,7 @@ def _restore(args: argparse.Namespace, settings: Settings, originals: dict[str, 
         print(f"restored {len(steps)} card(s) from {path}: sum of limits {sum_mw / 1000:g} W")
         return ExitStatus.OK
     finally:
-        try:
-            DeadlineCalls(2.0).call("shutdown", nvml.shutdown)
-        except NvmlError:
-            pass
+        scope.close()  # within its deadline: with a call abandoned on a hung card it may never return
 
 
 def _read_back(nvml: Nvml, calls: InlineCalls, uuid: str, to_mw: int) -> bool:
