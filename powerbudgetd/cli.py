@@ -34,7 +34,7 @@ from powerbudgetd.service.logs import configure_logging
 from powerbudgetd.service.output import Progress, pipe_safe
 
 POLICY_NAMES = ("static", "slurm", "reactive", "powerbudgetd", "oracle", "causal", "ruled")  # simulate.POLICIES
-DEFAULT_METRICS_PORT = 19400  # channels.metrics.DEFAULT_PORT
+DEFAULT_METRICS_PORT = 19400  # config.DEFAULT_METRICS_PORT (not imported: pydantic at every start)
 SIM_MIN_DURATION_S, SIM_MAX_DURATION_S = 1.0, 7 * 86400.0  # powerbudgetd_sim.scenario.MIN/MAX_DURATION_S
 
 if TYPE_CHECKING:
