@@ -22,7 +22,7 @@ from types import ModuleType
 from collections.abc import Callable
 from typing import Any, NamedTuple, Protocol, TypeVar
 
-from powerbudgetd.core.units import to_mw, to_w
+from powerbudgetd.core.units import to_j, to_mw, to_w
 from powerbudgetd.errors import (
     NvmlError,
     NvmlGpuLost,
@@ -428,7 +428,7 @@ class Nvml:
             )
         except NvmlNotSupported:
             return None
-        return mj / 1000.0
+        return to_j(mj)
 
     def persistence_mode(self, uuid: str) -> bool | None:
         """Whether persistence mode is on; None where unsupported (e.g. Windows)."""
