@@ -17,6 +17,7 @@ from powerbudgetd.hw.nvml import Nvml
 from powerbudgetd.config import load_config
 from powerbudgetd_sim.libnvml import SimNvmlLibrary
 from powerbudgetd_sim.physics import SimBank
+from support.configs import config_file
 
 CIRCUIT = """budget_w = 1200
 [circuit]
@@ -30,9 +31,8 @@ host_w = 100
 
 def _cfg(tmp_path: Path, text: str):
     (tmp_path / "machine-id").write_text("0123456789abcdef0123456789abcdef\n")
-    p = tmp_path / "pb.toml"
-    p.write_text(text.replace("[circuit]\n", f'[circuit]\nmachine_id_file = "{tmp_path / "machine-id"}"\n', 1))
-    return load_config(p, euid=1000)
+    text = text.replace("[circuit]\n", f'[circuit]\nmachine_id_file = "{tmp_path / "machine-id"}"\n', 1)
+    return load_config(config_file(tmp_path, text, budget_w=None), euid=1000)
 
 
 def test_circuit_config_and_the_reserve_budget(tmp_path: Path) -> None:
