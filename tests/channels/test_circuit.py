@@ -297,7 +297,7 @@ def test_a_client_key_open_to_others_is_refused_as_root(tmp_path: Path, monkeypa
     key = tmp_path / "client.key"
     text = CIRCUIT + (f'tls = true\nca_file = "{tmp_path / "ca.pem"}"\ncert_file = "{tmp_path / "client.pem"}"\n'
                       f'key_file = "{key}"\n')
-    monkeypatch.setattr("powerbudgetd.config.os.geteuid", lambda: 0)
+    monkeypatch.setattr("powerbudgetd.config.loader.os.geteuid", lambda: 0)
     key.chmod(0o644)
     with pytest.raises(ConfigError, match=r"open to group or others \(mode 0644\); fix: chmod 600"):
         _cfg(tmp_path, text)
