@@ -136,7 +136,8 @@ def _type_name(annotation: object) -> str:
     if annotation is type(None):
         return "None"
     text = str(annotation).replace("typing.", "").replace("pathlib.", "")
-    for mod in ("powerbudgetd.config.", "ipaddress.", "pydantic.networks.", "pydantic.types."):
+    text = re.sub(r"powerbudgetd\.config\.(\w+\.)*", "", text)  # a section's module is no part of its type
+    for mod in ("ipaddress.", "pydantic.networks.", "pydantic.types."):
         text = text.replace(mod, "")
     return text
 

@@ -34,7 +34,7 @@ from powerbudgetd.service.logs import configure_logging
 from powerbudgetd.service.output import Progress, pipe_safe
 
 POLICY_NAMES = ("static", "slurm", "reactive", "powerbudgetd", "oracle", "causal", "ruled")  # simulate.POLICIES
-DEFAULT_METRICS_PORT = 19400  # channels.metrics.DEFAULT_PORT
+DEFAULT_METRICS_PORT = 19400  # config.DEFAULT_METRICS_PORT (not imported: pydantic at every start)
 SIM_MIN_DURATION_S, SIM_MAX_DURATION_S = 1.0, 7 * 86400.0  # powerbudgetd_sim.scenario.MIN/MAX_DURATION_S
 
 if TYPE_CHECKING:
@@ -476,6 +476,7 @@ def _check_config_cards(args: argparse.Namespace, settings: Settings, path: Path
     from powerbudgetd.service.backend import make_nvml
     from powerbudgetd.service.checkconfig import describe
     from powerbudgetd.hw.calls import DeadlineCalls
+    from powerbudgetd.hw.nvmlscope import NvmlScope
     from powerbudgetd.service.feasibility import card_names, check_feasible, floors
     from powerbudgetd_sim.scenario import ScenarioError
 
@@ -483,7 +484,8 @@ def _check_config_cards(args: argparse.Namespace, settings: Settings, path: Path
     scenario = args.scenario or settings.sim.scenario
     try:
         nvml = make_nvml(args.backend, scenario, settings.sim.seed, settings.sim.lag_s)
-        nvml.init()
+        scope = NvmlScope(nvml)
+        scope.open()
     except ScenarioError as exc:
         print(f"powerbudgetd: {'--scenario' if args.scenario else '[sim] scenario'}: {exc}", file=sys.stderr)
         return ExitStatus.CONFIG
@@ -504,10 +506,7 @@ def _check_config_cards(args: argparse.Namespace, settings: Settings, path: Path
         print(f"powerbudgetd: NVML error reading the cards: {exc}", file=sys.stderr)
         return ExitStatus.NVML
     finally:
-        try:  # with a call abandoned on a hung card it may never return
-            DeadlineCalls(2.0).call("shutdown", nvml.shutdown)
-        except NvmlError:
-            pass
+        scope.close()  # within its deadline: with a call abandoned on a hung card it may never return
     print(describe(settings, path, card_names=names, floors=counted, source=source))
     for text in ctl.override_warnings:
         print(f"warning: {text}")
@@ -734,15 +733,18 @@ def _probe(args: argparse.Namespace) -> int:
     from powerbudgetd.hw.probe import format_compare, format_probe, probe
 
     configure_logging(level="warning", stream=sys.stderr)
+    from powerbudgetd.hw.nvmlscope import NvmlScope
     from powerbudgetd.service.backend import make_nvml
     from powerbudgetd_sim.scenario import ScenarioError
 
     if args.preset and not args.compare_sim:
         print("powerbudgetd: --preset needs --compare-sim", file=sys.stderr)
         return ExitStatus.CONFIG
+    scope: NvmlScope | None = None
     try:
         nvml = make_nvml(args.backend, scenario=args.scenario or "workstation-4")
-        nvml.init()
+        scope = NvmlScope(nvml)
+        scope.open()
         if args.compare_sim:
             result = {"backend": args.backend or "nvml", **_compare_sim(nvml, args.preset)}
         else:
@@ -754,13 +756,13 @@ def _probe(args: argparse.Namespace) -> int:
         print(_nvml_unavailable(exc, "probe --compare-sim --backend sim" if args.compare_sim else "probe --backend sim"),
               file=sys.stderr)
         return ExitStatus.NVML
-    try:
-        if args.compare_sim:
-            print(json.dumps(result, indent=2) if args.json else format_compare(result))
-        else:
-            print(json.dumps(result, indent=2) if args.json else format_probe(result))
     finally:
-        nvml.shutdown()
+        if scope is not None:
+            scope.close()  # within its deadline: NVML is not needed past this point
+    if args.compare_sim:
+        print(json.dumps(result, indent=2) if args.json else format_compare(result))
+    else:
+        print(json.dumps(result, indent=2) if args.json else format_probe(result))
     return ExitStatus.OK
 
 

@@ -4,6 +4,7 @@ few things there must be exactly one of. A broken rule fails here, naming the li
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -298,3 +299,28 @@ def test_the_checks_fail_on_a_cycle_an_upward_simulator_import_and_a_clock_in_co
     assert core_impurities(files, tmp_path) == ["powerbudgetd/core/clocked.py:3 imports time"]
     (imp,) = [i for i in _imports(tmp_path / "powerbudgetd/core/clocked.py", tmp_path) if i.module == "time"]
     assert imp.at_top  # under a top-level `if` other than TYPE_CHECKING: it runs at import
+
+
+# Tests are named for what they hold, not for the finding or round that asked for them.
+FINDING_NAME = re.compile(r"^test_(case)?\d+(_|$)|^test_case\d+|^test_round\d+")
+
+
+def finding_named_tests(files: list[Path], root: Path = ROOT) -> list[str]:
+    """Each test function (or class) named after a numbered finding, case or round."""
+    found = []
+    for path in files:
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and FINDING_NAME.match(node.name.lower()):
+                found.append(f"{path.relative_to(root)}:{node.lineno} {node.name}")
+    return found
+
+
+def test_no_test_is_named_after_a_finding_or_a_round() -> None:
+    assert finding_named_tests(sorted((ROOT / "tests").rglob("test_*.py"))) == []
+
+
+def test_the_name_check_finds_numbered_tests(tmp_path: Path) -> None:
+    files = _tree(tmp_path, {"tests/test_x.py": "def test_3_durations(): pass\nasync def test_case2_deep(): pass\n"
+                                                "def test_round4_x(): pass\ndef test_durations_3_ways(): pass\n"})
+    assert finding_named_tests(files, tmp_path) == ["tests/test_x.py:1 test_3_durations", "tests/test_x.py:2 test_case2_deep",
+                                                    "tests/test_x.py:3 test_round4_x"]

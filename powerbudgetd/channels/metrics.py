@@ -54,7 +54,6 @@ if TYPE_CHECKING:
     from powerbudgetd.hw.nvml import Nvml
     from powerbudgetd.config import Settings
 
-DEFAULT_PORT = 19400  # outside 9100-9999 (all claimed by exporters); not 9400 (dcgm-exporter)
 # Every kind an NvmlError can carry, so each card's error counters start at 0 and the
 # first error shows in increase() (a series born at 1 does not).
 ERROR_KINDS = tuple(dict.fromkeys([NvmlError.kind] + [cls.kind for cls in NvmlError.__subclasses__()]))

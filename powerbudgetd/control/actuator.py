@@ -26,6 +26,7 @@ from powerbudgetd.core.plan import Write
 from powerbudgetd.errors import NvmlError, NvmlTimeout
 from powerbudgetd.hw.calls import InlineCalls
 from powerbudgetd.hw.nvml import Nvml
+from powerbudgetd.core.units import to_w
 
 log = structlog.get_logger("powerbudgetd")
 
@@ -79,7 +80,7 @@ class Actuator:
         out: list[Applied] = []
         for w in writes:
             if w.is_increase:
-                log.error("increase_refused", uuid=w.uuid, from_w=w.from_mw / 1000, to_w=w.to_mw / 1000, bug=True,
+                log.error("increase_refused", uuid=w.uuid, from_w=to_w(w.from_mw), to_w=to_w(w.to_mw), bug=True,
                           action="only decreases are written here")
                 out.append(Applied(w, skipped=True))
                 continue
@@ -89,7 +90,7 @@ class Actuator:
     def _send(self, w: Write) -> Applied:
         sent_at = self.clock() if self.clock else None
         try:
-            self._write(w.uuid, w.to_mw / 1000.0)
+            self._write(w.uuid, to_w(w.to_mw))
         except NvmlError as exc:
             return Applied(w, error=exc, sent_at=sent_at)
         return Applied(w, sent_at=sent_at)
@@ -105,8 +106,8 @@ class Actuator:
         for w in writes:
             after_mw = sum_bound_mw + max(0, w.to_mw - w.from_mw)
             if w.is_increase and after_mw > budget_mw:
-                log.error("plan_breaks_budget", uuid=w.uuid, from_w=w.from_mw / 1000, to_w=w.to_mw / 1000,
-                          sum_after_w=after_mw / 1000, budget_w=budget_mw / 1000, bug=True,
+                log.error("plan_breaks_budget", uuid=w.uuid, from_w=to_w(w.from_mw), to_w=to_w(w.to_mw),
+                          sum_after_w=to_w(after_mw), budget_w=to_w(budget_mw), bug=True,
                           action="increase refused: the sum of what may be in force would pass the budget")
                 out.append(Applied(w, skipped=True))
                 continue

@@ -15,7 +15,7 @@ import structlog
 
 from powerbudgetd.control.ledger import CardLedger
 from powerbudgetd.core.model import Timings
-from powerbudgetd.core.units import to_mw
+from powerbudgetd.core.units import to_mw, to_w
 from powerbudgetd.hw.nvml import PowerReading
 
 log = structlog.get_logger("powerbudgetd")
@@ -24,7 +24,7 @@ log = structlog.get_logger("powerbudgetd")
 # average is capped at the limit and instant peaks were measured at 1.35x it.
 IMPOSSIBLE_FACTOR = 3.0
 # NVML reports power in unsigned mW: a wrapped or garbage value reads this high.
-OVERFLOW_W = 2**31 / 1000
+OVERFLOW_W = to_w(2**31)
 # Readings are judged over a short window, with hysteresis: an impossible value is taken
 # for a fault (power unknown: the card neither lends nor borrows) only once readings have
 # been impossible for this long, and believed again only once they have been plausible
@@ -84,7 +84,7 @@ class CardAudit:
         (s) is replaced by the last plausible values until impossible readings have
         lasted the window; then the power is unknown (logged once per episode) until
         plausible readings have lasted the window too. Every impossible reading is counted."""
-        limit_w = max(worst_mw / 1000, 1.0)
+        limit_w = max(to_w(worst_mw), 1.0)
         why = None
         for name, v in (("power_avg_w", r.power_avg_w), ("power_instant_w", r.power_instant_w)):
             if v is not None and (v < 0 or v >= OVERFLOW_W or v > IMPOSSIBLE_FACTOR * limit_w):
@@ -156,8 +156,8 @@ class CardAudit:
         """Check one read for drift, contest, unknown power and excursions (logs)."""
         requested = led.requested_mw
         if self.expected_mw is not None and not led.inflight and requested not in (None, self.expected_mw):
-            found_w = requested / 1000
-            log.warning("limit_drift", index=index, uuid=uuid, expected_w=self.expected_mw / 1000, found_w=found_w,
+            found_w = to_w(requested)
+            log.warning("limit_drift", index=index, uuid=uuid, expected_w=to_w(self.expected_mw), found_w=found_w,
                         action="re-applied (a driver reload, a GPU reset or another tool)")
             window = self.timings.contest_window_s
             self.drift_times = [t for t in self.drift_times if now - t < window] + [now]

@@ -8,7 +8,7 @@ import structlog
 
 from powerbudgetd.control.controller import Controller
 from powerbudgetd.core.arbiter import BudgetArbiter, Decision
-from powerbudgetd.core.units import budget_mw
+from powerbudgetd.core.units import budget_mw, to_w
 from powerbudgetd.errors import BudgetInfeasible
 
 log = structlog.get_logger("powerbudgetd")
@@ -36,7 +36,7 @@ class BudgetKeeper:
         decision = self.arbiter.resolve(now)
         want_mw = budget_mw(decision.budget_w)
         if want_mw != ctl.budget_mw:
-            old_w = ctl.budget_mw / 1000
+            old_w = to_w(ctl.budget_mw)
             try:
                 ctl.set_budget(decision.budget_w, reason=reason or decision.source)
             except BudgetInfeasible as exc:
@@ -47,12 +47,12 @@ class BudgetKeeper:
                               kept_budget_w=old_w, error=str(exc))
                     self._said = ("budget_change_refused", want_mw)
                 return decision
-            log.info("budget_changed", from_w=old_w, to_w=ctl.budget_mw / 1000, source=decision.source)
+            log.info("budget_changed", from_w=old_w, to_w=to_w(ctl.budget_mw), source=decision.source)
         # Said only once the controller holds it: a refused budget holds nothing.
-        if decision.below_floor and self._said != ("budget_below_floor", int(decision.wanted_w * 1000)):
+        if decision.below_floor and self._said != ("budget_below_floor", budget_mw(decision.wanted_w)):
             log.error("budget_below_floor", wanted_w=round(decision.wanted_w, 1), source=decision.source,
                       floor_w=decision.floor_w, detail="holding the cards at their minimum limits instead")
-            self._said = ("budget_below_floor", int(decision.wanted_w * 1000))
+            self._said = ("budget_below_floor", budget_mw(decision.wanted_w))
         self.in_force = decision
         if not decision.below_floor:
             self._said = None

@@ -19,7 +19,7 @@ from powerbudgetd.control.card import CardState
 from powerbudgetd.control.cardlimits import card_limits, override_for
 from powerbudgetd.control.ledger import CardLedger
 from powerbudgetd.core.model import CardOverride, Role, Timings
-from powerbudgetd.core.units import opt_mw, to_mw
+from powerbudgetd.core.units import opt_mw, to_mw, to_w
 from powerbudgetd.core.worstcase import limit_bound_mw
 from powerbudgetd.errors import BudgetInfeasible, CardLimitUnknown, NvmlError, NvmlTimeout
 from powerbudgetd.hw.calls import InlineCalls
@@ -34,10 +34,10 @@ BANK_KEY = "bank"  # the calls key of NVML calls on no card (the device count, e
 def _arrived(event: str, c: CardState) -> None:
     """Log a card that appeared or came back at what its ledger counts it at now."""
     if event == "card_appeared":
-        log.warning(event, index=c.index, uuid=c.uuid, name=c.info.name, counted_w=c.bound_mw / 1000,
+        log.warning(event, index=c.index, uuid=c.uuid, name=c.info.name, counted_w=to_w(c.bound_mw),
                     controllable=c.controllable, action="counted at its maximum and capped before anything else is raised")
     else:
-        log.warning(event, index=c.index, uuid=c.uuid, counted_w=c.bound_mw / 1000)
+        log.warning(event, index=c.index, uuid=c.uuid, counted_w=to_w(c.bound_mw))
 
 
 class CardSet:
@@ -96,7 +96,7 @@ class CardSet:
             ov = override_for(self.overrides, c.uuid, c.index)
             if ov.max_w is not None and c.controllable and to_mw(ov.max_w) < c.min_mw:
                 out.append(f"[cards] max_w {ov.max_w:g} W for GPU {c.index} is below its minimum limit "
-                           f"{c.min_mw / 1000:g} W: the card is held at {c.min_mw / 1000:g} W at most")
+                           f"{to_w(c.min_mw):g} W: the card is held at {to_w(c.min_mw):g} W at most")
         for text in out:
             log.warning("card_override_ignored", detail=text)
         return out
@@ -109,13 +109,13 @@ class CardSet:
         fixed_mw = sum(self.counted_mw(c) for c in self.cards if not c.controllable)
         floor_mw = sum(c.min_mw for c in ctl) + fixed_mw
         if floor_mw > budget_mw:
-            share = (budget_mw - fixed_mw) / max(len(ctl), 1) / 1000.0
-            detail = "; ".join(f"GPU {c.index} ({c.info.name}) floor {c.min_mw / 1000:g} W vs share {round(share, 1):g} W"
+            share = to_w((budget_mw - fixed_mw) / max(len(ctl), 1))
+            detail = "; ".join(f"GPU {c.index} ({c.info.name}) floor {to_w(c.min_mw):g} W vs share {round(share, 1):g} W"
                                for c in ctl)
             raise BudgetInfeasible(
-                f"budget {round(budget_mw / 1000, 1):g} W is below what the cards can be held to: "
-                f"minimum limits sum to {sum(c.min_mw for c in ctl) / 1000:g} W"
-                + (f" plus {fixed_mw / 1000:g} W on cards we cannot control = {floor_mw / 1000:g} W" if fixed_mw else "")
+                f"budget {round(to_w(budget_mw), 1):g} W is below what the cards can be held to: "
+                f"minimum limits sum to {to_w(sum(c.min_mw for c in ctl)):g} W"
+                + (f" plus {to_w(fixed_mw):g} W on cards we cannot control = {to_w(floor_mw):g} W" if fixed_mw else "")
                 + f". {detail}"
             )
 
@@ -191,6 +191,6 @@ class CardSet:
                 c.gone = True
                 c.ledger.observe_unknown(now)  # off the bus: what it reads is unknown from now
                 changed.add(c.uuid)
-                log.error("card_gone", index=c.index, uuid=c.uuid, reserved_w=c.bound_mw / 1000,
+                log.error("card_gone", index=c.index, uuid=c.uuid, reserved_w=to_w(c.bound_mw),
                           action="reserved at its bound until it returns; the others keep lending")
         return changed

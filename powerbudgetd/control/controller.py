@@ -42,7 +42,7 @@ from powerbudgetd.core.model import CardOverride, Mode, Timings
 from powerbudgetd.core.plan import Step, Write, plan_writes
 from powerbudgetd.core.policy import LendingPolicy
 from powerbudgetd.core.snapshot import BankSnapshot
-from powerbudgetd.core.units import budget_mw
+from powerbudgetd.core.units import budget_mw, to_w
 from powerbudgetd.errors import NvmlError, NvmlNoPermission, NvmlTimeout
 from powerbudgetd.hw.calls import InlineCalls
 from powerbudgetd.hw.nvml import Nvml
@@ -206,7 +206,7 @@ class Controller:
                 # It cannot be lowered to what it was counted at (NVML refused that value,
                 # and every one below): held, it counts at its bound from the next tick and
                 # the others are fitted around it, instead of lending watts it still holds.
-                c.hold(now, "write_refused", target_w=targets[c.uuid] / 1000, counted_w=c.bound_mw / 1000)
+                c.hold(now, "write_refused", target_w=to_w(targets[c.uuid]), counted_w=to_w(c.bound_mw))
         # A new card is written even at its target: only a confirmed write of ours ends it.
         # A slow card (its reads time out) keeps its place and takes no write meanwhile.
         steps = [Step(c.uuid, c.bound_mw, targets[c.uuid], c.asked_mw, c.priority,
@@ -225,7 +225,7 @@ class Controller:
         if (mode == Mode.BOOTING and self.sum_bound_mw <= self.budget_mw
                 and all(c.ledger.confirmed(now) and c.bound_mw == c.target_mw for c in controlled)):
             self.ready = True
-            log.info("ready", budget_w=self.budget_mw / 1000, sum_limits_w=self.sum_bound_mw / 1000,
+            log.info("ready", budget_w=to_w(self.budget_mw), sum_limits_w=to_w(self.sum_bound_mw),
                      degraded=self.degraded() or None)
         if mode == Mode.STOPPING and all(c.ledger.confirmed(now) and c.bound_mw <= (c.share_mw or 0) for c in controlled):
             self.stopped = True
@@ -252,7 +252,7 @@ class Controller:
 
     def _report(self, now: float, events: list[WriteEvent], faults: list[str]) -> TickReport:
         snap = self.snapshot(now)
-        return TickReport(now, self.mode, self.ready, self.budget_mw / 1000, snap.sum_limit_bound_w,
+        return TickReport(now, self.mode, self.ready, to_w(self.budget_mw), snap.sum_limit_bound_w,
                           tuple(events), tuple(faults), snap)
 
     def snapshot(self, now: float) -> BankSnapshot:

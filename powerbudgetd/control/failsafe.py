@@ -33,7 +33,7 @@ from powerbudgetd.control.cardlimits import card_limits, override_for
 from powerbudgetd.core.fairshare import fair_shares
 from powerbudgetd.core.model import CardOverride
 from powerbudgetd.core.plan import Write
-from powerbudgetd.core.units import budget_mw, opt_mw
+from powerbudgetd.core.units import budget_mw, opt_mw, to_w
 from powerbudgetd.core.worstcase import limit_bound_mw, worst_case_mw
 from powerbudgetd.errors import NvmlError
 from powerbudgetd.hw.calls import InlineCalls
@@ -156,7 +156,7 @@ def _read_card(survey: _Survey, info: GpuInfo, ov: CardOverride, r: PowerReading
         counted = None if lim.worst_mw is None else limit_bound_mw(req, enf, lim.worst_mw)
         survey.reserved_mw += UNKNOWN_MW if counted is None else counted
         survey.settled[info.index] = Lowered(info.index, info.uuid, _highest_w(r), None, False, True,
-                                             counted_w=None if counted is None else counted / 1000)
+                                             counted_w=None if counted is None else to_w(counted))
         return
     before = _highest_w(r)
     survey.to_lower.append(_Card(info, lim.min_mw, lim.max_mw, None if before is None else to_mw(before),
@@ -173,7 +173,7 @@ def _unreachable_card(survey: _Survey, index: int, info: GpuInfo | NvmlError | o
     if worst_case_mw(stated, opt_mw(ov.max_w)) is None:
         error += "; its limits unknown: counted at the largest maximum limit here"
     uuid = info.uuid if isinstance(info, GpuInfo) else ""
-    survey.settled[index] = Lowered(index, uuid, None, None if worst is None else worst / 1000, False, False, error,
+    survey.settled[index] = Lowered(index, uuid, None, None if worst is None else to_w(worst), False, False, error,
                                     reached=False)
     survey.reserved_mw += UNKNOWN_MW if worst is None else worst
 
@@ -186,17 +186,17 @@ def _lower(ctl: list[_Card], shares: list[int], actuator: Actuator, calls: Inlin
     failed: list[_Card] = []
     pending: list[tuple[_Card, int]] = []
     for c, share_mw in zip(ctl, shares):
-        i, before_w = c.info.index, None if c.before_mw is None else c.before_mw / 1000
+        i, before_w = c.info.index, None if c.before_mw is None else to_w(c.before_mw)
         if c.before_mw is not None and c.before_mw <= share_mw:
-            out[i] = Lowered(i, c.info.uuid, before_w, share_mw / 1000, False, True)
+            out[i] = Lowered(i, c.info.uuid, before_w, to_w(share_mw), False, True)
             continue
         if clock() >= end:
-            out[i] = Lowered(i, c.info.uuid, before_w, share_mw / 1000, False, False, "failsafe deadline passed")
+            out[i] = Lowered(i, c.info.uuid, before_w, to_w(share_mw), False, False, "failsafe deadline passed")
             failed.append(c)
             continue
         applied = actuator.lower([Write(c.info.uuid, c.before_mw or c.hi_mw, share_mw)])[0]
         error = None if applied.error is None else f"write failed: {applied.error}"
-        out[i] = Lowered(i, c.info.uuid, before_w, share_mw / 1000, applied.done, False, error)
+        out[i] = Lowered(i, c.info.uuid, before_w, to_w(share_mw), applied.done, False, error)
         if applied.done:
             pending.append((c, share_mw))
         else:

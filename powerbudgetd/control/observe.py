@@ -15,7 +15,7 @@ import structlog
 
 from powerbudgetd.control.card import CardState
 from powerbudgetd.core.model import Role
-from powerbudgetd.core.units import opt_mw, opt_w
+from powerbudgetd.core.units import opt_mw, opt_w, to_w
 from powerbudgetd.errors import NvmlError, NvmlTimeout
 from powerbudgetd.hw.nvml import PowerReading
 
@@ -49,7 +49,7 @@ def observe(c: CardState, r: PowerReading | NvmlError, now: float,
         c.ledger.observe_unknown(now)  # counted at the highest limit it may have or come back with
         if not first:
             return None  # one fault per episode: a card gone for good does not stop lending forever
-        log.warning("card_unreadable", index=c.index, uuid=c.uuid, error=c.error, counted_w=c.bound_mw / 1000,
+        log.warning("card_unreadable", index=c.index, uuid=c.uuid, error=c.error, counted_w=to_w(c.bound_mw),
                     unanswered_s=None if c.slow_since is None else round(now - c.slow_since, 3))
         return f"GPU {c.index} unreadable ({r.kind})"
     slow_since, c.slow_since = c.slow_since, None
@@ -83,7 +83,7 @@ def outside_cap(c: CardState, now: float) -> None:
     if led.held_below and not led.busy and led.enforced_mw is not None:
         if c.outside_cap_seen_mw is None:
             log.warning("limit_capped_outside", index=c.index, uuid=c.uuid, requested_w=opt_w(led.requested_mw),
-                        enforced_w=led.enforced_mw / 1000, check_every_s=OUTSIDE_CAP_CHECK_S,
+                        enforced_w=to_w(led.enforced_mw), check_every_s=OUTSIDE_CAP_CHECK_S,
                         action="held below its request by another limiter (a BMC, a node cap): given what it "
                         "can use, the rest lent to the other cards")
         c.outside_cap_mw = c.outside_cap_seen_mw = led.enforced_mw
@@ -92,8 +92,8 @@ def outside_cap(c: CardState, now: float) -> None:
         c.outside_cap_mw = None  # offered its share again: is the cap still there?
     elif (c.outside_cap_mw is None and c.outside_cap_seen_mw is not None and not led.busy
           and led.enforced_mw is not None and led.enforced_mw > c.outside_cap_seen_mw):
-        log.info("limit_cap_outside_lifted", index=c.index, uuid=c.uuid, was_w=c.outside_cap_seen_mw / 1000,
-                 enforced_w=led.enforced_mw / 1000)
+        log.info("limit_cap_outside_lifted", index=c.index, uuid=c.uuid, was_w=to_w(c.outside_cap_seen_mw),
+                 enforced_w=to_w(led.enforced_mw))
         c.outside_cap_seen_mw = None
 
 
@@ -103,6 +103,6 @@ def expire(c: CardState, now: float) -> str | None:
     last = c.ledger.expire(now) if c.readable else None
     if not last:
         return None
-    c.hold(now, "write_unconfirmed", target_w=last[0] / 1000,
+    c.hold(now, "write_unconfirmed", target_w=to_w(last[0]),
            requested_w=opt_w(c.requested_mw), enforced_w=opt_w(c.enforced_mw))
-    return f"GPU {c.index} write of {last[0] / 1000:g} W unconfirmed"
+    return f"GPU {c.index} write of {to_w(last[0]):g} W unconfirmed"

@@ -14,6 +14,7 @@ import structlog
 
 from powerbudgetd.control.card import CardState
 from powerbudgetd.core.model import Mode
+from powerbudgetd.core.units import to_w
 
 log = structlog.get_logger("powerbudgetd")
 
@@ -44,24 +45,24 @@ class OverBudget:
     def why(c: CardState) -> str | None:
         """Why a card counts above what we can hold it to, or None."""
         if c.gone:
-            return f"gone, reserved at {c.bound_mw / 1000:g} W"
+            return f"gone, reserved at {to_w(c.bound_mw):g} W"
         if c.error is not None:
-            return f"unreadable ({c.error.split(':')[0]}), counted at {c.bound_mw / 1000:g} W"
+            return f"unreadable ({c.error.split(':')[0]}), counted at {to_w(c.bound_mw):g} W"
         if c.ledger.new:
-            return f"new, counted at {c.bound_mw / 1000:g} W until capped"
+            return f"new, counted at {to_w(c.bound_mw):g} W until capped"
         if c.ledger.held_above:
-            return (f"held at {c.enforced_mw / 1000:g} W above its requested {c.requested_mw / 1000:g} W "
+            return (f"held at {to_w(c.enforced_mw):g} W above its requested {to_w(c.requested_mw):g} W "
                     "by an outside limit")
         if c.ledger.backoff_s:
             return "a write did not take"
         if not c.controllable and not c.excluded:  # an operator's exclusion is a choice, not a fault
-            return f"not controllable, counted at {c.bound_mw / 1000:g} W"
+            return f"not controllable, counted at {to_w(c.bound_mw):g} W"
         return None
 
     @staticmethod
     def _raised(cards: Sequence[CardState]) -> str:
         """The cards above their share (a reset, another tool), as a cause."""
-        above = [f"GPU {c.index} at {c.bound_mw / 1000:g} W (share {c.share_mw / 1000:g} W)"
+        above = [f"GPU {c.index} at {to_w(c.bound_mw):g} W (share {to_w(c.share_mw):g} W)"
                  for c in cards if c.share_mw is not None and c.bound_mw > c.share_mw]
         return "limits raised behind our back (a reset or another tool): " + ", ".join(above or ["?"])
 
@@ -87,22 +88,22 @@ class OverBudget:
             # decreases under way: not an outside episode, so no alert counts it.
             outside_episode = bool(outside) or raised
             self.since, self.episodes = now, self.episodes + int(outside_episode or mode == Mode.BOOTING)
-            self.peak_w = sum_bound_mw / 1000
+            self.peak_w = to_w(sum_bound_mw)
             (log.error if outside_episode else log.info)(
-                "over_budget", cause=self.cause, sum_limits_w=self.peak_w, budget_w=budget_mw / 1000,
+                "over_budget", cause=self.cause, sum_limits_w=self.peak_w, budget_w=to_w(budget_mw),
                 action="lowering the controllable cards (decreases only) until the bank fits")
         elif over:
-            self.peak_w = max(self.peak_w, sum_bound_mw / 1000)
+            self.peak_w = max(self.peak_w, to_w(sum_bound_mw))
         elif self.since is not None:
             log.info("over_budget_cleared", after_s=round(now - self.since, 3), peak_w=self.peak_w,
-                     sum_limits_w=sum_bound_mw / 1000, budget_w=budget_mw / 1000)
+                     sum_limits_w=to_w(sum_bound_mw), budget_w=to_w(budget_mw))
             self.since = None
 
     def infeasible(self, pool_mw: int, active: Sequence[CardState], infeasible: bool) -> None:
         """The cards we cannot lower leave less than the others' floors: say so loudly
         (once per episode); the others are then held at their floors."""
         if infeasible and not self._infeasible:
-            log.error("budget_infeasible_now", pool_w=pool_mw / 1000, floors_w=sum(c.min_mw for c in active) / 1000,
+            log.error("budget_infeasible_now", pool_w=to_w(pool_mw), floors_w=to_w(sum(c.min_mw for c in active)),
                       action="cards outside our control alone leave less than the others' floors: every "
                       "controllable card held at its floor; find what holds the other cards' limits")
         self._infeasible = infeasible

@@ -10,7 +10,7 @@ from powerbudgetd.control.overbudget import OverBudget
 from powerbudgetd.control.writes import WriteEvent
 from powerbudgetd.core.model import Mode
 from powerbudgetd.core.snapshot import BankSnapshot, CardSnapshot
-from powerbudgetd.core.units import opt_w
+from powerbudgetd.core.units import opt_w, to_w
 
 
 @dataclass(frozen=True)
@@ -48,9 +48,9 @@ def bank_snapshot(cards: Sequence[CardState], now: float, mode: Mode, ready: boo
             info.index, c.uuid, info.name, c.role.value, c.controllable, readable,
             None if r is None else opt_w(led.requested_mw),  # requested_limit_w
             None if r is None else opt_w(led.enforced_mw),  # enforced_limit_w
-            bound_mw / 1000,  # limit_bound_w
-            None if info.min_limit_w is None else c.min_mw / 1000,  # min_limit_w
-            None if info.max_limit_w is None else c.max_mw / 1000,  # max_limit_w
+            to_w(bound_mw),  # limit_bound_w
+            None if info.min_limit_w is None else to_w(c.min_mw),  # min_limit_w
+            None if info.max_limit_w is None else to_w(c.max_mw),  # max_limit_w
             info.min_limit_w, info.max_limit_w,  # hw_min_limit_w, hw_max_limit_w
             None if r is None else r.power_avg_w,
             None if r is None else r.power_instant_w,
@@ -61,8 +61,8 @@ def bank_snapshot(cards: Sequence[CardState], now: float, mode: Mode, ready: boo
             info.mig_mode, opt_w(c.outside_cap_seen_mw),  # mig_mode, outside_cap_w
         ))
     return BankSnapshot(
-        now=now, mode=str(mode), ready=ready, budget_w=budget_mw / 1000,
-        sum_limit_bound_w=sum_bound_mw / 1000, floor_w=floor_mw / 1000, cards=tuple(snaps),
+        now=now, mode=str(mode), ready=ready, budget_w=to_w(budget_mw),
+        sum_limit_bound_w=to_w(sum_bound_mw), floor_w=to_w(floor_mw), cards=tuple(snaps),
         over_budget=over.active, over_budget_cause=over.cause or None,
         over_budget_episodes=over.episodes, over_budget_s=round(over.seconds, 3),
     )

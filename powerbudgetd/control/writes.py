@@ -16,6 +16,7 @@ import structlog
 from powerbudgetd.control.actuator import Applied
 from powerbudgetd.control.card import CardState
 from powerbudgetd.errors import NvmlInvalidArgument, NvmlNoPermission
+from powerbudgetd.core.units import to_w
 
 log = structlog.get_logger("powerbudgetd")
 
@@ -68,8 +69,8 @@ def record(applied: Sequence[Applied], cards: Mapping[str, CardState], reasons: 
             c.ledger.record_overdue_write(w.to_mw, sent_at)
         if err is None:
             running_mw += w.to_mw - w.from_mw
-        ev = WriteEvent(c.index, c.uuid, w.from_mw / 1000, w.to_mw / 1000, reasons.get(w.uuid, "lend"),
-                        running_mw / 1000, None if err is None else str(err),
+        ev = WriteEvent(c.index, c.uuid, to_w(w.from_mw), to_w(w.to_mw), reasons.get(w.uuid, "lend"),
+                        to_w(running_mw), None if err is None else str(err),
                         None if err is None else err.kind, dry_run)
         events.append(ev)
         if err is None:
@@ -78,11 +79,11 @@ def record(applied: Sequence[Applied], cards: Mapping[str, CardState], reasons: 
         log.error("power_limit_write_failed", **ev.fields(), kind=err.kind, error=str(err))
         if isinstance(err, NvmlInvalidArgument):  # never resend the same refused value
             c.ledger.refuse(w.to_mw)
-            c.hold(now, "write_refused", target_w=w.to_mw / 1000)
+            c.hold(now, "write_refused", target_w=to_w(w.to_mw))
         elif a.overdue:
-            c.hold(now, "write_overdue", target_w=w.to_mw / 1000, counted_w=c.bound_mw / 1000)
+            c.hold(now, "write_overdue", target_w=to_w(w.to_mw), counted_w=to_w(c.bound_mw))
         elif isinstance(err, NvmlNoPermission) and allow_monitor_only:
             no_permission = True
         else:  # it did not take: counted at what it reads, the others fit around it
-            c.hold(now, "write_failed", target_w=w.to_mw / 1000, counted_w=c.bound_mw / 1000)
+            c.hold(now, "write_failed", target_w=to_w(w.to_mw), counted_w=to_w(c.bound_mw))
     return Recorded(events, no_permission)

@@ -62,7 +62,10 @@ class CircuitView:
     reserve; ``tree_bad``: a tree is stored but could not be read (nothing is seated or
     raised until it can: no node can be checked); ``lost``: a feed of the tree known
     lost (``circuit feed-down``): every node must then also carry the seats and grants
-    where they now flow, with that feed and all below it dead.
+    where they now flow, with that feed and all below it dead; ``unseated``: each live
+    host without a seat (a claim under a lease, no seat): its claimed reserve, which it
+    runs on anyway, so :meth:`seat_fits` and :func:`raise_allowed` count the others'
+    beside the host they are asked about (:meth:`unseated_others_w`).
     """
 
     budget_w: float
@@ -77,6 +80,7 @@ class CircuitView:
     tree: PowerTree | None = None
     tree_bad: bool = False
     lost: str | None = None
+    unseated: Mapping[str, float] = field(default_factory=dict)
 
     @property
     def unknown(self) -> frozenset[str]:
@@ -95,6 +99,21 @@ class CircuitView:
     def committed_w(self) -> float:
         """sum(seats) + sum(grants): what the invariant bounds (W)."""
         return self.seats_w + self.grants_w
+
+    @property
+    def unseated_w(self) -> float:
+        """The claimed reserves of the live hosts without a seat (W)."""
+        return sum(self.unseated.values())
+
+    @property
+    def carried_w(self) -> float:
+        """:attr:`committed_w` plus :attr:`unseated_w`: what the budget must carry (W)."""
+        return self.committed_w + self.unseated_w
+
+    def unseated_others_w(self, host: str) -> float:
+        """The claimed reserves of the live hosts without a seat other than ``host`` (W):
+        room that a seat or a raise of ``host`` must leave them."""
+        return sum(w for h, w in self.unseated.items() if h != host)
 
     @property
     def pool_w(self) -> float:
@@ -137,13 +156,17 @@ class CircuitView:
 
     def seat_fits(self, reserve_w: float, host: str) -> bool:
         """Whether ``host``'s seat of ``reserve_w`` (W) fits beside every other seat and
-        grant (its own seat and grant replaced); on a tree, at every node on its cords'
-        paths too (a host the tree does not name has no place: False)."""
+        grant (its own seat and grant replaced) and every other live host without a seat
+        (its claimed reserve); on a tree, at every node on its cords' paths too (a host
+        the tree does not name has no place: False). The others' unseated reserves are
+        counted on this host's paths, where they may not run: safe, as nothing tells
+        where they will be seated."""
+        asked = reserve_w + self.unseated_others_w(host)
         others = {h: w for h, w in self.seats.items() if h != host}
         grants = sum(w for h, w in self.grants.items() if h != host)
-        if sum(others.values()) + grants + reserve_w > self.budget_w + 1e-9:
+        if sum(others.values()) + grants + asked > self.budget_w + 1e-9:
             return False
-        return self.fits_tree(host, reserve_w)
+        return self.fits_tree(host, asked)
 
     def held_w(self, *, known_only: bool = False) -> dict[str, float]:
         """Each host's seat (or pending reserve) plus grant (W): what the invariant counts
@@ -306,9 +329,11 @@ class GrantPolicy:
 def raise_allowed(view: CircuitView, host: str, grant_w: float) -> bool:
     """Whether setting ``host``'s grant to ``grant_w`` (W) keeps the invariant at
     ``view``'s revision, at every node of a tree (the transaction then guards that
-    nothing changed since)."""
+    nothing changed since), leaving room for every other live host without a seat (its
+    claimed reserve, counted on this host's paths as in :meth:`CircuitView.seat_fits`)."""
     if grant_w < 0 or not math.isfinite(grant_w) or host not in view.seats:
         return False
+    grant_w = grant_w + view.unseated_others_w(host)
     others = sum(w for h, w in view.grants.items() if h != host)
     flat = view.seats_w + others + grant_w <= view.budget_w + 1e-9 and grant_w <= max(0.0, view.pool_w - others) + 1e-9
     return flat and view.fits_tree(host, view.seats[host] + view.pending.get(host, 0.0) + grant_w)

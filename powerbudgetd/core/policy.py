@@ -73,6 +73,7 @@ from typing import NamedTuple
 
 from powerbudgetd.core.fairshare import waterfill
 from powerbudgetd.core.model import Role, Timings
+from powerbudgetd.core.units import budget_mw
 
 QUIET_MIN_S = 0.5  # the shortest quiet spell a card lends on (5 readings at 100 ms)
 PATTERN_MEMORY_S = 60.0  # quiet spells that ended this recently make a card's pattern
@@ -164,7 +165,7 @@ class LendingPolicy:
         recipients = self._recipients(now, by_id, tracks, reasons)
         self._donors(now, by_id, tracks, reasons, recipients)
         extras = self._extras(now, pool_mw, by_id, tracks, reasons, recipients)
-        min_step = int(self.timings.min_step_w * 1000)
+        min_step = budget_mw(self.timings.min_step_w)
         out: dict[str, Target] = {}
         for c in cards:
             t = tracks[c.uuid]
@@ -256,7 +257,7 @@ class LendingPolicy:
         and without a raise or a cut that would flap."""
         fixed_mw = sum(_lent(tracks[u], c) if tracks[u].role == Role.DONOR else c.share_mw for u, c in by_id.items())
         spare = pool_mw - fixed_mw
-        if recipients and spare < int(self.timings.min_step_w * 1000):
+        if recipients and spare < budget_mw(self.timings.min_step_w):
             # Nothing worth lending: recipients-to-be stay at fair share.
             for u in recipients:
                 if tracks[u].role == Role.RECIPIENT:

@@ -1,5 +1,6 @@
 """Units: integer milliwatts inside the control arithmetic and at NVML's edge, watts
-everywhere a number is shown, configured or logged. Conversions happen here only."""
+everywhere a number is shown, configured or logged. Conversions happen here only
+(the rule: docs/design/layout.md, "Units"; tests/test_one_home.py holds it)."""
 
 from __future__ import annotations
 
@@ -27,3 +28,8 @@ def opt_mw(watts: float | None) -> int | None:
 def opt_w(milliwatts: int | float | None) -> float | None:
     """:func:`to_w`, passing ``None`` (unknown) through."""
     return None if milliwatts is None else to_w(milliwatts)
+
+
+def to_j(millijoules: int | float) -> float:
+    """mJ (NVML's energy counter) to J."""
+    return millijoules / 1000.0

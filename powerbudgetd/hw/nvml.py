@@ -22,7 +22,7 @@ from types import ModuleType
 from collections.abc import Callable
 from typing import Any, NamedTuple, Protocol, TypeVar
 
-from powerbudgetd.core.units import to_mw, to_w
+from powerbudgetd.core.units import to_j, to_mw, to_w
 from powerbudgetd.errors import (
     NvmlError,
     NvmlGpuLost,
@@ -32,6 +32,7 @@ from powerbudgetd.errors import (
     NvmlNotSupported,
     NvmlTimeout,
 )
+from powerbudgetd.hw.nvmlscope import NvmlScope
 
 # nvmlReturn_t codes (nvml.h); the same values in nvidia-ml-py and in the simulator.
 _ERROR_KINDS: dict[int, type[NvmlError]] = {
@@ -143,11 +144,8 @@ def query_driver_version(library: NvmlLibrary | None = None, timeout_s: float = 
     def ask() -> None:
         try:
             nvml = Nvml(library)
-            nvml.init()
-            try:
+            with NvmlScope(nvml):
                 outcome.append(nvml.driver_version())
-            finally:
-                nvml.shutdown()
         except Exception as exc:  # noqa: BLE001 - a broken library (OSError, ctypes) is reported, not raised
             outcome.append(exc)
 
@@ -430,7 +428,7 @@ class Nvml:
             )
         except NvmlNotSupported:
             return None
-        return mj / 1000.0
+        return to_j(mj)
 
     def persistence_mode(self, uuid: str) -> bool | None:
         """Whether persistence mode is on; None where unsupported (e.g. Windows)."""

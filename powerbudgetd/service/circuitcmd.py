@@ -132,13 +132,15 @@ def _reserve_refused(args: argparse.Namespace) -> int | None:
     model, checked against its cards' floors (``--backend``); the exit status when it
     is refused or the cards cannot be read, None when it fits."""
     from powerbudgetd.errors import BudgetInfeasible
+    from powerbudgetd.hw.nvmlscope import NvmlScope
     from powerbudgetd.service.backend import make_nvml
     from powerbudgetd.service.feasibility import start_at_reserve
 
     settings = _settings(args.config)
     try:
         nvml = make_nvml(args.backend, settings.sim.scenario, settings.sim.seed, settings.sim.lag_s)
-        nvml.init()
+        scope = NvmlScope(nvml)
+        scope.open()
     except NvmlError as exc:
         print(f"powerbudgetd: circuit join: NVML unavailable, the reserve cannot be checked against the cards' "
               f"floors: {exc}", file=sys.stderr)
@@ -152,7 +154,7 @@ def _reserve_refused(args: argparse.Namespace) -> int | None:
         print(f"powerbudgetd: circuit join: NVML error reading the cards: {exc}", file=sys.stderr)
         return ExitStatus.NVML
     finally:
-        nvml.shutdown()
+        scope.close()  # within its deadline: a hung shutdown does not hold the join
     return None
 
 
@@ -189,14 +191,14 @@ async def _init(store: Any, args: argparse.Namespace) -> int:
     if not ok:
         read = await store.read()
         if args.force:
-            live = read.unseated_live()
+            live = read.view.unseated
             over = "" if tree is None else "".join(f"; node {n} over by {w:.0f} W" for n, w in sorted(
                 dataclasses.replace(read.view, tree=tree.with_reserves(read.view.seats), budget_w=budget).nodes_over_w().items()))
             print(f"powerbudgetd: circuit {store.name}: seats and grants ({read.view.committed_w:g} W)"
                   + (f" and live hosts without a seat ({_hosts_w(live)})" if live else "")
                   + f" exceed {budget:g} W{over}; lower them first", file=sys.stderr)
         elif read.spec is None:
-            print(f"powerbudgetd: circuit {store.name}: live hosts without a seat ({_hosts_w(read.unseated_live())}) "
+            print(f"powerbudgetd: circuit {store.name}: live hosts without a seat ({_hosts_w(read.view.unseated)}) "
                   f"exceed {budget:g} W: their daemons still run on those reserves", file=sys.stderr)
         else:
             spec = read.spec
@@ -213,8 +215,6 @@ async def _join(store: Any, host: str, reserve_w: float) -> int:
     counted, so no other host's grant can stand in its way when it boots. Refused when it
     does not fit beside the seats, grants and live hosts without a seat (a wiped circuit
     whose daemons have not seated themselves again yet), naming them."""
-    from powerbudgetd.channels.circuit.store import seat_fits
-
     for _ in range(20):  # a compare that fails only means something changed: read again
         read = await store.read()
         if read.spec is None:
@@ -242,9 +242,9 @@ async def _join(store: Any, host: str, reserve_w: float) -> int:
                   "power tree, failover counted: " + ", ".join(f"node {n} over by {w:.0f} W" for n, w in sorted(
                       full.nodes_over_w().items())), file=sys.stderr)
             return ExitStatus.ERROR
-        if not seat_fits(read, host, reserve_w):
+        if not read.view.seat_fits(reserve_w, host):
             v = read.view
-            live = {h: w for h, w in read.unseated_live().items() if h != host}
+            live = {h: w for h, w in read.view.unseated.items() if h != host}
             print(f"powerbudgetd: circuit {store.name}: {printable(host)}'s seat of {reserve_w:g} W does not fit: other "
                   f"seats {v.seats_w - v.seats.get(host, 0):g} W + grants {v.grants_w - v.grants.get(host, 0):g} W"
                   + (f" + live hosts without a seat ({_hosts_w(live)})" if live else "")
@@ -544,6 +544,7 @@ def _failsafe(args: argparse.Namespace, settings: Settings) -> int:
 
     from powerbudgetd.control.failsafe import CALL_TIMEOUT_S, INIT_TIMEOUT_S, failsafe
     from powerbudgetd.hw.calls import DeadlineCalls
+    from powerbudgetd.hw.nvmlscope import NvmlScope
     from powerbudgetd.service.backend import make_nvml
     from powerbudgetd.service.feasibility import reserve_figure
     from powerbudgetd.service.logs import configure_logging
@@ -556,7 +557,8 @@ def _failsafe(args: argparse.Namespace, settings: Settings) -> int:
     source = "the circuit reserve" if figure.source == "circuit reserve" else "configured"
     try:
         nvml = make_nvml(args.backend, settings.sim.scenario, settings.sim.seed, settings.sim.lag_s, settings.sim.state_file)
-        calls.call("init", nvml.init, timeout_s=INIT_TIMEOUT_S)
+        scope = NvmlScope(nvml, init_timeout_s=INIT_TIMEOUT_S)
+        scope.open()
     except NvmlError as exc:
         log.error("failsafe_nvml_unavailable", error=str(exc), action="no card lowered")
         print(f"powerbudgetd: failsafe: NVML unavailable: {exc}", file=sys.stderr)
@@ -568,11 +570,9 @@ def _failsafe(args: argparse.Namespace, settings: Settings) -> int:
         log.error("failsafe_nvml_unavailable", error=str(exc), action="the cards could not be counted: none lowered")
         print(f"powerbudgetd: failsafe: NVML cannot count the cards: {exc}", file=sys.stderr)
         return ExitStatus.NVML
-    finally:
-        try:  # with a call abandoned on a hung card it may never return
-            DeadlineCalls(2.0).call("shutdown", nvml.shutdown)
-        except NvmlError as exc:
-            log.warning("nvml_shutdown_abandoned", error=str(exc), after_s=2.0)
+    finally:  # within its deadline: with a call abandoned on a hung card it may never return
+        if (abandoned := scope.close()) is not None:
+            log.warning("nvml_shutdown_abandoned", error=str(abandoned), after_s=scope.shutdown_timeout_s)
     ok = all(r.confirmed for r in result)
     for r in result:
         if not r.reached:

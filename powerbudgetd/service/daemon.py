@@ -35,7 +35,7 @@ from pathlib import Path
 import structlog
 
 from powerbudgetd.core.backoff import Backoff
-from powerbudgetd.core.units import opt_w
+from powerbudgetd.core.units import opt_w, to_w
 from powerbudgetd.channels.protocol import SideChannel
 from powerbudgetd.core.arbiter import BudgetArbiter
 from powerbudgetd.core.snapshot import CircuitStatus
@@ -46,7 +46,7 @@ from powerbudgetd.errors import BudgetInfeasible, CardLimitUnknown, ConfigError,
 from powerbudgetd.service.logs import configure_logging
 from powerbudgetd.core.model import Mode
 from powerbudgetd.service.notify import Notifier, watchdog_interval_s
-from powerbudgetd.hw.calls import DeadlineCalls
+from powerbudgetd.hw.nvmlscope import SHUTDOWN_TIMEOUT_S, shutdown_within
 from powerbudgetd.hw.nvml import Nvml, init_advice
 from powerbudgetd.hw.persistence import ensure_persistence_mode
 from powerbudgetd.service import signals
@@ -56,10 +56,10 @@ from powerbudgetd.service.tickthread import TickThread
 log = structlog.get_logger("powerbudgetd")
 
 
-# How long exit waits for nvmlShutdown (s): normally milliseconds; beyond this it is
-# left running, so that a card that hangs every call cannot hold the stop (the unit's
-# TimeoutStopSec) after the cards are already back at fair share.
-NVML_SHUTDOWN_TIMEOUT_S = 2.0
+# How long exit waits for nvmlShutdown (s): the commands' deadline (hw/nvmlscope.py), so
+# that a card that hangs every call cannot hold the stop (the unit's TimeoutStopSec)
+# after the cards are already back at fair share.
+NVML_SHUTDOWN_TIMEOUT_S = SHUTDOWN_TIMEOUT_S
 
 # Settings a reload cannot change in a running daemon: they shape the bank and the loop.
 RESTART_ONLY = (
@@ -145,7 +145,7 @@ class Daemon:
 
     def status_line(self, ctl: Controller) -> str:
         return (
-            f"budget {ctl.budget_mw / 1000:g} W, sum of caps {ctl.sum_bound_mw / 1000:g} W, "
+            f"budget {to_w(ctl.budget_mw):g} W, sum of caps {to_w(ctl.sum_bound_mw):g} W, "
             f"mode {ctl.mode}, {len(ctl.cards)} GPUs"
         )
 
@@ -288,13 +288,13 @@ class Daemon:
             # Now that the cards are known, their models pick the transient factor.
             self.arbiter.configure(self.settings.effective_budget_w([c.info.name for c in ctl.cards]))
         if self.arbiter is None:  # no settings: the factory's budget is the configured one
-            self.arbiter = BudgetArbiter(ctl.budget_mw / 1000)
+            self.arbiter = BudgetArbiter(to_w(ctl.budget_mw))
         if self.keeper is None:
             self.keeper = BudgetKeeper(self.arbiter)
         log.info(
-            "starting", budget_w=ctl.budget_mw / 1000, gpus=len(ctl.cards), dry_run=ctl.dry_run,
-            cards=[{"index": c.index, "uuid": c.uuid, "name": c.info.name, "min_w": c.min_mw / 1000,
-                    "max_w": c.max_mw / 1000, "controllable": c.controllable} for c in ctl.cards],
+            "starting", budget_w=to_w(ctl.budget_mw), gpus=len(ctl.cards), dry_run=ctl.dry_run,
+            cards=[{"index": c.index, "uuid": c.uuid, "name": c.info.name, "min_w": to_w(c.min_mw),
+                    "max_w": to_w(c.max_mw), "controllable": c.controllable} for c in ctl.cards],
         )
         enable = self.settings is not None and self.settings.enable_persistence_mode and not ctl.dry_run
         try:
@@ -324,9 +324,7 @@ class Daemon:
     def _shutdown_nvml(self) -> None:
         """``nvmlShutdown``, waited for at most NVML_SHUTDOWN_TIMEOUT_S: with a call
         abandoned on a lost or hung card it may never return, and the process is leaving."""
-        try:
-            DeadlineCalls(NVML_SHUTDOWN_TIMEOUT_S).call("shutdown", self.nvml.shutdown)
-        except NvmlError as exc:
+        if (exc := shutdown_within(self.nvml, NVML_SHUTDOWN_TIMEOUT_S)) is not None:
             log.warning("nvml_shutdown_abandoned", error=str(exc), after_s=NVML_SHUTDOWN_TIMEOUT_S)
 
     async def _loop(self, ctl: Controller) -> int:
@@ -393,12 +391,12 @@ class Daemon:
         if ctl.ready or after_s <= ctl.timings.boot_timeout_s:
             return None
         if ctl.sum_bound_mw > ctl.budget_mw:  # not only slow: the bank cannot be held within budget
-            log.error("boot_over_budget", after_s=round(after_s, 1), sum_limits_w=ctl.sum_bound_mw / 1000,
-                      budget_w=ctl.budget_mw / 1000, cause="; ".join(ctl.degraded()) or None,
+            log.error("boot_over_budget", after_s=round(after_s, 1), sum_limits_w=to_w(ctl.sum_bound_mw),
+                      budget_w=to_w(ctl.budget_mw), cause="; ".join(ctl.degraded()) or None,
                       action="the cards we cannot lower leave the bank over budget with every other card "
                       "at its floor: lift the outside limit, fix the card, or raise the budget")
             return ExitStatus.BOOT_OVER_BUDGET
-        log.error("boot_timeout", after_s=round(after_s, 1), sum_limits_w=ctl.sum_bound_mw / 1000)
+        log.error("boot_timeout", after_s=round(after_s, 1), sum_limits_w=to_w(ctl.sum_bound_mw))
         return ExitStatus.BOOT_TIMEOUT
 
     def _notify(self, ctl: Controller, run: _Run) -> None:
@@ -429,14 +427,14 @@ class Daemon:
             return None
         if ctl.mode == Mode.DRY_RUN:  # nothing was written: say what the cards really have
             log.info("stopped", dry_run=True, limits_w=[opt_w(c.enforced_mw) for c in ctl.cards],
-                     decided_limits_w=[c.bound_mw / 1000 for c in ctl.cards],
+                     decided_limits_w=[to_w(c.bound_mw) for c in ctl.cards],
                      note="dry run: no limit was written, the cards keep the limits they had")
             return ExitStatus.OK if self._exit_status is None else self._exit_status
         if ctl.stopped:
-            log.info("stopped", sum_limits_w=ctl.sum_bound_mw / 1000, limits_w=[c.bound_mw / 1000 for c in ctl.cards])
+            log.info("stopped", sum_limits_w=to_w(ctl.sum_bound_mw), limits_w=[to_w(c.bound_mw) for c in ctl.cards])
             return ExitStatus.OK if self._exit_status is None else self._exit_status
         if t0 > run.stop_deadline:
-            log.error("stop_timeout", sum_limits_w=ctl.sum_bound_mw / 1000)
+            log.error("stop_timeout", sum_limits_w=to_w(ctl.sum_bound_mw))
             return ExitStatus.ERROR
         return None
 
@@ -462,7 +460,7 @@ class Daemon:
         """Re-read the config file; apply it, or keep the running one and say why."""
         self.notifier.reloading()
         path = None if self.config_path is None else str(self.config_path)
-        old_w = ctl.budget_mw / 1000
+        old_w = to_w(ctl.budget_mw)
         log.info("reloading", config=path)
         assert self.keeper is not None
         arbiter = self.keeper.arbiter
@@ -482,7 +480,7 @@ class Daemon:
                 # there, and count the reload as failed until the file is fixed.
                 arbiter.configure(floor_w)
                 self.keeper.apply(ctl, self.clock(), reason="reload")
-            kept_w = ctl.budget_mw / 1000
+            kept_w = to_w(ctl.budget_mw)
             log.error("reload_failed", config=path, error=str(exc), kept_budget_w=kept_w,
                       **({"held_at_floor_w": kept_w} if kept_w != old_w else {}))
             detail = "; ".join(line.strip() for line in str(exc).splitlines())
@@ -500,9 +498,9 @@ class Daemon:
             if old is None or new.log_level != old.log_level:
                 configure_logging(level=new.log_level)
             self.settings = new
-            (log.warning if restart else log.info)("reloaded", config=path, budget_w=ctl.budget_mw / 1000, was_budget_w=old_w,
+            (log.warning if restart else log.info)("reloaded", config=path, budget_w=to_w(ctl.budget_mw), was_budget_w=old_w,
                      restart_needed=restart or None)
-            change = f"{old_w:g} -> {ctl.budget_mw / 1000:g} W" if ctl.budget_mw / 1000 != old_w else f"{old_w:g} W unchanged"
+            change = f"{old_w:g} -> {to_w(ctl.budget_mw):g} W" if to_w(ctl.budget_mw) != old_w else f"{old_w:g} W unchanged"
             self._reload_note = f"reloaded: budget {change}" + (f" ({', '.join(restart)}: restart to apply)" if restart else "")
             ok = True
         for channel in self.channels:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from powerbudgetd.control.cardset import START_TIMEOUT_S
 from powerbudgetd.control.controller import Controller
-from powerbudgetd.core.units import to_mw
+from powerbudgetd.core.units import to_mw, to_w
 from powerbudgetd.errors import BudgetInfeasible
 from powerbudgetd.hw.calls import DeadlineCalls, InlineCalls
 from powerbudgetd.hw.nvml import Nvml
@@ -106,8 +106,8 @@ def floors(ctl: Controller) -> list[tuple[int, str, float | None, float | None]]
     """Each card of a started controller as ``check-config`` reports it: (index, name,
     minimum limit W where controlled, W it is counted at where not: read afresh, by the
     bound the controller and ``failsafe`` count it at)."""
-    return [(c.index, c.info.name, c.min_mw / 1000 if c.controllable else None,
-             None if c.controllable else ctl.bank.counted_mw(c) / 1000) for c in ctl.cards]
+    return [(c.index, c.info.name, to_w(c.min_mw) if c.controllable else None,
+             None if c.controllable else to_w(ctl.bank.counted_mw(c))) for c in ctl.cards]
 
 
 def check_feasible(nvml: Nvml, settings: Settings, calls: InlineCalls | None = None) -> Controller:

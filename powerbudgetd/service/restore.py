@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 
 from powerbudgetd.errors import AlreadyRunning, ConfigError, ExitStatus, NvmlError
 from powerbudgetd.service.cliargs import add_card_options
+from powerbudgetd.core.units import to_w
 
 CALL_TIMEOUT_S = 2.0  # one NVML call
 CONFIRM_TIMEOUT_S = 5.0  # one write's read-back (a healthy card takes well under a second)
@@ -97,16 +98,21 @@ def _restore(args: argparse.Namespace, settings: Settings, originals: dict[str, 
     from powerbudgetd.core.units import to_mw
     from powerbudgetd.hw.calls import DeadlineCalls
     from powerbudgetd.hw.nvml import GpuInfo, PowerReading
+    from powerbudgetd.hw.nvmlscope import NvmlScope
     from powerbudgetd.service.backend import make_nvml
     from powerbudgetd.service.feasibility import reserve_figure
 
     calls = DeadlineCalls(CALL_TIMEOUT_S)
+    scope: NvmlScope | None = None
     try:
         nvml = make_nvml(args.backend, settings.sim.scenario, settings.sim.seed, settings.sim.lag_s,
                          settings.sim.state_file)
-        calls.call("init", nvml.init, timeout_s=5.0)
+        scope = NvmlScope(nvml, init_timeout_s=5.0)
+        scope.open()
         count = calls.call("bank", nvml.device_count)
     except NvmlError as exc:
+        if scope is not None:
+            scope.close()
         print(f"powerbudgetd: restore: NVML unavailable: {exc}; no limit written", file=sys.stderr)
         return ExitStatus.NVML
     try:
@@ -129,7 +135,7 @@ def _restore(args: argparse.Namespace, settings: Settings, originals: dict[str, 
             orig = originals.get(info.uuid)
             if orig is None:
                 kept_mw += bound_mw  # not in the record: left as it is, counted at its bound
-                print(f"GPU {info.index} {info.uuid}: not in the record, left at {bound_mw / 1000:g} W")
+                print(f"GPU {info.index} {info.uuid}: not in the record, left at {to_w(bound_mw):g} W")
                 continue
             lo, hi = info.min_limit_w, info.max_limit_w
             if lo is not None and hi is not None and not lo <= orig.limit_w <= hi:
@@ -148,7 +154,7 @@ def _restore(args: argparse.Namespace, settings: Settings, originals: dict[str, 
         budget_w = reserve_figure(settings, [i.name for i in infos]).budget_w
         total_mw = kept_mw + sum(s.to_mw for s in steps)
         if total_mw > to_mw(budget_w):
-            over = f"the recorded limits sum to {total_mw / 1000:g} W, {total_mw / 1000 - budget_w:g} W over the budget of {budget_w:g} W"
+            over = f"the recorded limits sum to {to_w(total_mw):g} W, {to_w(total_mw) - budget_w:g} W over the budget of {budget_w:g} W"
             if not args.force:
                 print(f"powerbudgetd: restore: {over}; no limit written. Give --force to restore them anyway "
                       "(the bank may then draw more than the budget)", file=sys.stderr)
@@ -168,19 +174,16 @@ def _restore(args: argparse.Namespace, settings: Settings, originals: dict[str, 
                 else:
                     failed += 1
                 why = "" if ok else f" FAILED ({applied.error or 'not read back in force in time'})"
-                print(f"GPU {s.index} {s.uuid}: {s.from_mw / 1000:g} W -> {s.to_mw / 1000:g} W{why}")
+                print(f"GPU {s.index} {s.uuid}: {to_w(s.from_mw):g} W -> {to_w(s.to_mw):g} W{why}")
             if failed:
                 break  # an increase after a failed decrease could pass the budget
         if failed:
             print(f"powerbudgetd: restore: {failed} card(s) not restored; run it again", file=sys.stderr)
             return ExitStatus.ERROR
-        print(f"restored {len(steps)} card(s) from {path}: sum of limits {sum_mw / 1000:g} W")
+        print(f"restored {len(steps)} card(s) from {path}: sum of limits {to_w(sum_mw):g} W")
         return ExitStatus.OK
     finally:
-        try:
-            DeadlineCalls(2.0).call("shutdown", nvml.shutdown)
-        except NvmlError:
-            pass
+        scope.close()  # within its deadline: with a call abandoned on a hung card it may never return
 
 
 def _read_back(nvml: Nvml, calls: InlineCalls, uuid: str, to_mw: int) -> bool:

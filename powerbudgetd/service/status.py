@@ -1,7 +1,7 @@
 """``powerbudgetd status``: the running daemon's bank at a glance, from its metrics.
 
 The daemon already publishes everything an operator asks first on its Prometheus
-endpoint (``[metrics]``, ``http://127.0.0.1:19400/metrics`` by default), so status reads
+endpoint (``[metrics]``, on loopback at the default port unless configured), so status reads
 that: no second interface to keep in step, and it works from any host that may scrape.
 Parsing is prometheus_client's own text parser.
 """
@@ -32,7 +32,6 @@ from powerbudgetd.service.output import printable
 if TYPE_CHECKING:
     from powerbudgetd.config import MetricsConfig
 
-DEFAULT_URL = "http://127.0.0.1:19400/metrics"
 STALE_TICK_S = 30.0  # the PowerBudgetdDown alert's threshold
 EXIT_UNREACHABLE = 1
 
@@ -116,10 +115,11 @@ class BankStatus:
 
 def default_url(config: Path | None) -> tuple[str, str]:
     """The metrics URL and where it came from: ``config``'s ``[metrics]`` when given or
-    when the default config file can be read, else :data:`DEFAULT_URL`.
+    when the default config file can be read, else ``[metrics]``'s defaults.
     Raises ConfigError for a ``--config`` that does not load."""
-    from powerbudgetd.config import default_config_path, load_config
+    from powerbudgetd.config import MetricsConfig, default_config_path, load_config
 
+    default = _url_of(MetricsConfig())
     path = config or default_config_path()
     try:
         settings = load_config(path, euid=-1)  # only reading: not the daemon's root check
@@ -130,7 +130,7 @@ def default_url(config: Path | None) -> tuple[str, str]:
         if metrics is None:
             if config is not None:
                 raise
-            return DEFAULT_URL, f"the default (no readable config at {path})"
+            return default, f"the default (no readable config at {path})"
         print(f"powerbudgetd: warning: {path} does not load ({str(exc).splitlines()[0]}); "
               "reading its [metrics] alone", file=sys.stderr)
         settings_metrics = metrics
@@ -138,12 +138,17 @@ def default_url(config: Path | None) -> tuple[str, str]:
         settings_metrics = settings.metrics
     m = settings_metrics
     if not m.enabled:
-        return DEFAULT_URL, f"[metrics] is disabled in {path}: the daemon serves no metrics"
+        return default, f"[metrics] is disabled in {path}: the daemon serves no metrics"
+    return _url_of(m), f"[metrics] listen_address and port in {path}"
+
+
+def _url_of(m: MetricsConfig) -> str:
+    """The URL where ``m``'s endpoint answers this host."""
     addr = ipaddress.ip_address(str(m.listen_address))
     if addr.is_unspecified:  # listening everywhere: ask on loopback
         addr = ipaddress.ip_address("::1" if addr.version == 6 else "127.0.0.1")
     host = f"[{addr}]" if addr.version == 6 else str(addr)
-    return f"http://{host}:{m.port}/metrics", f"[metrics] listen_address and port in {path}"
+    return f"http://{host}:{m.port}/metrics"
 
 
 def _metrics_table(path: Path) -> MetricsConfig | None:

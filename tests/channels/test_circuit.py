@@ -17,6 +17,7 @@ from powerbudgetd.hw.nvml import Nvml
 from powerbudgetd.config import load_config
 from powerbudgetd_sim.libnvml import SimNvmlLibrary
 from powerbudgetd_sim.physics import SimBank
+from support.configs import config_file
 
 CIRCUIT = """budget_w = 1200
 [circuit]
@@ -30,9 +31,8 @@ host_w = 100
 
 def _cfg(tmp_path: Path, text: str):
     (tmp_path / "machine-id").write_text("0123456789abcdef0123456789abcdef\n")
-    p = tmp_path / "pb.toml"
-    p.write_text(text.replace("[circuit]\n", f'[circuit]\nmachine_id_file = "{tmp_path / "machine-id"}"\n', 1))
-    return load_config(p, euid=1000)
+    text = text.replace("[circuit]\n", f'[circuit]\nmachine_id_file = "{tmp_path / "machine-id"}"\n', 1)
+    return load_config(config_file(tmp_path, text, budget_w=None), euid=1000)
 
 
 def test_circuit_config_and_the_reserve_budget(tmp_path: Path) -> None:
@@ -297,7 +297,7 @@ def test_a_client_key_open_to_others_is_refused_as_root(tmp_path: Path, monkeypa
     key = tmp_path / "client.key"
     text = CIRCUIT + (f'tls = true\nca_file = "{tmp_path / "ca.pem"}"\ncert_file = "{tmp_path / "client.pem"}"\n'
                       f'key_file = "{key}"\n')
-    monkeypatch.setattr("powerbudgetd.config.os.geteuid", lambda: 0)
+    monkeypatch.setattr("powerbudgetd.config.loader.os.geteuid", lambda: 0)
     key.chmod(0o644)
     with pytest.raises(ConfigError, match=r"open to group or others \(mode 0644\); fix: chmod 600"):
         _cfg(tmp_path, text)
@@ -453,9 +453,8 @@ class _SeatStore:
 
     async def register_seat(self, read, host: str, reserve_w: float, *, grant_w: float = 0.0,  # noqa: ANN001
                             lease_id: int | None = None) -> bool:
-        from powerbudgetd.channels.circuit.store import seat_fits
         assert lease_id == 1
-        if not seat_fits(read, host, reserve_w + grant_w):
+        if not read.view.seat_fits(reserve_w + grant_w, host):
             return False
         self.seats.append((reserve_w, round(grant_w, 6)))
         return True
@@ -490,11 +489,15 @@ def _running(tmp_path: Path, store: _SeatStore, grant_w: float, cards_grant_w: f
     return ch
 
 
-def _read(seats: dict[str, float], grants: dict[str, float], budget_w: float = 3000):
-    from powerbudgetd.channels.circuit.store import Read, Spec
+def _read(seats: dict[str, float], grants: dict[str, float], budget_w: float = 3000, unseated: dict | None = None):
+    """A read at revision 7; ``unseated``: live hosts with a claim and no seat (reserve W)."""
+    from powerbudgetd.channels.circuit.store import Claim, Read, Spec
     from powerbudgetd.core.circuit import CircuitView
 
-    return Read(Spec(budget_w, 5), CircuitView(budget_w, seats, grants, {}, revision=7), 7)
+    unseated = unseated or {}
+    claims = {h: Claim(h * 32, "boot", 1, 1.0, 1.0, w) for h, w in unseated.items()}
+    return Read(Spec(budget_w, 5), CircuitView(budget_w, seats, grants, {}, revision=7, unseated=unseated), 7,
+                claims=claims)
 
 
 def test_a_seat_removed_under_a_running_host_comes_back_with_a_grant_covering_its_cards(tmp_path: Path) -> None:
@@ -536,7 +539,6 @@ def test_a_grant_removed_under_a_running_host_is_put_back_while_its_cards_come_d
     seat's registration covers the cards)."""
     import asyncio
 
-    from powerbudgetd.channels.circuit.store import Claim
 
     store = _SeatStore()
     ch = _running(tmp_path, store, 200.0, 200.0)
@@ -550,9 +552,7 @@ def test_a_grant_removed_under_a_running_host_is_put_back_while_its_cards_come_d
 
     store = _SeatStore()  # a live host without a seat: its reserve's room is not ours to cover with
     ch = _running(tmp_path, store, 200.0, 200.0)
-    read = _read({"vm": 800, "b": 1000}, {"b": 800})
-    read.claims["c"] = Claim("c" * 32, "boot", 1, 1.0, 1.0, 300.0)
-    asyncio.run(ch._move_grant(read))
+    asyncio.run(ch._move_grant(_read({"vm": 800, "b": 1000}, {"b": 800}, unseated={"c": 300.0})))
     assert store.raised == [] and ch.held_w == 0.0 and ch.metrics.vanished_grant._value.get() == 1
 
     store = _SeatStore()

@@ -18,6 +18,7 @@ from powerbudgetd.config import (
     load_config,
 )
 from support.paths import REPO
+from support.configs import config_file
 
 SECRET = "Zq9-hunter2"
 SECTIONS = {  # section: (its text without a password, its credential)
@@ -36,10 +37,7 @@ def as_root(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def config(tmp_path: Path, text: str) -> Path:
-    path = tmp_path / "pb.toml"
-    path.write_text("budget_w = 1000\n" + text)
-    path.chmod(0o600)
-    return path
+    return config_file(tmp_path, text, mode=0o600)
 
 
 def secret_file(path: Path, mode: int) -> Path:

@@ -27,6 +27,7 @@ from powerbudgetd_sim.physics import SimBank
 from powerbudgetd_sim.scenario import load_scenario
 from support.examples import examples
 from support.paths import REPO
+from support.configs import config_file
 
 ROOT = REPO
 
@@ -156,9 +157,7 @@ ACTION = st.one_of(
 
 
 def _config(path: Path, budget_w: int) -> Path:
-    path.write_text(f"budget_w = {budget_w}\n{FEED}{MQTT}")
-    path.chmod(0o600)
-    return path
+    return config_file(path, FEED, MQTT, budget_w=budget_w, mode=0o600)
 
 
 @settings(max_examples=examples(60), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

@@ -120,6 +120,21 @@ def test_seat_fits():
     assert view.seat_fits(1500, "a")  # its own seat and grant are replaced
 
 
+def test_the_view_leaves_room_for_live_hosts_without_a_seat():
+    # "c" runs on its claimed 300 W without a seat: a seat or a raise of another host
+    # leaves it that room; its own seat is not counted against itself.
+    view = CircuitView(3000, {"a": 1000, "b": 1000}, {"a": 500}, unseated={"c": 300.0})
+    assert view.unseated_others_w("a") == 300 and view.unseated_others_w("c") == 0
+    assert view.seat_fits(200, "d") and not view.seat_fits(201, "d")
+    assert view.seat_fits(500, "c") and not view.seat_fits(501, "c")
+    assert raise_allowed(view, "a", 700) and not raise_allowed(view, "a", 701)
+    assert view.carried_w == 2800 and view.unseated_w == 300
+    # The same circuit with "c" seated admits the same: its reserve is counted once.
+    seated = CircuitView(3000, {"a": 1000, "b": 1000, "c": 300}, {"a": 500})
+    assert seated.seat_fits(200, "d") and not seated.seat_fits(201, "d")
+    assert raise_allowed(seated, "a", 700) and not raise_allowed(seated, "a", 701)
+
+
 # -- the fence ----------------------------------------------------------------------
 
 @settings(max_examples=examples(500), deadline=None)

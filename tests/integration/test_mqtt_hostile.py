@@ -1,4 +1,6 @@
-"""Hostile or careless MQTT input against a real Mosquitto (issue cases 1-6), and a
+"""Hostile or careless MQTT input against a real Mosquitto (a remote command against a
+reloaded file, deep JSON, retained commands, raises in a burst, two instances on one
+node id, a dropping connection, a silent meter, a broker without retain), and a
 bounded fuzz test over every subscribed topic: ticks keep 10 Hz, memory stays flat,
 the budget never goes above the configured one."""
 
@@ -31,7 +33,7 @@ async def command(port: int, payload: bytes | str, *, retain: bool = False) -> N
     await publish(port, f"{BASE}/budget/set", payload, retain=retain)
 
 
-async def test_case1_a_remote_command_never_raises_the_budget_above_the_reloaded_file(
+async def test_a_remote_command_never_raises_the_budget_above_the_reloaded_file(
     broker: Mosquitto, tmp_path: Path,
 ) -> None:
     config = write_config(tmp_path, broker.port, REMOTE)
@@ -50,7 +52,7 @@ async def test_case1_a_remote_command_never_raises_the_budget_above_the_reloaded
         assert max(rep.budget_w for _, rep in r.ticks[-5:]) == 800
 
 
-async def test_case2_deep_json_live_and_retained_never_wedges_the_session(broker: Mosquitto, tmp_path: Path) -> None:
+async def test_deep_json_live_and_retained_never_wedges_the_session(broker: Mosquitto, tmp_path: Path) -> None:
     config = write_config(tmp_path, broker.port, BOTH)
     sensor = "tele/plug/SENSOR"
     with capture_logs() as logs:
@@ -83,7 +85,7 @@ async def test_case2_deep_json_live_and_retained_never_wedges_the_session(broker
     assert any(e["event"] == "wall_meter_ignored" and e["state"] == "garbled" for e in logs)  # deep JSON: garbled
 
 
-async def test_case3_retained_commands_are_history_not_commands(broker: Mosquitto, tmp_path: Path) -> None:
+async def test_retained_commands_are_history_not_commands(broker: Mosquitto, tmp_path: Path) -> None:
     await command(broker.port, "800", retain=True)  # left on the broker from long ago
     config = write_config(tmp_path, broker.port, REMOTE)
     with capture_logs() as logs:
@@ -101,7 +103,7 @@ async def test_case3_retained_commands_are_history_not_commands(broker: Mosquitt
     assert [e["budget_w"] for e in logs if e["event"] == "remote_budget_accepted"] == [700]
 
 
-async def test_case3_raises_are_rate_limited_and_logged_once_per_change(broker: Mosquitto, tmp_path: Path) -> None:
+async def test_remote_raises_are_rate_limited_and_logged_once_per_change(broker: Mosquitto, tmp_path: Path) -> None:
     config = write_config(tmp_path, broker.port, REMOTE + "raise_interval_s = 30\n")
     with capture_logs() as logs:
         async with running(config) as r, watching(broker.port, [f"{BASE}/budget/result"]) as w:
@@ -117,7 +119,7 @@ async def test_case3_raises_are_rate_limited_and_logged_once_per_change(broker: 
     assert [e["budget_w"] for e in logs if e["event"] == "remote_budget_accepted"] == [700, 900, 800]
 
 
-async def test_case4_two_instances_with_one_node_id(broker: Mosquitto, tmp_path: Path) -> None:
+async def test_two_instances_with_one_node_id_both_stay_connected_and_say_so(broker: Mosquitto, tmp_path: Path) -> None:
     (tmp_path / "a").mkdir()
     (tmp_path / "b").mkdir()
     with capture_logs() as logs:
@@ -132,7 +134,7 @@ async def test_case4_two_instances_with_one_node_id(broker: Mosquitto, tmp_path:
     assert not [e for e in logs if e["event"] == "mqtt_disconnected"]
 
 
-async def test_case4_backoff_grows_while_connections_keep_dropping(broker: Mosquitto, tmp_path: Path) -> None:
+async def test_backoff_grows_while_connections_keep_dropping(broker: Mosquitto, tmp_path: Path) -> None:
     config = write_config(tmp_path, broker.port)
     async with running(config) as r:
         await r.until(lambda: r.bridge.connected)
@@ -158,7 +160,7 @@ async def test_case4_backoff_grows_while_connections_keep_dropping(broker: Mosqu
     assert bounds[-1] == cfg.reconnect_max_s > bounds[0]
 
 
-async def test_case5_a_silent_wall_meter_is_a_state(broker: Mosquitto, tmp_path: Path) -> None:
+async def test_a_silent_wall_meter_is_a_state(broker: Mosquitto, tmp_path: Path) -> None:
     config = write_config(tmp_path, broker.port, METER.replace("max_age_s = 1.5", "max_age_s = 1"))
     with capture_logs() as logs:
         async with running(config) as r, watching(broker.port, [f"{BASE}/state"]) as w:
@@ -183,7 +185,7 @@ def no_retain_broker(tmp_path: Path):  # type: ignore[no-untyped-def]
     b.kill()
 
 
-async def test_case6_a_broker_without_retain(no_retain_broker: Mosquitto, tmp_path: Path) -> None:
+async def test_a_broker_without_retain_is_served_without_it_unless_retain_is_required(no_retain_broker: Mosquitto, tmp_path: Path) -> None:
     port = no_retain_broker.port
     with capture_logs() as logs:
         async with running(write_config(tmp_path, port)) as r, watching(port, [f"{BASE}/state"]) as w:

@@ -12,19 +12,15 @@ from powerbudgetd.powerlog.report import Host, summarize
 from powerbudgetd.powerlog.recorder import log_files
 from powerbudgetd.powerlog.reader import load_samples, scan_log
 from support.daemon import DaemonProcess
+from support.configs import config_file
 
 pytestmark = pytest.mark.slow  # the daemon as a subprocess: the full run (CI) covers it
 
 
 def _config(tmp_path: Path, recorder_dir: Path) -> Path:
-    path = tmp_path / "powerbudgetd.toml"
-    path.write_text(
-        "budget_w = 1000\n"
-        "[feed]\nbreaker_a = 15\nvolts = 120\nhost_w = 250\nups_w = 2000\n"
-        f'[recorder]\ndir = "{recorder_dir}"\ninterval_s = 0.1\nfsync_interval_s = 0.1\n'
-        '[sim]\nscenario = "workstation-4"\n'
-    )
-    return path
+    return config_file(tmp_path / "powerbudgetd.toml", "[feed]\nbreaker_a = 15\nvolts = 120\nhost_w = 250\nups_w = 2000\n",
+                       f'[recorder]\ndir = "{recorder_dir}"\ninterval_s = 0.1\nfsync_interval_s = 0.1\n',
+                       '[sim]\nscenario = "workstation-4"\n')
 
 
 def _sample_lines(directory: Path) -> int:

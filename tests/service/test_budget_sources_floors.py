@@ -13,6 +13,7 @@ import pytest
 
 from support.daemon import cli, no_traceback
 from support.wait import free_port
+from support.configs import config_file
 
 UPS = '[ups]\nname = "ups"\n{line}\n'
 # 700 W at the wall x 0.9 - 150 W host = 480 W of board power, below 600 W of floors
@@ -27,9 +28,7 @@ host_w = 150
 
 
 def config(tmp_path: Path, *sections: str) -> Path:
-    path = tmp_path / "pb.toml"
-    path.write_text("budget_w = 1000\n[metrics]\nenabled = false\n[recorder]\nenabled = false\n" + "".join(sections))
-    return path
+    return config_file(tmp_path, *sections, quiet=True)
 
 
 @pytest.mark.parametrize("line, words", [

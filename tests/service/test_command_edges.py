@@ -1,6 +1,6 @@
-"""A fresh user's findings: Ctrl-C, an unwritable plot, absurd durations, the suite's
-exit status, log lines on stderr, the README's keys, replay's header, and the smaller
-messages. Each asserts the exit status, no traceback, and the message naming what was
+"""The command line at its edges: Ctrl-C, an unwritable plot, absurd durations, the
+suite's exit status, log lines on stderr, the documented report keys, replay's header,
+and the smaller messages. Each asserts the exit status, no traceback, and the message naming what was
 wrong.
 """
 
@@ -22,11 +22,12 @@ from powerbudgetd.errors import ExitStatus
 from support.powerlog import header, sample
 from support.daemon import clean_env, cli, no_traceback
 from support.paths import REPO, manual, manual_files
+from support.configs import config_file
 
 T0 = 1_750_000_000.0
 
 
-# -- 1. Ctrl-C stops quietly, 130 ------------------------------------------------------
+# -- Ctrl-C stops quietly, 130 ------------------------------------------------------
 
 
 def interrupt(args: list[str], after_s: float, started: str | None = None) -> subprocess.CompletedProcess[str]:
@@ -55,18 +56,18 @@ def interrupt(args: list[str], after_s: float, started: str | None = None) -> su
         (["simulate", "--suite"], "Targets:"),
     ],
 )
-def test_1_ctrl_c_stops_simulate_with_one_line_and_130(args, started):
+def test_ctrl_c_stops_simulate_with_one_line_and_130(args, started):
     p = interrupt(args, after_s=3.0 if started is None else 1.5, started=started)
     no_traceback(p)
     assert p.returncode == ExitStatus.INTERRUPTED == 130
     assert p.stderr == "powerbudgetd: interrupted\n"  # the suite's workers say nothing
 
 
-# -- 2. an unwritable plot is refused before any work ----------------------------------
+# -- an unwritable plot is refused before any work ----------------------------------
 
 
 @pytest.mark.parametrize("path", ["/proc/powerbudgetd-x.png", "/sys/powerbudgetd-x.png"])
-def test_2_plot_into_a_pseudo_filesystem_is_refused_up_front(path):
+def test_a_plot_into_a_pseudo_filesystem_is_refused_up_front(path):
     t0 = time.monotonic()
     p = cli("simulate", "--plot", path)
     no_traceback(p)
@@ -75,7 +76,7 @@ def test_2_plot_into_a_pseudo_filesystem_is_refused_up_front(path):
     assert not Path(path).exists()
 
 
-def test_2_the_writability_check_leaves_no_file_behind(tmp_path):
+def test_the_plots_writability_check_leaves_no_file_behind(tmp_path):
     from powerbudgetd.service.cliargs import writable_plot
 
     target = tmp_path / "bank.png"
@@ -84,7 +85,7 @@ def test_2_the_writability_check_leaves_no_file_behind(tmp_path):
     assert writable_plot(str(target)) == str(target) and target.read_bytes() == b"keep"
 
 
-def test_2_a_plot_that_fails_at_save_time_is_one_line_after_the_report(tmp_path, monkeypatch, capsys):
+def test_a_plot_that_fails_at_save_time_is_one_line_after_the_report(tmp_path, monkeypatch, capsys):
     import powerbudgetd_sim.simulate as simulate
 
     def full_disk(*_a: object, **_k: object) -> None:
@@ -98,23 +99,23 @@ def test_2_a_plot_that_fails_at_save_time_is_one_line_after_the_report(tmp_path,
     assert "--plot" in err and "No space left on device" in err and "Traceback" not in err
 
 
-# -- 3. durations bounded; no nonsense from a short run ----------------------------------
+# -- durations bounded; no nonsense from a short run ----------------------------------
 
 
 @pytest.mark.parametrize("value, words", [("0.01", ["--duration", "at least 1"]), ("1e9", ["--duration", "at most 604800"])])
-def test_3_durations_out_of_range_are_refused(value, words):
+def test_simulate_durations_out_of_range_are_refused(value, words):
     p = cli("simulate", "--duration", value)
     no_traceback(p)
     assert p.returncode == 2 and all(w in p.stderr for w in words), p.stderr
 
 
-def test_3_the_cli_bounds_are_the_simulators():
+def test_the_command_lines_duration_bounds_are_the_simulators():
     from powerbudgetd_sim.scenario import MAX_DURATION_S, MIN_DURATION_S
 
     assert (SIM_MIN_DURATION_S, SIM_MAX_DURATION_S) == (MIN_DURATION_S, MAX_DURATION_S)
 
 
-def test_3_a_scenario_file_with_an_absurd_duration_is_refused(tmp_path):
+def test_a_scenario_file_with_an_absurd_duration_is_refused(tmp_path):
     f = tmp_path / "s.toml"
     f.write_text('bank = "ada-2"\nduration_s = 1e9\n')
     p = cli("simulate", "--scenario", str(f))
@@ -122,7 +123,7 @@ def test_3_a_scenario_file_with_an_absurd_duration_is_refused(tmp_path):
     assert p.returncode == 2 and "duration_s" in p.stderr and "7 days" in p.stderr
 
 
-def test_3_a_short_run_reports_no_absurd_figures(capsys):
+def test_a_short_simulation_reports_no_absurd_figures(capsys):
     assert main(["simulate", "--scenario", "ada-2", "--duration", "1"]) == 0
     out = capsys.readouterr().out
     assert "NEVER READY" not in out and "too short for a per-minute rate" in out
@@ -135,11 +136,11 @@ def test_3_a_short_run_reports_no_absurd_figures(capsys):
     assert "e+" not in text and "- W" in text
 
 
-# -- 5. the controller's log lines stay off stderr --------------------------------------
+# -- the controller's log lines stay off stderr --------------------------------------
 
 
 @pytest.mark.slow  # simulations in a subprocess
-def test_5_simulate_keeps_the_controllers_logs_off_stderr():
+def test_simulate_keeps_the_controllers_logs_off_stderr():
     p = cli("simulate", "--scenario", "power-event", "--policy", "all", "--duration", "60")
     no_traceback(p)
     assert p.returncode == 0 and p.stderr == ""  # budget_below_floor would be logged here
@@ -147,7 +148,7 @@ def test_5_simulate_keeps_the_controllers_logs_off_stderr():
     assert v.returncode == 0 and '"event": "budget_below_floor"' in v.stderr
 
 
-# -- 7. replay: the budgets and the feed recorded, simulated runs marked ----------------
+# -- replay: the budgets and the feed recorded, simulated runs marked ----------------
 
 
 def write_log(directory: Path, budgets: list[float], backend: str = "nvml") -> None:
@@ -159,7 +160,7 @@ def write_log(directory: Path, budgets: list[float], backend: str = "nvml") -> N
     (directory / "power-00000001-20250615T000000Z.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
 
 
-def test_7_replay_says_the_budgets_recorded_and_uses_the_recorded_feed(tmp_path, capsys):
+def test_replay_says_the_budgets_recorded_and_uses_the_recorded_feed(tmp_path, capsys):
     write_log(tmp_path, [996.0] * 20 + [800.0] * 20 + [650.0] * 20)
     assert main(["simulate", "--replay", str(tmp_path)]) == 0
     out = capsys.readouterr().out
@@ -167,7 +168,7 @@ def test_7_replay_says_the_budgets_recorded_and_uses_the_recorded_feed(tmp_path,
     assert "feed as recorded" in out and "none stated" not in out and "SIMULATED" not in out
 
 
-def test_7_replay_marks_simulated_runs(tmp_path, capsys):
+def test_replay_marks_simulated_runs(tmp_path, capsys):
     write_log(tmp_path, [500.0] * 30, backend="sim")
     assert main(["simulate", "--replay", str(tmp_path)]) == 0
     out = capsys.readouterr().out
@@ -175,10 +176,10 @@ def test_7_replay_marks_simulated_runs(tmp_path, capsys):
     assert "recorded at budget 500 W;" in out
 
 
-# -- 4. the suite's status says what its footer says ------------------------------------
+# -- the suite's status says what its footer says ------------------------------------
 
 
-def test_4_the_suite_exits_1_on_a_miss(monkeypatch, capsys):
+def test_the_suite_exits_1_on_a_target_not_met(monkeypatch, capsys):
     import powerbudgetd_sim.scoreboard as scoreboard
 
     def one_miss(names, **_kw):
@@ -199,10 +200,10 @@ def test_the_manual_states_the_suites_exit_status():
     assert "exit 1 when any target is NOT MET" in row
 
 
-# -- 6. the README's keys are the report's ----------------------------------------------
+# -- the README's keys are the report's ----------------------------------------------
 
 
-def test_6_the_readme_documents_the_over_budget_keys_and_the_table_says_which():
+def test_the_docs_document_the_over_budget_keys_and_the_table_says_which():
     from powerbudgetd_sim.scenario import load_scenario
     from powerbudgetd_sim.scoreboard import format_table
     from powerbudgetd_sim.simulate import run_scenario
@@ -219,7 +220,7 @@ def test_6_the_readme_documents_the_over_budget_keys_and_the_table_says_which():
 
 
 @pytest.mark.slow  # a simulation in a subprocess
-def test_6_the_readme_says_what_simulate_incident_does():
+def test_the_docs_say_what_simulate_incident_does():
     readme = manual()
     inc = readme[readme.index("- `incident`: at the operator's 1000 W"):]
     inc = inc[:inc.index("\n- ")]
@@ -230,14 +231,11 @@ def test_6_the_readme_says_what_simulate_incident_does():
     assert r["budget_w"] == 1000 and r["trips"]["ups"] is True and r["trip_at_s"]["ups"] == 90.0
 
 
-# -- 8. the smaller findings --------------------------------------------------------
+# -- smaller messages ------------------------------------------------------------------
 
 
 def config(tmp_path: Path, text: str, mode: int = 0o600) -> Path:
-    path = tmp_path / "pb.toml"
-    path.write_text(text)
-    path.chmod(mode)
-    return path
+    return config_file(tmp_path, text, budget_w=None, mode=mode)
 
 
 @pytest.mark.parametrize(
@@ -248,7 +246,7 @@ def config(tmp_path: Path, text: str, mode: int = 0o600) -> Path:
         ("budgetw = 1000\n", ["did you mean 'budget_w'"]),  # a typo still gets its did-you-mean
     ],
 )
-def test_8_a_key_of_another_section_is_pointed_there(tmp_path, text, words):
+def test_a_config_key_of_another_section_is_pointed_there(tmp_path, text, words):
     p = cli("check-config", str(config(tmp_path, text)))
     no_traceback(p)
     assert p.returncode == 2 and all(w in p.stderr for w in words), p.stderr
@@ -264,18 +262,18 @@ def test_8_a_key_of_another_section_is_pointed_there(tmp_path, text, words):
         ('budget_w = 900\n[control]\ntick_s = "0.1"\n', "control.tick_s"),
     ],
 )
-def test_8_a_number_written_as_a_string_is_refused(tmp_path, text, name):
+def test_a_config_number_written_as_a_string_is_refused(tmp_path, text, name):
     p = cli("check-config", str(config(tmp_path, text)))
     no_traceback(p)
     assert p.returncode == 2 and f"{name}: a number, not a string" in p.stderr and "without quotes" in p.stderr
 
 
-def test_8_a_number_from_the_environment_is_still_a_string_and_fine(tmp_path):
+def test_a_number_from_the_environment_is_a_string_and_accepted(tmp_path):
     p = cli("check-config", str(config(tmp_path, "budget_w = 900\n")), env={"POWERBUDGETD_BUDGET_W": "800"})
     assert p.returncode == 0 and "800" in p.stdout
 
 
-def test_8_check_config_on_a_directory_says_so(tmp_path):
+def test_check_config_on_a_directory_says_so(tmp_path):
     p = cli("check-config", str(tmp_path))
     no_traceback(p)
     assert p.returncode == 2 and "is a directory" in p.stderr and "no such config file" not in p.stderr
@@ -289,20 +287,20 @@ def test_8_check_config_on_a_directory_says_so(tmp_path):
         (["--last=-5m"], ["--last", "must be a positive duration"]),
     ],
 )
-def test_8_log_report_last_needs_a_unit_and_a_positive_value(tmp_path, args, words):
+def test_log_report_last_needs_a_unit_and_a_positive_value(tmp_path, args, words):
     p = cli("log", "report", "--dir", str(tmp_path), *args)
     no_traceback(p)
     assert p.returncode == 2 and all(w in p.stderr for w in words), p.stderr
     assert "expected one argument" not in p.stderr
 
 
-def test_8_a_negative_simulate_duration_names_the_value():
+def test_a_negative_simulate_duration_names_the_value():
     p = cli("simulate", "--duration", "-5")
     no_traceback(p)
     assert p.returncode == 2 and "--duration" in p.stderr and "'-5'" in p.stderr
 
 
-def test_8_a_missing_path_is_exit_2_for_log_report_and_replay(tmp_path):
+def test_a_missing_path_is_exit_2_for_log_report_and_replay(tmp_path):
     missing = str(tmp_path / "nonexistent")
     for args in (["log", "report", "--dir", missing], ["simulate", "--replay", missing]):
         p = cli(*args)
@@ -310,7 +308,7 @@ def test_8_a_missing_path_is_exit_2_for_log_report_and_replay(tmp_path):
         assert p.returncode == ExitStatus.CONFIG == 2 and f"{missing}: no such file or directory" in p.stderr
 
 
-def test_8_log_report_with_a_config_without_a_recorder_dir_does_not_suggest_config(tmp_path):
+def test_log_report_with_a_config_without_a_recorder_dir_does_not_suggest_config(tmp_path):
     cfg = config(tmp_path, "budget_w = 900\n")
     p = cli("log", "report", "--config", str(cfg), env={"STATE_DIRECTORY": str(tmp_path / "state")})
     no_traceback(p)
@@ -336,7 +334,7 @@ def nvml_missing() -> bool:
         (["probe"], "`powerbudgetd probe --backend sim`"),
     ],
 )
-def test_8_without_nvml_every_command_gives_the_same_hint(tmp_path, args, hint):
+def test_without_nvml_every_command_gives_the_same_hint(tmp_path, args, hint):
     if not nvml_missing():
         pytest.fail("this test needs a host without a working NVML")  # never true on CI hosts
     cfg = str(config(tmp_path, "budget_w = 900\n"))
@@ -353,7 +351,7 @@ def test_8_without_nvml_every_command_gives_the_same_hint(tmp_path, args, hint):
         ('budget_w = 900\n[mqtt]\nhost = "b"\npassword = "s3cret"\n', "LoadCredential=mqtt-password", "UPS"),
     ],
 )
-def test_8_a_secret_in_an_open_file_gets_its_own_sections_advice(tmp_path, text, advice, wrong):
+def test_a_secret_in_an_open_file_gets_its_own_sections_advice(tmp_path, text, advice, wrong):
     from powerbudgetd.config import _secret_advice, parse_toml, secret_keys
 
     path = config(tmp_path, text, mode=0o644)
@@ -366,7 +364,7 @@ def test_8_a_secret_in_an_open_file_gets_its_own_sections_advice(tmp_path, text,
         assert p.returncode == 2 and advice in p.stderr and wrong not in p.stderr and "s3cret" not in p.stderr
 
 
-def test_8_help_texts_and_metavars_agree():
+def test_help_texts_and_metavars_agree():
     from powerbudgetd.cli import _parser
 
     parser = _parser()
@@ -378,7 +376,7 @@ def test_8_help_texts_and_metavars_agree():
         assert scenario.metavar == "NAME_OR_FILE", command
 
 
-def test_8_probe_prints_na_without_a_unit():
+def test_probe_prints_na_without_a_unit():
     from powerbudgetd.hw.probe import format_probe
 
     gpu = {"index": 0, "name": "Card", "uuid": "GPU-0", "min_limit_w": 150.0, "max_limit_w": 300.0,
@@ -389,7 +387,7 @@ def test_8_probe_prints_na_without_a_unit():
     assert "150.0 W - 300.0 W (default 300.0 W)" in text
 
 
-def test_8_the_metrics_endpoint_serves_metrics_and_404_elsewhere():
+def test_the_metrics_endpoint_serves_metrics_and_404_elsewhere():
     import urllib.error
     import urllib.request
 
@@ -412,7 +410,7 @@ def test_8_the_metrics_endpoint_serves_metrics_and_404_elsewhere():
         server.close()
 
 
-def test_8_every_source_path_the_docs_name_exists():
+def test_every_source_path_the_docs_name_exists():
     import re
 
     docs = [*manual_files(), *sorted((REPO / "config").glob("*.toml"))]

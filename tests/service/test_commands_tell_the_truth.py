@@ -1,8 +1,10 @@
 """An operator's first hour: every command tells the truth, every mistake gets a clear
 answer (an exit status, no traceback, a message naming what was wrong).
 
-One test (or a few) per numbered finding, plus every command and subcommand run with
---help and with its output going to a reader that has already closed.
+In sections by what they hold (simulated runs kept apart, bad arguments, pipes and
+--help, progress, hints, the environment, files as editors leave them, statements the
+docs make, the main plot); every command and subcommand is run with --help and with its
+output going to a reader that has already closed.
 """
 
 from __future__ import annotations
@@ -29,10 +31,10 @@ ELSEWHERE = Host("another-host", "another-boot", lambda pid: False)
 T0 = 1_750_000_000.0
 
 
-# -- 1. simulated runs never land in the production flight recorder -------------------
+# -- simulated runs never land in the production flight recorder -------------------
 
 
-def test_1_sim_runs_record_apart_and_the_report_tells_them_from_real_runs(tmp_path, monkeypatch):
+def test_sim_runs_record_apart_and_the_report_tells_them_from_real_runs(tmp_path, monkeypatch):
     monkeypatch.setenv("STATE_DIRECTORY", str(tmp_path))
     default = RecorderConfig()
     assert default.dir_for("nvml") == tmp_path and default.dir_for("sim") == tmp_path / "sim"
@@ -60,7 +62,7 @@ def test_1_sim_runs_record_apart_and_the_report_tells_them_from_real_runs(tmp_pa
 
 
 @pytest.mark.slow  # the daemon on the wall clock
-def test_1_run_backend_sim_writes_the_backend_into_the_header(tmp_path):
+def test_run_backend_sim_writes_the_backend_into_the_header(tmp_path):
     import asyncio
 
     from powerbudgetd.control.controller import Controller
@@ -88,7 +90,7 @@ def test_1_run_backend_sim_writes_the_backend_into_the_header(tmp_path):
     assert index.runs[0].header["backend"] == "sim" and index.runs[0].simulated
 
 
-# -- 2. bad arguments: a clear message and a non-zero exit, before any work -----------
+# -- bad arguments: a clear message and a non-zero exit, before any work -----------
 
 
 @pytest.mark.parametrize(
@@ -112,7 +114,7 @@ def test_1_run_backend_sim_writes_the_backend_into_the_header(tmp_path):
         (["status", "--watch", "--json"], 2, ["--watch", "--json"]),
     ],
 )
-def test_2_bad_arguments_are_refused_with_the_reason(args, status, words, tmp_path):
+def test_bad_arguments_are_refused_with_the_reason(args, status, words, tmp_path):
     p = cli(*args, cwd=tmp_path, timeout=60)
     no_traceback(p)
     assert p.returncode == status, p.stderr
@@ -121,12 +123,12 @@ def test_2_bad_arguments_are_refused_with_the_reason(args, status, words, tmp_pa
     assert p.stdout == ""
 
 
-def test_2_an_unwritable_plot_costs_no_simulation(tmp_path):
+def test_an_unwritable_plot_costs_no_simulation(tmp_path):
     # Refused by argparse: main returns before any scenario is loaded or run.
     assert main(["simulate", "--duration", "3600", "--plot", str(tmp_path / "missing" / "x.png")]) == 2
 
 
-# -- 3. pipes, and --help, for every command and subcommand --------------------------
+# -- pipes, and --help, for every command and subcommand --------------------------
 
 
 def _commands() -> list[list[str]]:
@@ -143,7 +145,7 @@ def _commands() -> list[list[str]]:
     return out
 
 
-def test_3_every_command_has_help_with_descriptions_and_defaults():
+def test_every_command_has_help_with_descriptions_and_defaults():
     commands = _commands()
     assert {" ".join(c) for c in commands} >= {"simulate", "probe", "log", "log report", "status", "run", "check-config"}
     for cmd in commands:
@@ -167,7 +169,7 @@ def _subparsers() -> dict[str, argparse.ArgumentParser]:
     return dict(cli_mod._SUBPARSERS)
 
 
-def test_3_backend_and_json_say_what_they_do():
+def test_backend_and_json_say_what_they_do():
     p = cli("probe", "--help")
     text = " ".join(p.stdout.split())
     assert "--backend {nvml,sim}" in text and "simulated bank, no GPU needed" in text and "(default: nvml)" in text
@@ -183,7 +185,7 @@ def test_3_backend_and_json_say_what_they_do():
         ["log", "report", "--dir", "LOG"], ["check-config", "CONFIG"],
     ],
 )
-def test_3_a_reader_that_closes_early_gets_no_traceback(args, tmp_path):
+def test_a_reader_that_closes_early_gets_no_traceback(args, tmp_path):
     write_run(tmp_path, "r1", T0, 120)
     cfg = tmp_path / "pb.toml"
     cfg.write_text("budget_w = 1000\n")
@@ -194,7 +196,7 @@ def test_3_a_reader_that_closes_early_gets_no_traceback(args, tmp_path):
     assert p.stderr == ""
 
 
-def test_3_every_command_with_output_into_a_closed_pipe(tmp_path):
+def test_every_commands_help_into_a_closed_pipe_exits_quietly(tmp_path):
     # The enumeration above stays complete: a new command fails here until it is piped too.
     for cmd in _commands():
         p = cli(*cmd, "--help", closed_stdout=True)
@@ -202,10 +204,10 @@ def test_3_every_command_with_output_into_a_closed_pipe(tmp_path):
         assert p.returncode in (0, EXIT_BROKEN_PIPE), (cmd, p.stderr)
 
 
-# -- 4. progress on long work, on a terminal only -----------------------------------
+# -- progress on long work, on a terminal only -----------------------------------
 
 
-def test_4_suite_reports_each_scenario_as_it_finishes():
+def test_suite_reports_each_scenario_as_it_finishes():
     from powerbudgetd_sim.scoreboard import run_suite
 
     seen: list[str] = []
@@ -213,7 +215,7 @@ def test_4_suite_reports_each_scenario_as_it_finishes():
     assert seen == ["ada-2", "h200-1"] and set(suite["scenarios"]) == set(seen)
 
 
-def test_4_the_violation_line_says_reactive_is_excluded():
+def test_the_violation_line_says_reactive_is_excluded():
     from powerbudgetd_sim.scenario import load_scenario
     from powerbudgetd_sim.scoreboard import check_targets
 
@@ -223,7 +225,7 @@ def test_4_the_violation_line_says_reactive_is_excluded():
     assert first.met is True and "reactive 2671: excluded" in first.detail and "everywhere" not in first.detail
 
 
-def test_4_progress_is_silent_off_a_terminal_and_in_json(tmp_path):
+def test_progress_is_silent_off_a_terminal_and_in_json(tmp_path):
     import io
 
     class Tty(io.StringIO):
@@ -237,7 +239,7 @@ def test_4_progress_is_silent_off_a_terminal_and_in_json(tmp_path):
     assert "suite: 1 of 8" in tty.getvalue() and pipe.getvalue() == "" and tty2.getvalue() == ""
 
 
-def test_4_suite_streams_text_and_keeps_stderr_clean_in_a_pipe():
+def test_suite_streams_text_and_keeps_stderr_clean_in_a_pipe():
     p = cli("simulate", "--suite", "--duration", "3", timeout=300)
     no_traceback(p)
     assert p.stderr == ""  # no progress into a pipe
@@ -245,10 +247,10 @@ def test_4_suite_streams_text_and_keeps_stderr_clean_in_a_pipe():
     assert p.stdout.startswith("Targets:") and p.stdout.count("[met    ]") + p.stdout.count("[NOT MET]") > 5
 
 
-# -- 5. dead ends: a hint where there was none ---------------------------------------
+# -- dead ends: a hint where there was none ---------------------------------------
 
 
-def test_5_probe_without_nvml_points_at_the_simulator():
+def test_probe_without_nvml_points_at_the_simulator():
     try:
         from powerbudgetd.hw.nvml import load_pynvml
 
@@ -271,7 +273,7 @@ def test_5_probe_without_nvml_points_at_the_simulator():
         ("budget_w = 1000\n[recorderr]\nenabled = false\n", ["recorderr", "did you mean 'recorder'"]),
     ],
 )
-def test_5_unknown_config_keys_get_a_did_you_mean(tmp_path, text, words):
+def test_unknown_config_keys_get_a_did_you_mean(tmp_path, text, words):
     path = tmp_path / "pb.toml"
     path.write_text(text)
     p = cli("check-config", str(path))
@@ -281,10 +283,10 @@ def test_5_unknown_config_keys_get_a_did_you_mean(tmp_path, text, words):
         assert w in p.stderr, p.stderr
 
 
-# -- 6. the environment ---------------------------------------------------------------
+# -- the environment ---------------------------------------------------------------
 
 
-def test_6_a_secret_for_an_absent_section_does_not_stop_the_daemon(tmp_path):
+def test_a_secret_for_an_absent_section_does_not_stop_the_daemon(tmp_path):
     path = tmp_path / "pb.toml"
     path.write_text("budget_w = 1000\n")
     p = cli("check-config", str(path), env={"POWERBUDGETD_MQTT__PASSWORD": "s3cret"})
@@ -298,7 +300,7 @@ def test_6_a_secret_for_an_absent_section_does_not_stop_the_daemon(tmp_path):
     assert settings.mqtt is None and any("POWERBUDGETD_MQTT__PASSWORD" in w for w in settings.warnings)
 
 
-def test_6_a_complete_section_from_the_environment_still_applies(tmp_path, monkeypatch):
+def test_a_complete_section_from_the_environment_still_applies(tmp_path, monkeypatch):
     path = tmp_path / "pb.toml"
     path.write_text("budget_w = 1000\n")
     settings = _load_with_env(path, {"POWERBUDGETD_MQTT__HOST": "broker.lan", "POWERBUDGETD_MQTT__PASSWORD": "x"})
@@ -320,7 +322,7 @@ def _load_with_env(path: Path, env: dict[str, str]):  # type: ignore[no-untyped-
         os.environ.update(saved)
 
 
-def test_6_mistyped_and_foreign_variables(tmp_path):
+def test_mistyped_and_foreign_environment_variables_are_told_apart(tmp_path):
     env = {
         "POWERBUDGETD_BUDGETW": "900", "POWERBUDGETD_PORT_9400_TCP": "tcp://10.0.0.5:9400",
         "POWERBUDGETD_PORT": "tcp://10.0.0.5:9400", "POWERBUDGETD_SERVICE_HOST": "10.0.0.5",
@@ -340,7 +342,7 @@ def test_6_mistyped_and_foreign_variables(tmp_path):
     assert "PORT" not in overrides and "SERVICE_HOST" not in overrides
 
 
-# -- 7. files as editors and machines leave them --------------------------------------
+# -- files as editors and machines leave them --------------------------------------
 
 
 @pytest.mark.parametrize(
@@ -354,7 +356,7 @@ def test_6_mistyped_and_foreign_variables(tmp_path):
         b"budget_w\t=\t900\n[control]\n\ttick_s = 0.2\t# tabs\n",
     ],
 )
-def test_7_config_files_from_other_editors_load(tmp_path, data):
+def test_config_files_from_other_editors_load(tmp_path, data):
     path = tmp_path / "pb.toml"
     path.write_bytes(data)
     s = load_config(path)
@@ -369,7 +371,7 @@ def test_7_config_files_from_other_editors_load(tmp_path, data):
         (b"budget_w = = 900\n", ["not valid TOML", "line 1"]),
     ],
 )
-def test_7_config_files_that_cannot_load_name_the_cause(tmp_path, data, words):
+def test_config_files_that_cannot_load_name_the_cause(tmp_path, data, words):
     path = tmp_path / "pb.toml"
     path.write_bytes(data)
     p = cli("check-config", str(path))
@@ -381,7 +383,7 @@ def test_7_config_files_that_cannot_load_name_the_cause(tmp_path, data, words):
 
 @pytest.mark.parametrize("zeros", [0, 1, 511, 4096, 64 << 10, (64 << 10) + 1, 300_000])
 @pytest.mark.parametrize("cut", ["clean", "mid_line", "mid_header_of_next"])
-def test_7_a_power_cut_tail_of_any_size_still_shows_the_cut(tmp_path, zeros, cut):
+def test_a_power_cut_tail_of_any_size_still_shows_the_cut(tmp_path, zeros, cut):
     recs = write_run(tmp_path, "r1", T0, 300)
     path = next(tmp_path.glob("power-*.jsonl"))
     data = path.read_bytes()
@@ -419,7 +421,7 @@ def _stepped_run(directory: Path, step_s: float, at_n: int, count: int) -> list[
 
 
 @pytest.mark.parametrize("step_s", [-7200.0, 3 * 365 * 86400.0])
-def test_7_a_wall_clock_step_corrupts_neither_report_nor_replay(tmp_path, step_s):
+def test_a_wall_clock_step_corrupts_neither_report_nor_replay(tmp_path, step_s):
     count = 3600
     recs = _stepped_run(tmp_path, step_s, at_n=count - 600, count=count)
     d = summarize(scan_log(tmp_path), 600.0, host=ELSEWHERE)
@@ -439,7 +441,7 @@ def test_7_a_wall_clock_step_corrupts_neither_report_nor_replay(tmp_path, step_s
     assert "wall clock stepped" in sc.description
 
 
-def test_7_a_wall_clock_step_between_runs_is_bounded_in_a_replay(tmp_path):
+def test_a_wall_clock_step_between_runs_is_bounded_in_a_replay(tmp_path):
     write_run(tmp_path, "r1", T0, 60, seq=1)
     write_run(tmp_path, "r2", T0 + 20 * 365 * 86400, 60, seq=2)  # the next boot's clock is years ahead
     from powerbudgetd_sim.replay import MAX_GAP_S, load_replay
@@ -448,17 +450,17 @@ def test_7_a_wall_clock_step_between_runs_is_bounded_in_a_replay(tmp_path):
     assert sc.duration_s <= 120 + MAX_GAP_S + 5 and "gap(s) between runs" in sc.description
 
 
-# -- 8. statements that are true --------------------------------------------------------
+# -- statements that are true --------------------------------------------------------
 
 
-def test_8_sizing_keeps_the_host_draw_caveat(tmp_path):
+def test_sizing_keeps_the_host_draw_caveat(tmp_path):
     write_run(tmp_path, "r1", T0, 100, feed=None)
     text = format_summary(summarize(scan_log(tmp_path), 60.0, host=ELSEWHERE))
     sizing = next(line for line in text.splitlines() if line.startswith("sizing:"))
     assert "host draw unknown" in sizing and "more than" in sizing
 
 
-def test_8_readme_lists_every_alert_and_metric_and_says_what_dry_run_leaves_alone():
+def test_the_docs_list_every_alert_and_metric_and_say_what_dry_run_leaves_alone():
     readme = manual()
     rules = yaml.safe_load((REPO / "config/prometheus-rules.yml").read_text())
     alerts = [r["alert"] for g in rules["groups"] for r in g["rules"] if "alert" in r]
@@ -481,10 +483,10 @@ def test_8_readme_lists_every_alert_and_metric_and_says_what_dry_run_leaves_alon
     assert "needs root" in readme and "Prometheus" in (REPO / "CONTRIBUTING.md").read_text().split("Install and run the tests")[1][:1200]
 
 
-# -- 9. the main plot --------------------------------------------------------------------
+# -- the main plot --------------------------------------------------------------------
 
 
-def test_9_plot_marks_boot_floors_roles_and_has_one_legend():
+def test_plot_marks_boot_floors_roles_and_has_one_legend():
     from powerbudgetd_sim.scenario import load_scenario
     from powerbudgetd_sim.simulate import plot_figure, run_scenario
 
@@ -521,7 +523,7 @@ def _figure_of(draw, *args):  # type: ignore[no-untyped-def]
     return captured["fig"]
 
 
-def test_9_the_plot_tells_the_power_story_budget_in_force_battery_and_trips():
+def test_the_plot_tells_the_power_story_budget_in_force_battery_and_trips():
     """power-event: a minute on battery lowers the budget in force (a step line, not the
     configured one), the window is shaded on every panel; incident: the UPS trip is
     marked, and the plug panel holds the wall power against the UPS rating."""
@@ -550,7 +552,7 @@ def test_9_the_plot_tells_the_power_story_budget_in_force_battery_and_trips():
     assert fig.axes[-1].get_ylabel() == "at the plug (W)"
 
 
-def test_9_a_long_title_is_wrapped_to_the_figure():
+def test_a_long_plot_title_is_wrapped_to_the_figure():
     from powerbudgetd_sim.scenario import load_scenario
     from powerbudgetd_sim.simulate import plot_figure, run_scenario
 
@@ -564,7 +566,7 @@ def test_9_a_long_title_is_wrapped_to_the_figure():
     assert box.x0 >= 0 and box.x1 <= fig.bbox.width
 
 
-def test_9_policy_all_is_small_multiples_with_the_budget_in_no_policy_colour():
+def test_policy_all_is_small_multiples_with_the_budget_in_no_policy_colour():
     from powerbudgetd_sim.scenario import load_scenario
     from powerbudgetd_sim.simulate import plot_compare, run_policies
 
@@ -577,16 +579,3 @@ def test_9_policy_all_is_small_multiples_with_the_budget_in_no_policy_colour():
         budget = next(line for line in ax.get_lines() if line.get_label() == "budget in force")
         assert budget.get_color() not in {line.get_color() for line in ax.get_lines() if line is not budget}
     assert "budget in force" in [t.get_text() for t in fig.legends[0].get_texts()]
-
-
-# -- status ----------------------------------------------------------------------------
-
-
-def test_status_names_the_url_and_its_origin_when_the_daemon_is_not_there(tmp_path):
-    cfg = tmp_path / "pb.toml"
-    cfg.write_text("budget_w = 1000\n[metrics]\nport = 1\n")
-    p = cli("status", "--config", str(cfg))
-    no_traceback(p)
-    assert p.returncode == 1
-    assert "http://127.0.0.1:1/metrics" in p.stderr and f"[metrics] listen_address and port in {cfg}" in p.stderr
-    assert "systemctl status powerbudgetd" in p.stderr

@@ -13,6 +13,7 @@ from powerbudgetd.errors import AlreadyRunning, ExitStatus
 from powerbudgetd.service.instance import InstanceLock, lock_path
 from support.daemon import DaemonProcess
 from support.scenarios import idle_4
+from support.configs import config_file
 
 def test_lock_path_by_backend(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("RUNTIME_DIRECTORY", str(tmp_path / "run"))
@@ -51,13 +52,8 @@ def test_lock_file_that_is_a_symlink_is_refused(tmp_path: Path) -> None:
 
 def _config(tmp_path: Path) -> Path:
     scenario = idle_4(tmp_path)
-    cfg = tmp_path / "pb.toml"
-    cfg.write_text(
-        f"budget_w = 1000\n[metrics]\nenabled = false\n[recorder]\nenabled = false\n"
-        f"[sim]\nscenario = '{scenario}'\nstate_file = '{tmp_path / 'cards.json'}'\n"
-    )
-    cfg.chmod(0o600)
-    return cfg
+    return config_file(tmp_path, f"[sim]\nscenario = '{scenario}'\nstate_file = '{tmp_path / 'cards.json'}'\n",
+                       quiet=True, mode=0o600)
 
 
 @pytest.mark.slow  # four daemons as subprocesses

@@ -18,6 +18,7 @@ from support.daemon import DaemonProcess, cli, no_traceback
 from powerbudgetd.errors import ExitStatus
 from powerbudgetd.service.backend import make_nvml
 from powerbudgetd.service.originals import FILE_NAME
+from support.configs import config_file
 
 FOUND_W = (300.0, 280.0, 260.0, 240.0)  # sum 1080 W
 
@@ -38,10 +39,9 @@ def limits_w(state: Path) -> list[float]:
 
 
 def config(tmp_path: Path, budget_w: float) -> Path:
-    path = tmp_path / f"pb-{budget_w:g}.toml"
-    path.write_text(f"budget_w = {budget_w}\n[recorder]\ndir = '{tmp_path / 'rec'}'\n[metrics]\nenabled = false\n"
-                    f"[sim]\nscenario = 'workstation-4'\nlag_s = 0.05\nstate_file = '{tmp_path / 'cards.json'}'\n")
-    return path
+    return config_file(tmp_path / f"pb-{budget_w:g}.toml", f"[recorder]\ndir = '{tmp_path / 'rec'}'\n[metrics]\nenabled = false\n",
+                       f"[sim]\nscenario = 'workstation-4'\nlag_s = 0.05\nstate_file = '{tmp_path / 'cards.json'}'\n",
+                       budget_w=budget_w)
 
 
 def boot_and_stop(cfg: Path) -> DaemonProcess:

@@ -1,6 +1,9 @@
-"""The example config file and ways to edit it, for the check-config tests."""
+"""Config files for the tests: the example file and ways to edit it, and the one writer
+of a powerbudgetd.toml (:func:`config_file`)."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 from support.paths import REPO
 
@@ -18,3 +21,21 @@ def uncomment(text: str, keys: tuple[str, ...]) -> str:
         body = line.removeprefix("# ")
         out.append(body if line.startswith("# ") and body.startswith(keys) else line)
     return "\n".join(out) + "\n"
+
+
+QUIET = "[metrics]\nenabled = false\n[recorder]\nenabled = false\n"  # no endpoint, no flight recorder
+
+
+def config_file(where: Path, *sections: str, budget_w: float | None = 1000, quiet: bool = False,
+                mode: int | None = None) -> Path:
+    """Write a powerbudgetd.toml: ``budget_w = {budget_w}`` (None: left out, for text that
+    states it or leaves it out on purpose), then :data:`QUIET` when ``quiet``, then
+    ``sections`` as given. ``where``: a directory (the file is ``pb.toml`` in it) or the
+    file's own path. ``mode``: chmod it so (0o600: private, as a file holding a secret
+    must be); None leaves the umask's. Returns the file's path."""
+    path = where / "pb.toml" if where.is_dir() else where
+    head = "" if budget_w is None else f"budget_w = {budget_w}\n"
+    path.write_text(head + (QUIET if quiet else "") + "".join(sections))
+    if mode is not None:
+        path.chmod(mode)
+    return path

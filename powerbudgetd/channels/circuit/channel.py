@@ -53,7 +53,6 @@ from powerbudgetd.channels.circuit.store import (
     StoreRefused,
     StoreUnavailable,
     Tls,
-    seat_fits,
     stored_fields,
 )
 from powerbudgetd.core.arbiter import BudgetArbiter
@@ -623,7 +622,7 @@ class CircuitChannel:
         assert self.lease_id is not None
         if board is not None:
             cover = self.power.grant_covering_w(board)
-            if seat_fits(read, self.host, reserve + cover) and await self.store.register_seat(
+            if read.view.seat_fits(reserve + cover, self.host) and await self.store.register_seat(
                     read, self.host, reserve, grant_w=cover, lease_id=self.lease_id):
                 self.seated = self.had_seat = True
                 self._unhold()
@@ -638,13 +637,13 @@ class CircuitChannel:
                 log.info("circuit_seated", host=self.host, reserve_w=reserve, covering_grant_w=round(cover, 1),
                          circuit=self.store.name)
                 return False
-            if seat_fits(read, self.host, reserve) and cover > 0:
+            if read.view.seat_fits(reserve, self.host) and cover > 0:
                 self._say("circuit_seat_waits_for_cards", True, log.warning, host=self.host, reserve_w=reserve,
                           cards_above_reserve_w=round(cover, 1), circuit=self.store.name,
                           action="room for the seat but not for what the cards may draw above it: no seat until "
                           "they are down to the reserve (meanwhile no host raises)")
         self._to_reserve()  # not seated: the reserve, until it is
-        if seat_fits(read, self.host, reserve):
+        if read.view.seat_fits(reserve, self.host):
             return False  # the compare failed, or the cards are still coming down to fit: next round
         await self.store.put_pending(self.host, reserve, self.lease_id)
         v = read.view
@@ -765,7 +764,9 @@ class CircuitChannel:
         if now < self.raises_after:
             target = min(target, self.held_w)  # keep (or lower) the grant; raise nothing
         if target > self.held_w and self.in_use_w == self.held_w:  # no lowering under way
-            if not raise_allowed(read.view, self.host, target) or read.unseated_live().keys() - {self.host}:
+            # No raise at all while another live host waits for a seat (raise_allowed
+            # leaves room for its reserve; the policy's share did not count it).
+            if not raise_allowed(read.view, self.host, target) or read.view.unseated.keys() - {self.host}:
                 return
             if await self.store.raise_grant(read, self.host, target, self.lease_id):
                 self.held_w = target
@@ -797,8 +798,7 @@ class CircuitChannel:
         cover = self.held_w if board is None else min(self.held_w, self.power.grant_covering_w(board))
         if cover <= held_w + 1e-6:
             return held_w
-        unseated = sum(w for h, w in read.unseated_live().items() if h != self.host)  # their reserves' room
-        if raise_allowed(read.view, self.host, cover + unseated) and await self.store.raise_grant(
+        if raise_allowed(read.view, self.host, cover) and await self.store.raise_grant(
                 read, self.host, cover, self.lease_id):
             log.warning("circuit_grant_restored", host=self.host, found_w=held_w, grant_w=round(cover, 1),
                         circuit=self.store.name, detail="the grant was lowered under this host while its cards "

@@ -170,10 +170,6 @@ class Read:
     free_claims: dict[str, int] = field(default_factory=dict)  # hosts whose claim has no lease: its mod revision
     meters: dict[str, NodeMeter] = field(default_factory=dict)  # each metered node's figures (core.nodemeter)
 
-    def unseated_live(self) -> dict[str, float]:
-        """Hosts with a live claim but no seat: their claimed reserve (W) each."""
-        return {h: c.reserve_w for h, c in self.claims.items() if h not in self.view.seats}
-
 
 @dataclass(frozen=True)
 class Tls:
@@ -563,7 +559,8 @@ class CircuitStore:
         view = CircuitView(spec.budget_w if spec else 0.0, seats, grants, wants, pending, revision,
                            unknown_seats=frozenset(unknown[self.seats]), unknown_grants=frozenset(unknown[self.grants]),
                            seat_order=order, tree=tree, tree_bad=(tree_value is not None and tree is None) or down_bad,
-                           lost=None if down_bad else lost)
+                           lost=None if down_bad else lost,
+                           unseated={h: c.reserve_w for h, c in claims.items() if h not in seats})
         return Read(spec, view, revision, spec_mod, leases, spec_created, claims, recs, bad, tree_mod, marked,
                     host_marks, unleased, free_claims, meters)
 
@@ -606,7 +603,7 @@ class CircuitStore:
             return [t.put(self.spec_key, body), tree_op]
 
         if not force:
-            if sum((await self.read()).unseated_live().values()) > budget_w:
+            if (await self.read()).view.unseated_w > budget_w:
                 return False
             ok, _ = await self._call(lambda c: c.transaction(
                 compare=[c.transactions.create(self.spec_key) == 0], success=writes(c), failure=[]))
@@ -614,7 +611,7 @@ class CircuitStore:
         read = await self.read()
         seated = None if tree is None else tree.with_reserves(read.view.seats)
         after = replace(read.view, budget_w=budget_w, tree=seated, tree_bad=False)
-        if after.committed_w + sum(read.unseated_live().values()) > budget_w or after.nodes_over_w():
+        if after.carried_w > budget_w or after.nodes_over_w():
             return False
         ok, _ = await self._call(lambda c: c.transaction(compare=self._unchanged(c, read), success=writes(c), failure=[]))
         return bool(ok)
@@ -713,7 +710,7 @@ class CircuitStore:
         if grant_w > 0 and lease_id is None:
             raise ValueError("a grant written with a seat needs the host's lease")
         grant_after = max(0.0, grant_w) if lease_id is not None else read.view.grants.get(host, 0.0)
-        if not seat_fits(read, host, reserve_w + grant_after):
+        if not read.view.seat_fits(reserve_w + grant_after, host):
             return False
 
         def txn(c: Any) -> Any:
@@ -841,13 +838,6 @@ class CircuitStore:
 
     async def revoke(self, lease_id: int) -> None:
         await self._call(lambda c: c.revoke_lease(lease_id))
-
-
-def seat_fits(read: Read, host: str, reserve_w: float) -> bool:
-    """Whether ``host``'s seat of ``reserve_w`` (W) fits ``read``: beside every other
-    seat and grant and every other live host without a seat (its claimed reserve)."""
-    others = sum(w for h, w in read.unseated_live().items() if h != host)
-    return read.view.seat_fits(reserve_w + others, host)
 
 
 def _lease_not_found(exc: BaseException) -> bool:

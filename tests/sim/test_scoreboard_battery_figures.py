@@ -1,5 +1,5 @@
-"""The README's battery figures for the packaged `power-event` are the ones `simulate`
-prints: the runtime static leaves and the runtime powerbudgetd leaves, in minutes to one
+"""The scoreboard page's battery figures for the packaged `power-event` are the ones
+`simulate` prints (virtual time: the same on every machine): the runtime static leaves and the runtime powerbudgetd leaves, in minutes to one
 decimal."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import pytest
 
 from powerbudgetd.cli import main
 
-README = REPO / "docs" / "design" / "scoreboard.md"
+SCOREBOARD = REPO / "docs" / "design" / "scoreboard.md"
 
 
 def runtime_min(policy: str, capsys: pytest.CaptureFixture[str]) -> float:
@@ -20,9 +20,9 @@ def runtime_min(policy: str, capsys: pytest.CaptureFixture[str]) -> float:
     return json.loads(capsys.readouterr().out)["battery"]["runtime_left_s"] / 60
 
 
-def test_the_readmes_power_event_runtimes_are_what_simulate_prints(capsys: pytest.CaptureFixture[str]) -> None:
-    text = " ".join(README.read_text().split())
+def test_the_scoreboard_pages_power_event_runtimes_are_what_simulate_prints(capsys: pytest.CaptureFixture[str]) -> None:
+    text = " ".join(SCOREBOARD.read_text().split())
     m = re.search(r"Static and slurm leave (\d+\.\d) min of runtime, powerbudgetd (\d+\.\d) min", text)
-    assert m, "the README's power-event line moved: keep this test with it"
+    assert m, "the scoreboard page's power-event line moved: keep this test with it"
     assert f"{runtime_min('static', capsys):.1f}" == m.group(1)
     assert f"{runtime_min('powerbudgetd', capsys):.1f}" == m.group(2)
