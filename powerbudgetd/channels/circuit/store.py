@@ -229,7 +229,8 @@ def tree_doc(tree: PowerTree) -> dict[str, Any]:
     """The power tree as the ``tree`` key stores it (reserves are the seats: not kept)."""
     return {
         "nodes": {n.name: {"budget_w": n.rated_w, "parent": n.parent, "kind": n.kind,
-                           **({} if n.meter is None else {"meter": n.meter})} for n in tree.nodes.values()},
+                           **({} if n.meter is None else {"meter": n.meter}),
+                           **({"delegate": True} if n.delegate else {})} for n in tree.nodes.values()},
         "hosts": {h.name: {"cords": dict(h.cords), "priority": h.priority} for h in tree.hosts.values()},
         "pairs": [{"feeds": sorted(p.feeds), "mode": p.mode, "shed_s": p.shed_s} for p in tree.pairs.values()],
     }
@@ -248,14 +249,16 @@ def tree_from_doc(doc: dict[str, Any], seats: dict[str, float]) -> PowerTree:
         parent = n.get("parent")
         kind = n.get("kind", "circuit")
         meter = n.get("meter")
-        if parent is not None and not isinstance(parent, str) or kind not in KINDS:
-            raise records.BadRecord(f"nodes.{name}: parent must be a node's name, kind one of {', '.join(KINDS)}")
+        delegate = n.get("delegate", False)
+        if parent is not None and not isinstance(parent, str) or kind not in KINDS or not isinstance(delegate, bool):
+            raise records.BadRecord(f"nodes.{name}: parent must be a node's name, kind one of {', '.join(KINDS)}, "
+                                    "delegate true or false")
         if meter is not None:
             try:
                 check_source(meter if isinstance(meter, str) else "")
             except ValueError as exc:
                 raise records.BadRecord(f"nodes.{name}: {exc}") from None
-        out_nodes[name] = Node(name, records.watts(n, "budget_w") or 0.0, parent, kind, meter)
+        out_nodes[name] = Node(name, records.watts(n, "budget_w") or 0.0, parent, kind, meter, delegate=delegate)
     out_hosts: dict[str, Host] = {}
     for name, h in hosts.items():
         cords, priority = (h.get("cords"), h.get("priority", 0)) if isinstance(h, dict) else (None, None)
