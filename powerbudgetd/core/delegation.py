@@ -180,15 +180,16 @@ def delegation_fits(tree: PowerTree, held_w: Mapping[str, float], delegations_w:
                     node: str, watts: float | None, lost: str | None = None) -> bool:
     """Whether setting ``node``'s delegation to ``watts`` (W; None removes it) keeps every
     node within its bound: the check of the parent's transaction (which compares the
-    whole circuit). ``node`` must be marked ``delegate`` (else False). No rounding slack:
+    whole circuit). ``node`` must be marked ``delegate`` (else False), ``watts`` within its
+    own budget. No rounding slack:
     a lease is itself a bound, and slacks would add up down a chain of them."""
     if node not in tree.nodes or not tree.nodes[node].delegate:
         return False
     after = dict(delegations_w)
     if watts is None:
         after.pop(node, None)
-    elif not (math.isfinite(watts) and watts >= 0):
-        return False
+    elif not (math.isfinite(watts) and 0 <= watts <= tree.nodes[node].budget_w):
+        return False  # above its own budget: watts the parent lends that nobody could use
     else:
         after[node] = watts
     return within_bounds(tree, held_w, after, lost, 0.0)

@@ -207,6 +207,7 @@ def test_a_lease_the_parent_cannot_carry_is_refused():
     assert not delegation_fits(tree, seats, {"pdu1": 4_000.0}, "pdu0", 5_000.0)  # 4000 + 5000 + 1200 > 10000
     assert not delegation_fits(tree, seats, {}, "pdu0", 1_000.0)  # below its own seats (1200 W)
     assert not delegation_fits(tree, seats, {}, "site", 1_000.0)  # not marked: no delegation
+    assert not delegation_fits(tree, seats, {}, "pdu0", 5_001.0)  # above its own budget
     # Its hosts' seats plus wants (4 x 800 W), or as much of it as the site can spare.
     assert proposed_w(tree, seats, dict.fromkeys(tree.hosts, 500.0), {"pdu1": 4_000.0}, "pdu0") == pytest.approx(3_200.0)
     assert proposed_w(tree, seats, dict.fromkeys(tree.hosts, 2_000.0), {"pdu1": 4_000.0}, "pdu0") == \
