@@ -83,3 +83,42 @@ async def _scenario(eps: list[str]) -> None:
 
 def test_raises_under_different_delegated_nodes_do_not_conflict(etcd3: EtcdCluster, tmp_path: Path) -> None:
     asyncio.run(_scenario(etcd3.endpoints))
+
+
+def test_a_host_s_role_writes_the_leases_above_it_and_no_other(etcd1: EtcdCluster, tmp_path: Path) -> None:
+    """``circuit roles --tree``: a1 (under A) may write A's lease of watts, not B's."""
+    import subprocess
+
+    from powerbudgetd.channels.circuit.store import StoreRefused
+    from support.circuit import EXE
+    from test_circuit_least_privilege import PASSWORD, apply_roles
+
+    tree = tmp_path / "tree.toml"
+    tree.write_text("[nodes.root]\nbudget_w = 10000\n" + "".join(
+        f'[nodes.{n}]\nparent = "root"\nbudget_w = 7000\ndelegate = true\n' for n in "AB") +
+        '[hosts.h0]\ncords = { A = 1.0 }\nreserve_w = 1000\n[hosts.h1]\ncords = { B = 1.0 }\nreserve_w = 1000\n')
+    eps = etcd1.endpoints
+    roles = subprocess.run([EXE, "circuit", "roles", "--name", "lab", "--host", "h0", "--host", "h1", "--tree",
+                            str(tree)], capture_output=True, text=True, timeout=30)
+    assert roles.returncode == 0, roles.stderr
+    assert "powerbudgetd-lab-h0 readwrite /powerbudgetd/circuits/lab/delegations/A" in roles.stdout
+    assert "powerbudgetd-lab-h0 readwrite /powerbudgetd/circuits/lab/delegations/B" not in roles.stdout
+    apply_roles(eps, roles.stdout)
+    tree_obj = PowerTree({"root": Node("root", 10_000), "A": Node("A", 7_000, "root", delegate=True),
+                          "B": Node("B", 7_000, "root", delegate=True)},
+                         {"h0": Host("h0", {"A": 1.0}, 1000.0), "h1": Host("h1", {"B": 1.0}, 1000.0)})
+
+    async def go() -> None:
+        ops = CircuitStore(eps, "lab", timeout_s=5, username="ops", password=PASSWORD["ops"])
+        h0 = CircuitStore(eps, "lab", timeout_s=5, username="h0", password=PASSWORD["h0"])
+        try:
+            assert await ops.init(10_000, 30, tree=tree_obj)
+            assert await h0.put_delegation(await h0.read(), "A", 3_000.0, "h0")
+            with pytest.raises(StoreRefused):
+                await h0.put_delegation(await h0.read(), "B", 3_000.0, "h0")
+            assert (await h0.read()).delegations == {"A": 3_000.0}
+        finally:
+            await ops.close()
+            await h0.close()
+
+    asyncio.run(go())
