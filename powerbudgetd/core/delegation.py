@@ -210,19 +210,19 @@ def proposed_w(tree: PowerTree, held_w: Mapping[str, float], wants_w: Mapping[st
     wish = inner.loads_w(need).get(node, 0.0) + margin_w
     now = inner.loads_w(held_w).get(node, 0.0)
     target = min(max(wish, now), tree.nodes[node].budget_w)
-    # The largest figure at or below the target that the ancestors can carry: the charge
-    # at each ancestor is affine in D(node) with slope 1 (or 0 once cut off above).
-    lo, hi = now, target
-    if delegation_fits(tree, held_w, delegations_w, node, hi, lost):
-        return hi
-    if not delegation_fits(tree, held_w, delegations_w, node, lo, lost):
-        return lo
-    for _ in range(40):
+    # With the lease at 0 W, each ancestor whose charge counts it (the node in its top)
+    # has that charge grow by exactly the lease: the most it may be is the least room.
+    at_zero = Charges(tree, {**live, node: 0.0}, lost)
+    loads = at_zero.loads_w(held_w)
+    spare = min((at_zero.bound_w(a) - loads[a] for a in at_zero.top if node in at_zero.top[a]), default=math.inf)
+    best = max(now, min(target, spare))
+    if best <= now or delegation_fits(tree, held_w, delegations_w, node, best, lost):
+        return best
+    # Float residue (or an ancestor over already): the largest figure the check accepts.
+    lo, hi = now, best
+    for _ in range(60):
         mid = (lo + hi) / 2
-        if delegation_fits(tree, held_w, delegations_w, node, mid, lost):
-            lo = mid
-        else:
-            hi = mid
+        lo, hi = (mid, hi) if delegation_fits(tree, held_w, delegations_w, node, mid, lost) else (lo, mid)
     return lo
 
 

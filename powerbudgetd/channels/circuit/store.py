@@ -183,14 +183,17 @@ class Read:
     delegations: dict[str, float] = field(default_factory=dict)  # each node's lease of watts (W)
     delegation_mods: dict[str, int] = field(default_factory=dict)  # each delegation record's mod revision
 
+    _memo: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)  # what one read computes once
+
     def charges(self) -> Charges | None:
         """The tree's charges under the delegations read (``core.delegation``), None off a
-        tree, on one that could not be read, or with no delegation in force."""
-        tree = self.view.tree
-        if tree is None or self.view.tree_bad:
-            return None
-        live = active(tree, self.delegations)
-        return Charges(tree, live, self.view.lost) if live else None
+        tree, on one that could not be read, or with no delegation in force (computed
+        once per read)."""
+        if "charges" not in self._memo:
+            tree = self.view.tree
+            live = {} if tree is None or self.view.tree_bad else active(tree, self.delegations)
+            self._memo["charges"] = Charges(tree, live, self.view.lost) if tree is not None and live else None
+        return self._memo["charges"]  # type: ignore[no-any-return]
 
     def held_w(self) -> dict[str, float]:
         """Each host's seat (or pending reserve) plus grant, and each live unseated host's
