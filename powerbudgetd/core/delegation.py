@@ -91,16 +91,27 @@ class Charges:
         object.__setattr__(self, "_tables", [self._resid(False)] + ([self._resid(True)] if self.lost is not None else []))
 
     def _resid(self, flow: bool) -> dict[str, dict[str, float]]:
+        # Walked per host along its cords' paths: at each node, top(k) as far as this host
+        # is concerned is the last delegated node passed on each path (O(hosts x depth)).
         coef = self.tree.coefficients(self.lost) if flow else self.tree.coefficients()
-        top = self.top
-        out: dict[str, dict[str, float]] = {}
-        for k, hs in coef.items():
-            row = {}
-            for h, c in hs.items():
-                r = c - sum(coef.get(m, {}).get(h, 0.0) for m in top[k])
+        out: dict[str, dict[str, float]] = {k: {} for k in coef}
+        for h, host in self.tree.hosts.items():
+            below: dict[str, set[str]] = {}
+            for leaf in host.cords:
+                last: str | None = None
+                for k in self.tree.path(leaf):
+                    ms = below.setdefault(k, set())
+                    if last is not None:
+                        ms.add(last)
+                    if k in self.live:
+                        last = k
+            for k, ms in below.items():
+                c = coef.get(k, {}).get(h)
+                if c is None:
+                    continue
+                r = c - sum(coef.get(m, {}).get(h, 0.0) for m in ms)
                 if r > EPS_W:
-                    row[h] = r
-            out[k] = row
+                    out[k][h] = r
         return out
 
     def tables(self) -> list[dict[str, dict[str, float]]]:
