@@ -193,7 +193,7 @@ class Read:
             tree = self.view.tree
             live = {} if tree is None or self.view.tree_bad else active(tree, self.delegations)
             self._memo["charges"] = Charges(tree, live, self.view.lost) if tree is not None and live else None
-        return self._memo["charges"]  # type: ignore[no-any-return]
+        return self._memo["charges"]
 
     def held_w(self) -> dict[str, float]:
         """Each host's seat (or pending reserve) plus grant, and each live unseated host's
