@@ -67,7 +67,7 @@ def hall_tree(args: argparse.Namespace, delegate: bool) -> PowerTree:
         members = [i for i in range(args.clients) if i // args.rack_size == r]
         rack_w = len(members) * (args.reserve_w + args.max_want * 0.6)
         for side in ("a", "b"):
-            nodes[f"r{r}-{side}"] = Node(f"r{r}-{side}", rack_w, f"p{r % args.panels}-{side}", "pdu", delegate)
+            nodes[f"r{r}-{side}"] = Node(f"r{r}-{side}", rack_w, f"p{r % args.panels}-{side}", "pdu", delegate=delegate)
         for i in members:
             hosts[f"c{i:03d}"] = Host(f"c{i:03d}", {f"r{r}-a": 0.5, f"r{r}-b": 0.5}, args.reserve_w)
     return PowerTree(nodes, hosts).with_mode("redundant")

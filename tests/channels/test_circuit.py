@@ -694,7 +694,7 @@ def test_a_host_under_a_delegated_node_raises_within_its_lease_and_asks_for_more
             return True
 
     def read_with(delegate: bool, lease_w: float | None) -> Read:
-        tree = PowerTree({"site": Node("site", 10_000), "p": Node("p", 3_000, "site", "pdu", delegate)},
+        tree = PowerTree({"site": Node("site", 10_000), "p": Node("p", 3_000, "site", "pdu", delegate=delegate)},
                          {"vm": Host("vm", {"p": 1.0}, 800.0)})
         view = CircuitView(10_000, {"vm": 800.0}, {}, {"vm": 2_000.0}, revision=7, tree=tree.with_reserves({"vm": 800.0}))
         return Read(Spec(10_000, 5), view, 7, delegations={} if lease_w is None else {"p": lease_w},
