@@ -297,6 +297,8 @@ def _parser() -> argparse.ArgumentParser:
     ro.add_argument("--prefix", help="the circuits' key prefix (default: the config's [circuit] prefix, "
                     "else /powerbudgetd/circuits)")
     ro.add_argument("--operator-user", default="ops", metavar="NAME", help="the operator's etcd user")
+    ro.add_argument("--tree", metavar="FILE", help="the circuit's power tree file: each host may also write the "
+                    "lease of watts of each delegated node above it")
     lv = circuit_parsers["leave"]
     lv.add_argument("--host", help="the host whose seat goes (default: the config's [circuit] host)")
     lv.add_argument("--force", action="store_true", help="even while the host's lease is held")

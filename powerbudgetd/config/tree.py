@@ -12,6 +12,7 @@
     ups_w = 30000               # ... or derived as [feed] derives one: a UPS's real
     # ups_margin = 0.1          #   watts x (1 - margin) on peaks, / transient_factor
     # transient_factor = 1.35
+    # delegate = true           # its budget may be leased to its subtree (not the root)
 
     [nodes.r1-a]
     kind = "pdu"
@@ -82,6 +83,7 @@ class NodeTable(_Table):
     volts: float | None = Field(None, gt=0, le=480)
     derating: float = Field(DEFAULT_DERATING, gt=0, le=1)
     ups_w: UpsWatts | None = None
+    delegate: bool = False
     ups_margin: float = Field(DEFAULT_UPS_MARGIN, ge=0, lt=1)
     transient_factor: float = Field(MEASURED_TRANSIENT_FACTOR, ge=1, le=3)
     meter: str | None = None
@@ -187,17 +189,24 @@ def tree_from_dict(data: dict[str, Any]) -> tuple[PowerTree, TreeFile]:
         file = TreeFile.model_validate(data)
     except ValidationError as exc:
         raise ValueError("\n".join(_lines(exc))) from None
-    nodes = {name: Node(name, t.budget(), t.parent, t.kind, t.meter) for name, t in file.nodes.items()}
+    nodes = {name: Node(name, t.budget(), t.parent, t.kind, t.meter, delegate=t.delegate) for name, t in file.nodes.items()}
     hosts = {name: Host(name, dict(t.cords), t.reserve_w, t.priority) for name, t in file.hosts.items()}
     pairs = {frozenset(p.feeds): Pair(frozenset(p.feeds), p.mode, p.shed_s) for p in file.pairs}
     try:
         tree = PowerTree(nodes, hosts, pairs)
     except ValueError as exc:
         raise ValueError("\n".join(str(exc).split("; "))) from None
-    problems = [*_pair_problems(tree, file), *_seat_problems(tree), *_sim_problems(tree, file.sim)]
+    problems = [*_delegate_problems(tree), *_pair_problems(tree, file), *_seat_problems(tree),
+                *_sim_problems(tree, file.sim)]
     if problems:
         raise ValueError("\n".join(problems))
     return tree, file
+
+
+def _delegate_problems(tree: PowerTree) -> list[str]:
+    """``delegate`` on the root means nothing (no parent lends it watts): refused."""
+    return [f"nodes.{n}.delegate: the root's budget has no parent to be leased from; mark the nodes below it"
+            for n, node in tree.nodes.items() if node.delegate and node.parent is None]
 
 
 def _pair_problems(tree: PowerTree, file: TreeFile) -> list[str]:

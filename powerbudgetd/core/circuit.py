@@ -180,6 +180,14 @@ class CircuitView:
             out[h] = out.get(h, 0.0) + w
         return out
 
+    def carried_by_host_w(self) -> dict[str, float]:
+        """:meth:`held_w` with each live unseated host's claimed reserve added (W): what
+        each host makes the budget carry, as :attr:`carried_w` sums it."""
+        out = self.held_w()
+        for h, w in self.unseated.items():
+            out[h] = out.get(h, 0.0) + w
+        return out
+
     def fits_tree(self, host: str, total_w: float) -> bool:
         """Whether ``host`` holding ``total_w`` (W, seat + grant) in all fits every node on
         its cords' paths beside the others' seats and grants, failover counted (True off

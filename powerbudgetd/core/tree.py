@@ -64,7 +64,8 @@ class Node:
     commit), its ``parent`` (None at the root), its ``kind`` (one of :data:`KINDS`, for
     the operator), the ``meter`` that measures it (a source id, ``core.nodemeter``; None:
     not metered) and the ``unmanaged_w`` taken off its budget (W: a load no host
-    reports, ``core.nodemeter.unmanaged_by_node``; :meth:`PowerTree.with_unmanaged`)."""
+    reports, ``core.nodemeter.unmanaged_by_node``; :meth:`PowerTree.with_unmanaged`) and
+    whether its budget may be delegated to its subtree (``delegate``: ``core.delegation``)."""
 
     name: str
     budget_w: float
@@ -72,6 +73,7 @@ class Node:
     kind: str = "circuit"
     meter: str | None = None
     unmanaged_w: float = 0.0
+    delegate: bool = False
 
     @property
     def rated_w(self) -> float:

@@ -123,7 +123,12 @@ def _roles(args: argparse.Namespace) -> int:
     else:
         hosts = args.hosts
     store = CircuitStore(["127.0.0.1:2379"], overrides["name"], prefix=overrides.get("prefix", "/powerbudgetd/circuits"))
-    print("\n".join(roles_script(store, hosts, operator_user=args.operator_user)))
+    tree = None
+    if getattr(args, "tree", None):
+        from powerbudgetd.config.tree import load_tree
+
+        tree, _ = load_tree(args.tree)  # ConfigError: the file and one line per problem
+    print("\n".join(roles_script(store, hosts, operator_user=args.operator_user, tree=tree)))
     return ExitStatus.OK
 
 

@@ -671,3 +671,48 @@ def test_a_host_publishes_the_meter_its_tree_node_names_and_exports_measured_bes
                 unmanaged_by_node(tree, stale))), 3, meters=stale, records={me: HostRecord(0.0, draw_w=1500.0)}))
     ignored = [e for e in logs if e["event"] == "circuit_node_meter_ignored" and e["node"] == "A"]
     assert len(ignored) == 1 and ignored[0]["log_level"] == "warning" and "stale" in ignored[0]["detail"]
+
+
+def test_a_host_under_a_delegated_node_raises_within_its_lease_and_asks_for_more(tmp_path: Path) -> None:
+    """Host vm under PDU p (delegate), its lease 1200 W beside vm's 800 W seat: its raise
+    stops at 400 W however much the division gives it, and, held back, it asks for a
+    larger lease (its hosts' seats and wants, within p's 3000 W); off a delegated node
+    (or with no lease in force) nothing of this happens."""
+    import asyncio
+
+    from powerbudgetd.channels.circuit.store import Read, Spec
+    from powerbudgetd.core.circuit import CircuitView
+    from powerbudgetd.core.tree import Host, Node, PowerTree
+
+    class LeaseStore(_SeatStore):
+        def __init__(self) -> None:
+            super().__init__()
+            self.leases: list[tuple[str, float]] = []
+
+        async def put_delegation(self, read, node: str, watts_w: float, by: str) -> bool:  # noqa: ANN001
+            self.leases.append((node, round(watts_w, 1)))
+            return True
+
+    def read_with(delegate: bool, lease_w: float | None) -> Read:
+        tree = PowerTree({"site": Node("site", 10_000), "p": Node("p", 3_000, "site", "pdu", delegate=delegate)},
+                         {"vm": Host("vm", {"p": 1.0}, 800.0)})
+        view = CircuitView(10_000, {"vm": 800.0}, {}, {"vm": 2_000.0}, revision=7, tree=tree.with_reserves({"vm": 800.0}))
+        return Read(Spec(10_000, 5), view, 7, delegations={} if lease_w is None else {"p": lease_w},
+                    delegation_mods={} if lease_w is None else {"p": 5})
+
+    store = LeaseStore()
+    ch = _running(tmp_path, store, 0.0, 0.0)
+    read = read_with(True, 1_200.0)
+    asyncio.run(ch._move_grant(read))
+    assert store.raised == [400.0]
+    asyncio.run(ch._resize_leases(read))
+    assert store.leases == [("p", 2_950.0)]  # its seat 800 + want 2000 + the margin (5 % of 3000 W)
+
+    for delegate, lease in ((False, 1_200.0), (True, None)):
+        store = LeaseStore()
+        ch = _running(tmp_path, store, 0.0, 0.0)
+        asyncio.run(ch._move_grant(read_with(delegate, lease)))
+        assert store.raised == [2_000.0]
+        if not delegate:
+            asyncio.run(ch._resize_leases(read_with(delegate, lease)))
+            assert store.leases == []

@@ -76,6 +76,8 @@ def test_the_packaged_row_loads_with_its_feeds_racks_and_forty_hosts():
     ({"pairs": [{"feeds": ["a", "site"]}]}, "pairs[0].feeds: no dual-corded host's cords part at a and site"),
     ({"hosts__h1__reserve_w": 7000},
      "nodes.b: the seats (reserve_w) of the hosts below, failover counted, come to 3500 W, over its budget of 3000 W by 500 W"),
+    ({"nodes__site__delegate": True}, "nodes.site.delegate: the root's budget has no parent to be leased from"),
+    ({"nodes__a__delegate": "yes"}, "nodes.a.delegate: Input should be a valid boolean, got 'yes'"),
     ({"sim": {"feed_lost": "site"}}, "sim.feed_lost: 'site' is no side of a feed pair (feeds: a, b)"),
     ({"sim": {"scenarios": {"h9": "bursty"}}}, "sim.scenarios.h9: no host 'h9'"),
 ])
@@ -89,6 +91,16 @@ def test_a_bad_tree_is_refused_with_a_line_naming_the_node_and_the_field(overrid
     with pytest.raises(ValueError) as err:
         tree_from_dict(data)
     assert any(got.startswith(line) for got in str(err.value).splitlines()), str(err.value)
+
+
+def test_delegate_marks_a_node_and_survives_the_store():
+    from powerbudgetd.channels.circuit.store import tree_doc, tree_from_doc
+
+    tree, _ = tree_from_dict(_tree(nodes__a__delegate=True))
+    assert tree.nodes["a"].delegate and not tree.nodes["b"].delegate
+    stored = tree_from_doc(tree_doc(tree), {})
+    assert stored.nodes["a"].delegate and not stored.nodes["b"].delegate
+    assert "delegate" not in tree_doc(tree)["nodes"]["b"]  # a tree without delegation is stored as before
 
 
 def test_each_problem_is_its_own_line_and_the_file_is_named(tmp_path):

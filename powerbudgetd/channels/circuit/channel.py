@@ -55,6 +55,7 @@ from powerbudgetd.channels.circuit.store import (
     Tls,
     stored_fields,
 )
+from powerbudgetd.channels.circuit import leases
 from powerbudgetd.core.arbiter import BudgetArbiter
 from powerbudgetd.core.circuit import Fence, GrantPolicy, HostPower, fenced_lease_ttl_s, raise_allowed
 from powerbudgetd.core.nodemeter import MeterReport, Sample, report_of, stale_after_s
@@ -186,6 +187,8 @@ class CircuitChannel:
         self.had_seat = False  # seated once: a seat lost with no room again sends the cards to their floors
         self.hold_w: float | None = None  # unseated: what the cards are held at (wall W) instead of the reserve
         self.raises_after = float("-inf")  # no raise before (lease clock): a circuit just (re-)created
+        self._leases_at = float("-inf")  # the last periodic resize of the leases of watts above us (clock s)
+        self._lease_asked_at = float("-inf")  # the last time a lease held a raise back and we asked for more
         self.lease_id: int | None = None
         self.ttl_s: int | None = None
         self.valid_until = float("-inf")
@@ -400,6 +403,37 @@ class CircuitChannel:
         await self._publish_meters(read)
         await self._move_grant(read)
         self._offer()
+        await self._resize_leases(read)
+
+    def _lease_room_w(self, read: Read) -> float:
+        """The largest grant (W) the leases of watts of the delegated nodes above this host
+        leave it (``core.delegation``; inf where none is in force)."""
+        charges = read.charges()
+        if charges is None or self.host not in charges.tree.hosts:
+            return math.inf
+        seat = read.view.seats.get(self.host, 0.0) + read.view.pending.get(self.host, 0.0)
+        return charges.room_for_w(self.host, read.held_w()) - seat
+
+    async def _resize_leases(self, read: Read) -> None:
+        """The leases of watts above this host: resized every ``leases.REBALANCE_S`` where
+        this host is a node's first, and grown at once (at most every ``leases.ASK_S``)
+        where one holds this host's raise back (``channels.circuit.leases``)."""
+        tree = read.view.tree
+        if tree is None or not self.grants_ok or not leases.delegated_above(tree, self.host):
+            return
+        now = self.clock()
+        periodic = now - self._leases_at >= leases.REBALANCE_S
+        held_back = self._lease_room_w(read) < read.view.fair_w(self.host) - self.cfg.step_w
+        if not periodic and not (held_back and now - self._lease_asked_at >= leases.ASK_S):
+            return
+        if periodic:
+            self._leases_at = now
+        else:
+            self._lease_asked_at = now
+        sent, failed, changed = await leases.resize(self.store, read, self.host, wants_w=read.view.wants,
+                                                    margin_w=None, step_w=self.cfg.step_w, periodic=periodic)
+        if changed:
+            log.info("circuit_lease_resized", host=self.host, circuit=self.store.name, tries=sent, failed=failed)
 
     async def _follow_ups_feed(self, read: Read) -> bool:
         """Mark the feed our UPS carries lost while it is on battery; lift the mark once
@@ -763,6 +797,7 @@ class CircuitChannel:
         target = self.policy.target_w(read.view, self.host, self.held_w, now) if allowed else 0.0
         if now < self.raises_after:
             target = min(target, self.held_w)  # keep (or lower) the grant; raise nothing
+        target = min(target, max(self.held_w, self._lease_room_w(read)))  # within the leases of watts above
         if target > self.held_w and self.in_use_w == self.held_w:  # no lowering under way
             # No raise at all while another live host waits for a seat (raise_allowed
             # leaves room for its reserve; the policy's share did not count it).

@@ -21,6 +21,10 @@ Keys, under ``<prefix>/<circuit>/``::
                                                under the host's lease: its reading of the meter
                                                the tree names for a node above it
                                                (``core.nodemeter``): one key per host, never shared
+    delegations/<node> {"watts_w", "by"}       persistent: the lease of watts a node marked
+                                               ``delegate`` holds from its parent
+                                               (``core.delegation``); written by a host under
+                                               it, removed only by ``circuit init``
 
 Every key but the spec, the tree, seats and the operator's ``down/`` marks is written
 under its writer's lease, so it ends with its writer. One found without a lease (written
@@ -43,6 +47,12 @@ compare. Lowering a grant is a plain put or delete. Hence at every revision
 caller checks each node on the host's paths, ``core.circuit``; the tree's key is
 compared too), so two hosts under different branches raising at once cannot overfill
 their shared parent: one transaction fails and reads again.
+
+With delegations stored, every check is ``core.delegation``'s (each node's charge within
+its bound), and a raise under a delegated node compares only its zone: its neighbours'
+seats, grants and claims (no newer than the read) and the delegation records it depends
+on (at exactly the mod revision read), so raises under different delegated nodes never
+conflict. A delegation is changed only by a transaction comparing the whole circuit.
 
 Several endpoints: each call goes to the current one; a call that fails or takes
 longer than ``timeout_s`` raises :class:`StoreUnavailable` and the next call goes to
@@ -69,6 +79,7 @@ import grpc
 from powerbudgetd.channels.circuit import records
 from powerbudgetd.core.circuit import CircuitView
 from powerbudgetd.core.nodemeter import MeterReport, NodeMeter, check_source, node_meters, unmanaged_by_node
+from powerbudgetd.core.delegation import Charges, active, delegation_fits, raise_compares
 from powerbudgetd.core.tree import KINDS, MODES, Host, Node, Pair, PowerTree
 
 T = TypeVar("T")
@@ -169,6 +180,25 @@ class Read:
     unleased: dict[str, int] = field(default_factory=dict)  # keys left out for want of a lease: mod revision
     free_claims: dict[str, int] = field(default_factory=dict)  # hosts whose claim has no lease: its mod revision
     meters: dict[str, NodeMeter] = field(default_factory=dict)  # each metered node's figures (core.nodemeter)
+    delegations: dict[str, float] = field(default_factory=dict)  # each node's lease of watts (W)
+    delegation_mods: dict[str, int] = field(default_factory=dict)  # each delegation record's mod revision
+
+    _memo: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)  # what one read computes once
+
+    def charges(self) -> Charges | None:
+        """The tree's charges under the delegations read (``core.delegation``), None off a
+        tree, on one that could not be read, or with no delegation in force (computed
+        once per read)."""
+        if "charges" not in self._memo:
+            tree = self.view.tree
+            live = {} if tree is None or self.view.tree_bad else active(tree, self.delegations)
+            self._memo["charges"] = Charges(tree, live, self.view.lost) if tree is not None and live else None
+        return self._memo["charges"]
+
+    def held_w(self) -> dict[str, float]:
+        """Each host's seat (or pending reserve) plus grant, and each live unseated host's
+        claimed reserve (W): what a check counts."""
+        return self.view.carried_by_host_w()
 
 
 @dataclass(frozen=True)
@@ -225,7 +255,8 @@ def tree_doc(tree: PowerTree) -> dict[str, Any]:
     """The power tree as the ``tree`` key stores it (reserves are the seats: not kept)."""
     return {
         "nodes": {n.name: {"budget_w": n.rated_w, "parent": n.parent, "kind": n.kind,
-                           **({} if n.meter is None else {"meter": n.meter})} for n in tree.nodes.values()},
+                           **({} if n.meter is None else {"meter": n.meter}),
+                           **({"delegate": True} if n.delegate else {})} for n in tree.nodes.values()},
         "hosts": {h.name: {"cords": dict(h.cords), "priority": h.priority} for h in tree.hosts.values()},
         "pairs": [{"feeds": sorted(p.feeds), "mode": p.mode, "shed_s": p.shed_s} for p in tree.pairs.values()],
     }
@@ -244,14 +275,16 @@ def tree_from_doc(doc: dict[str, Any], seats: dict[str, float]) -> PowerTree:
         parent = n.get("parent")
         kind = n.get("kind", "circuit")
         meter = n.get("meter")
-        if parent is not None and not isinstance(parent, str) or kind not in KINDS:
-            raise records.BadRecord(f"nodes.{name}: parent must be a node's name, kind one of {', '.join(KINDS)}")
+        delegate = n.get("delegate", False)
+        if parent is not None and not isinstance(parent, str) or kind not in KINDS or not isinstance(delegate, bool):
+            raise records.BadRecord(f"nodes.{name}: parent must be a node's name, kind one of {', '.join(KINDS)}, "
+                                    "delegate true or false")
         if meter is not None:
             try:
                 check_source(meter if isinstance(meter, str) else "")
             except ValueError as exc:
                 raise records.BadRecord(f"nodes.{name}: {exc}") from None
-        out_nodes[name] = Node(name, records.watts(n, "budget_w") or 0.0, parent, kind, meter)
+        out_nodes[name] = Node(name, records.watts(n, "budget_w") or 0.0, parent, kind, meter, delegate=delegate)
     out_hosts: dict[str, Host] = {}
     for name, h in hosts.items():
         cords, priority = (h.get("cords"), h.get("priority", 0)) if isinstance(h, dict) else (None, None)
@@ -346,6 +379,7 @@ class CircuitStore:
         self.marks = base + b"marks/"
         self.meters = base + b"meters/"
         self.wall_clock = wall_clock  # a meter report's age: hosts on one circuit keep NTP time
+        self.delegations = base + b"delegations/"
         self.calls = 0  # etcd requests sent (for the load test's ops/s)
         self._tree_seen: tuple[bytes, PowerTree | str] | None = None  # the tree value last parsed, and what it gave
 
@@ -452,6 +486,8 @@ class CircuitStore:
         unleased: dict[str, int] = {}
         free_claims: dict[str, int] = {}
         reports: list[tuple[bytes, MeterReport]] = []
+        delegations: dict[str, float] = {}
+        delegation_mods: dict[str, int] = {}
 
         def name(key: bytes) -> str:
             return key.decode(errors="replace")
@@ -478,6 +514,13 @@ class CircuitStore:
                 try:
                     reports.append((key, _meter_report(key[len(self.meters):].decode(errors="replace"),
                                                        records.parse(value))))
+                except records.BadRecord as exc:
+                    bad[name(key)] = str(exc)
+            elif key.startswith(self.delegations):
+                node = key[len(self.delegations):].decode(errors="replace")
+                delegation_mods[node] = mod  # compared even when unreadable (left out: safe)
+                try:
+                    delegations[node] = records.watts(records.parse(value), "watts_w") or 0.0
                 except records.BadRecord as exc:
                     bad[name(key)] = str(exc)
             elif key.startswith(self.marks):
@@ -562,7 +605,7 @@ class CircuitStore:
                            lost=None if down_bad else lost,
                            unseated={h: c.reserve_w for h, c in claims.items() if h not in seats})
         return Read(spec, view, revision, spec_mod, leases, spec_created, claims, recs, bad, tree_mod, marked,
-                    host_marks, unleased, free_claims, meters)
+                    host_marks, unleased, free_claims, meters, delegations, delegation_mods)
 
     def _node_meters(self, tree: PowerTree, reports: list[tuple[bytes, MeterReport]], recs: dict[str, HostRecord],
                      lost: str | None, bad: dict[str, str]) -> dict[str, NodeMeter]:
@@ -600,7 +643,9 @@ class CircuitStore:
             t = c.transactions
             tree_op = t.delete(self.tree_key) if tree is None else \
                 t.put(self.tree_key, json.dumps(tree_doc(tree), sort_keys=True, allow_nan=False).encode())
-            return [t.put(self.spec_key, body), tree_op]
+            # Leases of watts were sized against the old budgets: every one is removed
+            # (each host's raise read before fails on the spec's revision).
+            return [t.put(self.spec_key, body), tree_op, t.delete(self.delegations, _range_end(self.delegations))]
 
         if not force:
             if (await self.read()).view.unseated_w > budget_w:
@@ -698,7 +743,21 @@ class CircuitStore:
         # reserve the read did not see. A feed marked lost since: less may flow.
         return [t.mod(self.spec_key) == read.spec_mod, t.mod(self.tree_key) == read.tree_mod] + [
             t.mod(kind, _range_end(kind)) < read.revision + 1
-            for kind in (self.seats, self.grants, self.claims, self.down, self.marks)]
+            for kind in (self.seats, self.grants, self.claims, self.down, self.marks, self.delegations)]
+
+    def _zone_unchanged(self, c: _Client, read: Read, host: str) -> list[Any]:
+        """The compares of a raise of ``host``: its zone's (``core.delegation``) where a
+        delegation cuts it off from the root, else the whole circuit's."""
+        charges = read.charges()
+        plan = None if charges is None or host not in charges.tree.hosts else raise_compares(charges, host)
+        if plan is None or plan.whole:
+            return self._unchanged(c, read)
+        t = c.transactions
+        return [t.mod(self.spec_key) == read.spec_mod, t.mod(self.tree_key) == read.tree_mod] + [
+            t.mod(kind, _range_end(kind)) < read.revision + 1 for kind in (self.down, self.marks)] + [
+            t.mod(self.key(kind, h)) < read.revision + 1
+            for h in sorted(plan.hosts) for kind in (self.seats, self.grants, self.claims)] + [
+            t.mod(self.key(self.delegations, m)) == read.delegation_mods.get(m, 0) for m in sorted(plan.delegations)]
 
     async def register_seat(self, read: Read, host: str, reserve_w: float, *, grant_w: float = 0.0,
                             lease_id: int | None = None) -> bool:
@@ -710,7 +769,7 @@ class CircuitStore:
         if grant_w > 0 and lease_id is None:
             raise ValueError("a grant written with a seat needs the host's lease")
         grant_after = max(0.0, grant_w) if lease_id is not None else read.view.grants.get(host, 0.0)
-        if not read.view.seat_fits(reserve_w + grant_after, host):
+        if not read.view.seat_fits(reserve_w + grant_after, host) or not _fits_delegations(read, host, reserve_w + grant_after):
             return False
 
         def txn(c: Any) -> Any:
@@ -732,9 +791,30 @@ class CircuitStore:
         """Set ``host``'s grant to ``grant_w`` under ``lease_id`` if nothing changed since
         ``read`` (False: read again). The caller has checked it fits ``read``."""
         key = self.key(self.grants, host)
+        seat = read.view.seats.get(host, 0.0) + read.view.pending.get(host, 0.0)
+        if not _fits_delegations(read, host, seat + grant_w):  # within the leases of watts too
+            return False
         ok, _ = await self._call(lambda c: c.transaction(
-            compare=self._unchanged(c, read),
+            compare=self._zone_unchanged(c, read, host),
             success=[c.transactions.put(key, records.dumps(grant_w=grant_w), lease=lease_id)], failure=[]))
+        return bool(ok)
+
+    async def put_delegation(self, read: Read, node: str, watts_w: float, by: str) -> bool:
+        """Set ``node``'s lease of watts to ``watts_w`` (W) if it keeps every node of
+        ``read`` within its bound (``core.delegation.delegation_fits``: the parent's sum
+        checked, and the subtree's own charge under the new figure) and nothing in the
+        circuit changed since (False otherwise: read again). ``by``: the writer, shown
+        by ``circuit status``. Persistent: the watts stay leased until a host under the
+        node (or ``circuit init``) changes them."""
+        tree = read.view.tree
+        if tree is None or read.view.tree_bad or not delegation_fits(
+                tree, read.held_w(), read.delegations, node, watts_w, read.view.lost):
+            return False
+        key = self.key(self.delegations, node)
+        body = records.dumps(watts_w=watts_w, by=by)
+        ok, _ = await self._call(lambda c: c.transaction(
+            compare=[*self._unchanged(c, read), c.transactions.mod(key) == read.delegation_mods.get(node, 0)],
+            success=[c.transactions.put(key, body)], failure=[]))
         return bool(ok)
 
     async def lower_grant(self, host: str, grant_w: float, lease_id: int) -> None:
@@ -838,6 +918,17 @@ class CircuitStore:
 
     async def revoke(self, lease_id: int) -> None:
         await self._call(lambda c: c.revoke_lease(lease_id))
+
+
+def _fits_delegations(read: Read, host: str, total_w: float) -> bool:
+    """Whether ``host`` holding ``total_w`` (W, seat + grant) keeps every node's charge
+    within its bound under the delegations of ``read`` (True when none is in force)."""
+    charges = read.charges()
+    if charges is None:
+        return True
+    if host not in charges.tree.hosts:
+        return False
+    return total_w <= charges.room_for_w(host, read.held_w()) + 1e-9
 
 
 def _lease_not_found(exc: BaseException) -> bool:

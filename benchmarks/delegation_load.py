@@ -1,0 +1,366 @@
+"""Load test: in-process hosts on a four-level power tree, before and after delegation.
+
+A site over feeds A and B (UPSes), each over ``--panels`` panels, each panel over PDUs:
+one PDU A and one PDU B per rack of ``--rack-size`` hosts, every host corded half to
+each (a redundant pair). Three etcd members on loopback (``circuit_load.start_etcd``).
+
+- ``before``: ``circuit_load.Client`` as the daemon does today: every ``--poll-s`` it
+  reads the circuit, takes the grant policy's target and raises by a transaction that
+  compares the whole circuit (any two raises conflict).
+- ``after``: every PDU is ``delegate = true``. A host wakes on an etcd watch event that
+  touches its zone (``core.delegation``: its rack's hosts and its PDUs' leases, or the
+  spec, tree or feed marks), on its own want changing, and for its lease keepalive; it
+  raises to its want within what its PDUs' leases leave (a transaction on its zone's
+  keys only). A host whose raise is held by a lease asks for a larger one
+  (``store.put_delegation``: a transaction over the whole circuit that checks the
+  parent's sum), and the first host of each PDU resizes its lease to its hosts' seats
+  and wants every ``--rebalance-s``. One watch serves the process (a host would watch
+  its zone's keys; the wake-up it gets is the same).
+
+Both: each client's want redrawn every ``--churn`` s on average; the etcd leader killed
+halfway, feed A marked lost at ``--feed-down-at`` of the run. Reported: raise
+transactions, conflict rate, time to grant (a want rising above the grant to the next
+raise) p50/p99, etcd requests/s, the audit of every revision (every node's committed
+load, failover counted, within budget: ``circuit_load._audit_until``) and the modelled
+draw sampled every 100 ms through where it flows, and the benchmark's own CPU time.
+
+    python benchmarks/delegation_load.py --clients 200 --duration 60
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import resource
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from circuit_load import Client, _at, _audit_until, _draw_until, leader_index, start_etcd  # noqa: E402
+
+from powerbudgetd.channels.circuit import leases  # noqa: E402
+from powerbudgetd.channels.circuit.store import CircuitStore, LeaseGone, Read, StoreUnavailable  # noqa: E402
+from powerbudgetd.core.tree import Host, Node, PowerTree  # noqa: E402
+
+
+def hall_tree(args: argparse.Namespace, delegate: bool) -> PowerTree:
+    """site -> feed-a/feed-b -> panels -> a PDU A and B per rack (``delegate`` marks the PDUs).
+    Each PDU carries its rack's seats plus its share of the pool; each feed its seats
+    plus half the pool (the feeds are contested); the site both feeds (not binding: a
+    host under two delegated PDUs counts on both where their paths meet)."""
+    racks = -(-args.clients // args.rack_size)
+    seats_w = args.clients * args.reserve_w
+    feed_w = seats_w + args.pool_w / 2
+    nodes = {"site": Node("site", 2 * feed_w, None, "site")}
+    hosts: dict[str, Host] = {}
+    for side in ("a", "b"):
+        nodes[f"feed-{side}"] = Node(f"feed-{side}", feed_w, "site", "ups")
+        for p in range(args.panels):
+            nodes[f"p{p}-{side}"] = Node(f"p{p}-{side}", feed_w, f"feed-{side}", "panel")
+    for r in range(racks):
+        members = [i for i in range(args.clients) if i // args.rack_size == r]
+        rack_w = len(members) * (args.reserve_w + args.max_want * 0.6)
+        for side in ("a", "b"):
+            nodes[f"r{r}-{side}"] = Node(f"r{r}-{side}", rack_w, f"p{r % args.panels}-{side}", "pdu", delegate=delegate)
+        for i in members:
+            hosts[f"c{i:03d}"] = Host(f"c{i:03d}", {f"r{r}-a": 0.5, f"r{r}-b": 0.5}, args.reserve_w)
+    return PowerTree(nodes, hosts).with_mode("redundant")
+
+
+class DelegClient(Client):
+    """A host under delegated PDUs, woken by the watch (see the module docstring)."""
+
+    def __init__(self, i: int, eps: list[str], name: str, args: argparse.Namespace, rng: random.Random,
+                 tree: PowerTree) -> None:
+        super().__init__(i, eps, name, args, rng)
+        self.tree = tree
+        self.pdus = sorted(tree.hosts[self.host].cords)
+        self.wake = asyncio.Event()
+        self.zone_hosts: frozenset[str] = frozenset(h for h in tree.hosts if set(tree.hosts[h].cords) & set(self.pdus))
+        self.asked_at = 0.0
+        self.rebalanced_at = 0.0
+        self.lease_writes = self.lease_conflicts = self.rounds = 0
+        self.retry_at = float("inf")
+        self.staggered = False
+
+    async def run(self, lease: int, ttl_s: int, until: float) -> None:
+        last_ka = time.monotonic()
+        next_churn = time.monotonic()
+        while time.monotonic() < until:
+            now = time.monotonic()
+            try:
+                if now - last_ka >= ttl_s / 6:
+                    await self.store.keepalive(lease)
+                    self.valid_until = self.fence.valid_until(now, ttl_s)
+                    last_ka = now
+                if now >= next_churn:
+                    self.want_w = round(self.rng.uniform(0, self.args.max_want), 0)
+                    await self.store.put_want(self.host, self.want_w, lease)
+                    if self.want_w > self.grant_w and self.want_rose_at is None:
+                        self.want_rose_at = now
+                    next_churn = now + self.rng.expovariate(1 / self.args.churn)
+                    self.wake.set()
+                if self.wake.is_set() or now >= self.retry_at or now - self.rebalanced_at >= self.args.rebalance_s:
+                    if self.wake.is_set():  # woken by the watch: a few ms for the events of one change to arrive
+                        await asyncio.sleep(self.rng.uniform(0.0, 0.03))
+                    self.wake.clear()
+                    self.retry_at = float("inf")
+                    await self._round(lease)
+            except LeaseGone:
+                self.grant_w = self.in_use_w = 0.0
+                lease = await self.seat(ttl_s)
+                last_ka = time.monotonic()
+            except StoreUnavailable as exc:
+                print(f"{self.host}: {exc}", file=sys.stderr)
+                await asyncio.sleep(0.1)
+            # Sleep until woken, the next keepalive, want change or rebalance, whichever first.
+            deadline = min(last_ka + ttl_s / 6, next_churn, self.rebalanced_at + self.args.rebalance_s, self.retry_at,
+                           until)
+            try:
+                await asyncio.wait_for(self.wake.wait(), max(0.0, deadline - time.monotonic()))
+            except TimeoutError:
+                pass
+        try:
+            await self.store.revoke(lease)
+        except (StoreUnavailable, LeaseGone):
+            pass
+        await self.store.close()
+
+    async def _round(self, lease: int) -> None:
+        self.rounds += 1
+        now = time.monotonic()
+        read = await self.store.read()
+        held = read.view.grants.get(self.host, 0.0)
+        if held < self.grant_w:
+            self.grant_w, self.in_use_w = held, min(self.in_use_w, held)
+        if now - self.rebalanced_at >= self.args.rebalance_s:
+            self.rebalanced_at = now
+            await self._rebalance(read, first_only=True)
+            read = await self.store.read()
+        charges = read.charges()
+        seat = read.view.seats.get(self.host, 0.0)
+        room = (charges.room_for_w(self.host, read.held_w()) if charges is not None
+                else self.tree.room_for_w(self.host, read.held_w())) - seat
+        want = self.want_w if now < self.valid_until else 0.0
+        conflicted = False
+        # Raises in one zone are staggered by how much each host lacks (as read), most first:
+        # two from one revision would conflict (they compare each other's grant).
+        lacking = sorted((-(r.want_w - read.view.grants.get(h, 0.0)), h) for h, r in read.records.items()
+                         if h in self.zone_hosts and r.want_w > read.view.grants.get(h, 0.0) + self.args.step_w)
+        rank = next((i for i, (_, h) in enumerate(lacking) if h == self.host), 0)
+        if rank and not self.staggered:
+            self.staggered = True
+            self.retry_at = now + 0.04 * rank
+            return
+        self.staggered = False
+        target = min(want, max(0.0, room))
+        if target > self.grant_w + self.args.step_w:
+            self.raises += 1
+            if await self.store.raise_grant(read, self.host, target, lease):
+                self.grant_w = target
+                if time.monotonic() < self.valid_until:
+                    self.in_use_w = target
+                if self.want_rose_at is not None:
+                    self.time_to_grant.append(time.monotonic() - self.want_rose_at)
+                    self.want_rose_at = None
+            else:
+                self.conflicts += 1
+                conflicted = True
+                self.retry_at = time.monotonic() + self.rng.uniform(0.02, 0.15)  # another in the zone won: back off
+        elif want < self.grant_w:
+            self.in_use_w = min(self.in_use_w, want)  # the cards first, then etcd
+            await self.store.lower_grant(self.host, want, lease)
+            self.grant_w = want
+        if not conflicted and room < want - self.args.step_w and now - self.asked_at >= 0.5:  # held by a lease: ask
+            self.asked_at = now
+            if await self._rebalance(read, first_only=False):
+                self.wake.set()
+        if self.want_w <= self.grant_w:
+            self.want_rose_at = None
+
+    async def _rebalance(self, read: Read, *, first_only: bool) -> bool:
+        """The daemon's lease resizing (``channels.circuit.leases.resize``). True when a
+        lease changed."""
+        sent, failed, changed = await leases.resize(self.store, read, self.host, wants_w=read.view.wants,
+                                                    margin_w=self.args.lease_margin_w, step_w=self.args.step_w,
+                                                    periodic=first_only)
+        self.lease_writes += sent
+        self.lease_conflicts += failed
+        return changed
+
+
+async def _watch(eps: list[str], store: CircuitStore, clients: list[DelegClient], until: float) -> None:
+    """One watch on the circuit: each event wakes the clients whose zone it touches."""
+    import aetcd
+
+    by_host: dict[str, list[DelegClient]] = {}
+    by_pdu: dict[str, list[DelegClient]] = {}
+    for c in clients:
+        for h in c.zone_hosts:
+            by_host.setdefault(h, []).append(c)
+        for p in c.pdus:
+            by_pdu.setdefault(p, []).append(c)
+    kinds = (store.seats, store.grants, store.claims)
+    while time.monotonic() < until:
+        for ep in eps:
+            host, port = ep.rsplit(":", 1)
+            try:
+                async with aetcd.Client(host, int(port)) as client:
+                    watch = await client.watch_prefix(store.base)
+                    async for ev in watch:
+                        key = bytes(ev.kv.key)
+                        kind = next((k for k in kinds if key.startswith(k)), None)
+                        if kind is not None:
+                            woken = by_host.get(key[len(kind):].decode(), [])
+                        elif key.startswith(store.delegations):
+                            woken = by_pdu.get(key[len(store.delegations):].decode(), [])
+                        elif key.startswith(store.wants):
+                            woken = []  # a want moves no room: the host itself acts on its own
+                        else:
+                            woken = clients  # spec, tree, feed marks
+                        for c in woken:
+                            c.wake.set()
+                        if time.monotonic() >= until:
+                            return
+            except Exception as exc:  # noqa: BLE001 - a killed member: the next one
+                print(f"watch {ep}: {type(exc).__name__}", file=sys.stderr)
+                await asyncio.sleep(0.1)
+
+
+async def run_mode(args: argparse.Namespace, eps: list[str], procs: list, delegate: bool) -> dict:
+    name = "after" if delegate else "before"
+    tree = hall_tree(args, delegate)
+    admin = CircuitStore(eps, name)
+    assert await admin.init(tree.nodes["site"].budget_w, args.ttl, tree=tree)
+    start_rev = (await admin.read()).revision
+    rng = random.Random(args.seed)
+    if delegate:
+        clients: list[Client] = [DelegClient(i, eps, name, args, random.Random(rng.random()), tree)
+                                 for i in range(args.clients)]
+    else:
+        clients = [Client(i, eps, name, args, random.Random(rng.random())) for i in range(args.clients)]
+    leases = []
+    for c in clients:  # one at a time: every seat's join compares the whole circuit
+        leases.append(await c.seat(args.ttl))
+    if delegate:  # the leases, as a earlier run leaves them (persistent): each PDU's first host takes one
+        for c in clients:
+            assert isinstance(c, DelegClient)
+            await c._rebalance(await c.store.read(), first_only=True)
+            c.rebalanced_at = time.monotonic()
+    cpu0 = resource.getrusage(resource.RUSAGE_SELF)
+    calls0 = sum(c.store.calls for c in clients)
+    t0 = time.monotonic()
+    until = t0 + args.duration
+    lost: dict[str, float] = {}
+
+    async def feed_down() -> int | None:
+        for _ in range(20):
+            try:
+                await admin.feed_down("feed-a", "benchmark")
+                break
+            except StoreUnavailable:
+                await asyncio.sleep(0.1)
+        lost["feed-a"] = time.monotonic()
+        return 0
+
+    async def kill_leader() -> int | None:
+        i = leader_index(eps)
+        if i is not None:
+            procs[i].kill()
+            print(f"{name}: leader {eps[i]} killed", file=sys.stderr)
+        return i
+
+    draw_task = asyncio.create_task(_draw_until(clients, tree.nodes["site"].budget_w, until, tree, lost))
+    leader_task = asyncio.create_task(_at(t0 + args.duration / 2, kill_leader))
+    down_task = asyncio.create_task(_at(t0 + args.duration * args.feed_down_at, feed_down))
+    watch_task = asyncio.create_task(_watch(eps, admin, clients, until)) if delegate else None  # type: ignore[arg-type]
+    await asyncio.gather(*(c.run(lease, args.ttl, until) for c, lease in zip(clients, leases, strict=True)))
+    elapsed = time.monotonic() - t0
+    cpu1 = resource.getrusage(resource.RUSAGE_SELF)
+    calls = sum(c.store.calls for c in clients) - calls0
+    draw = await draw_task
+    killed = await leader_task
+    await down_task
+    if watch_task is not None:
+        watch_task.cancel()
+    stop = asyncio.Event()
+    stop.set()
+    audit = await _audit_until([e for i, e in enumerate(eps) if i != killed], name,
+                               tree.nodes["site"].budget_w, start_rev, stop, tree)
+    final = await CircuitStore([e for i, e in enumerate(eps) if i != killed], name).read()
+    charges = final.charges()
+    await admin.close()
+    ttg = sorted(t for c in clients for t in c.time_to_grant)
+    raises = sum(c.raises for c in clients)
+    conflicts = sum(c.conflicts for c in clients)
+    cpu_s = (cpu1.ru_utime - cpu0.ru_utime) + (cpu1.ru_stime - cpu0.ru_stime)
+    return {
+        "mode": name, "clients": args.clients, "nodes": len(tree.nodes), "duration_s": round(elapsed, 1),
+        "raise_txns": raises, "conflict_rate": round(conflicts / raises, 3) if raises else None,
+        "grants_per_s": round((raises - conflicts) / elapsed, 1),
+        "time_to_grant_p50_s": round(statistics.median(ttg), 3) if ttg else None,
+        "time_to_grant_p99_s": round(ttg[min(len(ttg) - 1, int(0.99 * len(ttg)))], 3) if ttg else None,
+        "grants_timed": len(ttg), "etcd_ops_per_s": round(calls / elapsed, 1),
+        "bench_cpu_pct": round(100 * cpu_s / elapsed, 1),
+        "lease_writes": sum(getattr(c, "lease_writes", 0) for c in clients),
+        "lease_conflicts": sum(getattr(c, "lease_conflicts", 0) for c in clients),
+        "leases_in_force": len(final.delegations),
+        "charges_within_bounds_at_end": None if charges is None else not charges.over_w(final.held_w()),
+        "leader_killed": killed, "feed_lost_at_s": round(lost["feed-a"] - t0, 1) if lost else None,
+        "audit": audit, "draw": draw,
+    }
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--clients", type=int, default=200)
+    p.add_argument("--duration", type=float, default=60.0, help="wall seconds of each mode's run")
+    p.add_argument("--modes", nargs="+", choices=("before", "after"), default=["before", "after"])
+    p.add_argument("--rack-size", type=int, default=10)
+    p.add_argument("--panels", type=int, default=2, help="panels per feed")
+    p.add_argument("--reserve-w", type=float, default=500.0)
+    p.add_argument("--pool-w", type=float, default=60_000.0, help="each feed's budget above the seats, x2 (W)")
+    p.add_argument("--max-want", type=float, default=800.0)
+    p.add_argument("--churn", type=float, default=10.0, help="mean seconds between a client's want changes")
+    p.add_argument("--poll-s", type=float, default=0.2, help="before: the daemon's round")
+    p.add_argument("--rebalance-s", type=float, default=5.0, help="after: each PDU's lease resized this often")
+    p.add_argument("--lease-margin-w", type=float, default=1500.0, help="after: a lease's room above its wants")
+    p.add_argument("--step-w", type=float, default=20.0)
+    p.add_argument("--release-hold-s", type=float, default=2.0)
+    p.add_argument("--ttl", type=int, default=10)
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--feed-down-at", type=float, default=0.66)
+    args = p.parse_args()
+    # circuit_load.Client's knobs this benchmark does not exercise: no pauses or leaves.
+    args.event_every_s, args.watchdog_s, args.fallback_s = 1e9, 1.5, 2.0
+    args.no_grace = args.unsafe = False
+    results = []
+    for mode in args.modes:
+        with tempfile.TemporaryDirectory() as tmp:
+            procs, eps = start_etcd(Path(tmp), 3)
+            try:
+                results.append(asyncio.run(run_mode(args, eps, procs, mode == "after")))
+            finally:
+                for proc in procs:
+                    proc.terminate()
+                    proc.wait()
+    print(json.dumps(results, indent=2))
+    keys = ["raise_txns", "conflict_rate", "time_to_grant_p50_s", "time_to_grant_p99_s", "grants_timed",
+            "etcd_ops_per_s", "bench_cpu_pct", "lease_writes", "lease_conflicts", "leases_in_force"]
+    print(f"{'':<22}" + "".join(f"{r['mode']:>12}" for r in results))
+    for k in keys:
+        print(f"{k:<22}" + "".join(f"{r.get(k)!s:>12}" for r in results))
+    for r in results:
+        a, d = r["audit"], r["draw"]
+        print(f"{r['mode']}: audit {a['revisions_checked']} revisions, {a['violations']} over; draw {d['samples']} samples, "
+              f"{d['violations']} over outside the shed window (worst margin {d['worst_margin_w']} W)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,79 @@
+"""Who resizes a delegated node's lease of watts, and when (``core.delegation``).
+
+A node marked ``delegate`` holds a lease from its parent, stored persistently
+(``delegations/<node>``). It is written only by a host under it (its role allows no
+other: ``roles``), by ``CircuitStore.put_delegation``'s transaction over the whole
+circuit, which checks the parent's sum:
+
+- *periodic*: every ``rebalance_s`` the first live host under the node (the least name
+  among those with a record) resizes it to its hosts' seats and wants plus a margin, as
+  far as the ancestors spare (``core.delegation.proposed_w``), when that moves it by
+  half the margin or more: a lease shrinks to give watts back to its siblings;
+- *on demand*: a host whose raise is held by the lease (its room below its want) grows
+  it, at most every ``ask_s``;
+- a node without a lease: its first host takes one at once.
+
+The slower cadence keeps the whole-circuit transactions rare: the raises under a
+delegated node compare only its zone.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from powerbudgetd.channels.circuit.store import CircuitStore, Read
+from powerbudgetd.core.delegation import proposed_w
+from powerbudgetd.core.tree import PowerTree
+
+REBALANCE_S = 5.0  # the periodic resize (s): slower than a round, so whole-circuit transactions stay rare
+ASK_S = 0.5  # a host held back by a lease asks for more at most this often (s)
+MARGIN_FRACTION = 0.05  # a lease's room above its hosts' seats and wants: this much of the node's budget
+
+
+def delegated_above(tree: PowerTree, host: str) -> list[str]:
+    """The nodes marked ``delegate`` on ``host``'s cords' paths (none off the tree)."""
+    if host not in tree.hosts:
+        return []
+    return sorted({n for leaf in tree.hosts[host].cords for n in tree.path(leaf) if tree.nodes[n].delegate})
+
+
+def first_host(read: Read, tree: PowerTree, node: str) -> str | None:
+    """The least-named live host (a record under its lease) with a cord under ``node``;
+    before any record, the least-named seated one."""
+    under = [h for h in (read.records or read.view.seats)
+             if h in tree.hosts and any(node in tree.path(leaf) for leaf in tree.hosts[h].cords)]
+    return min(under, default=None)
+
+
+async def resize(store: CircuitStore, read: Read, host: str, *, wants_w: Mapping[str, float],
+                 margin_w: float | None, step_w: float, periodic: bool, tries: int = 3) -> tuple[int, int, bool]:
+    """Resize the leases of the delegated nodes above ``host`` (see the module docstring;
+    ``periodic``: only where ``host`` is the node's first host, else only growing;
+    ``margin_w`` None: :data:`MARGIN_FRACTION` of each node's budget; W).
+    Returns (transactions sent, of them failed, whether a lease changed). Raises
+    StoreUnavailable."""
+    tree = read.view.tree
+    sent = failed = 0
+    changed = False
+    if tree is None or read.view.tree_bad:
+        return sent, failed, changed
+    for node in delegated_above(tree, host):
+        if periodic and first_host(read, tree, node) != host:
+            continue
+        margin = tree.nodes[node].budget_w * MARGIN_FRACTION if margin_w is None else margin_w
+        for _ in range(tries if node in read.delegations else 3 * tries):
+            current = read.delegations.get(node)
+            target = proposed_w(tree, read.held_w(), wants_w, read.delegations, node, margin_w=margin,
+                                lost=read.view.lost)
+            if current is not None and (abs(target - current) < margin / 2 if periodic
+                                        else target <= current + step_w):
+                break
+            sent += 1
+            if await store.put_delegation(read, node, target, host):
+                changed = True
+                break
+            failed += 1
+            read = await store.read()
+    return sent, failed, changed
+
+

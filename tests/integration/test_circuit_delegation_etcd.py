@@ -1,0 +1,124 @@
+"""Delegated subtrees in a real etcd (``core.delegation``, ``store.put_delegation``): a
+node's lease of watts is written by a transaction over the whole circuit that checks the
+parent's sum; then raises under different delegated nodes compare disjoint keys and
+both land from one revision, while two raises under the same node still conflict.
+
+Tree: a 10 kW root over two 7 kW PDUs, A and B, both ``delegate = true``; hosts a1, a2
+under A and b1, b2 under B, 1 kW seats each.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from powerbudgetd.channels.circuit.store import CircuitStore
+from powerbudgetd.core.tree import Host, Node, PowerTree
+from support.circuit import EtcdCluster
+
+pytestmark = pytest.mark.slow  # real etcd members: the full run (CI) covers it
+
+HOSTS = ("a1", "a2", "b1", "b2")
+
+
+def _tree() -> PowerTree:
+    nodes = {"root": Node("root", 10_000, None, "panel"), "A": Node("A", 7_000, "root", "pdu", delegate=True),
+             "B": Node("B", 7_000, "root", "pdu", delegate=True)}
+    return PowerTree(nodes, {h: Host(h, {h[0].upper(): 1.0}, 1000.0) for h in HOSTS})
+
+
+async def _scenario(eps: list[str]) -> None:
+    stores = {h: CircuitStore(eps[i % len(eps):] + eps[:i % len(eps)], "row", timeout_s=5) for i, h in enumerate(HOSTS)}
+    try:
+        admin = stores["a1"]
+        assert await admin.init(10_000, 30, tree=_tree())
+        leases = {h: (await s.grant_lease(30))[0] for h, s in stores.items()}
+        for h, s in stores.items():
+            assert await s.register_seat(await s.read(), h, 1000.0)
+
+        # A's lease: what the root can spare is 10 kW - B's 2 kW of seats = 8 kW, but A's
+        # own budget is 7 kW; 7.5 kW is refused by the arithmetic, 5 kW taken.
+        read = await admin.read()
+        assert not await admin.put_delegation(read, "A", 7_500.0, "a1")
+        assert not await admin.put_delegation(read, "root", 5_000.0, "a1")  # not marked
+        assert await admin.put_delegation(read, "A", 5_000.0, "a1")
+        assert not await admin.put_delegation(read, "A", 4_000.0, "a1")  # from a stale read: fails its compare
+        read = await stores["b1"].read()
+        assert not await stores["b1"].put_delegation(read, "B", 5_001.0, "b1")  # the root: 5000 + 5001 > 10 kW
+        assert await stores["b1"].put_delegation(read, "B", 5_000.0, "b1")
+        read = await admin.read()
+        assert read.delegations == {"A": 5_000.0, "B": 5_000.0}
+
+        # One revision; a1 and b1 raise at once: disjoint keys, both land. a2's raise from
+        # the same revision fails its compare (a1's grant is in its zone).
+        reads = {h: await stores[h].read() for h in HOSTS}
+        assert len({r.revision for r in reads.values()}) == 1
+        a1, b1 = await asyncio.gather(stores["a1"].raise_grant(reads["a1"], "a1", 3_000.0, leases["a1"]),
+                                      stores["b1"].raise_grant(reads["b1"], "b1", 3_000.0, leases["b1"]))
+        assert a1 and b1
+        assert not await stores["a2"].raise_grant(reads["a2"], "a2", 1_000.0, leases["a2"])
+        # Read afresh, a2 may raise only within A's lease: 5 kW - 2 kW seats - 3 kW = 0.
+        fresh = await stores["a2"].read()
+        assert not await stores["a2"].raise_grant(fresh, "a2", 100.0, leases["a2"])
+        after = await admin.read()
+        assert after.view.holds() and after.view.grants == {"a1": 3_000.0, "b1": 3_000.0}
+        # A lease below what its subtree holds is refused; one above it is not.
+        assert not await admin.put_delegation(after, "A", 4_999.0, "a1")
+
+        # The raise path without delegation: both computed from one revision, the second
+        # fails (one key range for the whole tree).
+        assert await admin.init(10_000, 30, force=True, tree=_tree())
+        assert (await admin.read()).delegations == {}  # a new spec: every lease of watts removed
+        for h in ("a1", "b1"):
+            await stores[h].lower_grant(h, 0.0, leases[h])
+        reads = {h: await stores[h].read() for h in ("a1", "b1")}
+        landed = [await stores[h].raise_grant(reads[h], h, 1_000.0, leases[h]) for h in ("a1", "b1")]
+        assert landed == [True, False]
+    finally:
+        for s in stores.values():
+            await s.close()
+
+
+def test_raises_under_different_delegated_nodes_do_not_conflict(etcd3: EtcdCluster, tmp_path: Path) -> None:
+    asyncio.run(_scenario(etcd3.endpoints))
+
+
+def test_a_host_s_role_writes_the_leases_above_it_and_no_other(etcd1: EtcdCluster, tmp_path: Path) -> None:
+    """``circuit roles --tree``: a1 (under A) may write A's lease of watts, not B's."""
+    import subprocess
+
+    from powerbudgetd.channels.circuit.store import StoreRefused
+    from support.circuit import EXE
+    from test_circuit_least_privilege import PASSWORD, apply_roles
+
+    tree = tmp_path / "tree.toml"
+    tree.write_text("[nodes.root]\nbudget_w = 10000\n" + "".join(
+        f'[nodes.{n}]\nparent = "root"\nbudget_w = 7000\ndelegate = true\n' for n in "AB") +
+        '[hosts.h0]\ncords = { A = 1.0 }\nreserve_w = 1000\n[hosts.h1]\ncords = { B = 1.0 }\nreserve_w = 1000\n')
+    eps = etcd1.endpoints
+    roles = subprocess.run([EXE, "circuit", "roles", "--name", "lab", "--host", "h0", "--host", "h1", "--tree",
+                            str(tree)], capture_output=True, text=True, timeout=30)
+    assert roles.returncode == 0, roles.stderr
+    assert "powerbudgetd-lab-h0 readwrite /powerbudgetd/circuits/lab/delegations/A" in roles.stdout
+    assert "powerbudgetd-lab-h0 readwrite /powerbudgetd/circuits/lab/delegations/B" not in roles.stdout
+    apply_roles(eps, roles.stdout)
+    tree_obj = PowerTree({"root": Node("root", 10_000), "A": Node("A", 7_000, "root", delegate=True),
+                          "B": Node("B", 7_000, "root", delegate=True)},
+                         {"h0": Host("h0", {"A": 1.0}, 1000.0), "h1": Host("h1", {"B": 1.0}, 1000.0)})
+
+    async def go() -> None:
+        ops = CircuitStore(eps, "lab", timeout_s=5, username="ops", password=PASSWORD["ops"])
+        h0 = CircuitStore(eps, "lab", timeout_s=5, username="h0", password=PASSWORD["h0"])
+        try:
+            assert await ops.init(10_000, 30, tree=tree_obj)
+            assert await h0.put_delegation(await h0.read(), "A", 3_000.0, "h0")
+            with pytest.raises(StoreRefused):
+                await h0.put_delegation(await h0.read(), "B", 3_000.0, "h0")
+            assert (await h0.read()).delegations == {"A": 3_000.0}
+        finally:
+            await ops.close()
+            await h0.close()
+
+    asyncio.run(go())
