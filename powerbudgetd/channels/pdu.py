@@ -55,6 +55,23 @@ def _auth(cfg: PduConfig) -> Any:
     )
 
 
+# The SMI types the PDU MIBs give their figures in (INTEGER, Integer32, Unsigned32,
+# Gauge32). Anything else at those OIDs is not the object asked for: a DisplayString of
+# digits, a counter, TimeTicks would all turn into a number and be read as watts.
+INTEGER_TYPES = frozenset({"Integer", "Integer32", "Unsigned32", "Gauge32"})
+
+
+def snmp_integer(oid: str, value: Any) -> int:
+    """The integer an agent gave at ``oid``. Raises MeterError ``garbled`` for a value
+    of another SMI type (an OctetString, a Counter32/64, TimeTicks...), naming it."""
+    kind = value.__class__.__name__
+    if kind not in INTEGER_TYPES:
+        shown = value.prettyPrint()[:40] if hasattr(value, "prettyPrint") else repr(value)[:40]
+        raise MeterError("garbled", f"{oid}: a {kind} ({shown!r}), not an integer: the agent does not serve "
+                                    "that object as the PDU's MIB defines it (check vendor, pdu, inlet and outlets)")
+    return int(value)
+
+
 class SnmpPdu:
     """The PDU's SNMP agent: :meth:`read` is one poll's :class:`Figure`; raises
     MeterError ``timeout`` (no answer), ``auth_failed`` (a v3 user or key refused),
@@ -93,10 +110,7 @@ class SnmpPdu:
                 if value.__class__.__name__ in ("NoSuchInstance", "NoSuchObject", "EndOfMibView"):
                     values[oid] = None
                     continue
-                try:
-                    values[oid] = int(value)
-                except (TypeError, ValueError):
-                    raise MeterError("garbled", f"{oid}: not an integer: {value.prettyPrint()[:40]!r}") from None
+                values[oid] = snmp_integer(oid, value)
         try:
             return figure(cfg.vendor, cfg.pdu, cfg.inlet, cfg.outlets, values)
         except PduError as exc:
@@ -113,4 +127,4 @@ def pdu_channel(cfg: PduConfig, sink: BudgetSink, feed: Feed, *, registry: Colle
     return MeterChannel(SOURCE, cfg, cfg.where(), agent.read, sink, feed, registry=registry, clock=clock)
 
 
-__all__ = ["SOURCE", "SnmpPdu", "pdu_channel"]
+__all__ = ["INTEGER_TYPES", "SOURCE", "SnmpPdu", "pdu_channel", "snmp_integer"]

@@ -208,6 +208,7 @@ class UpsChannel:
         self._board: deque[tuple[float, float]] = deque(maxlen=256)  # (s, W)
         self._flags: frozenset[str] | None = None  # the last known flags: kept through silences and reconnects
         self._waiting = False
+        self._no_load = False  # the last fresh reading lacked the measured load's figures (said once a change)
         self._evidence: str | None = None
         self._unknown: frozenset[str] = frozenset()
         self._rejected: tuple[str, ...] = ()
@@ -328,6 +329,7 @@ class UpsChannel:
             return
         self._waiting = False
         self._note_values(reading)
+        self._note_measured_load(reading)
         self.metrics.reading(reading)
         self.guard.observe(reading, now, board_w=None, configured_w=self.configured_w)
         self._note_evidence()
@@ -406,6 +408,27 @@ class UpsChannel:
                 log.warning("ups_values_rejected", variables=list(r.rejected),
                             detail="non-numeric or out of bounds: ignored, the budget is not raised by them")
             self._rejected = r.rejected
+
+    def _note_measured_load(self, r: UpsReading) -> None:
+        """The measured load configured but the UPS gives no real power (``ups.realpower``,
+        or ``ups.load`` with ``ups.realpower.nominal``): the plug is then not held to its
+        limit on it, so say so once (and once when the figures come)."""
+        if self.guard.params.wall_limit_w is None or not r.flags:
+            return
+        missing = r.wall_w() is None
+        if missing == self._no_load:
+            return
+        self._no_load = missing
+        if missing:
+            log.warning("ups_measured_load_unavailable", ups=f"{self.cfg.name}@{self.cfg.host}:{self.cfg.port}",
+                        load_pct=r.load_pct, rejected=list(r.rejected),
+                        detail="the UPS gives no usable ups.realpower, nor ups.load with ups.realpower.nominal: "
+                               "the plug is not held to its limit on the UPS's measured load (the rest of the UPS "
+                               "rules apply). Set the driver's override.ups.realpower.nominal (ups.conf), or use "
+                               "another meter ([pdu], [mqtt.wall_meter])")
+        else:
+            log.info("ups_measured_load_available", ups=f"{self.cfg.name}@{self.cfg.host}:{self.cfg.port}",
+                     realpower_w=r.wall_w())
 
     def _note_evidence(self) -> None:
         """On battery without ``OB`` (or back): one line per change, naming the evidence."""

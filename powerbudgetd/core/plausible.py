@@ -5,7 +5,9 @@ The one figure the daemon can trust is what its own cards draw (board power, rea
 100 ms). A wall reading is checked against it before it may move the budget:
 
 - **sentinel**: exactly 0 W, or a value drivers and firmwares use for "no data"
-  (0x7FFF, 0xFFFF, 0x7FFFFFFF, 0xFFFFFFFF): a host that is running never draws 0 W;
+  (0x7FFF, 0xFFFF, 0x7FFFFFFF, 0xFFFFFFFF), or one above :data:`MAX_WALL_W` or not
+  finite (a garbled figure: a Redfish 1e300, a PDU's raw 2^31 scaled): a host that is
+  running never draws 0 W, and no plug carries a megawatt;
 - **below our own draw**: less than what our cards alone draw at the plug, board power
   / PSU efficiency (the ``core.feed`` model): the meter cannot be on this host's plug,
   or it lies;
@@ -42,6 +44,7 @@ SENTINELS_W = frozenset({0.0, float(0x7FFF), float(0xFFFF), float(0x7FFFFFFF), f
 TRUST_AFTER = 5  # plausible readings in a row before a distrusted source may raise the budget again
 FROZEN_READINGS = 10  # identical readings in a row ...
 FROZEN_SPAN_W = 100.0  # ... while our own draw at the plug moved by more than this (W)
+MAX_WALL_W = 1_000_000.0  # no plug a powerbudgetd host draws through carries more (the UPS's bound too)
 RAW_SENTINELS = frozenset({0x7FFF, 0xFFFF, 0x7FFFFFFF, 0xFFFFFFFF})  # a register's "no data", before scaling
 
 
@@ -150,7 +153,9 @@ class InputCheck:
             self.good_run = 0
             self.rejected += 1
             changed, self.trusted = self.trusted, False
-            why = why or {"sentinel": "a no-data sentinel", "not_watts": "not watts",
+            garbled = not 0 <= wall_w <= MAX_WALL_W
+            why = why or {"sentinel": f"not a figure any plug gives (0 to {MAX_WALL_W:g} W)" if garbled
+                          else "a no-data sentinel", "not_watts": "not watts",
                           "below_own_draw": "less than our own cards draw",
                           "frozen": f"the same value {self._same_count} polls in a row while our draw moved "
                                     f"{self._own_hi_w - self._own_lo_w:.0f} W"}[reason]
@@ -185,7 +190,7 @@ class InputCheck:
             self._own_lo_w, self._own_hi_w = min(self._own_lo_w, own_wall_w), max(self._own_hi_w, own_wall_w)
         else:
             self._same, self._same_count, self._own_lo_w, self._own_hi_w = wall_w, 1, own_wall_w, own_wall_w
-        if wall_w in SENTINELS_W:
+        if wall_w in SENTINELS_W or not 0 <= wall_w <= MAX_WALL_W:  # NaN fails the range too
             return "sentinel"
         if wall_w < own_wall_w:
             return "below_own_draw"

@@ -25,9 +25,11 @@ we poll every 2 s), so it never moves a budget again. Each reading carries
 using each reading once, paired with our own board power at the time it was taken
 (the lowest of a short history over the reading's window: that can only overstate
 what the rest of the plug draws). A value that stands through a whole refresh while
-our draw held steady is confirmed: used again, paired with that draw, at most once a
-refresh (it is what a refresh reading the same would say). Below the budget in force it drops at once (with the
-dead band of :func:`powerbudgetd.core.feed.next_wall_budget_w`); it rises
+our draw held steady is confirmed: used again, at most once a refresh (it is what a
+refresh reading the same would say), paired with our draw now but never above the
+highest draw of the window it was taken in (a source slower than its learnt refresh
+cannot show again the headroom our cards have taken since). Below the
+budget in force it drops at once (with the dead band of :func:`powerbudgetd.core.feed.next_wall_budget_w`); it rises
 :data:`RISE_GAIN` of the way to what the reading allows, and no faster than
 :data:`RISE_FRACTION_S` of the configured budget a second, so two hosts that each
 believe they alone are behind the meter still do not overshoot on the way up. ``share`` is the loop gain of this host:
@@ -136,6 +138,19 @@ class OwnDraw:
             since = t
         return since, level
 
+    def highest(self, since: float, until: float) -> float | None:
+        """The highest board power over [``since``, ``until``] (W), counting the sample in
+        force at ``since``; None when nothing is known by ``until``."""
+        best: float | None = None
+        for t, w in self._samples:
+            if t > until:
+                break
+            if t <= since:  # only the latest of these was in force at since
+                best = w
+                continue
+            best = w if best is None else max(best, w)
+        return best
+
     def lowest(self, since: float, until: float) -> float | None:
         """The lowest board power over [``since``, ``until``] (W), counting the sample in
         force at ``since``; None when nothing is known by ``until``."""
@@ -170,6 +185,9 @@ class Sensor:
     def poll(self, value_w: float, now: float, *, stamp: float | None = None) -> Reading | None:
         """The source's value at ``now``: a :class:`Reading` when it changed, None when it
         did not (no new information)."""
+        if self.polled_at is not None and now > self.polled_at:
+            self.poll_gap_s = now - self.polled_at  # the caller's pace: a refresh counts this many polls
+        self.polled_at = now
         if value_w == self.value_w:
             self.seen_at = now
             return None
@@ -249,6 +267,7 @@ class MeterLoop:
         self.verdict: Verdict | None = None  # the last poll's, None when nothing was checked
         self._value_verdict: Verdict | None = None  # the verdict on the value standing now
         self._used_at: float | None = None  # when the standing value was last used (s)
+        self._taken_high_w: float | None = None  # our highest draw over the window it was taken in (W)
 
     def set_params(self, params: LoopParams) -> None:
         """New rules (a reload); the readings and trust so far stay."""
@@ -304,10 +323,15 @@ class MeterLoop:
             elif last is not None and not last.plausible:  # rejected while it stands (said once)
                 self.verdict = replace(last, changed=False)
             elif last is not None and self.plausibility.trusted and self._confirmable(now):
-                assert self.reading is not None
+                assert self.reading is not None and self._used_at is not None
                 self.verdict = None
-                self.paired_w = self.own.latest_w
-                self._use(self.reading, self.paired_w or 0.0, now, configured_w)
+                # Paired with our steady draw now, but never above the highest draw of the
+                # window the value was taken in: a source slower than its learnt refresh (one
+                # that slowed down, a driver restarted with a longer pollfreq) then cannot
+                # credit the same headroom again on top of the draw our cards took on it.
+                low = [w for w in (self.own.latest_w, self._taken_high_w) if w is not None]
+                self.paired_w = min(low) if low else 0.0
+                self._use(self.reading, self.paired_w, now, configured_w)
             elif last is not None and not self.plausibility.trusted and self.reading is not None:
                 # plausible and standing: one more toward trust; once trusted it may raise the budget
                 self.verdict = self.plausibility.confirm(value_w, last.own_board_w, eff)
@@ -329,6 +353,7 @@ class MeterLoop:
         if not self.verdict.plausible:
             return self.verdict  # a lie: the last good budget stays
         self.reading, self.paired_w = reading, paired
+        self._taken_high_w = self.own.highest(since, now)
         self._use(reading, paired, now, configured_w)
         return self.verdict
 

@@ -205,7 +205,8 @@ def meter_reach_lines(settings: Settings) -> list[str]:
         out.append(f"{what} ({source}): {section.reach().describe()} ({key} hosts / share)")
         if settings.mqtt is not None:
             out.append(f"  other powerbudgetd hosts reading {source} are seen on {settings.mqtt.meters_topic}/+: "
-                       f"more than {section.reach().hosts} without a share is warned of (meter_shared_unconfigured)")
+                       f"more than {section.reach().hosts} without a share, or loop gains summing above 1 (each announces "
+                       f"its own: {section.reach().fraction:.3g} here), is warned of (meter_shared_unconfigured)")
         else:
             out.append("  without [mqtt] no other host behind it is seen: the configured hosts / share is trusted")
         if settings.circuit is not None:

@@ -97,7 +97,7 @@ def test_check_config_says_which_rule_applies_to_each_meter(tmp_path: Path):
     assert "without [mqtt] no other host behind it is seen" in lines[1]
     mqtt = CONFIG + '[mqtt]\nhost = "127.0.0.1"\nnode_id = "gpu1"\n'
     lines = meter_reach_lines(_settings(tmp_path, mqtt))
-    assert "seen on powerbudgetd/meters/+: more than 1 without a share is warned of" in lines[1]
+    assert "seen on powerbudgetd/meters/+: more than 1 without a share, or loop gains summing above 1" in lines[1]
     circuit = mqtt + ('[circuit]\nname = "row"\nendpoints = ["127.0.0.1:2379"]\nhost = "gpu1"\nreserve_w = 800\n'
                       'psu_efficiency = 0.9\nhost_w = 100\n')
     s = _settings(tmp_path, circuit.replace("[ups]\n", "[ups]\nhosts = 2\n"))
@@ -122,3 +122,39 @@ def test_a_loopback_upsd_is_named_by_this_machine(tmp_path: Path):
 
     s = _settings(tmp_path, CONFIG.replace('host = "nut1"', 'host = "127.0.0.1"'))
     assert s.ups is not None and s.ups.source_id() == f"ups:rack@{socket.gethostname().split('.')[0]}"
+
+
+def announce_gains(peers: MeterPeers, node: str, gains: dict[str, float]) -> None:
+    peers.on_announcement(f"powerbudgetd/meters/{node}", json.dumps(
+        {"node_id": node, "host": node, "pid": 1, "meters": sorted(gains), "gains": gains}).encode())
+
+
+@pytest.mark.parametrize("mine, theirs", [
+    (Reach(hosts=2, share=1.0), [0.5]),  # a share of 1 beside another host
+    (Reach(share=0.5), [0.5, 0.5]),  # half each, on three hosts
+    (Reach(share=0.6), [1.0]),  # the other left at the default: the whole excess
+])
+def test_hosts_whose_loop_gains_sum_above_one_are_warned_of(mine: Reach, theirs: list[float]):
+    peers = MeterPeers("gpu1", "powerbudgetd/meters")
+    with structlog.testing.capture_logs() as logs:
+        peers.read({UPS: (mine, "[ups]")})
+        for i, gain in enumerate(theirs):
+            announce_gains(peers, f"gpu{i + 2}", {UPS: gain})
+        warned = [e for e in logs if e["event"] == "meter_shared_unconfigured"]
+        assert warned and warned[-1]["gains_sum"] == pytest.approx(mine.fraction + sum(theirs), abs=1e-3)
+        assert "share" in warned[-1]["detail"]
+        for i in range(len(theirs)):
+            announce(peers, f"gpu{i + 2}", None)
+        assert [e["event"] for e in logs][-1] == "meter_shared_resolved"
+
+
+def test_shares_that_sum_to_one_are_not_warned_of_and_each_host_announces_its_gain():
+    peers = MeterPeers("gpu1", "powerbudgetd/meters")
+    with structlog.testing.capture_logs() as logs:
+        peers.read({UPS: (Reach(share=0.5), "[ups]")})
+        announce_gains(peers, "gpu2", {UPS: 0.3})
+        announce_gains(peers, "gpu3", {UPS: 0.2})
+    assert not [e for e in logs if e["event"] == "meter_shared_unconfigured"]
+    assert peers.announcement()["gains"] == {UPS: 0.5}
+    with pytest.raises(ValueError, match="gains"):
+        peers.on_announcement("powerbudgetd/meters/gpu4", json.dumps({"meters": [UPS], "gains": {UPS: 2}}).encode())

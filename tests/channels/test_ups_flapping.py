@@ -79,3 +79,28 @@ def test_a_state_left_unsaid_by_flapping_is_said_once_it_holds() -> None:
         ch.variables({"ups.status": "OL"})  # after it was said, the next change is news again
     state = [(e["event"], e.get("flaps")) for e in logs if e["event"] in ("ups_ok", "ups_unavailable")]
     assert state == [("ups_ok", None), ("ups_unavailable", None), ("ups_unavailable", 2), ("ups_ok", None)]
+
+
+def test_a_measured_load_the_ups_cannot_give_is_said_once_and_again_when_it_comes() -> None:
+    """[ups] measured_load with a [feed], but the UPS gives ups.load without
+    ups.realpower.nominal (or a realpower out of bounds): the plug is not held to its
+    limit on it, and the operator is told so, once."""
+    from powerbudgetd.core.feed import Feed
+
+    clock = Clock()
+    feed = Feed(ups_w=2000.0, ups_margin=0.0, psu_efficiency=0.9, host_w=100.0)
+    ch = UpsChannel(UpsConfig(name="gpuups"), Sink(), feed, registry=CollectorRegistry(), clock=clock)
+    with capture_logs() as logs:
+        for i, extra in enumerate([{"ups.load": "40"}, {"ups.load": "41"}, {"ups.realpower": "-5", "ups.load": "42"},
+                                   {"ups.load": "42", "ups.realpower.nominal": "2000"}, {"ups.load": "43"}]):
+            clock.t = 2.0 * i
+            ch.bank(clock.t, 500.0, FLOOR_W)
+            ch.variables({"ups.status": "OL", **extra})
+    said = [e["event"] for e in logs if e["event"].startswith("ups_measured_load")]
+    assert said == ["ups_measured_load_unavailable", "ups_measured_load_available", "ups_measured_load_unavailable"]
+    warned = next(e for e in logs if e["event"] == "ups_measured_load_unavailable")
+    assert warned["log_level"] == "warning" and "ups.realpower.nominal" in warned["detail"]
+    quiet = UpsChannel(UpsConfig(name="gpuups"), Sink(), registry=CollectorRegistry(), clock=clock)  # no [feed]
+    with capture_logs() as logs:
+        quiet.variables({"ups.status": "OL", "ups.load": "40"})
+    assert not [e for e in logs if e["event"].startswith("ups_measured_load")]

@@ -118,3 +118,20 @@ def test_the_measured_load_budget_never_rises_on_an_implausible_reading(
         after = g.evaluate(float(t), 1000.0, 300.0).budget_w
         if lie:
             assert after == before
+
+
+@pytest.mark.parametrize("value_w", [1e300, 2.0**31 * 10, 1_000_001.0, float("inf"), float("nan")])
+def test_a_figure_no_plug_gives_is_refused_and_the_budget_kept(value_w: float) -> None:
+    """A garbled figure (a BMC's 1e300, a PDU's raw 2^31 scaled, inf, NaN) is no reading:
+    refused as a sentinel, naming the range, and the budget it allows keeps its value
+    (not driven to the floor by one bad answer)."""
+    from powerbudgetd.core.sensor import LoopParams, MeterLoop
+
+    loop = MeterLoop("bmc", LoopParams(1200.0, 0.9))
+    loop.own_draw(0.0, 500.0)
+    loop.poll(900.0, 0.0, 1000.0)
+    kept = loop.budget_w
+    loop.own_draw(1.0, 500.0)
+    v = loop.poll(value_w, 1.0, 1000.0)
+    assert v is not None and v.reason == "sentinel" and "0 to 1e+06 W" in v.detail
+    assert loop.budget_w == kept

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 
 from powerbudgetd.core.sensor import LoopParams, MeterLoop, OwnDraw, Reach, Sensor
@@ -68,3 +70,80 @@ def test_a_budget_raised_on_a_reading_rises_part_of_the_way_and_at_a_bounded_rat
     g.own_draw(0.5, low)
     g.poll(500.0, 1.0, 1000.0)  # 300 W of headroom at the plug: 270 W of board power
     assert g.budget_w is not None and low < g.budget_w <= low + 0.1 * 1000 * 1.0 + 1e-9
+
+
+def _plug_over_s(refresh_at: Callable[[float], float], rest_at: Callable[[float], float], until: float) -> float:
+    """Seconds the plug (800 W limit) is over after the first reading, for one host whose
+    cards draw all the budget allows of a 1000 W demand, behind a meter that refreshes
+    every ``refresh_at(t)`` s and is polled every 2 s; ``rest_at(t)``: the rest of the plug (W)."""
+    g = MeterLoop("ups", LoopParams(800.0, EFF, 20.0, Reach()))
+    meter, refreshed, over, t, next_poll = 0.0, -1e9, 0.0, 0.0, 0.0
+    while t < until:
+        draw = min(1000.0, 1000.0 if g.budget_w is None else g.budget_w)
+        plug = rest_at(t) + draw / EFF
+        if plug > 800.0 + 1e-6 and t > 2.0:  # before the first reading nothing can be known
+            over += 0.1
+        g.own_draw(t, draw)
+        if t - refreshed >= refresh_at(t) - 1e-9:
+            meter, refreshed = float(round(plug)), t
+        if t >= next_poll - 1e-9:
+            g.poll(meter, t, 1000.0)
+            next_poll += 2.0
+        t = round(t + 0.1, 6)
+    return over
+
+
+def test_a_standing_value_never_shows_more_headroom_than_when_it_was_taken() -> None:
+    # The meter refreshed every 2 s, then slows to 60 s (a driver restarted with a longer
+    # pollfreq): its learnt refresh is still 2 s. The 60 s reading after the rest of the
+    # plug fell shows 100 W more room; used again while it stands it must not be paired
+    # with the draw the cards took on it since, or each reuse adds that room once more.
+    over = _plug_over_s(lambda t: 2.0 if t < 60 else 60.0, lambda t: 200.0 if t < 60 else 100.0, 200.0)
+    assert over <= 1.0
+
+
+def test_a_reused_value_is_never_paired_with_more_than_the_draw_it_was_taken_at() -> None:
+    g = loop()
+    for t in range(0, 12, 2):  # a 2 s meter learnt (533 W and 532 W in turn), our draw 300 W
+        g.own_draw(float(t), 300.0)
+        g.poll(533.0 - (t // 2) % 2, float(t), 1000.0)
+    first = g.allowed_w  # what 532 W allowed, taken at 300 W
+    assert first is not None and g.sensor.refresh_s == 2.0
+    for t in range(12, 60):  # the value stands; the cards take what it allowed and hold it
+        g.own_draw(float(t), min(1000.0, g.budget_w or 1000.0))
+        g.poll(532.0, float(t), 1000.0)
+    assert g.allowed_w is not None and g.allowed_w <= first + 1e-6
+    assert g.budget_w is not None and g.budget_w <= first + 1e-6
+
+
+def test_a_frozen_figure_is_caught_after_ten_refreshes_at_any_poll_interval() -> None:
+    # Polled every 10 s, refreshing every 20 s: frozen after 10 refreshes (20 polls),
+    # not after 10 x 20 polls as if the polls came every second.
+    g = loop()
+    t, draw = 0.0, 300.0
+    for value in (600.0, 610.0, 620.0):  # the 20 s refresh learnt
+        g.own_draw(t, draw)
+        g.poll(value, t, 1000.0)
+        t += 10.0
+        g.own_draw(t, draw)
+        g.poll(value, t, 1000.0)
+        t += 10.0
+    assert g.sensor.refresh_s == 20.0 and g.sensor.poll_gap_s == 10.0
+    frozen_at = None
+    for n in range(60):  # the figure sticks at 630 W while our draw swings by 200 W
+        draw = 300.0 + 200.0 * (n % 2)
+        g.own_draw(t, draw)
+        g.poll(630.0, t, 1000.0)
+        if g.verdict is not None and g.verdict.reason == "frozen":
+            frozen_at = n
+            break
+        t += 10.0
+    assert frozen_at is not None and frozen_at <= 21
+
+
+def test_own_draw_gives_the_highest_over_a_window() -> None:
+    own = OwnDraw()
+    for t, w in [(0.0, 500.0), (1.0, 700.0), (2.0, 600.0), (3.0, 900.0)]:
+        own.add(t, w)
+    assert own.highest(1.5, 2.5) == 700.0  # the sample in force at 1.5 counts
+    assert own.highest(0.0, 2.9) == 700.0 and own.highest(-5.0, -1.0) is None

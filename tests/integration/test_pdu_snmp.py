@@ -14,7 +14,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 from structlog.testing import capture_logs
 
-from powerbudgetd.channels.meter import MeterChannel
+from powerbudgetd.channels.meter import MeterChannel, MeterError
 from powerbudgetd.channels.pdu import SnmpPdu, pdu_channel
 from powerbudgetd.config.meters import PduConfig
 from powerbudgetd.core.feed import Feed
@@ -286,3 +286,23 @@ timeout_s = 1
         assert board_w is not None and r.ctl.budget_mw / 1000 <= max(600.0, board_w - 90 - 20 + 5)
         age = ch.metrics.age.labels("pdu")._value.get()
         assert 0 <= age < 5
+
+
+@pytest.mark.parametrize("kind, value", [("string", "1300"), ("counter", 4294967295), ("timeticks", 130),
+                                         ("counter64", 2 ** 40)])
+async def test_a_figure_of_another_snmp_type_is_garbled_and_the_budget_kept(apc_agent: Snmpd, kind: str,
+                                                                           value: object) -> None:
+    """The inlet's power is an INTEGER in PowerNet-MIB: the same digits as a string, a
+    counter (at 2^32 - 1 or 2^40) or TimeTicks are not the object asked for, never watts."""
+    sink, now = Sink(), [0.0]
+    ch, agent = channel(cfg(apc_agent, "apc"), sink, now)
+    apc_agent.set(apc(1300))
+    await poll(ch, agent, 500, now)
+    kept = sink.value
+    assert kept is not None
+    apc_agent.set({**apc(1300), f"{APC_DEVICE}.5.1": (kind, value)})  # type: ignore[dict-item]
+    with pytest.raises(MeterError) as err:
+        await agent.read()
+    assert err.value.cause == "garbled" and f"{APC_DEVICE}.5.1" in str(err.value)
+    ch.failed(err.value.cause, str(err.value))
+    assert ch.state == "garbled" and sink.value == kept
