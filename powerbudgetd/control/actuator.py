@@ -25,7 +25,7 @@ import structlog
 from powerbudgetd.core.plan import Write
 from powerbudgetd.errors import NvmlError, NvmlTimeout
 from powerbudgetd.hw.calls import InlineCalls
-from powerbudgetd.hw.nvml import Nvml
+from powerbudgetd.hw.card import CardBackend
 
 log = structlog.get_logger("powerbudgetd")
 
@@ -55,7 +55,7 @@ class Actuator:
 
     def __init__(
         self,
-        nvml: Nvml,
+        nvml: CardBackend,
         dry_run: bool = False,
         calls: InlineCalls | None = None,
         clock: Callable[[], float] | None = None,

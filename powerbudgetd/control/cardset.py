@@ -11,6 +11,7 @@ confirmed on it; a card gone is reserved at its bound until it returns.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 
 import structlog
 
@@ -23,7 +24,7 @@ from powerbudgetd.core.units import opt_mw, to_mw
 from powerbudgetd.core.worstcase import limit_bound_mw
 from powerbudgetd.errors import BudgetInfeasible, CardLimitUnknown, NvmlError, NvmlTimeout
 from powerbudgetd.hw.calls import InlineCalls
-from powerbudgetd.hw.nvml import GpuInfo, Nvml, PowerReading
+from powerbudgetd.hw.card import CardBackend, GpuInfo, PowerReading
 
 log = structlog.get_logger("powerbudgetd")
 
@@ -43,7 +44,7 @@ def _arrived(event: str, c: CardState) -> None:
 class CardSet:
     """Every card of the bank, in NVML's order of first sight, keyed by UUID (limits mW)."""
 
-    def __init__(self, nvml: Nvml, timings: Timings, calls: InlineCalls,
+    def __init__(self, nvml: CardBackend, timings: Timings, calls: InlineCalls,
                  overrides: Mapping[str, CardOverride]) -> None:
         self.nvml, self.timings, self.calls = nvml, timings, calls
         self.overrides = dict(overrides)
@@ -81,7 +82,8 @@ class CardSet:
         if info.min_limit_w is not None and info.max_limit_w is not None and not lim.valid:
             log.error("invalid_constraints", index=info.index, uuid=info.uuid, min_w=info.min_limit_w,
                       max_w=info.max_limit_w, action="card left alone and counted at its enforced limit")
-        return CardState(info, lim.controllable, lim.min_mw, lim.max_mw, CardLedger(self.timings, lim.worst_mw or 0),
+        return CardState(info, lim.controllable, lim.min_mw, lim.max_mw, CardLedger(self.timings, lim.worst_mw or 0,
+                                                                                  separate_requested=info.caps.separate_requested),
                          CardAudit(self.timings), ov.priority, role=Role.FAIR if lim.controllable else Role.FIXED,
                          excluded=ov.exclude)
 
@@ -179,8 +181,8 @@ class CardSet:
             if (c.gone or c.uuid not in by_id) and c.controllable:
                 c.ledger.appeared()
             if not c.controllable and info.min_limit_w is None:  # keep constraints once read
-                info = GpuInfo(info.index, info.uuid, info.name, c.info.min_limit_w, c.info.max_limit_w,
-                               c.info.default_limit_w, info.mig_mode)
+                info = replace(info, min_limit_w=c.info.min_limit_w, max_limit_w=c.info.max_limit_w,
+                               default_limit_w=c.info.default_limit_w)
             c.info, c.gone = info, False
             if event is not None:
                 changed.add(c.uuid)

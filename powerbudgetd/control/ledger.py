@@ -41,6 +41,11 @@ class CardLedger:
     timings: Timings
     worst_mw: int
     new: bool = False
+    # The backend reads a requested limit apart from the enforced one (NVML). Without
+    # (hwmon, AMD SMI: one cap read back), a read that does not show our write yet says
+    # nothing of a reset or another tool: the write is waited for (counted in flight)
+    # until read back or confirm_timeout_s, and the card counts at what it read.
+    separate_requested: bool = True
     requested_mw: int | None = None
     enforced_mw: int | None = None
     inflight: list[tuple[int, float]] = field(default_factory=list)  # (target mW, sent at s)
@@ -94,7 +99,8 @@ class CardLedger:
         ours = [mw for mw, _ in self.inflight]
         if requested_mw is not None and requested_mw in ours:
             self.seen_ours = True  # our write reached the card: whatever replaces it is news
-        if self.inflight and not self.overdue and requested_mw is not None and requested_mw not in ours:
+        if (self.separate_requested and self.inflight and not self.overdue and requested_mw is not None
+                and requested_mw not in ours):
             # Our writes returned (NVML sets requested before it returns), yet the card
             # asks for something else: a reset or another tool wrote after us, and the
             # latest request supersedes ours: waiting for a confirmation would block the
@@ -240,7 +246,11 @@ class CardLedger:
             return True
         target, sent_at = self.inflight[-1]
         if self.requested_mw != target or self.enforced_mw is None:
-            return False
+            # One cap read back (no separate request): after settle_s a cap read below the
+            # target is what a tighter limiter makes of it; one above it is a floor elsewhere
+            # only once the write cannot still be landing, so it is left to expire.
+            return (not self.separate_requested and self.enforced_mw is not None and self.enforced_mw < target
+                    and now - sent_at >= self.timings.settle_s)
         return self.enforced_mw == target or now - sent_at >= self.timings.settle_s
 
     def expire(self, now: float) -> tuple[int, float] | None:
