@@ -209,8 +209,12 @@ class CardLedger:
     @property
     def above_requested(self) -> bool:
         """Enforced above requested, whatever is in flight: a decrease still biting (the
-        lag), or a floor elsewhere. Either way writing lower cannot bring it down now."""
+        lag), or a floor elsewhere. Either way writing lower cannot bring it down now.
+        With one cap read back (no separate request): the cap reads above our decrease in
+        flight (still biting, ignored, or held by a floor)."""
         r, e = self.requested_mw, self.enforced_mw
+        if not self.separate_requested:
+            return bool(self.inflight) and e is not None and e > self.inflight[-1][0]
         return r is not None and e is not None and e > r
 
     @property
