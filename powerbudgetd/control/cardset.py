@@ -77,7 +77,7 @@ class CardSet:
 
     def build(self, info: GpuInfo) -> CardState:
         """A card as first seen: constraints checked, counted at its worst case."""
-        ov = override_for(self.overrides, info.uuid, info.index)
+        ov = override_for(self.overrides, info.uuid, info.index, info.bus_id)
         lim = card_limits(info, ov, self.read(info.uuid))
         if info.min_limit_w is not None and info.max_limit_w is not None and not lim.valid:
             log.error("invalid_constraints", index=info.index, uuid=info.uuid, min_w=info.min_limit_w,
@@ -91,11 +91,12 @@ class CardSet:
         """``[cards]`` settings that do not do what they say: a key naming no card (a
         typo in a UUID, an index past the last card) and a ``max_w`` below the card's
         floor (the floor wins)."""
-        keys = {c.uuid for c in self.cards} | {str(c.index) for c in self.cards}
-        out = [f"[cards.\"{k}\"] matches no card (UUIDs and indices here: "
+        keys = {c.uuid for c in self.cards} | {str(c.index) for c in self.cards} | {
+            c.info.bus_id for c in self.cards if c.info.bus_id}
+        out = [f"[cards.\"{k}\"] matches no card (UUIDs, PCI bus ids and indices here: "
                f"{', '.join(sorted(keys))}): its settings do nothing" for k in sorted(self.overrides) if k not in keys]
         for c in self.cards:
-            ov = override_for(self.overrides, c.uuid, c.index)
+            ov = override_for(self.overrides, c.uuid, c.index, c.info.bus_id)
             if ov.max_w is not None and c.controllable and to_mw(ov.max_w) < c.min_mw:
                 out.append(f"[cards] max_w {ov.max_w:g} W for GPU {c.index} is below its minimum limit "
                            f"{c.min_mw / 1000:g} W: the card is held at {c.min_mw / 1000:g} W at most")

@@ -139,7 +139,7 @@ def _survey(nvml: CardBackend, calls: InlineCalls, overrides: Mapping[str, CardO
     for i in range(count):
         info = found[f"index {i}"]
         uuid = info.uuid if isinstance(info, GpuInfo) else None
-        ov = override_for(overrides, uuid, i)
+        ov = override_for(overrides, uuid, i, info.bus_id if isinstance(info, GpuInfo) else None)
         r = reads.get(uuid) if uuid else None
         if isinstance(info, GpuInfo) and isinstance(r, PowerReading):
             _read_card(survey, info, ov, r, bank_max_mw)

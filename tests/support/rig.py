@@ -16,9 +16,7 @@ from pathlib import Path
 from powerbudgetd.control.controller import Controller, TickReport
 from powerbudgetd.core.model import Timings
 from powerbudgetd.hw.card import CardBackend
-from powerbudgetd.hw.hwmon import Hwmon
-from powerbudgetd.hw.multi import MultiBackend
-from powerbudgetd.hw.nvml import Nvml
+from powerbudgetd_sim.backends import sim_backend
 from powerbudgetd_sim.hwmon import HwmonFault, SimHwmonTree
 from powerbudgetd_sim.libnvml import Fault, SimNvmlLibrary
 from powerbudgetd_sim.physics import BankEvent, CardSpec, SimBank
@@ -119,23 +117,6 @@ def vendored(specs: Iterable[CardSpec], backend: str) -> list[CardSpec]:
     return [replace(s, vendor="amd") if backend == "hwmon" or i % 2 else s for i, s in enumerate(out)]
 
 
-def bank_backend(bank: SimBank, faults: Iterable[Fault] = (),
-                 hwmon_faults: Iterable[HwmonFault] = ()) -> tuple[SimNvmlLibrary, CardBackend, SimHwmonTree | None]:
-    """The production backends over ``bank``: NVML on its NVIDIA cards, hwmon on the
-    others, both behind a MultiBackend where the bank has both (started)."""
-    lib = SimNvmlLibrary(bank, list(faults))
-    vendors = {c.spec.vendor for c in bank.cards}
-    tree = SimHwmonTree(bank, list(hwmon_faults)) if vendors - {"nvidia"} else None
-    backends: list[CardBackend] = []
-    if "nvidia" in vendors or tree is None:
-        backends.append(Nvml(lib))
-    if tree is not None:
-        backends.append(Hwmon(tree.root, tree))
-    backend = backends[0] if len(backends) == 1 else MultiBackend(backends)
-    backend.init()
-    return lib, backend, tree
-
-
 def make_rig(specs: Iterable[CardSpec], budget_w: float, timings: Timings | None = FAST, lag_s: float = 0.1,
              seed: int = 1, faults: Iterable[Fault] = (), events: Iterable[BankEvent] = (),
              listeners: Iterable[Listener] = (), backend: str = "nvml",
@@ -144,7 +125,7 @@ def make_rig(specs: Iterable[CardSpec], budget_w: float, timings: Timings | None
     from a write to its enforcement; ``faults`` injected into the NVML calls,
     ``hwmon_faults`` into the hwmon files; ``backend`` as :func:`vendored`."""
     bank = SimBank(vendored(specs, backend), lag_s=lag_s, seed=seed, events=list(events))
-    lib, nvml, tree = bank_backend(bank, faults, hwmon_faults)
+    lib, nvml, tree = sim_backend(bank, faults, hwmon_faults)
     ctl = Controller(nvml, budget_w, timings, **ctl_kw)
     ctl.start()
     return Rig(bank, lib, nvml, ctl, tree, listeners=list(listeners))
