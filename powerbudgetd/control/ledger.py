@@ -127,7 +127,10 @@ class CardLedger:
         """Keep the limits read (and the worst case they may raise); True when enforced
         moved since the last read."""
         if requested_mw != self.requested_mw:
-            if not self.replaced_by_ours:
+            # One cap read back showing our write: the cap it replaced is no longer in
+            # force (the read is what is in force); ours is counted in flight meanwhile.
+            ours = not self.separate_requested and any(mw == requested_mw for mw, _ in self.inflight)
+            if not self.replaced_by_ours and not ours:
                 self._request_replaced(now)
             self.request_settled = False
             self.requested_since = now
