@@ -35,6 +35,18 @@ budget in force it drops at once (with the dead band of :func:`powerbudgetd.core
 believe they alone are behind the meter still do not overshoot on the way up. ``share`` is the loop gain of this host:
 1 / hosts by default, so N hosts behind one meter correct its excess once, together.
 
+A noisy source (a figure that flips ±60 W around a steady draw at every refresh) would
+otherwise make the budget cycle: each high reading drops it at once, each low one raises
+it half the way back. So the loop learns the source's noise (:class:`Noise`): the
+peak-to-peak size of the reversals of the rest of the plug (the reading less our own
+wall draw, known only to within our draw's moves over the reading's window, so what our
+own moves can explain is not noise) over its last :data:`NOISE_CHANGES` readings; one
+reversal is a load that came and went, noise is the second largest. A rise then follows
+what the reading allows less that band (this host's share of it, in board W): what the
+next high reading will allow, so the budget settles where the high readings put it and
+stays. The band adds to the dead band of the rise (twice ``hysteresis_w``), never
+replaces it; a quiet source has none. Drops are never held back by it.
+
 Pure: no I/O, no clock (``now`` in s on one monotonic clock is passed in).
 """
 
@@ -42,6 +54,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, replace
+from itertools import pairwise
 
 from powerbudgetd.core.feed import next_wall_budget_w
 from powerbudgetd.core.nodemeter import Sample
@@ -55,6 +68,7 @@ FIRST_PAIR_S = 2.0  # the window of a first reading (or the first after a silenc
 OWN_HISTORY_S = 120.0  # our own draw kept this long
 REFRESH_HISTORY = 8  # changes the refresh interval is learnt from
 MAX_REFRESH_S = 300.0  # a source that changes less often than this is taken as refreshing this often
+NOISE_CHANGES = 8  # the changes a source's noise is learnt from
 
 
 @dataclass(frozen=True)
@@ -168,6 +182,44 @@ class OwnDraw:
         return best
 
 
+class Noise:
+    """A source's noise (W at the plug), learnt from its last :data:`NOISE_CHANGES`
+    readings of the rest of the plug: each the reading less our own wall draw, a range as
+    wide as our draw moved over the window the reading was taken in. A move the ranges
+    allow to be none is none (our own moves are not noise); the others, joined into legs
+    (consecutive moves one way), give *reversals*: a leg followed by one the other way,
+    sized by the smaller. One reversal is a load that came and went; noise reverses again
+    and again, so the band is the second largest reversal: 0 for a quiet source, a step
+    or a trend, and never more than the spread of the readings."""
+
+    def __init__(self, keep: int = NOISE_CHANGES) -> None:
+        self._rest: deque[tuple[float, float]] = deque(maxlen=keep + 1)
+
+    def add(self, low_w: float, high_w: float) -> None:
+        """The rest of the plug at a new reading (W): between ``low_w`` and ``high_w``, as
+        our draw moved over the window it was taken in."""
+        self._rest.append((low_w, high_w))
+
+    @property
+    def band_w(self) -> float:
+        """The noise's peak-to-peak size (W at the plug); 0 until it reversed twice."""
+        moves: list[float] = []  # between the ranges the rest must have held, each as wide as it can be
+        cur: tuple[float, float] | None = None
+        for lo, hi in self._rest:
+            if cur is not None and max(cur[0], lo) <= min(cur[1], hi):
+                cur = (max(cur[0], lo), min(cur[1], hi))
+                continue
+            if cur is not None:
+                move = lo - cur[1] if lo > cur[1] else hi - cur[0]
+                if moves and move * moves[-1] > 0:
+                    moves[-1] += move  # one leg
+                else:
+                    moves.append(move)
+            cur = (lo, hi)
+        sizes = sorted((min(abs(x), abs(y)) for x, y in pairwise(moves) if x * y < 0), reverse=True)
+        return sizes[1] if len(sizes) >= 2 else 0.0
+
+
 class Sensor:
     """A source's values to :class:`Reading` objects, one per change; see the module
     docstring. ``refresh_s``: the interval the source states (None: learnt from it)."""
@@ -268,6 +320,7 @@ class MeterLoop:
         self._value_verdict: Verdict | None = None  # the verdict on the value standing now
         self._used_at: float | None = None  # when the standing value was last used (s)
         self._taken_high_w: float | None = None  # our highest draw over the window it was taken in (W)
+        self.noise = Noise()
 
     def set_params(self, params: LoopParams) -> None:
         """New rules (a reload); the readings and trust so far stay."""
@@ -354,6 +407,8 @@ class MeterLoop:
             return self.verdict  # a lie: the last good budget stays
         self.reading, self.paired_w = reading, paired
         self._taken_high_w = self.own.highest(since, now)
+        high = paired if self._taken_high_w is None else self._taken_high_w
+        self.noise.add(value_w - high / eff, value_w - paired / eff)  # what our own draw cannot explain moved
         self._use(reading, paired, now, configured_w)
         return self.verdict
 
@@ -371,6 +426,13 @@ class MeterLoop:
         wait_s = refresh + self.sensor.poll_gap_s
         return now - max(steady[0], self._used_at) >= wait_s
 
+    @property
+    def noise_band_w(self) -> float:
+        """The source's noise as this host's board W (:class:`Noise`, through the PSU and
+        this host's share): the dead band a rise must clear on top of the hysteresis."""
+        p = self.params
+        return p.reach.fraction * p.psu_efficiency * self.noise.band_w
+
     def _use(self, reading: Reading, paired_w: float, now: float, configured_w: float) -> None:
         p = self.params
         self._used_at = now
@@ -380,7 +442,15 @@ class MeterLoop:
         current = self.budget_w
         wanted = next_wall_budget_w(current, allowed, configured_w, p.hysteresis_w)
         in_force = configured_w if current is None else min(current, configured_w)
-        if current is not None and (wanted is None or wanted > in_force):
+        rising = current is not None and (wanted is None or wanted > in_force)
+        if rising and self.noise_band_w > 0:
+            # on a noisy source a rise follows what the reading allows were it at the top of
+            # the noise (what the next high one will allow): within the band it holds
+            quiet_w = allowed - self.noise_band_w
+            wanted = current if quiet_w < in_force else next_wall_budget_w(current, quiet_w, configured_w,
+                                                                            p.hysteresis_w)
+            rising = wanted is None or wanted > in_force
+        if rising:
             # a rise: part of the way to what the reading allows, no faster than the rate bound
             target = configured_w if wanted is None else wanted
             step = p.rise_gain * (target - in_force)

@@ -5,8 +5,10 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
-from powerbudgetd.core.sensor import LoopParams, MeterLoop, OwnDraw, Reach, Sensor
+from powerbudgetd.core.sensor import LoopParams, MeterLoop, Noise, OwnDraw, Reach, Sensor
 
 EFF = 0.9
 
@@ -147,3 +149,88 @@ def test_own_draw_gives_the_highest_over_a_window() -> None:
         own.add(t, w)
     assert own.highest(1.5, 2.5) == 700.0  # the sample in force at 1.5 counts
     assert own.highest(0.0, 2.9) == 700.0 and own.highest(-5.0, -1.0) is None
+
+
+def _flipping_meter(amp_w: float, every: int, *, step_at: float = 300.0, until: float = 600.0,
+                    noise_aware: bool = True) -> tuple[float, float]:
+    """One host (1000 W configured, demanding all of it) behind a 2 s meter on an 800 W
+    plug limit, polled every 2 s, whose figure reads ``amp_w`` high then low, flipping
+    every ``every`` polls, around the plug's true draw; the rest of the plug steps from
+    200 W to 300 W at ``step_at``. Returns (budget swings of more than 5 % of the
+    configured budget a minute, counted from 30 s after the start and after the step;
+    seconds the true plug was over its limit later than one refresh plus two polls after
+    the start or the step)."""
+    g = MeterLoop("ups", LoopParams(800.0, EFF, 20.0, Reach()))
+    if not noise_aware:
+        g.noise = _Deaf()
+    allowance_s, settle_s = 2.0 + 2 * 2.0, 30.0
+    t, next_poll, polls, swings, steady_s, over_s = 0.0, 0.0, 0, 0, 0.0, 0.0
+    last: float | None = None
+    while t < until:
+        since_step = t if t < step_at else t - step_at
+        draw = min(1000.0, 1000.0 if g.budget_w is None else g.budget_w)
+        plug = (200.0 if t < step_at else 300.0) + draw / EFF
+        if plug > 800.0 + 1e-6 and since_step > allowance_s:
+            over_s += 0.1
+        g.own_draw(t, draw)
+        if t >= next_poll - 1e-9:
+            high = (polls // every) % 2 == 0
+            g.poll(float(round(plug)) + (amp_w if high else -amp_w), t, 1000.0)
+            polls += 1
+            next_poll += 2.0
+        if g.budget_w is not None and (last is None or abs(g.budget_w - last) > 0.05 * 1000.0):
+            swings += since_step >= settle_s
+            last = g.budget_w
+        steady_s += 0.1 if since_step >= settle_s else 0.0
+        t = round(t + 0.1, 6)
+    return swings / (steady_s / 60), over_s
+
+
+class _Deaf(Noise):
+    """The loop as it was: no noise learnt."""
+
+    @property
+    def band_w(self) -> float:
+        return 0.0
+
+
+@pytest.mark.parametrize(("amp_w", "every"), [(60.0, 1), (100.0, 2), (150.0, 3), (30.0, 1)])
+def test_a_flipping_meter_does_not_make_the_budget_cycle(amp_w: float, every: int) -> None:
+    swings_per_min, over_s = _flipping_meter(amp_w, every)
+    assert swings_per_min <= 2.0
+    assert over_s == 0.0  # drops stay immediate: the plug within its limit after the step too
+
+
+def test_without_the_noise_band_the_flipping_meter_cycles() -> None:
+    # the defect: each high reading drops the budget, each low one raises it half way back
+    swings_per_min, over_s = _flipping_meter(60.0, 1, noise_aware=False)
+    assert swings_per_min > 20.0 and over_s == 0.0
+
+
+def test_noise_is_what_reverses_again_and_again() -> None:
+    flip = Noise()
+    for n in range(9):
+        flip.add(200.0 + 60 * (-1) ** n, 200.0 + 60 * (-1) ** n)
+    assert flip.band_w == pytest.approx(120.0)
+    step, pulse = Noise(), Noise()
+    for w in (200.0, 200.0, 600.0, 600.0, 600.0):
+        step.add(w, w)
+    for w in (200.0, 600.0, 200.0, 200.0):
+        pulse.add(w, w)
+    assert step.band_w == 0.0 and pulse.band_w == 0.0  # a load that came (and went) once is no noise
+    explained = Noise()  # the rest moved only as far as our own draw's moves over each window explain
+    for n in range(9):
+        lo = 200.0 if n % 2 else 100.0
+        explained.add(lo, lo + 100.0)
+    assert explained.band_w == 0.0
+
+
+@given(st.lists(st.tuples(st.floats(-2000, 2000), st.floats(0, 500)), min_size=1, max_size=12))
+def test_the_noise_band_is_never_more_than_the_spread_and_a_trend_has_none(points: list[tuple[float, float]]) -> None:
+    noise, trend = Noise(keep=12), Noise(keep=12)
+    for w, width in points:
+        noise.add(w, w + width)
+    for w, width in sorted(points):
+        trend.add(w, w + width)
+    assert 0.0 <= noise.band_w <= max(w + d for w, d in points) - min(w for w, _ in points) + 1e-9
+    assert trend.band_w == 0.0
