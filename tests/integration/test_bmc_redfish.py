@@ -17,8 +17,9 @@ from powerbudgetd.channels.bmc import RedfishBmc, bmc_channel
 from powerbudgetd.channels.meter import MeterChannel
 from powerbudgetd.config.meters import BmcConfig
 from powerbudgetd.core.feed import Feed
-from support.inprocess import running_daemon
+from support.inprocess import run_once, running_daemon
 from support.redfish import RedfishMockup
+from support.configs import METERED_FEED, QUIET
 from support.scenarios import idle_4
 
 pytestmark = pytest.mark.slow  # a real HTTP server
@@ -147,34 +148,11 @@ async def test_a_bmc_that_goes_away_is_unreachable_and_the_budget_kept(bmc: Redf
     assert ch.state in ("unreachable", "timeout") and sink.value == kept
 
 
-async def run_once(ch: MeterChannel) -> None:
-    """The channel's own loop until its first poll is done."""
-    done = asyncio.Event()
-
-    async def sleep(_s: float) -> None:
-        done.set()
-        await asyncio.sleep(3600)
-
-    ch._sleep = sleep
-    task = asyncio.create_task(ch.run())
-    await done.wait()
-    task.cancel()
-
 
 async def test_the_daemon_holds_its_budget_to_the_bmc(bmc: RedfishMockup, tmp_path: Path) -> None:
     path = tmp_path / "powerbudgetd.toml"
     path.write_text(f"""budget_w = 1000
-[metrics]
-enabled = false
-[recorder]
-enabled = false
-[feed]
-breaker_a = 15
-volts = 120
-psu_efficiency = 0.9
-host_w = 50
-transient_factor = 1.0
-[sim]
+{QUIET}{METERED_FEED}[sim]
 scenario = "{idle_4(tmp_path)}"
 [bmc]
 url = "{bmc.url}"

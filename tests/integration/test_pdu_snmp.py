@@ -19,7 +19,8 @@ from powerbudgetd.channels.pdu import SnmpPdu, pdu_channel
 from powerbudgetd.config.meters import PduConfig
 from powerbudgetd.core.feed import Feed
 from powerbudgetd.core.pdumib import APC_DEVICE, APC_OUTLET, RARITAN, RARITAN_INLET_CONFIG, RARITAN_INLET_MEASURE
-from support.inprocess import running_daemon
+from support.inprocess import run_once, running_daemon
+from support.configs import METERED_FEED, QUIET
 from support.scenarios import idle_4
 from support.snmpd import AUTH_KEY, PRIV_KEY, V3_USER, Snmpd
 
@@ -232,34 +233,11 @@ async def test_an_agent_that_stops_answering_is_a_timeout_and_the_budget_kept(ap
     assert ch.state == "timeout" and sink.value == kept
 
 
-async def run_once(ch: MeterChannel) -> None:
-    """The channel's own loop until its first poll is done."""
-    done = asyncio.Event()
-
-    async def sleep(_s: float) -> None:
-        done.set()
-        await asyncio.sleep(3600)
-
-    ch._sleep = sleep
-    task = asyncio.create_task(ch.run())
-    await done.wait()
-    task.cancel()
-
 
 async def test_the_daemon_holds_its_budget_to_the_pdu(apc_agent: Snmpd, tmp_path: Path) -> None:
     path = tmp_path / "powerbudgetd.toml"
     path.write_text(f"""budget_w = 1000
-[metrics]
-enabled = false
-[recorder]
-enabled = false
-[feed]
-breaker_a = 15
-volts = 120
-psu_efficiency = 0.9
-host_w = 50
-transient_factor = 1.0
-[sim]
+{QUIET}{METERED_FEED}[sim]
 scenario = "{idle_4(tmp_path)}"
 [pdu]
 host = "127.0.0.1"

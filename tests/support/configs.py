@@ -23,6 +23,8 @@ def uncomment(text: str, keys: tuple[str, ...]) -> str:
     return "\n".join(out) + "\n"
 
 
+# A 15 A / 120 V feed (1440 W at the plug, 80 % continuous) for a daemon held to a meter.
+METERED_FEED = "[feed]\nbreaker_a = 15\nvolts = 120\npsu_efficiency = 0.9\nhost_w = 50\ntransient_factor = 1.0\n"
 QUIET = "[metrics]\nenabled = false\n[recorder]\nenabled = false\n"  # no endpoint, no flight recorder
 
 

@@ -104,3 +104,18 @@ async def running_daemon(config: Path, **channels: ChannelFactory) -> AsyncItera
     finally:
         daemon.request_stop()
         assert await asyncio.wait_for(task, 10) == 0
+
+
+async def run_once(channel: Any) -> None:
+    """A polled meter channel's own loop (``channels.meter.MeterChannel.run``) until its
+    first poll is done: its sleep between polls is where it stops."""
+    done = asyncio.Event()
+
+    async def sleep(_s: float) -> None:
+        done.set()
+        await asyncio.sleep(3600)
+
+    channel._sleep = sleep
+    task = asyncio.create_task(channel.run())
+    await done.wait()
+    task.cancel()
