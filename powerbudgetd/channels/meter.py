@@ -139,7 +139,8 @@ class MeterChannel:
         while True:
             started = self.clock()
             try:
-                fig = await asyncio.wait_for(self.read(), self.cfg.timeout_s * 2 + 1)
+                async with asyncio.timeout(self.cfg.timeout_s * 2 + 1):  # not wait_for: it may swallow a cancel (3.11)
+                    fig = await self.read()
             except asyncio.CancelledError:
                 raise
             except MeterError as exc:

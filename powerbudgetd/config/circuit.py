@@ -60,8 +60,9 @@ class CircuitConfig(_Section):
     With ``tls``: ``ca_file`` (default: the system's CAs), ``cert_file``/``key_file``
     for a client certificate.
 
-    Timings (s): ``poll_s`` between reads of the circuit; ``request_timeout_s`` for one
-    etcd call; ``lower_s`` the time to lower the cards and confirm (default: 2 ticks
+    Timings (s): ``poll_s`` between reads of the circuit while anything is in motion or
+    its watch is down (a change is read at once; a settled host reads at its keepalive);
+    ``request_timeout_s`` for one etcd call; ``lower_s`` the time to lower the cards and confirm (default: 2 ticks
     + ``settle_s`` + 1 s); ``fallback_s`` from a watchdog kill to the cards at the reserve
     share (ExecStopPost failsafe), checked with ``WatchdogSec`` against the TTL;
     ``release_hold_s`` before a grant above the fair share is given back; ``step_w``
@@ -83,7 +84,7 @@ class CircuitConfig(_Section):
     username: str | None = None
     password: SecretStr | None = None
     password_file: Path | None = None  # a file holding only the password (mode 0600)
-    poll_s: float = Field(1.0, ge=0.05, le=60)
+    poll_s: float = Field(1.0, ge=0.05, le=60)  # while in motion or the watch is down; a change wakes a round
     request_timeout_s: float = Field(2.0, ge=0.1, le=60)
     lower_s: float | None = Field(None, ge=0, le=300)
     fallback_s: float = Field(10.0, ge=0, le=600)

@@ -312,6 +312,12 @@ class GrantPolicy:
     release_hold_s: float = 10.0
     _above_since: float | None = None
 
+    @property
+    def releasing(self) -> bool:
+        """A grant above the fair share is being held (its release is due at a time, not
+        on a change of the records)."""
+        return self._above_since is not None
+
     def target_w(self, view: CircuitView, host: str, current_w: float, now: float) -> float:
         """The grant (W) this host should hold now: a raise only within the free watts
         of ``view``; a lowering after the hold; else ``current_w``."""

@@ -246,7 +246,8 @@ class Daemon:
                     return False
                 self._wake.clear()
                 try:
-                    await asyncio.wait_for(self._wake.wait(), timeout=delay)
+                    async with asyncio.timeout(delay):  # not wait_for: it may swallow a stop's cancel (3.11)
+                        await self._wake.wait()
                 except TimeoutError:
                     pass
         return False

@@ -716,3 +716,113 @@ def test_a_host_under_a_delegated_node_raises_within_its_lease_and_asks_for_more
         if not delegate:
             asyncio.run(ch._resize_leases(read_with(delegate, lease)))
             assert store.leases == []
+
+
+def test_a_broken_watch_leaves_the_rounds_polling_and_is_said_once(tmp_path: Path) -> None:
+    """The watch is only a wake-up: a store whose watch cannot open (each try refused)
+    still gets a round every ``poll_s``, and the break is one log line, not one a try."""
+    import asyncio
+
+    from structlog.testing import capture_logs
+
+    from powerbudgetd.channels.circuit.channel import wake_gap_s
+    from powerbudgetd.channels.circuit.store import Read, StoreUnavailable
+    from powerbudgetd.core.circuit import CircuitView
+
+    class Store:
+        name, endpoint, endpoints = "lab", "fake:1", ["fake:1", "fake:2"]
+        reads = opened = 0
+
+        def host_keys(self, host: str) -> list[bytes]:
+            return [b"x/" + host.encode()]
+
+        def meter_prefix(self, host: str) -> bytes:
+            return b"m/" + host.encode()
+
+        async def changes(self, endpoint: str):  # noqa: ANN201
+            self.opened += 1
+            if self.opened == 1:
+                yield None  # in place once, then broken for good
+                raise StoreUnavailable(f"{endpoint}: watch ended")
+            raise StoreUnavailable(f"{endpoint}: watch: refused")
+
+        async def read(self) -> Read:
+            self.reads += 1
+            return Read(None, CircuitView(0, {}, {}, {}, revision=1), 1)  # not initialised: a round that reads only
+
+        async def close(self) -> None:
+            pass
+
+    s = _cfg(tmp_path, CIRCUIT.replace('name = "lab"', 'name = "lab"\nhost = "vm"\npoll_s = 0.1'))
+    assert s.circuit is not None
+    store = Store()
+    ch = CircuitChannel(s.circuit, s.circuit.host_power(s.feed), BudgetArbiter(s.effective_budget_w()), lower_s=1.0,
+                        store=store, registry=CollectorRegistry())  # type: ignore[arg-type]
+
+    async def go() -> None:
+        task = asyncio.create_task(ch.run())
+        await asyncio.sleep(1.05)
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+    with capture_logs() as logs:
+        asyncio.run(go())
+    events = [e["event"] for e in logs]
+    assert 8 <= store.reads <= 13, store.reads  # a round every poll_s (0.1 s) for 1 s, the first at once
+    assert store.opened == 2  # opened again after 1 s (the next try after 2 s more)
+    assert not ch.watching
+    assert events.count("circuit_watching") == 1 and events.count("circuit_watch_down") == 1, events
+    # Woken rounds: 0.1 s apart on a small circuit, spaced so that a large one's hosts read
+    # at most 500 times a second together, and never rarer than the poll.
+    assert wake_gap_s(4, 1.0) == 0.1 and wake_gap_s(200, 1.0) == 0.4 and wake_gap_s(2000, 1.0) == 1.0
+
+
+def test_a_stop_that_lands_as_a_round_is_woken_is_never_lost(tmp_path: Path) -> None:
+    """The daemon cancels the channel as it stops, right after the last tick woke a round
+    (the cards' mode ``stopping``): the cancel and the wake-up land together. Python 3.11's
+    ``asyncio.wait_for`` returned the wake-up and dropped the cancel, so the channel went
+    on with its rounds and the daemon never left (exit 11 waited on for ever)."""
+    import asyncio
+
+    from powerbudgetd.channels.circuit.store import Read
+    from powerbudgetd.core.circuit import CircuitView
+
+    class Store:
+        name, endpoint, endpoints = "lab", "fake:1", ["fake:1"]
+
+        def host_keys(self, host: str) -> list[bytes]:
+            return []
+
+        def meter_prefix(self, host: str) -> bytes:
+            return b"m/"
+
+        async def changes(self, endpoint: str):  # noqa: ANN201
+            yield None
+            await asyncio.Event().wait()
+
+        async def read(self) -> Read:
+            return Read(None, CircuitView(0, {}, {}, {}, revision=1), 1)
+
+        async def close(self) -> None:
+            pass
+
+    s = _cfg(tmp_path, CIRCUIT.replace('name = "lab"', 'name = "lab"\nhost = "vm"\npoll_s = 5'))
+    assert s.circuit is not None
+
+    async def go() -> int:
+        lost = 0
+        for _ in range(5):
+            ch = CircuitChannel(s.circuit, s.circuit.host_power(s.feed), BudgetArbiter(s.effective_budget_w()),
+                                lower_s=1.0, store=Store(), registry=CollectorRegistry())  # type: ignore[arg-type]
+            task = asyncio.create_task(ch.run())
+            await asyncio.sleep(0.3)  # two rounds done (the start, the watch in place): waiting (poll_s 5 s)
+            ch._wake(urgent=True)  # the wake-up and the stop in one step of the loop
+            task.cancel()
+            done, _ = await asyncio.wait({task}, timeout=1.0)
+            if not done:
+                lost += 1
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+        return lost
+
+    assert asyncio.run(go()) == 0

@@ -276,6 +276,7 @@ class Host:
     enforce_watchdog: bool = True  # False: WATCHDOG_USEC alone, and nothing kills it when the pings stop
     failsafe_delay_s: float = 0.0  # ExecStopPost waits this long before the failsafe (a slow one)
     fallback_s: float = FALLBACK_S
+    poll_s: float = POLL_S
     port: int = field(default_factory=free_port)
     proc: subprocess.Popen | None = None
     failsafe_runs: list[tuple[float, int, str]] = field(default_factory=list)
@@ -311,7 +312,7 @@ machine_id_file = "{self.dir / 'machine-id'}"
 reserve_w = {self.reserve_w}
 psu_efficiency = {PSU_EFFICIENCY}
 host_w = {HOST_W}
-poll_s = {POLL_S}
+poll_s = {self.poll_s}
 request_timeout_s = {REQUEST_TIMEOUT_S}
 fallback_s = {self.fallback_s}
 release_hold_s = {RELEASE_HOLD_S}

@@ -1,8 +1,16 @@
 """The circuit side channel: this host's seat, want and grant in etcd, and the budget
 source behind the arbiter (lowering only).
 
-Each round (every ``poll_s``): renew the lease when due, read the circuit, publish the
-want, and move the grant toward this host's fair share:
+Each round: renew the lease when due, read the circuit, publish the want, and move the
+grant toward this host's fair share. A round follows a change at once: a watch on the
+circuit's prefix wakes the channel on any other host's key (its seat, grant, record,
+claim or meter), a feed mark, the spec or the tree, and the cards wake it when this
+host's want rises by a step. Woken rounds are spaced by :func:`wake_gap_s` (0.1 s on a
+small circuit, longer on a large one: the circuit's hosts together read at most
+``WOKEN_READS_PER_S`` times a second). Between changes a round comes every ``poll_s``
+while anything is in motion or the watch is down, and only at the keepalive when this
+host is settled (:meth:`CircuitChannel._settled`): an idle host reads nothing between
+renewals.
 
 - **raise**: a transaction on the read (see ``store``) first, then the offer to the
   arbiter; a failed compare simply reads again next round;
@@ -71,9 +79,19 @@ log = structlog.get_logger("powerbudgetd.circuit")
 
 SOURCE = "circuit"  # the arbiter's name for this budget source
 KEEPALIVES_PER_TTL = 6  # renew six times per TTL: five may be lost before the fence
+WAKE_GAP_S = 0.1  # woken rounds at least this far apart (s): one change's events read once
+WOKEN_READS_PER_S = 500  # the whole circuit's woken reads a second, at most (etcd's load on a large circuit)
+WATCH_RETRY_MAX_S = 30.0  # a broken watch is opened again after 1 s, doubling up to this (s)
 
 
 BOOT_ID_FILE = "/proc/sys/kernel/random/boot_id"
+
+
+def wake_gap_s(hosts: int, poll_s: float) -> float:
+    """The least time (s) between two rounds a change wakes on a circuit of ``hosts``:
+    ``WAKE_GAP_S``, or longer where the hosts together would read more than
+    ``WOKEN_READS_PER_S`` times a second; never longer than ``poll_s``."""
+    return min(poll_s, max(WAKE_GAP_S, hosts / WOKEN_READS_PER_S))
 
 
 def boottime() -> float:
@@ -220,6 +238,14 @@ class CircuitChannel:
         # naming one of them is published under this host's lease (core.nodemeter).
         self.meter_sources: dict[str, Callable[[], Sample | None]] = {}
         self._meters_sent: dict[str, MeterReport] = {}
+        # Woken rounds: the watch (or the cards) set ``wake``; ``urgent``: a change told
+        # (a round at once), else the watch went down (a settled wait ends: polling again).
+        self.wake = asyncio.Event()
+        self.urgent = self.nudged = False
+        self.watching = False  # the watch is in place: a change is told, not polled for
+        self._round_at = float("-inf")  # the last round's start (lease clock s)
+        self._want_at_round = 0.0  # the want (W) as the last round saw it
+        self._grant_settled = False  # the last round found the grant at its target and wrote nothing
         self.metrics.reserve.set(power.reserve_w)
         self.metrics.info.labels(circuit=cfg.name).set(1)
         # From the first tick: the reserve, whatever etcd says (or does not).
@@ -242,10 +268,13 @@ class CircuitChannel:
     def on_tick(self, report: TickReport) -> None:
         snap = report.snapshot
         self.snapshot = snap
-        if snap.mode == "stopping":
+        if snap.mode == "stopping" and not self.stopping:
             self.stopping = True
+            self._wake(urgent=True)  # the grant given back now, not at the next poll
         self.want_w = self.power.want_w(snap)
         self.metrics.want.set(self.want_w)
+        if self.want_w >= max(self.held_w, self._want_at_round) + max(self.cfg.step_w, 5.0):
+            self._wake(urgent=True)  # a raise may be due now, not at the next poll
         left = self.valid_until - self.lease_clock()
         self.metrics.lease_left.set(max(0.0, left) if self.in_use_w > 0 else 0.0)
         if left <= 0 and self.in_use_w > 0:
@@ -263,6 +292,7 @@ class CircuitChannel:
         # The mark names this host too: only the host that made it lifts it (two hosts on
         # one UPS whose holds end apart must not lift and make it in turn).
         self.ups_feed = (feed, on_battery, f"ups {ups} seen by {self.host}")
+        self._wake(urgent=True)
         (log.warning if on_battery else log.info)(
             "circuit_feed_on_battery" if on_battery else "circuit_feed_on_line", feed=feed, ups=ups,
             circuit=self.store.name,
@@ -271,6 +301,7 @@ class CircuitChannel:
 
     async def run(self) -> None:
         first = True
+        watch = asyncio.create_task(self._watch())
         try:
             while True:
                 try:
@@ -295,12 +326,82 @@ class CircuitChannel:
                     log.exception("circuit_round_failed", host=self.host)
                     self.in_use_w = 0.0
                     self._offer()
-                await asyncio.sleep(self._next_wait_s())
+                await self._wait()
         except asyncio.CancelledError:
             await self._leave_cleanly()
             raise
         finally:
+            watch.cancel()
+            await asyncio.gather(watch, return_exceptions=True)
             await self.store.close()
+
+    def _wake(self, *, urgent: bool) -> None:
+        self.urgent = self.urgent or urgent
+        self.nudged = True  # not settled until the next round has looked
+        self.wake.set()
+
+    async def _watch(self) -> None:
+        """Wake the rounds on the circuit's changes (see the module docstring), through
+        the endpoints in turn from the one in use; opened again after a break (1 s,
+        doubling), with a round at once after each opening (what changed meanwhile)."""
+        own = set(self.store.host_keys(self.host))
+        mine = self.store.meter_prefix(self.host)
+        retry_s, index = 1.0, self.store.endpoints.index(self.store.endpoint)
+        while True:
+            endpoint = self.store.endpoints[index % len(self.store.endpoints)]
+            try:
+                async for key in self.store.changes(endpoint):
+                    if key is None:
+                        self.watching, retry_s = True, 1.0
+                        log.info("circuit_watching", endpoint=endpoint, circuit=self.store.name, host=self.host)
+                        self._wake(urgent=True)
+                    elif key not in own and not key.startswith(mine):
+                        self._wake(urgent=True)
+            except StoreUnavailable as exc:
+                self._watch_down(str(exc))
+            except Exception as exc:  # noqa: BLE001 - the rounds go on polling whatever the watch does
+                self._watch_down(f"{type(exc).__name__}: {exc}")
+            index += 1
+            await asyncio.sleep(retry_s)
+            retry_s = min(WATCH_RETRY_MAX_S, retry_s * 2)
+
+    def _watch_down(self, error: str) -> None:
+        if self.watching:
+            log.warning("circuit_watch_down", error=error, circuit=self.store.name, host=self.host,
+                        detail=f"reading the circuit every {self.cfg.poll_s:g} s until it is back")
+        self.watching = False
+        self._wake(urgent=False)  # from a settled wait back to polling
+
+    def _settled(self) -> bool:
+        """Nothing for this host's rounds to do until a change is told: the watch is in
+        place, the grant is at its target with nothing written or released on a timer,
+        raises are allowed, and no meter of its is published (on its own cadence) nor a
+        lease of watts resized above it (periodically)."""
+        read = self.last_read
+        tree = None if read is None else read.view.tree
+        return (self.watching and not self.nudged and self._grant_settled and self.grants_ok and not self.policy.releasing
+                and self.in_use_w == self.held_w and self.lease_clock() >= self.raises_after
+                and not self._meters_sent and not (tree is not None and leases.delegated_above(tree, self.host)))
+
+    async def _wait(self) -> None:
+        """Until the next round: a change told (urgent: at once, at least
+        :func:`wake_gap_s` after the last round), the keepalive, or ``poll_s`` unless
+        settled."""
+        while True:
+            wait = self._next_wait_s()
+            if not self.urgent:
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(wait):  # not wait_for: on 3.11 it may swallow a stop's cancel
+                        await self.wake.wait()
+            self.wake.clear()
+            if self.urgent or self._next_wait_s() <= 0.02:
+                break
+        self.urgent = False
+        read = self.last_read
+        hosts = 1 if read is None else len(read.view.seats.keys() | read.view.unseated.keys())
+        gap = self._round_at + wake_gap_s(hosts, self.cfg.poll_s) - self.lease_clock()
+        if gap > 0:
+            await asyncio.sleep(gap)
 
     FIRST_WORD_S = 0.5  # the first round not done by then: said (within a second of start, on a loaded host)
 
@@ -357,6 +458,8 @@ class CircuitChannel:
     async def round(self) -> None:
         """Read; audit the records against this host (claim, spec, seat, the budget);
         renew; publish this host's record; move the grant. Raises StoreUnavailable."""
+        self._round_at, self._want_at_round, self._grant_settled = self.lease_clock(), self.want_w, False
+        self.nudged = False
         read = await self.store.read()
         self.last_read = read
         self._report_bad(read)
@@ -492,8 +595,14 @@ class CircuitChannel:
         return read.spec.ttl_s if read is not None and read.spec is not None else (self.ttl_s or 1)
 
     def _next_wait_s(self) -> float:
-        until_keepalive = self.last_sent + self._keepalive_every_s() - self.lease_clock()
-        return max(0.02, min(self.cfg.poll_s, until_keepalive))
+        """Seconds to the next round with no change told: the keepalive, and ``poll_s``
+        after the last round unless settled (0.02 s at least)."""
+        now = self.lease_clock()
+        # No lease held (the circuit not initialised, etcd unreachable): no keepalive due.
+        until = self.last_sent + self._keepalive_every_s() - now if self.lease_id is not None else math.inf
+        if not self._settled():
+            until = min(until, self._round_at + self.cfg.poll_s - now)
+        return max(0.02, until)
 
     def _check_sharing(self) -> None:
         """Grants only with an enforced watchdog: the grace that keeps a hung host's
@@ -802,6 +911,7 @@ class CircuitChannel:
             # No raise at all while another live host waits for a seat (raise_allowed
             # leaves room for its reserve; the policy's share did not count it).
             if not raise_allowed(read.view, self.host, target) or read.view.unseated.keys() - {self.host}:
+                self._grant_settled = True  # until another host's seat, grant or claim changes (told)
                 return
             if await self.store.raise_grant(read, self.host, target, self.lease_id):
                 self.held_w = target
@@ -821,6 +931,8 @@ class CircuitChannel:
             await self.store.lower_grant(self.host, lowered, self.lease_id)
             log.info("circuit_grant_lowered", from_w=self.held_w, to_w=lowered, host=self.host)
             self.held_w = lowered
+        else:
+            self._grant_settled = target == self.held_w
 
     async def _cover(self, read: Read, held_w: float) -> float:
         """The grant etcd holds for this host was lowered or removed under it (an operator,

@@ -62,9 +62,10 @@ the next endpoint (etcd forwards writes to its leader).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, TypeVar
@@ -239,6 +240,16 @@ class _Client(aetcd.Client):
         self._connected.set()
 
 
+def _raise_if_cancelled() -> None:
+    """A call's failure while this task is being cancelled is the cancellation: grpc's
+    asyncio calls answer a cancel with a CANCELLED error, which aetcd turns into its own
+    and Python 3.11's ``asyncio.wait_for`` passes on. Taken for an etcd outage, a stop
+    would be swallowed and the daemon would never leave."""
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        raise asyncio.CancelledError
+
+
 def _range_end(prefix: bytes) -> bytes:
     return aetcd.utils.prefix_range_end(prefix)
 
@@ -398,8 +409,10 @@ class CircuitStore:
         client = self._connect()
         self.calls += 1
         try:
-            return await asyncio.wait_for(fn(client), self.timeout_s)
+            async with asyncio.timeout(self.timeout_s):  # not wait_for: on 3.11 it may swallow a cancel
+                return await fn(client)
         except (TimeoutError, aetcd.exceptions.ClientError, grpc.RpcError, OSError) as exc:
+            _raise_if_cancelled()
             if _lease_not_found(exc):
                 raise LeaseGone(str(exc)) from None
             failed = self.endpoint
@@ -415,7 +428,8 @@ class CircuitStore:
         self._index = (self._index + 1) % len(self.endpoints)
         if client is not None:
             try:
-                await asyncio.wait_for(client.close(), 1.0)
+                async with asyncio.timeout(1.0):
+                    await client.close()
             except Exception:  # noqa: BLE001 - a dead channel may fail to close; it is dropped
                 pass
 
@@ -423,7 +437,8 @@ class CircuitStore:
         client, self._client = self._client, None
         if client is not None:
             try:
-                await asyncio.wait_for(client.close(), 1.0)
+                async with asyncio.timeout(1.0):
+                    await client.close()
             except Exception:  # noqa: BLE001
                 pass
 
@@ -448,6 +463,37 @@ class CircuitStore:
         a daemon's credential (a host that can write them can raise every host)."""
         return [(self.spec_key, "the spec (the budget)"), (self.tree_key, "the power tree"),
                 (self.down, "the operator's feed marks"), (self.seats, "other hosts' seats")]
+
+    async def changes(self, endpoint: str) -> AsyncIterator[bytes | None]:
+        """The circuit's keys as etcd changes them: a watch on its prefix through
+        ``endpoint`` (``host:port``), on a connection of its own (a stream never holds up
+        a read or a keepalive). Yields ``None`` once the watch is in place (changes from
+        then on are all told; a reader reads once after it), then each changed key.
+        Raises :class:`StoreUnavailable` when the watch cannot be opened within
+        ``timeout_s`` or its stream ends (a member stopped, a partition healed into a
+        compacted revision)."""
+        host, _, port = endpoint.rpartition(":")
+        client = _Client(host.strip("[]"), int(port), tls=self._tls, username=self._auth[0], password=self._auth[1],
+                         timeout=None)
+        try:
+            try:
+                async with asyncio.timeout(self.timeout_s):
+                    watch = await client.watch_prefix(self.base)
+            except (TimeoutError, aetcd.exceptions.ClientError, grpc.RpcError, OSError) as exc:
+                _raise_if_cancelled()
+                raise StoreUnavailable(f"{endpoint}: watch: {type(exc).__name__}: {exc}".rstrip(": ")) from None
+            yield None
+            try:
+                async for event in watch:
+                    yield bytes(event.kv.key)
+            except (aetcd.exceptions.ClientError, grpc.RpcError, OSError) as exc:
+                _raise_if_cancelled()
+                raise StoreUnavailable(f"{endpoint}: watch ended: {type(exc).__name__}: {exc}".rstrip(": ")) from None
+            raise StoreUnavailable(f"{endpoint}: watch ended")
+        finally:
+            with contextlib.suppress(Exception):  # a dead channel may fail to close; it is dropped
+                async with asyncio.timeout(1.0):
+                    await client.close()
 
     # -- reads ----------------------------------------------------------------------
     async def _tree_shape(self, value: bytes) -> PowerTree | str:

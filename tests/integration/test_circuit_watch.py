@@ -1,0 +1,102 @@
+"""Hosts learn of the circuit's changes by watching it, not by polling (real etcd, daemon
+processes on simulated banks).
+
+Circuit: two hosts x 800 W reserve in 2400 W (a busy host wants 644 W above its reserve),
+lease TTL 60 s: a keepalive (and, before the watch, a round) every 10 s, far from the
+figures asserted.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.request
+from datetime import datetime
+from pathlib import Path
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from support.circuit import Checker, EtcdCluster, Host, etcd_edit, granted, init_circuit, start_hosts, stop_hosts
+from support.daemon import json_lines
+from support.wait import wait_until
+
+pytestmark = pytest.mark.slow  # real etcd and daemons: the full run (CI) covers it
+
+BUDGET_W = 2400.0
+RESERVE_W = 800.0
+TTL_S = 60  # keepalives every 10 s
+
+
+def _grant(h: Host) -> float:
+    return h.metric("powerbudgetd_circuit_grant_watts") or 0.0
+
+
+def _etcd_requests(cluster: EtcdCluster) -> dict[str, float]:
+    """etcd's own count of the gRPC requests it handled, by method (all members)."""
+    out: dict[str, float] = {}
+    for m in cluster.members:
+        with urllib.request.urlopen(f"http://{m.endpoint}/metrics", timeout=2) as r:
+            text = r.read().decode()
+        for fam in text_string_to_metric_families(text):
+            if fam.name == "grpc_server_handled":
+                for s in fam.samples:
+                    if s.name.endswith("_total"):
+                        out[s.labels["grpc_method"]] = out.get(s.labels["grpc_method"], 0.0) + s.value
+    return out
+
+
+def _at(h: Host, event: str, **fields: object) -> list[float]:
+    """When ``h`` logged ``event`` with ``fields`` (wall clock s, as its log says)."""
+    return [datetime.fromisoformat(e["timestamp"]).timestamp() for e in json_lines(h.log.read_text())
+            if e.get("event") == event and all(e.get(k) == v for k, v in fields.items())]
+
+
+def test_a_budget_raised_by_the_operator_is_taken_up_on_the_watch_not_at_the_next_poll(
+        etcd1: EtcdCluster, tmp_path: Path) -> None:
+    init_circuit(etcd1.endpoints, "lab", BUDGET_W, TTL_S)
+    poll_s = 30.0
+    hosts = [Host(f"h{i}", tmp_path, etcd1.endpoints, "lab", reserve_w=RESERVE_W, poll_s=poll_s) for i in range(2)]
+    try:
+        with Checker(hosts, BUDGET_W + 800) as checker:
+            start_hosts(hosts)
+            wait_until(lambda: granted(hosts, 2), 30, "a grant on both hosts")
+            wait_until(lambda: all(380 <= _grant(h) <= 400 for h in hosts), 30, "the pool split fairly")
+            time.sleep(1.0)  # settled: nothing to do until a change or the keepalive
+            raised_at = time.time()
+            etcd_edit(etcd1.endpoints, "lab", put={"spec": json.dumps({"budget_w": BUDGET_W + 800,
+                                                                        "ttl_s": TTL_S}).encode()})
+            wait_until(lambda: all(_grant(h) >= 600 for h in hosts), TTL_S / 6, "the new watts taken up", step_s=0.02)
+        checker.assert_within()
+    finally:
+        stop_hosts(hosts)
+    taken = [min(t for t in _at(h, "circuit_grant_raised") if t >= raised_at) - raised_at for h in hosts]
+    print(f"\n[circuit figures] watch: a raised budget taken up {max(taken):.3f} s after the operator's put "
+          f"(poll_s {poll_s:g} s, keepalive every {TTL_S / 6:g} s)")
+    # Told by the watch: a woken round (a polling host: 0-10 s after, uniformly).
+    assert max(taken) < 0.5, taken
+
+
+def test_a_settled_host_reads_nothing_between_keepalives(etcd1: EtcdCluster, tmp_path: Path) -> None:
+    init_circuit(etcd1.endpoints, "lab", BUDGET_W, TTL_S)
+    host = Host("h0", tmp_path, etcd1.endpoints, "lab", reserve_w=RESERVE_W, poll_s=0.5)
+    try:
+        start_hosts([host])
+        wait_until(lambda: _grant(host) >= 600, 30, "the host's want granted")
+        time.sleep(2 * TTL_S / 6)  # settled: a keepalive round or two with nothing to do
+        before = _etcd_requests(etcd1)
+        window_s = 10.0
+        time.sleep(window_s)
+        after = _etcd_requests(etcd1)
+        assert _grant(host) >= 600  # still granted: the renewals went on
+    finally:
+        stop_hosts([host])
+    reads = after.get("Range", 0) - before.get("Range", 0)
+    txns = after.get("Txn", 0) - before.get("Txn", 0)
+    keepalives = after.get("LeaseKeepAlive", 0) - before.get("LeaseKeepAlive", 0)
+    print(f"\n[circuit figures] settled host over {window_s:g} s: {reads:g} reads, {txns:g} transactions "
+          f"(poll_s 0.5 s: {window_s / 0.5:g} rounds if it polled), keepalive streams {keepalives:g}")
+    # A read each keepalive round (every 10 s): one or two in 10 s; polling would have
+    # read 20 times.
+    assert reads <= 3, after
+    assert txns <= 3, after  # the NOSPACE question, once per keepalive period
