@@ -96,6 +96,8 @@ def test_the_daemonset_carries_what_a_gpu_node_needs(rendered: dict[str, list[di
     stop_s = float(command[command.index("--stop-timeout") + 1]) if "--stop-timeout" in command else STOP_TIMEOUT_S
     failsafe_s = INIT_TIMEOUT_S + DEADLINE_S + CALL_TIMEOUT_S + 2.0
     assert pod["terminationGracePeriodSeconds"] >= stop_s + failsafe_s + 10, "no room for the failsafe"
+    # ready (for a rolling update) from the daemon's READY=1: the file `pod run` keeps for it
+    assert c["readinessProbe"]["exec"]["command"] == ["test", "-e", command[command.index("--ready-file") + 1]]
     if overlay == "gpu-operator-driver":
         assert command[command.index("--wait-for") + 1] == "/run/nvidia/validations/driver-ready"
         assert mounts["validations"]["mountPath"] == "/run/nvidia/validations"

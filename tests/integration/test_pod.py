@@ -280,12 +280,49 @@ def test_pod_restore_gives_back_the_limits_found_then_idles(tmp_path: Path) -> N
     assert max(limits_w(tmp_path / "cards.json")) <= 275.0  # the failsafe's share
     (tmp_path / "pod.log").rename(tmp_path / "run.log")
     # the restore component's command: the overlay's own arguments, `restore` for `run`
-    with Pod(tmp_path, "restore", "--backend", "sim", "--config", str(cfg), "--stop-timeout", "30", env={}) as pod:
+    ready = tmp_path / "restored"
+    with Pod(tmp_path, "restore", "--backend", "sim", "--config", str(cfg), "--stop-timeout", "30",
+             "--ready-file", str(ready), env={}) as pod:
         done = pod.wait_for("pod_restore_done")
         assert done["status"] == 0
         assert limits_w(tmp_path / "cards.json") == list(found_w)
+        wait_until(ready.exists, 5, "the pod ready once restored", proc=pod.proc)
         time.sleep(0.5)
         assert pod.proc.poll() is None, "a DaemonSet's pod must idle, not exit and be restarted"
         pod.proc.send_signal(signal.SIGTERM)
         assert pod.proc.wait(timeout=10) == 0
     assert "restored 4 card(s)" in pod.log.read_text()
+
+
+# -- readiness: the pod is ready once the daemon is ---------------------------------------
+
+def test_the_ready_file_follows_the_daemons_ready_and_its_stop(tmp_path: Path) -> None:
+    cfg, driver, ready = sim_config(tmp_path), tmp_path / "driver-ready", tmp_path / "ready"
+    ready.touch()  # a stale one is not believed
+    with Pod(tmp_path, "run", "--backend", "sim", "--config", str(cfg), "--wait-for", str(driver),
+             "--ready-file", str(ready), env={}) as pod:
+        pod.wait_for("pod_waiting_for_driver")
+        assert not ready.exists()
+        driver.touch()
+        wait_until(ready.exists, 60, "the ready file", proc=pod.proc)
+        assert pod.events("ready"), "ready before the daemon's READY=1"
+        pod.proc.send_signal(signal.SIGTERM)
+        assert pod.proc.wait(timeout=grace_period_s()) == 0
+    assert not ready.exists()
+    names = [e["event"] for e in pod.events()]
+    assert names.index("ready") < names.index("pod_ready") < names.index("pod_not_ready") \
+        < names.index("pod_failsafe_done")
+
+
+def test_a_boot_that_fails_never_makes_the_pod_ready(tmp_path: Path) -> None:
+    # as in test_node_gate: card 1 refuses every write at 300 W, 750 W needed under 700 W
+    (tmp_path / "bank.toml").write_text('bank = "workstation-4"\nlag_s = 0.1\n[[faults]]\n'
+                                        'call = "nvmlDeviceSetPowerManagementLimit"\nerror = "UNKNOWN"\ncard = 1\n')
+    cfg = tmp_path / "pb.toml"
+    cfg.write_text(f"budget_w = 700\n[recorder]\ndir = '{tmp_path / 'rec'}'\n[metrics]\nenabled = false\n"
+                   f"[sim]\nscenario = '{tmp_path / 'bank.toml'}'\n[control]\nboot_timeout_s = 2\n")
+    ready = tmp_path / "ready"
+    with Pod(tmp_path, "run", "--backend", "sim", "--config", str(cfg), "--ready-file", str(ready), env={}) as pod:
+        assert pod.proc.wait(timeout=60) == ExitStatus.BOOT_OVER_BUDGET
+    assert not ready.exists() and not pod.events("pod_ready") and not pod.events("ready")
+    assert pod.events("pod_failsafe_done")
