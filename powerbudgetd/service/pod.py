@@ -15,9 +15,16 @@
    ``--stop-timeout`` s), runs ``powerbudgetd failsafe`` as the unit's ``ExecStopPost=``
    does, then exits with the daemon's status (the failsafe's when the daemon's was 0).
 
+With ``--ready-file`` it is also systemd's side of ``sd_notify`` for the daemon (its
+``NOTIFY_SOCKET``): the file exists from the daemon's ``READY=1`` (every card's fair
+share read back, the moment the startup taint goes) until its ``STOPPING=1`` or exit,
+for the pod's readinessProbe: a rolling update then waits for each node's cards to be
+capped before it moves on, and stops at a node where the new version does not boot.
+
 ``pod stop`` (the ``preStop`` hook): signals ``pod run`` (its PID file) and waits until it
 has finished, failsafe included. ``pod restore``: steps 1-2, then ``powerbudgetd restore``,
-then idles (as a DaemonSet's pod must) until stopped.
+then idles (as a DaemonSet's pod must) until stopped; its ``--ready-file`` exists once
+every card is restored.
 """
 
 from __future__ import annotations
@@ -25,9 +32,11 @@ from __future__ import annotations
 import argparse
 import os
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -132,6 +141,61 @@ class _Stop:
             self.child.send_signal(signum)
 
 
+class ReadyRelay:
+    """A datagram socket the daemon's sd_notify messages reach (its ``NOTIFY_SOCKET``):
+    ``READY=1`` creates ``ready_file``, ``STOPPING=1`` and :meth:`close` remove it."""
+
+    def __init__(self, socket_path: Path, ready_file: Path) -> None:
+        self.ready_file = ready_file
+        self.ready = False
+        ready_file.unlink(missing_ok=True)  # a previous container's, never this daemon's
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC)
+        self.sock.bind(str(socket_path))
+        self.sock.settimeout(0.5)
+        self.address = str(socket_path)
+        self._closed = False
+        self._thread = threading.Thread(target=self._read, name="notify-relay", daemon=True)
+        self._thread.start()
+
+    def _read(self) -> None:
+        while not self._closed:
+            try:
+                data = self.sock.recv(4096)
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            keys = {line.split("=", 1)[0] for line in data.decode(errors="replace").splitlines()}
+            if "STOPPING" in keys:
+                self._set(False)
+            elif "READY" in keys:
+                self._set(True)
+
+    def _set(self, ready: bool) -> None:
+        if ready == self.ready:
+            return
+        try:
+            if ready:
+                self.ready_file.touch()
+            else:
+                self.ready_file.unlink(missing_ok=True)
+        except OSError as exc:
+            log.warning("pod_ready_file_unwritable", path=str(self.ready_file), error=exc.strerror or str(exc))
+            return
+        self.ready = ready
+        log.info("pod_ready" if ready else "pod_not_ready", file=str(self.ready_file))
+
+    def not_ready(self) -> None:
+        """The daemon has exited (however): not ready, whatever it said last."""
+        self._set(False)
+
+    def close(self) -> None:
+        self._set(False)
+        self._closed = True
+        self._thread.join(timeout=2.0)
+        self.sock.close()
+
+
 def wait_for_file(path: Path, stop: _Stop, timeout_s: float | None) -> bool:
     """Until ``path`` exists (True), a stop or ``timeout_s`` passes (False)."""
     start = last = time.monotonic()
@@ -174,6 +238,10 @@ def add_parser(sub: argparse._SubParsersAction, formatter_class: type[argparse.H
     p.add_argument("--stop-timeout", type=float, metavar="S", default=STOP_TIMEOUT_S,
                    help="after a stop, kill the daemon if it has not exited within S seconds, then run the failsafe")
     p.add_argument("--force", action="store_true", help="with restore: restore limits that sum over the budget")
+    p.add_argument("--ready-file", type=Path, metavar="FILE", default=None,
+                   help="a file for the pod's readinessProbe: with run, it exists while the daemon has reported READY=1 "
+                   "(every card's fair share read back) and is not stopping; with restore, once every card is "
+                   "restored (default: none)")
 
 
 def command(args: argparse.Namespace) -> int:
@@ -188,6 +256,8 @@ def command(args: argparse.Namespace) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, stop)
     common = [*(["--config", str(args.config)] if args.config else []), "--backend", args.backend]
+    if args.ready_file is not None:
+        args.ready_file.unlink(missing_ok=True)  # not ready until this run says so
     with tempfile.TemporaryDirectory(prefix="powerbudgetd-nvml.") as tmp:
         env = dict(os.environ)
         if args.wait_for is not None and not wait_for_file(args.wait_for, stop, args.wait_timeout):
@@ -206,14 +276,24 @@ def command(args: argparse.Namespace) -> int:
         if args.action == "restore":
             status = subprocess.run([*me, "restore", *common, *(["--force"] if args.force else [])], env=env).returncode
             log.info("pod_restore_done", status=status, detail="idle until the pod is deleted")
+            if status == ExitStatus.OK and args.ready_file is not None:  # ready: restored
+                args.ready_file.touch()
             while stop.signum is None:
                 signal.pause()
             return status
-        return _run(me, common, env, stop, args.stop_timeout, pid_file)
+        relay = None
+        if args.ready_file is not None:
+            relay = ReadyRelay(Path(tmp) / "notify", args.ready_file)
+            env["NOTIFY_SOCKET"] = relay.address
+        try:
+            return _run(me, common, env, stop, args.stop_timeout, pid_file, relay)
+        finally:
+            if relay is not None:
+                relay.close()
 
 
 def _run(me: list[str], common: list[str], env: dict[str, str], stop: _Stop, stop_timeout_s: float,
-         pid_file: Path) -> int:
+         pid_file: Path, relay: ReadyRelay | None = None) -> int:
     try:
         pid_file.parent.mkdir(parents=True, exist_ok=True)
         pid_file.write_text(f"{os.getpid()}\n")
@@ -227,8 +307,11 @@ def _run(me: list[str], common: list[str], env: dict[str, str], stop: _Stop, sto
         if stop.signum is not None:  # a signal between the start and the handover
             stop.child.send_signal(stop.signum)
         status = _wait_child(stop, stop_timeout_s)
+        if relay is not None:
+            relay.not_ready()
         log.info("pod_daemon_exited", status=status, then="failsafe")
         started = time.monotonic()
+        env = {k: v for k, v in env.items() if k != "NOTIFY_SOCKET"}
         safe = subprocess.run([*me, "failsafe", *common], env=env).returncode
         log.info("pod_failsafe_done", status=safe, took_s=round(time.monotonic() - started, 1))
         return status if status != ExitStatus.OK else safe

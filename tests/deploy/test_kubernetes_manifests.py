@@ -96,6 +96,8 @@ def test_the_daemonset_carries_what_a_gpu_node_needs(rendered: dict[str, list[di
     stop_s = float(command[command.index("--stop-timeout") + 1]) if "--stop-timeout" in command else STOP_TIMEOUT_S
     failsafe_s = INIT_TIMEOUT_S + DEADLINE_S + CALL_TIMEOUT_S + 2.0
     assert pod["terminationGracePeriodSeconds"] >= stop_s + failsafe_s + 10, "no room for the failsafe"
+    # ready (for a rolling update) from the daemon's READY=1: the file `pod run` keeps for it
+    assert c["readinessProbe"]["exec"]["command"] == ["test", "-e", command[command.index("--ready-file") + 1]]
     if overlay == "gpu-operator-driver":
         assert command[command.index("--wait-for") + 1] == "/run/nvidia/validations/driver-ready"
         assert mounts["validations"]["mountPath"] == "/run/nvidia/validations"
@@ -153,3 +155,33 @@ def test_the_image_runs_the_entrypoint_the_daemonset_names() -> None:
     pod = yaml.safe_load((KUBE / "base" / "daemonset.yaml").read_text())["spec"]["template"]["spec"]
     assert pod["containers"][0]["command"][:5] == yaml.safe_load(cmd.group(1))[:5]
     assert 'powerbudgetd = "powerbudgetd.__main__:main"' in (REPO / "pyproject.toml").read_text()
+
+
+def test_the_manuals_install_and_uninstall_render_with_kubectl_alone(tmp_path: Path) -> None:
+    """The manual's own overlay (its heredoc, verbatim), beside a copy of deploy/, then
+    with the line its uninstall appends: the image is the one built, and the restore
+    component turns the daemon's command into ``pod restore`` with the overlay's own
+    arguments (the driver wait included), which the command line accepts."""
+    from powerbudgetd.cli import _parser
+
+    page = (REPO / "docs" / "getting-started" / "kubernetes.md").read_text()
+    body = re.search(r"cat > my-cluster/kustomization.yaml <<'END'\n(.*?)\nEND\n", page, re.DOTALL)
+    append = re.search(r"^echo '(components: .*)' >> my-cluster/kustomization.yaml", page, re.MULTILINE)
+    assert body and append, "the manual's install or uninstall changed: update this test"
+    shutil.copytree(REPO / "deploy", tmp_path / "deploy")
+    mine = tmp_path / "my-cluster"
+    mine.mkdir()
+    (mine / "kustomization.yaml").write_text(body.group(1).replace("REGISTRY", "registry.example") + "\n")
+    installed = render(mine)
+    (c,) = one(installed, "DaemonSet")["spec"]["template"]["spec"]["containers"]
+    assert c["image"] == "registry.example/powerbudgetd:0.1.0"
+    with (mine / "kustomization.yaml").open("a") as f:
+        f.write(append.group(1) + "\n")
+    restoring = render(mine)
+    for doc in restoring:
+        kubernetes_validate.validate(doc, VERSIONS[0], strict=True)
+    (r,) = one(restoring, "DaemonSet")["spec"]["template"]["spec"]["containers"]
+    assert r["command"] == [*c["command"][:2], "restore", *c["command"][3:]]
+    assert "--wait-for" in r["command"]  # gpu-operator-driver: the driver waited for, as by the daemon
+    args = _parser().parse_args(r["command"][1:])
+    assert args.action == "restore" and args.wait_for == Path("/run/nvidia/validations/driver-ready")

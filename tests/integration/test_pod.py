@@ -214,3 +214,115 @@ def test_the_prestop_hook_stops_the_pod_and_waits_for_its_failsafe(tmp_path: Pat
         assert hook.returncode == 0, hook.stderr
         assert pod.events("pod_failsafe_done"), "the hook returned before the failsafe ran"
         assert pod.proc.wait(timeout=10) == 0
+
+
+def test_the_wait_for_the_driver_says_so_every_progress_period(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import threading
+
+    from structlog.testing import capture_logs
+
+    from powerbudgetd.service import pod
+
+    monkeypatch.setattr(pod, "PROGRESS_S", 0.3)
+    ready = tmp_path / "driver-ready"
+    timer = threading.Timer(1.2, ready.touch)
+    with capture_logs() as logs:
+        timer.start()
+        try:
+            assert pod.wait_for_file(ready, pod._Stop(), timeout_s=30)
+        finally:
+            timer.cancel()
+        assert not pod.wait_for_file(tmp_path / "never", pod._Stop(), timeout_s=0.5)
+    events = [(e["event"], e.get("waited_s")) for e in logs]
+    first = events[:[name for name, _ in events].index("pod_driver_ready")]
+    waits = [w for name, w in first if name == "pod_waiting_for_driver"]
+    assert waits[0] is None and len(waits) >= 3  # the first line, then one each 0.3 s (polled every 0.2 s)
+    assert waits[1:] == sorted(waits[1:]) and all(0.3 <= w < 1.2 for w in waits[1:])
+    (done,) = [w for name, w in events if name == "pod_driver_ready"]
+    assert done is not None and done >= 1.2
+    (gave_up,) = [w for name, w in events if name == "pod_driver_not_ready"]
+    assert gave_up is not None and gave_up >= 0.5
+
+
+def test_a_daemon_that_ignores_the_stop_is_killed_and_the_failsafe_still_runs(tmp_path: Path) -> None:
+    cfg = sim_config(tmp_path)
+    with Pod(tmp_path, "run", "--backend", "sim", "--config", str(cfg), "--stop-timeout", "2", env={}) as pod:
+        pod.wait_for("ready")
+        wait_until(lambda: (tmp_path / "cards.json").exists() and max(limits_w(tmp_path / "cards.json")) > 250,
+                   60, "a card lent above its share", proc=pod.proc)
+        (daemon,) = _children(pod.proc.pid)
+        os.kill(daemon, signal.SIGSTOP)  # hung: it cannot act on SIGTERM
+        t0 = time.monotonic()
+        pod.proc.send_signal(signal.SIGTERM)
+        assert pod.proc.wait(timeout=grace_period_s()) == 128 + signal.SIGKILL
+        took = time.monotonic() - t0
+    assert pod.events("pod_daemon_stop_timeout")[0]["after_s"] == 2
+    assert pod.events("pod_failsafe_done")[0]["status"] == 0
+    assert max(limits_w(tmp_path / "cards.json")) <= 250.0
+    assert 2 <= took < grace_period_s()
+
+
+def test_pod_restore_gives_back_the_limits_found_then_idles(tmp_path: Path) -> None:
+    from powerbudgetd.service.backend import make_nvml
+
+    found_w = (300.0, 280.0, 260.0, 240.0)  # set by hand before the first start: 1080 W
+    nvml = make_nvml("sim", "workstation-4", state_file=str(tmp_path / "cards.json"))
+    nvml.init()
+    for device, w in zip(nvml.devices(), found_w):
+        nvml.set_power_limit(device.uuid, w)
+    nvml.shutdown()
+    cfg = sim_config(tmp_path)
+    cfg.write_text(cfg.read_text().replace("budget_w = 1000", "budget_w = 1100"))
+    with Pod(tmp_path, "run", "--backend", "sim", "--config", str(cfg), env={}) as pod:
+        pod.wait_for("ready")
+        pod.proc.send_signal(signal.SIGTERM)
+        assert pod.proc.wait(timeout=grace_period_s()) == 0
+    assert max(limits_w(tmp_path / "cards.json")) <= 275.0  # the failsafe's share
+    (tmp_path / "pod.log").rename(tmp_path / "run.log")
+    # the restore component's command: the overlay's own arguments, `restore` for `run`
+    ready = tmp_path / "restored"
+    with Pod(tmp_path, "restore", "--backend", "sim", "--config", str(cfg), "--stop-timeout", "30",
+             "--ready-file", str(ready), env={}) as pod:
+        done = pod.wait_for("pod_restore_done")
+        assert done["status"] == 0
+        assert limits_w(tmp_path / "cards.json") == list(found_w)
+        wait_until(ready.exists, 5, "the pod ready once restored", proc=pod.proc)
+        time.sleep(0.5)
+        assert pod.proc.poll() is None, "a DaemonSet's pod must idle, not exit and be restarted"
+        pod.proc.send_signal(signal.SIGTERM)
+        assert pod.proc.wait(timeout=10) == 0
+    assert "restored 4 card(s)" in pod.log.read_text()
+
+
+# -- readiness: the pod is ready once the daemon is ---------------------------------------
+
+def test_the_ready_file_follows_the_daemons_ready_and_its_stop(tmp_path: Path) -> None:
+    cfg, driver, ready = sim_config(tmp_path), tmp_path / "driver-ready", tmp_path / "ready"
+    ready.touch()  # a stale one is not believed
+    with Pod(tmp_path, "run", "--backend", "sim", "--config", str(cfg), "--wait-for", str(driver),
+             "--ready-file", str(ready), env={}) as pod:
+        pod.wait_for("pod_waiting_for_driver")
+        assert not ready.exists()
+        driver.touch()
+        wait_until(ready.exists, 60, "the ready file", proc=pod.proc)
+        assert pod.events("ready"), "ready before the daemon's READY=1"
+        pod.proc.send_signal(signal.SIGTERM)
+        assert pod.proc.wait(timeout=grace_period_s()) == 0
+    assert not ready.exists()
+    names = [e["event"] for e in pod.events()]
+    assert names.index("ready") < names.index("pod_ready") < names.index("pod_not_ready") \
+        < names.index("pod_failsafe_done")
+
+
+def test_a_boot_that_fails_never_makes_the_pod_ready(tmp_path: Path) -> None:
+    # as in test_node_gate: card 1 refuses every write at 300 W, 750 W needed under 700 W
+    (tmp_path / "bank.toml").write_text('bank = "workstation-4"\nlag_s = 0.1\n[[faults]]\n'
+                                        'call = "nvmlDeviceSetPowerManagementLimit"\nerror = "UNKNOWN"\ncard = 1\n')
+    cfg = tmp_path / "pb.toml"
+    cfg.write_text(f"budget_w = 700\n[recorder]\ndir = '{tmp_path / 'rec'}'\n[metrics]\nenabled = false\n"
+                   f"[sim]\nscenario = '{tmp_path / 'bank.toml'}'\n[control]\nboot_timeout_s = 2\n")
+    ready = tmp_path / "ready"
+    with Pod(tmp_path, "run", "--backend", "sim", "--config", str(cfg), "--ready-file", str(ready), env={}) as pod:
+        assert pod.proc.wait(timeout=60) == ExitStatus.BOOT_OVER_BUDGET
+    assert not ready.exists() and not pod.events("pod_ready") and not pod.events("ready")
+    assert pod.events("pod_failsafe_done")

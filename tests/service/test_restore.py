@@ -113,3 +113,21 @@ def test_restore_without_a_record_says_where_it_looked(tmp_path: Path) -> None:
     no_traceback(p)
     assert p.returncode == ExitStatus.CONFIG
     assert FILE_NAME in p.stderr and "first start" in p.stderr
+
+
+def test_a_decrease_not_taken_stops_restore_before_any_increase(tmp_path: Path, found: list[str]) -> None:
+    # The shares are 275 W each; the record asks 300, 280 (increases) and 260, 240
+    # (decreases). Card 3 refuses every write: its decrease fails, so neither increase
+    # may be sent (they would spend watts that were never freed).
+    cfg = config(tmp_path, 1100)
+    boot_and_stop(cfg)
+    (tmp_path / "bank.toml").write_text('bank = "workstation-4"\nlag_s = 0.05\n[[faults]]\n'
+                                        'call = "nvmlDeviceSetPowerManagementLimit"\nerror = "UNKNOWN"\ncard = 3\n')
+    faulty = tmp_path / "faulty.toml"
+    faulty.write_text(cfg.read_text().replace("scenario = 'workstation-4'", f"scenario = '{tmp_path / 'bank.toml'}'"))
+    p = cli("restore", "--backend", "sim", "--config", str(faulty))
+    no_traceback(p)
+    assert p.returncode == ExitStatus.ERROR and "not restored" in p.stderr, p.stdout + p.stderr
+    assert limits_w(tmp_path / "cards.json") == [275.0, 275.0, 260.0, 275.0]
+    assert f"{found[3]}: 275 W -> 240 W FAILED" in p.stdout
+    assert sum(limits_w(tmp_path / "cards.json")) <= 1100
