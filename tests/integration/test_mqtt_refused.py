@@ -59,6 +59,8 @@ async def test_refused_publishes_and_subscriptions_are_warned_once_per_topic(tmp
     assert ("publish", f"{BASE}/instance") in once and ("publish", f"{BASE}/gpu/0/availability") in once
     assert any(topic.startswith("homeassistant/") and topic.endswith("/config") for _, topic in once)
     assert not any(action == "subscribe" for action, _ in once)  # reading is allowed
+    print(f"\n[mqtt figures] ACL refusing every publish: {len(refused)} warnings over two sessions, one per topic "
+          f"({len(once)} topics), availability's naming PUBACK {availability['code']} {availability['reason']!r}")
 
 
 def manual_acl(node_id: str) -> str:
