@@ -12,8 +12,8 @@ daemon's GIL. Three cases, each printed as one line:
   exposition shows the failsafe.
 - ``slowloris``: ``--conns`` connections each sending one byte of a request every 3 s
   (reconnecting when closed) while a client scrapes once a second with a 10 s timeout.
-- ``flood``: the tick-to-tick gaps of the control loop (target 100 ms) while quiet,
-  then while ``--flooders`` clients scrape back to back.
+- ``flood``: the tick-to-tick gaps of the control loop (target 100 ms) and the daemon's
+  CPU (% of a core) while quiet, then while ``--flooders`` clients scrape back to back.
 
     python benchmarks/metrics_scrape.py [--case hung|slowloris|flood|all] [--json]
 """
@@ -156,9 +156,13 @@ async def run_case(case: str, args: argparse.Namespace, tmp: Path) -> dict[str, 
     task = asyncio.create_task(daemon.run())
     await asyncio.sleep(3.0)
 
+    cpu: list[float] = []  # this process's CPU over each window, % of a core (the daemon: the clients are a child)
+
     async def gaps_over(seconds: float) -> list[float]:
         n = len(ticks)
+        c0, t0 = time.process_time(), time.monotonic()
         await asyncio.sleep(seconds)
+        cpu.append(round(100 * (time.process_time() - c0) / (time.monotonic() - t0), 1))
         window = ticks[n:]
         return [b - a for a, b in zip(window, window[1:])]
 
@@ -174,7 +178,8 @@ async def run_case(case: str, args: argparse.Namespace, tmp: Path) -> dict[str, 
             await asyncio.sleep(1.0)
             flood = summary(await gaps_over(args.duration))
             await asyncio.to_thread(proc.wait)
-            return {"case": f"flood ({args.flooders} clients)", "quiet": quiet, "flood": flood}
+            return {"case": f"flood ({args.flooders} clients)", "quiet": quiet, "flood": flood,
+                    "daemon_cpu_pct": {"quiet": cpu[0], "flood": cpu[1]}}
         kw: dict[str, Any] = {"duration": args.duration}
         if case == "slowloris":
             kw["conns"] = args.conns

@@ -129,6 +129,8 @@ def test_a_host_s_credential_writes_its_own_keys_only_and_the_daemons_still_shar
                 await store._call(lambda c: c.put(store.meter_key("h0", "A"), b'{"value_w": 0}'))
                 assert await store.can_write(store.spec_key) is False
                 assert await store.can_write(store.key(store.seats, "h0")) is True
+                # what the daemon's start-up check asks: nothing only the operator may write
+                assert [k for k, _ in store.operator_keys() if await store.can_write(k)] == []
                 return refused
             finally:
                 await store.close()
@@ -149,6 +151,20 @@ def test_a_host_s_credential_writes_its_own_keys_only_and_the_daemons_still_shar
 
         budget, seats = asyncio.run(spec_and_seats())
         assert budget == 2400 and seats == {"h0": 800, "h1": 800}
+
+        # A role one grant wider (every host's grants) is named by that check.
+        r = etcdctl(eps, "role", "grant-permission", "powerbudgetd-lab-h1", "readwrite", "--prefix=true",
+                    "/powerbudgetd/circuits/lab/grants/", user="root")
+        assert r.returncode == 0, r.stderr
+
+        async def too_broad() -> list[bytes]:
+            store = _store(eps, "h1")
+            try:
+                return [k for k, _ in store.operator_keys() if await store.can_write(k)]
+            finally:
+                await store.close()
+
+        assert asyncio.run(too_broad()) == [b"/powerbudgetd/circuits/lab/grants/"]
         hosts[0].daemon.wait_for(lambda: granted(hosts, 2), "both still granted", 15)
     finally:
         stop_hosts(hosts)

@@ -22,7 +22,7 @@ import pytest
 from powerbudgetd.channels.circuit.store import CircuitStore, HostRecord, Read
 from powerbudgetd.core.nodemeter import MeterReport
 from powerbudgetd.core.circuit import raise_allowed
-from support.circuit import EXE, PAIR_TREE, ROUND_S, EtcdCluster, Sharer, circuit_cli, rounds_until
+from support.circuit import EXE, PAIR_TREE, ROUND_S, EtcdCluster, Sharer, circuit_cli, etcd_edit, rounds_until
 from support.timings import TREE_TTL_S
 
 pytestmark = pytest.mark.slow  # real etcd members: the full run (CI) covers it
@@ -87,6 +87,13 @@ def test_init_join_and_status_on_a_tree(etcd1: EtcdCluster, tmp_path: Path) -> N
         assert r.returncode == 0, r.stderr
     r = _join(eps, tmp_path, "stranger", 1000)
     assert r.returncode != 0 and "stranger is not in its power tree" in r.stderr, r.stderr
+    # A feed mark the tree cannot use (this tree has no feed pair: no feed to lose) refuses
+    # the join as what it is, naming the mark, not as a seat that "does not fit".
+    etcd_edit(eps, "row", put={"down/A": b'{"by": "ops"}'})
+    r = _join(eps, tmp_path, "b2", 1000)
+    assert r.returncode != 0 and "feed marks cannot be used" in r.stderr and "down" in r.stderr, r.stderr
+    assert "does not fit" not in r.stderr, r.stderr
+    etcd_edit(eps, "row", delete=("down/A",))
     # b2's seat of 6.5 kW fits the root (3 + 6.5 <= 10 kW) but not branch B (1 + 6.5 > 7 kW).
     r = _join(eps, tmp_path, "b2", 6500)
     assert r.returncode != 0 and "node B over by 500 W" in r.stderr, r.stderr

@@ -19,7 +19,7 @@ import pytest
 from powerbudgetd.channels.circuit.store import CircuitStore, Read
 from support.circuit import PAIR_TREE, EtcdCluster, Host, circuit_cli, start_hosts, stop_hosts
 from support.nut import Nut
-from support.timings import UPS_ONLINE_HOLD_S
+from support.timings import LEASE_TTL_S, UPS_ONLINE_HOLD_S
 
 pytestmark = pytest.mark.slow  # real etcd, upsd and a daemon: the full run (CI) covers it
 
@@ -51,7 +51,7 @@ def test_a_ups_on_battery_marks_its_feed_lost_and_lifts_only_its_own_mark(
     eps = etcd1.endpoints
     tree = tmp_path / "tree.toml"
     tree.write_text(PAIR_TREE)  # h1 of its four hosts joins
-    assert circuit_cli(eps, "init", "--name", "row", "--tree", str(tree)).returncode == 0
+    assert circuit_cli(eps, "init", "--name", "row", "--tree", str(tree), "--ttl", str(LEASE_TTL_S)).returncode == 0
     mark = f"ups {nut.name}@127.0.0.1 seen by h1"  # only the host that made a mark lifts it
     host = Host("h1", tmp_path, eps, "row", reserve_w=1000, extra=f"""[ups]
 host = "127.0.0.1"
@@ -111,7 +111,18 @@ feed = "A"
         assert len(host.daemon.events("circuit_ups_feed_not_marked")) == 2
         nut.set("OL")
         assert circuit_cli(eps, "feed-up", "--name", "row", "B").returncode == 0
+
+        # A mark whose writer never comes back ends with that writer's lease: stopped
+        # during an outage and not started again, its mark is gone once the lease expires.
+        _until(eps, lambda r: not r.down, 10.0, "A's mark lifted")
+        nut.set("OB DISCHRG")
+        _until(eps, lambda r: r.down == {"A": mark}, 10.0, "A marked again")
+        lease_ttl_s = host.daemon.events("circuit_lease")[-1]["ttl_s"]
+        stop_hosts([host])
+        orphan_s = _until(eps, lambda r: not r.down, lease_ttl_s + 5.0, "the stopped writer's mark gone with its lease")
+        assert _read(eps).view.lost is None
     finally:
         stop_hosts([host])
     print(f"\n[circuit figures] UPS on battery: feed A marked lost in etcd {marked_s:.2f} s after upsd served OB "
-          f"(poll 0.3 s, circuit round 0.2 s); lifted {lifted_s:.2f} s after OL (hold {HOLD_S} s)")
+          f"(poll 0.3 s, circuit round 0.2 s); lifted {lifted_s:.2f} s after OL (hold {HOLD_S} s); a stopped writer's "
+          f"mark gone {orphan_s:.1f} s after its stop (lease TTL {lease_ttl_s} s)")

@@ -434,8 +434,9 @@ class CircuitChannel:
 
     async def _check_credential(self) -> None:
         """Warn, naming each key, where this daemon's etcd user may write what only the
-        operator should (the spec, the tree, the operator's feed marks, other hosts' seats):
-        whoever holds this host's password could then raise every host on the circuit."""
+        operator should (the spec, the tree, the operator's feed marks, other hosts' seats,
+        claims or grants): whoever holds this host's password could then raise every host
+        on the circuit, or take another host's name or grant."""
         broad = [(key.decode(errors="replace"), what) for key, what in self.store.operator_keys()
                  if await self.store.can_write(key)]
         if broad:

@@ -460,9 +460,11 @@ class CircuitStore:
 
     def operator_keys(self) -> list[tuple[bytes, str]]:
         """Keys only the operator should write, as (key, what), for the start-up check of
-        a daemon's credential (a host that can write them can raise every host)."""
+        a daemon's credential (a host that can write them can raise every host, or take
+        another host's name or grant)."""
         return [(self.spec_key, "the spec (the budget)"), (self.tree_key, "the power tree"),
-                (self.down, "the operator's feed marks"), (self.seats, "other hosts' seats")]
+                (self.down, "the operator's feed marks"), (self.seats, "other hosts' seats"),
+                (self.claims, "other hosts' claims"), (self.grants, "other hosts' grants")]
 
     async def changes(self, endpoint: str) -> AsyncIterator[bytes | None]:
         """The circuit's keys as etcd changes them: a watch on its prefix through
