@@ -354,8 +354,13 @@ async def _status(store: Any, as_json: bool) -> int:
         if metered:
             print("  measured: the node's own meter; reported: its hosts' draw; unmanaged: measured - reported, "
                   "taken off the budget the hosts share")
+        leased = any(n["delegate"] for n in doc["nodes"])
+        if leased:
+            print("  lease: the watts a delegated node holds from its parent; lease free: the lease less what "
+                  "its subtree commits")
         print(f"  {'node':<26} {'kind':<8} {'budget W':>9} {'committed W':>11} {'caps W':>8} {'draw W':>8} "
               f"{'headroom W':>10}" + (f" {'flow W':>8}" if doc["feed_lost"] else "")
+              + (f" {'lease W':>8} {'lease free W':>12}" if leased else "")
               + (f" {'measured W':>10} {'reported W':>10} {'unmanaged W':>11} {'age s':>6}" if metered else ""))
         for n in doc["nodes"]:
             def g(x: float | None) -> str:
@@ -365,8 +370,10 @@ async def _status(store: Any, as_json: bool) -> int:
             meter = "" if not metered else (
                 f" {g(n['measured_w']):>10} {g(n['reported_w']):>10} {g(n['unmanaged_w']):>11} {g(n['meter_age_s']):>6}"
                 + ("" if n["meter_fresh"] is not False else "  STALE"))
+            lease = "" if not leased else (f" {g(n['lease_w']):>8} {g(n['lease_free_w']):>12}" if n["delegate"]
+                                           else f" {'':>8} {'':>12}")
             print(f"  {label:<26} {printable(n['kind']):<8} {n['budget_w']:>9g} {n['committed_w']:>11g} {g(n['caps_w']):>8} "
-                  f"{g(n['draw_w']):>8} {n['headroom_w']:>10g}{flow}{meter}" + ("" if n["within_budget"] else "  OVER"))
+                  f"{g(n['draw_w']):>8} {n['headroom_w']:>10g}{flow}{lease}{meter}" + ("" if n["within_budget"] else "  OVER"))
             if n["meter_note"]:
                 print(f"    {printable(n['node'])}: meter {printable(n['meter'] or '')}: {printable(n['meter_note'])}")
     elif doc["tree_error"]:
@@ -425,7 +432,7 @@ def status_doc(name: str, read: Any, lease_info: dict[int, tuple[int, int]]) -> 
 
     caps, draw = total("caps_w"), total("draw_w")
     budget = read.spec.budget_w if read.spec else None
-    nodes = _nodes(v, {r["host"]: r for r in live}, read.meters)
+    nodes = _nodes(v, {r["host"]: r for r in live}, read.meters, read.delegations)
     nodes_within = all(n["within_budget"] is not False for n in nodes)
     spec_key = next((k for k in read.bad if k.endswith("/spec")), None)
     return {
@@ -447,7 +454,8 @@ def status_doc(name: str, read: Any, lease_info: dict[int, tuple[int, int]]) -> 
     }
 
 
-def _nodes(v: Any, live: dict[str, dict[str, Any]], meters: dict[str, Any]) -> list[dict[str, Any]]:
+def _nodes(v: Any, live: dict[str, dict[str, Any]], meters: dict[str, Any],
+           delegations: dict[str, float]) -> list[dict[str, Any]]:
     """A power tree's nodes, root first, each under its parent (depth): its budget, the
     seats and grants it carries (failover counted, as the invariant bounds them), the
     live hosts' caps counted the same way and their measured draw where it flows now
@@ -461,7 +469,11 @@ def _nodes(v: Any, live: dict[str, dict[str, Any]], meters: dict[str, Any]) -> l
     through it: ``draw_w``), ``unmanaged_w`` (the load no host reports, taken off the
     budget: its own meter's or its children's, the larger), ``hosts_budget_w`` (what the
     hosts under it may commit: budget - unmanaged), ``meter_age_s``, ``meter_fresh``
-    and ``meter_note`` (why no unmanaged load is counted, where none is)."""
+    and ``meter_note`` (why no unmanaged load is counted, where none is).
+
+    A node marked ``delegate`` (``core.delegation``): ``lease_w``, the lease of watts it
+    holds from its parent (None: none taken yet), and ``lease_free_w``, the lease less
+    what its subtree commits (< 0: over its lease, which the verdict counts)."""
     tree = v.tree
     if tree is None:
         return []
@@ -488,9 +500,12 @@ def _nodes(v: Any, live: dict[str, dict[str, Any]], meters: dict[str, Any]) -> l
         measured = None if meter is None else meter.measured_w
         used = max(committed[name] + unmanaged, (reported or 0.0) + unmanaged, (carried or 0.0) + unmanaged,
                    measured if meter is not None and meter.fresh and measured is not None else 0.0)
-        within = dead or (committed[name] <= node.budget_w + 1e-6 and all(
+        lease = delegations.get(name) if node.delegate else None
+        lease_free = None if lease is None else round(lease - committed[name], 1)
+        within = (dead or (committed[name] <= node.budget_w + 1e-6 and all(
             x is None or x <= node.budget_w + 1e-6 for x in (caps[name], reported, carried))
-            and (meter is None or measured is None or not meter.fresh or measured <= rated + 1e-6))
+            and (meter is None or measured is None or not meter.fresh or measured <= rated + 1e-6))) \
+            and (lease_free is None or lease_free >= 0)
         rows.append({"node": name, "kind": node.kind, "parent": node.parent, "depth": depth,
                      "budget_w": rated, "hosts_budget_w": round(node.budget_w, 1),
                      "committed_w": round(committed[name], 1), "caps_w": caps[name],
@@ -498,6 +513,7 @@ def _nodes(v: Any, live: dict[str, dict[str, Any]], meters: dict[str, Any]) -> l
                      "headroom_w": round(rated - used, 1), "within_budget": within,
                      "meter": node.meter, "measured_w": measured, "reported_w": reported,
                      "unmanaged_w": round(unmanaged, 1),
+                     "delegate": node.delegate, "lease_w": lease, "lease_free_w": lease_free,
                      "meter_age_s": None if meter is None else meter.age_s,
                      "meter_fresh": None if meter is None else meter.fresh,
                      "meter_host": None if meter is None else meter.host,

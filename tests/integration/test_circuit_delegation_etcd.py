@@ -16,6 +16,7 @@ import pytest
 
 from powerbudgetd.channels.circuit.store import CircuitStore
 from powerbudgetd.core.tree import Host, Node, PowerTree
+from powerbudgetd.service.circuitcmd import status_doc
 from support.circuit import EtcdCluster
 
 pytestmark = pytest.mark.slow  # real etcd members: the full run (CI) covers it
@@ -64,6 +65,10 @@ async def _scenario(eps: list[str]) -> None:
         assert not await stores["a2"].raise_grant(fresh, "a2", 100.0, leases["a2"])
         after = await admin.read()
         assert after.view.holds() and after.view.grants == {"a1": 3_000.0, "b1": 3_000.0}
+        # circuit status shows each lease and what is left of it (A: 5 kW - 2 kW seats - 3 kW).
+        rows = {n["node"]: n for n in status_doc("row", after, {})["nodes"]}
+        assert (rows["A"]["lease_w"], rows["A"]["lease_free_w"], rows["B"]["lease_free_w"]) == (5_000.0, 0.0, 0.0)
+        assert rows["root"]["lease_w"] is None and not rows["root"]["delegate"] and rows["A"]["within_budget"]
         # A lease below what its subtree holds is refused; one above it is not.
         assert not await admin.put_delegation(after, "A", 4_999.0, "a1")
 
