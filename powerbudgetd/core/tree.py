@@ -340,8 +340,12 @@ def divide(tree: PowerTree, wants_w: Mapping[str, float], lost: str | None = Non
     nameplate: every card at its maximum limit). Once every want is met as far as the
     nodes allow, the room left is handed out, class by class and max-min fair as the
     wants were, up to each host's ceiling (never below its want): *spare room*, so that
-    a host's rise is met before its next want is published. Where every nameplate fits
-    every node, every host is given its nameplate. A host without a ceiling gets none.
+    a host's rise is met before its next want is published. Spare room never needs
+    shedding: with no feed lost, it also fits every node's flow with any one feed lost
+    (an oversubscribed pair's wants may need shedding on a loss; the room lent above
+    them does not add to it). Where every nameplate fits every node with pairs
+    redundant (the nameplate count), every host is given its nameplate. A host without
+    a ceiling gets none.
 
     Failover-invariant where the loss asks nothing new: a node's flow under the loss
     counts only where it carries some host more than committed (an oversubscribed
@@ -363,6 +367,8 @@ def divide(tree: PowerTree, wants_w: Mapping[str, float], lost: str | None = Non
     classes = sorted({tree.hosts[h].priority for h in hosts}, reverse=True)
     stages = ("reserve", "want", "spare") if ceilings_w else ("reserve", "want")
     for stage in stages:
+        if stage == "spare" and lost is None:
+            _bound_spare_by_each_loss(tree, bounds, room, alloc)
         for cls in classes:
             members = [h for h in hosts if tree.hosts[h].priority == cls]
             caps = {h: max(0.0, wants_w.get(h, 0.0)) for h in members}
@@ -373,6 +379,18 @@ def divide(tree: PowerTree, wants_w: Mapping[str, float], lost: str | None = Non
                 caps = {h: max(w, ceilings_w.get(h, 0.0)) for h, w in caps.items()}
             _fill(bounds, room, alloc, caps)
     return alloc
+
+
+def _bound_spare_by_each_loss(tree: PowerTree, bounds: dict[object, Mapping[str, float]], room: dict[object, float],
+                              alloc: Mapping[str, float]) -> None:
+    """Spare room must not need shedding: each node's flow with each feed lost is a
+    bound too, its room what the division so far leaves it (a node the wants already put
+    over on that loss has none: nothing spare is added under it)."""
+    for feed in tree.feeds():
+        for node, hs in tree.coefficients(feed).items():
+            key = ("spare", feed, node)
+            bounds[key] = hs
+            room[key] = tree.nodes[node].budget_w - sum(c * alloc[h] for h, c in hs.items())
 
 
 def _fill(coefficients: Mapping[object, Mapping[str, float]], room: dict[object, float], alloc: dict[str, float],

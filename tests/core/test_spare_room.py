@@ -32,15 +32,23 @@ def test_spare_room_stays_within_every_node_and_only_adds_to_the_division_of_the
             assert not tree.over_w(after, lost), (lost, tree.over_w(after, lost))
         for h in tree.hosts:
             assert before[h] - EPS <= after[h] <= ceilings[h] + EPS, (h, before[h], after[h], ceilings[h])
+    # Spare room never needs shedding: on any one feed's loss, no node carries more
+    # beyond its budget than the wants alone put there.
+    before, after = divide(tree, wants), divide(tree, wants, None, ceilings)
+    for feed in tree.feeds():
+        load_before, load_after = tree.loads_w(before, feed), tree.loads_w(after, feed)
+        for node, w in load_after.items():
+            assert w <= max(tree.nodes[node].budget_w, load_before[node]) + 1e-3, (feed, node, w, load_before[node])
 
 
 @settings(max_examples=examples(300), deadline=None)
 @given(trees(), st.data())
 def test_where_every_nameplate_fits_every_host_is_given_its_nameplate(case, data):
-    """Nameplates that fit every node (a division's result always does), wants at or
-    under them: the division hands every host its nameplate, whatever it wants now."""
+    """Nameplates that fit every node with pairs redundant (so on any one feed's loss
+    too: a division of the redundant tree always does), wants at or under them: the
+    division hands every host its nameplate, whatever it wants now."""
     tree, wants = case
-    nameplates = divide(tree, {h: data.draw(st.floats(0, 6000)) for h in tree.hosts})
+    nameplates = divide(tree.with_mode("redundant"), {h: data.draw(st.floats(0, 6000)) for h in tree.hosts})
     wants = {h: min(w, nameplates[h]) for h, w in wants.items()}
     got = divide(tree, wants, None, nameplates)
     for h in tree.hosts:
