@@ -119,3 +119,15 @@ def test_spare_room_goes_back_at_once_and_a_want_keeps_its_hold():
     assert p.target_w(v, "a", 1400.0, 0.0) == 1200.0
     assert p.target_w(v, "a", 1200.0, 5.0) == 1200.0
     assert p.target_w(v, "a", 1200.0, 10.0) == 1000.0
+
+
+def test_on_a_flat_circuit_the_room_left_is_handed_out_too_and_the_raise_fits_the_budget():
+    """3000 W, seats 500 W each: 2000 W to share; wants 300 / 200 W, nameplates 1200 / 600
+    W above the seats: a 1200 W, b 600 W; the target is a raise the budget allows."""
+    v = CircuitView(3000.0, {"a": 500.0, "b": 500.0}, {}, {"a": 300.0, "b": 200.0},
+                    ceilings={"a": 1200.0, "b": 600.0})
+    assert v.fair_w("a") == 1200.0 and v.fair_w("b") == 600.0
+    target = GrantPolicy(step_w=20.0).target_w(v, "a", 0.0, 0.0)
+    assert target == 1200.0 and raise_allowed(v, "a", target)
+    v = replace(v, grants={"a": 1200.0})
+    assert not raise_allowed(v, "b", 900.0) and raise_allowed(v, "b", 800.0)  # 500 + 500 + 1200 + 800 = 3000
