@@ -139,14 +139,16 @@ def _parser() -> argparse.ArgumentParser:
                    "vs tree sharing, redundant and oversubscribed, vs an oracle (default: none)")
     s.add_argument("--sweep", action="store_true",
                    help="with --tree: hosts per feed: the tree's hosts swept from its nameplate count N (every card at "
-                   "its maximum limit within every node's rating) to 1.5 N under static nameplate, the best static "
+                   "its maximum limit within every node's rating) to 1.5 N (on to 2.0 N until nameplate trips) under static nameplate, the best static "
                    "cap, powerbudgetd and an oracle, through a feed loss: the largest count with zero breaker or UPS "
                    "trips, work per host and satisfaction ratio (--duration: each run, default 30 s; --plot: hosts vs "
                    "work per host)")
-    s.add_argument("--demand", choices=("scenario", "inference"),
-                   help="with --sweep: each host's packaged scenario, or inference: its cards driven by a request-rate "
+    s.add_argument("--demand", choices=("scenario", "inference", "training"),
+                   help="with --sweep: each host's packaged scenario; inference: its cards driven by a request-rate "
                    "curve (a diurnal day compressed into each run, bursts, a mix of models; --seed sets phase and mix) "
-                   "through the recorded H200 serving trace (default: scenario)")
+                   "through the recorded H200 serving trace; training: a mix of training jobs that start together and "
+                   "hold every card of their hosts at TGP in lockstep (--seed sets which host runs which job) "
+                   "(default: scenario)")
 
     pr = sub.add_parser(
         "probe", help="read every card's limits and draw (read-only)", formatter_class=fmt,
@@ -635,7 +637,8 @@ def _tree_sim(args: argparse.Namespace) -> int:
 
 def _sweep(args: argparse.Namespace) -> int:
     from powerbudgetd_sim.scenario import ScenarioError
-    from powerbudgetd_sim.sweep import DEFAULT_DURATION_S, WARMUP_S, format_sweep, inference_source, plot_sweep, sweep
+    from powerbudgetd_sim.sweep import (BEYOND, DEFAULT_DURATION_S, WARMUP_S, format_sweep, inference_source, plot_sweep,
+                                        sweep, training_source)
 
     duration = args.duration or DEFAULT_DURATION_S
     if duration <= WARMUP_S:
@@ -645,11 +648,12 @@ def _sweep(args: argparse.Namespace) -> int:
     progress = Progress(enabled=not args.json)
     try:
         seed = args.seed if args.seed is not None else 1
-        source = inference_source(seed, duration) if args.demand == "inference" else None
-        result = sweep(args.tree, duration_s=duration, seed=seed, scenario_source=source,
+        sources = {"inference": inference_source, "training": training_source}
+        source = sources[args.demand](seed, duration) if args.demand in sources else None
+        result = sweep(args.tree, duration_s=duration, seed=seed, scenario_source=source, beyond=BEYOND,
                        on_step=lambda count, policy: progress.update(f"sweep: {count} hosts, {policy}"))
         if source is not None:
-            result["demand"] = "inference"
+            result["demand"] = args.demand
     except (ScenarioError, ConfigError, ValueError) as exc:
         progress.done()
         print(f"powerbudgetd: --sweep: {exc}", file=sys.stderr)

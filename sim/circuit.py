@@ -159,6 +159,11 @@ class SimHost:
                     for c in self.bank.cards)
         return max(0.0, self.power.feed.wall_w(board) - self.power.reserve_w)
 
+    def ceiling_w(self) -> float:
+        """The most this host could use above its reserve (wall W): its nameplate, every
+        card at its maximum limit, through its feed model (as the daemon publishes it)."""
+        return max(0.0, self.power.feed.wall_w(sum(c.max_mw for c in self.bank.cards) / 1000) - self.power.reserve_w)
+
     def seen_want_w(self) -> float:
         """What the daemon can see: the controller's own account (as ``HostPower.want_w``)."""
         return self.power.want_w(self.ctl.snapshot(self.bank.now))

@@ -8,7 +8,8 @@ is the largest ``n`` whose hosts, every card at its maximum limit plus the host'
 draw (through its scenario's ``[feed]``: wall W), fit every node's continuous rating
 (``budget_w``: the derated breaker, the UPS less its margin) with every feed pair
 redundant (either side carries the whole host): how a row is provisioned by nameplate.
-The sweep runs ``N x`` :data:`STEPS` hosts under four policies:
+The sweep runs ``N x`` :data:`STEPS` hosts (and, given ``beyond``, on until nameplate
+trips) under four policies:
 
 - ``nameplate``: every card at its maximum limit, for good (no capping: each host's
   work here is its *unconstrained* work, the denominator of ``work_per_host``);
@@ -19,14 +20,23 @@ The sweep runs ``N x`` :data:`STEPS` hosts under four policies:
   (which cannot trip), up while none trips;
 - ``powerbudgetd``: each host's controller under the tree's grants (``tree.py``'s store
   model, the file's pair modes: its ``declared`` split);
-- ``oracle``: every tick the declared tree divided over the hosts' true wants (``tree.py``).
+- ``oracle``: every tick the declared tree divided over the hosts' true wants, and the
+  room left handed out up to each host's nameplate (``core.tree.divide`` with ceilings,
+  as powerbudgetd's division does, but clairvoyant: no rounds, no hold, writes landing at
+  once). Where every nameplate fits (at N) every host holds its nameplate: the
+  unconstrained work. Above N it is the division's bound, not the most work there is (a
+  static cap found in hindsight may do more: it is held to the trip models, not to the
+  nodes' continuous ratings).
 
 Each run lasts ``duration_s``; where the tree has a feed pair, its ``[sim] feed_lost``
 (else its first feed) is lost half-way: the run's first half is the normal state, its
 second the failover. A *trip* is a trip of a node's breaker or UPS model (``feed.py``)
-fed the instant flow, or a breaker that heats on net over the run (its mean (I /
-rating)^2 above 1: the thermal element trips if the run's load repeats, whatever the
-run's length: a short run must not hide a slow trip).
+fed the instant flow, or a trip the run's steady states would bring were they to last
+(a short run must not hide a slow trip): in the *normal* state (from :data:`WARMUP_S` to
+the loss, or the end) or the *failover* (from the loss plus the tree's stated shed
+time to the end), a breaker whose mean (I / rating)^2 is above 1 (its thermal element
+heats on net) or a UPS whose overload accumulator rises on net (over 110 % of its
+rating more than it drains at or under 100 %).
 
 Work and satisfaction are counted from :data:`WARMUP_S` on (every policy past its boot
 and first rounds of grants); trips over the whole run.
@@ -52,9 +62,11 @@ from powerbudgetd.core.model import Timings
 from powerbudgetd.core.tree import PowerTree, divide
 from powerbudgetd_sim.circuit import floor_wall_w, host_feed, make_host
 from powerbudgetd_sim.scenario import Scenario, ScenarioError, load_scenario
-from powerbudgetd_sim.tree import Client, _meters, _round, _wall, tree_path
+from powerbudgetd_sim.feed import UPS_DRAIN_S, Ups
+from powerbudgetd_sim.tree import DEFAULT_SHED_S, Client, NodeMeter, _meters, _round, _wall, tree_path
 
 STEPS = (1.0, 1.1, 1.2, 1.3, 1.4, 1.5)
+BEYOND = (1.6, 1.7, 1.8, 1.9, 2.0)  # played on only until nameplate trips (``simulate --sweep``)
 POLICIES = ("nameplate", "best-cap", "powerbudgetd", "oracle")
 CAP_FRACTIONS = tuple(round(1.0 - 0.05 * k, 2) for k in range(15))  # 1.0 down to 0.3 of the max limit
 SATISFACTION_S = 1.0  # the interval the satisfaction ratio is taken over
@@ -66,7 +78,7 @@ STEP_W = 20.0
 SEAT_MARGIN = 1.05  # a generated host's seat: its floor plus 5 % (as the packaged row's)
 
 ScenarioSource = Callable[[Scenario, int], Scenario]  # (the host's scenario, its index) -> what it plays
-DEMANDS = ("scenario", "inference")
+DEMANDS = ("scenario", "inference", "training")
 
 
 @dataclass(frozen=True)
@@ -224,7 +236,9 @@ def run_layout(lay: Layout, scenario_of: dict[str, Scenario], policy: str, *, du
                                GrantPolicy(STEP_W, RELEASE_HOLD_S))
     store_tree = tree.with_reserves({n: c.host.power.reserve_w for n, c in clients.items()})
     meters = _meters(tree, lay.file)
-    heat: dict[str, float] = {}  # breaker nodes: the integral of (I / rating)^2 dt
+    states = _states(lay, lost, duration_s)
+    steady = {state: _Steady() for state in states}
+    peak: dict[str, float] = {}  # nodes with a trip model: the highest instant load / rating
     sat = _Satisfaction()
     warm: dict[str, float] | None = None  # each host's work at WARMUP_S
     k = 0
@@ -234,7 +248,7 @@ def run_layout(lay: Layout, scenario_of: dict[str, Scenario], policy: str, *, du
         live = {h for hs in tree.coefficients(gone, flow=True).values() for h in hs}
         if policy == "oracle":
             wants = {h: c.host.power.reserve_w + c.host.want_w(t) for h, c in clients.items()}
-            fair = divide(tree, wants, gone)
+            fair = divide(tree, wants, gone, {h: c.host.power.reserve_w + c.host.ceiling_w() for h, c in clients.items()})
         for name, c in clients.items():
             if name not in live:
                 continue
@@ -254,8 +268,11 @@ def run_layout(lay: Layout, scenario_of: dict[str, Scenario], policy: str, *, du
         for node, load in instant.items():
             m = meters[node]
             m.step(t, load, timings.tick_s)
-            if m.breaker is not None:
-                heat[node] = heat.get(node, 0.0) + timings.tick_s * (load / m.volts / m.breaker.rating_a) ** 2
+            if m.breaker is not None or m.ups is not None:
+                peak[node] = max(peak.get(node, 0.0), load / m.rating_w())
+        for state, (a, b) in states.items():
+            if a - 1e-9 <= t < b - 1e-9:
+                steady[state].add(meters, instant, timings.tick_s)
         k += 1
         if t < WARMUP_S - 1e-9:
             continue
@@ -268,14 +285,67 @@ def run_layout(lay: Layout, scenario_of: dict[str, Scenario], policy: str, *, du
         sat.add(tree.loads_w(granted, gone, flow=True), tree.loads_w(requested, gone, flow=True))
         if k % per_interval == 0:
             sat.close_interval()
-    span = k * timings.tick_s
     trips = {n: m.trips() for n, m in meters.items() if m.trips()}
-    for node, integral in heat.items():
-        if node not in trips and integral / span > 1.0:
-            trips[node] = [f"breaker heating on net (mean (I/rating)^2 {integral / span:.2f})"]
+    for state, (a, _) in states.items():
+        for node, why in steady[state].trips(meters).items():
+            if node not in trips:
+                trips[node] = [f"{why} {state} (from {a:g} s): it trips if that state lasts"]
     return {"policy": policy, "hosts": len(clients), "cap_fraction": fraction if static else None,
             "work_tgp_s": {n: sum(c.host.meters.work) - (warm or {}).get(n, 0.0) for n, c in clients.items()},
-            "trips": trips, "satisfaction": sat.summary()}
+            "trips": trips, "satisfaction": sat.summary(),
+            "heating": {state: st.heating() for state, st in steady.items()},
+            "peak_of_rating": {n: round(x, 3) for n, x in sorted(peak.items())}}
+
+
+def _states(lay: Layout, lost: str | None, duration_s: float) -> dict[str, tuple[float, float]]:
+    """The run's steady states (module docstring): ``normal`` from :data:`WARMUP_S` to the
+    loss (or the end), ``failover`` from the loss plus the tree's stated shed time to the end."""
+    if lost is None:
+        return {"normal": (WARMUP_S, duration_s + 1e-6)}
+    lost_at = duration_s / 2
+    shed = max((p.shed_s for p in lay.tree.pairs.values() if p.shed_s is not None), default=DEFAULT_SHED_S)
+    return {"normal": (WARMUP_S, lost_at), "failover": (min(lost_at + shed, duration_s), duration_s + 1e-6)}
+
+
+@dataclass
+class _Steady:
+    """Per node over one steady state: the integral of (I / rating)^2 dt (breakers) and
+    the net rate of the UPS's overload accumulator (its bands as ``feed.Ups``: it rises
+    above 110 % of the rating, drains at or under 100 %)."""
+
+    span_s: float = 0.0
+    heat: dict[str, float] = field(default_factory=dict)
+    overload: dict[str, float] = field(default_factory=dict)
+
+    def add(self, meters: dict[str, NodeMeter], loads_w: dict[str, float], dt_s: float) -> None:
+        self.span_s += dt_s
+        for node, load in loads_w.items():
+            m = meters[node]
+            if m.breaker is not None:
+                self.heat[node] = self.heat.get(node, 0.0) + dt_s * (load / m.volts / m.breaker.rating_a) ** 2
+            if m.ups is not None:
+                x = load / m.ups.rating_w
+                trip_s = Ups.trip_time_s(x)
+                rate = 1.0 / trip_s if trip_s < math.inf else (-1.0 / UPS_DRAIN_S if x <= 1.0 else 0.0)
+                self.overload[node] = self.overload.get(node, 0.0) + dt_s * rate
+
+    def heating(self) -> dict[str, float]:
+        return {n: round(i / self.span_s, 3) for n, i in sorted(self.heat.items())} if self.span_s else {}
+
+    def trips(self, meters: dict[str, NodeMeter]) -> dict[str, str]:
+        """Each node that would trip were the state to last: a breaker whose mean (I /
+        rating)^2 is over 1 (its thermal element heats on net), a UPS whose overload
+        rises on net."""
+        out: dict[str, str] = {}
+        if self.span_s <= 0:
+            return out
+        for node, integral in self.heat.items():
+            if integral / self.span_s > 1.0:
+                out[node] = f"breaker heating on net (mean (I/rating)^2 {integral / self.span_s:.2f})"
+        for node, net in self.overload.items():
+            if node not in out and net > 1e-9:
+                out[node] = f"UPS overload rising on net ({net / self.span_s * 100:.1f} % of a trip a second)"
+        return out
 
 
 def _granted_requested(c: Client, t: float) -> tuple[float, float]:
@@ -298,14 +368,17 @@ def _feed_to_lose(lay: Layout) -> str | None:
 
 
 def sweep(tree: str, *, steps: tuple[float, ...] = STEPS, duration_s: float = DEFAULT_DURATION_S, seed: int = 1,
-          scenario_source: ScenarioSource | None = None,
+          scenario_source: ScenarioSource | None = None, beyond: tuple[float, ...] = (),
           on_step: Callable[[int, str], None] | None = None) -> dict[str, Any]:
     """The hosts-per-feed sweep of ``tree`` (module docstring): for each count ``N x``
     ``steps`` (rounded, repeats dropped), each policy's trips, work per host relative to
     the same hosts unconstrained, and the satisfaction ratio per node; per policy the
     largest count with zero trips (every count up to it without a trip too).
+    ``beyond``: further steps played after ``steps`` only while nameplate has not
+    tripped (and while the seats fit the tree), so that the table shows where it does.
     ``scenario_source(scenario, host_index)`` gives what each host plays (default: its
-    template's scenario; :func:`inference_source`: demand shaped like inference). Raises ScenarioError for a tree the sweep cannot
+    template's scenario; :func:`inference_source`: demand shaped like inference;
+    :func:`training_source`: training jobs in lockstep). Raises ScenarioError for a tree the sweep cannot
     play (no hosts, a host without a scenario, not one host at nameplate)."""
     if not steps or any(s <= 0 for s in steps):
         raise ValueError("steps must be > 0")
@@ -317,9 +390,19 @@ def sweep(tree: str, *, steps: tuple[float, ...] = STEPS, duration_s: float = DE
     if n == 0:
         raise ScenarioError(f"{tree}: not one host fits the tree at its nameplate (every card at its maximum limit)")
     counts = sorted({max(1, round(n * s)) for s in steps})
+    more = [c for c in sorted({max(1, round(n * s)) for s in beyond}) if c > counts[-1]]
     rows: list[dict[str, Any]] = []
-    for count in counts:
-        lay = layout(t, count, scenario_of)
+    seats_full: int | None = None
+    for count in counts + more:
+        if count in more and any(row["runs"]["nameplate"]["trips"] for row in rows):
+            break  # past the steps only until nameplate trips
+        try:
+            lay = layout(t, count, scenario_of)
+        except ScenarioError:
+            if count not in more:
+                raise
+            seats_full = count  # the seats alone fill a node: no policy can play this count
+            break
         by_host = scenario_of
         if scenario_source is not None:  # each host its own scenario, keyed by its name
             by_host = {h: scenario_source(scenario_of[lay.scenarios[h]], i) for i, h in enumerate(sorted(lay.tree.hosts))}
@@ -351,7 +434,7 @@ def sweep(tree: str, *, steps: tuple[float, ...] = STEPS, duration_s: float = DE
         largest[p] = best
     return {"tree": tree, "demand": "scenario" if scenario_source is None else "given", "nameplate_count": n,
             "duration_s": duration_s, "steps": list(steps), "rows": rows,
-            "largest_zero_trip_count": largest,
+            "largest_zero_trip_count": largest, "seats_do_not_fit_at": seats_full,
             "largest_of_nameplate": {p: None if c is None else round(c / n, 3) for p, c in largest.items()}}
 
 
@@ -361,6 +444,14 @@ def inference_source(seed: int, day_s: float) -> ScenarioSource:
     from powerbudgetd_sim.inference import inference_scenario
 
     return lambda sc, i: inference_scenario(sc, seed, i, day_s)
+
+
+def training_source(seed: int, run_s: float) -> ScenarioSource:
+    """Each host's bank in a training job (``training.py``) of a ``run_s`` run under
+    ``seed``: the seed sets which host runs which job."""
+    from powerbudgetd_sim.training import training_scenario
+
+    return lambda sc, i: training_scenario(sc, seed, i, run_s)
 
 
 def _best_cap(lay: Layout, scenario_of: dict[str, Scenario], duration_s: float, lost: str | None,
@@ -402,10 +493,19 @@ def format_sweep(result: dict[str, Any]) -> str:
             wph = "-" if r["work_per_host"] is None else f"{r['work_per_host']:.3f}"
             mean = "-" if r["satisfaction_mean"] is None else f"{r['satisfaction_mean']:.4f}"
             p5 = "-" if r["satisfaction_p5"] is None else f"{r['satisfaction_p5']:.3f}"
-            lines.append(f"  {row['count']:>5} {row['of_nameplate']:>5.2f}  {p:<13}{len(r['trips']):>6}{wph:>10}"
+            lines.append(f"  {row['count']:>5} {row['count'] / n:>5.2f}  {p:<13}{len(r['trips']):>6}{wph:>10}"
                          f"{cap:>6}{mean:>13}{p5:>7}")
+    if result.get("seats_do_not_fit_at"):
+        lines.append(f"  {result['seats_do_not_fit_at']} hosts: their seats alone do not fit the tree (not played)")
     lines.append("  largest count with zero trips: " + "; ".join(
         f"{p} {'none' if c is None else f'{c} ({c / n:.2f} N)'}" for p, c in result["largest_zero_trip_count"].items()))
+    for row in result["rows"]:
+        ours, oracle = row["runs"]["powerbudgetd"]["work_per_host"], row["runs"]["oracle"]["work_per_host"]
+        if ours is not None and oracle is not None and ours > oracle:
+            lines.append(f"  {row['count']} hosts: powerbudgetd {ours:.3f} above the oracle's {oracle:.3f}: the oracle divides "
+                         "the true wants every tick (the room left up to each nameplate), no more; a grant kept above its "
+                         "fair share through the release hold serves a demand that comes back: the oracle bounds the "
+                         "division, not the work")
     for row in result["rows"]:
         for p, r in row["runs"].items():
             for node, trips in r["trips"].items():

@@ -14,12 +14,14 @@ real controller (as in ``circuit.py``), corded to its leaves. Five ways to split
   through a model of the store: every ``poll_s`` (hosts spread over the period) it
   publishes its want (``HostPower.want_w``, as the daemon sees it) and moves its grant
   to the daemon's target (``core.circuit.GrantPolicy`` over a ``CircuitView`` of the
-  published wants and held grants: the tree's division, raised only by ``step_w`` or
+  published wants, nameplates and held grants: the tree's division, the room left up to
+  each nameplate, raised only by ``step_w`` or
   more and within what every ancestor leaves, lowered after ``release_hold_s`` unless
   a node is over, then at once: the shed); a raise only where ``raise_allowed`` (the
   transaction's check) and once the last lowering is confirmed; a lowering to the
   cards first and to the store as the cards' bound comes down (``HostPower.lowered_grant_w``);
-- ``oracle``: every tick, the division of the declared tree over the hosts' true wants
+- ``oracle``: every tick, the division of the declared tree over the hosts' true wants,
+  the room left handed out up to each host's nameplate as the store's division does
   (clairvoyant, no rounds, no hold, writes that land at once): the upper bound of the
   rule's fairness, not of the work: a policy that holds a grant above its fair share
   (the release hold) can do more, and the scoreboard then says so, with the watt-seconds
@@ -235,7 +237,8 @@ def run_tree(
         lost = feed_lost if feed_lost is not None and t >= lost_at else None
         live = {h for hs in tree.coefficients(lost, flow=True).values() for h in hs}
         wants = {h: c.host.power.reserve_w + c.host.want_w(t) for h, c in clients.items()}
-        fair = divide(base, wants, lost)  # the oracle's: the declared tree over the true wants
+        # The oracle's: the declared tree over the true wants, the room left up to each nameplate.
+        fair = divide(base, wants, lost, {h: c.host.power.reserve_w + c.host.ceiling_w() for h, c in clients.items()})
         for name, c in clients.items():
             if name not in live:
                 continue  # no live cord: the host is down
@@ -302,7 +305,8 @@ def _round(tree: PowerTree, clients: dict[str, Client], c: Client, t: float, los
     seats = {n: o.host.power.reserve_w for n, o in clients.items()}
     root = next(n for n in tree.nodes.values() if n.parent is None)
     view = CircuitView(root.budget_w, seats, {n: o.held_w - seats[n] for n, o in clients.items() if o.held_w > seats[n]},
-                       {n: o.published_w - seats[n] for n, o in clients.items()}, tree=tree, lost=lost)
+                       {n: o.published_w - seats[n] for n, o in clients.items()}, tree=tree, lost=lost,
+                       ceilings={n: o.host.ceiling_w() for n, o in clients.items()})
     seat = seats[h.name]
     target = seat + c.policy.target_w(view, h.name, c.held_w - seat, t)
     if target > c.held_w and c.in_use_w == c.held_w:

@@ -65,7 +65,11 @@ class CircuitView:
     where they now flow, with that feed and all below it dead; ``unseated``: each live
     host without a seat (a claim under a lease, no seat): its claimed reserve, which it
     runs on anyway, so :meth:`seat_fits` and :func:`raise_allowed` count the others'
-    beside the host they are asked about (:meth:`unseated_others_w`).
+    beside the host they are asked about (:meth:`unseated_others_w`); ``ceilings``: the
+    most each live host could use above its seat (W: its nameplate, every card at its
+    maximum limit, at the wall, less its seat), where it published one: the room left once
+    every want is met is handed out up to these (:meth:`fair_w`), and given back at once
+    when another host's want needs it (:class:`GrantPolicy`).
     """
 
     budget_w: float
@@ -81,6 +85,7 @@ class CircuitView:
     tree_bad: bool = False
     lost: str | None = None
     unseated: Mapping[str, float] = field(default_factory=dict)
+    ceilings: Mapping[str, float] = field(default_factory=dict)
 
     @property
     def unknown(self) -> frozenset[str]:
@@ -258,7 +263,8 @@ class CircuitView:
         # A live host whose seat did not fit counts its reserve as a seat, before any
         # want: the others shed to make room for it, rather than it waiting behind them.
         reserves = {h: self.seats.get(h, 0.0) + self.pending.get(h, 0.0) for h in self.tree.hosts}
-        return divide(self.tree.with_reserves(reserves), totals, self.lost)
+        ceilings = {h: reserves[h] + w for h, w in self.ceilings.items() if h in totals} or None
+        return divide(self.tree.with_reserves(reserves), totals, self.lost, ceilings)
 
     def unseated_hold_w(self, host: str, reserve_w: float, floor_w: float) -> float:
         """What a live host whose seat of ``reserve_w`` does not fit holds its cards at
@@ -288,9 +294,17 @@ class CircuitView:
     def fair_w(self, host: str) -> float:
         """``host``'s fair grant (W above its seat): max-min fair over the pool; on a
         tree, the tree's division (every node's budget, priorities: ``core.tree.divide``)
-        of each host's seat plus want, under the lost feed if any."""
+        of each host's seat plus want, under the lost feed if any. With
+        :attr:`ceilings`, the room left once every want is met is shared out too, max-min
+        fair, up to each host's ceiling (spare room: a rise is met before the next round)."""
         if self.tree is None:
-            return max_min_fair(self.known_pool_w, self.wants).get(host, 0.0)
+            fair = max_min_fair(self.known_pool_w, self.wants)
+            if not self.ceilings:
+                return fair.get(host, 0.0)
+            left = self.known_pool_w - sum(fair.values())
+            spare = {h: max(0.0, w - fair.get(h, 0.0)) for h, w in self.ceilings.items()
+                     if h in self.wants or h in self.seats}
+            return fair.get(host, 0.0) + (max_min_fair(left, spare).get(host, 0.0) if left > EPS_W else 0.0)
         if host not in self.tree.hosts:
             return 0.0
         return max(0.0, self._divide().get(host, 0.0) - self.seats.get(host, 0.0))
@@ -305,6 +319,9 @@ class GrantPolicy:
     been so for this long, however little above (small excesses on many hosts would
     otherwise add up to a share that another host never gets), and at once while the
     records that could be read over-commit the circuit or put a node over (a feed lost).
+    Spare room (a grant above both the fair share and the host's own want, where the host
+    published a ceiling: :attr:`CircuitView.ceilings`) is given back at once: the hold
+    protects what a host asked for, not room it was lent because nobody else asked.
     Stateful (the hold's start), but pure: ``now`` in s is passed in.
     """
 
@@ -332,6 +349,14 @@ class GrantPolicy:
         if current_w <= fair + EPS_W:
             self._above_since = None
             return current_w
+        if host in view.ceilings:  # spare room (above its own want) goes back at once: another host needs it
+            keep = max(fair, min(current_w, view.wants.get(host, 0.0)))
+            if keep < current_w - EPS_W:
+                if keep <= fair + EPS_W:
+                    self._above_since = None
+                elif self._above_since is None:
+                    self._above_since = now
+                return keep
         if self._above_since is None:
             self._above_since = now
         if now - self._above_since >= self.release_hold_s:
@@ -451,6 +476,18 @@ class HostPower:
             return held_w
         covering = self.grant_covering_w(cards_board_w)
         return min(held_w, in_use_w if covering <= in_use_w + 1e-6 else covering)
+
+    def nameplate_w(self, snapshot: BankSnapshot) -> float | None:
+        """This host's nameplate at the wall (W): every card at its maximum limit (a card
+        that is not controllable at its bound), through the feed model; None while a
+        card's maximum is unknown."""
+        board = 0.0
+        for c in snapshot.cards:
+            hi = c.max_limit_w if c.controllable else c.limit_bound_w
+            if hi is None:
+                return None
+            board += hi
+        return self.feed.wall_w(board)
 
     def want_w(self, snapshot: BankSnapshot, pinned_fraction: float = 0.9, margin: float = 1.15) -> float:
         """What this host's recipients could use above its reserve (wall W, >= 0).

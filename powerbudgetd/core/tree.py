@@ -324,7 +324,8 @@ class PowerTree:
         return max(0.0, self.room_for_w(host, held_w) - self.hosts[host].reserve_w)
 
 
-def divide(tree: PowerTree, wants_w: Mapping[str, float], lost: str | None = None) -> dict[str, float]:
+def divide(tree: PowerTree, wants_w: Mapping[str, float], lost: str | None = None,
+           ceilings_w: Mapping[str, float] | None = None) -> dict[str, float]:
     """Each host's allowed wall draw (reserve + grant, W) for its ``wants_w`` (W, total),
     so that every node's committed load fits its budget, and with ``lost`` dead also its
     flow (the two the records are held to: ``CircuitView.node_loads_w``).
@@ -334,6 +335,17 @@ def divide(tree: PowerTree, wants_w: Mapping[str, float], lost: str | None = Non
     progressive filling (max-min fair, :func:`core.fair.max_min_fair` at each node)
     until the host's want or a node on its paths is full. Never over any node's budget
     (a node already over stays where it is: nothing is added under it).
+
+    ``ceilings_w`` (W, total; None: none): the most each host could ever draw (its
+    nameplate: every card at its maximum limit). Once every want is met as far as the
+    nodes allow, the room left is handed out, class by class and max-min fair as the
+    wants were, up to each host's ceiling (never below its want): *spare room*, so that
+    a host's rise is met before its next want is published. Spare room never needs
+    shedding: with no feed lost, it also fits every node's flow with any one feed lost
+    (an oversubscribed pair's wants may need shedding on a loss; the room lent above
+    them does not add to it). Where every nameplate fits every node with pairs
+    redundant (the nameplate count), every host is given its nameplate. A host without
+    a ceiling gets none.
 
     Failover-invariant where the loss asks nothing new: a node's flow under the loss
     counts only where it carries some host more than committed (an oversubscribed
@@ -353,14 +365,32 @@ def divide(tree: PowerTree, wants_w: Mapping[str, float], lost: str | None = Non
     alloc = {h: 0.0 for h in tree.hosts}
     hosts = sorted({h for hs in bounds.values() for h in hs})
     classes = sorted({tree.hosts[h].priority for h in hosts}, reverse=True)
-    for stage in ("reserve", "want"):
+    stages = ("reserve", "want", "spare") if ceilings_w else ("reserve", "want")
+    for stage in stages:
+        if stage == "spare" and lost is None:
+            _bound_spare_by_each_loss(tree, bounds, room, alloc)
         for cls in classes:
             members = [h for h in hosts if tree.hosts[h].priority == cls]
             caps = {h: max(0.0, wants_w.get(h, 0.0)) for h in members}
             if stage == "reserve":
                 caps = {h: min(w, tree.hosts[h].reserve_w) for h, w in caps.items()}
+            elif stage == "spare":
+                assert ceilings_w is not None
+                caps = {h: max(w, ceilings_w.get(h, 0.0)) for h, w in caps.items()}
             _fill(bounds, room, alloc, caps)
     return alloc
+
+
+def _bound_spare_by_each_loss(tree: PowerTree, bounds: dict[object, Mapping[str, float]], room: dict[object, float],
+                              alloc: Mapping[str, float]) -> None:
+    """Spare room must not need shedding: each node's flow with each feed lost is a
+    bound too, its room what the division so far leaves it (a node the wants already put
+    over on that loss has none: nothing spare is added under it)."""
+    for feed in tree.feeds():
+        for node, hs in tree.coefficients(feed).items():
+            key = ("spare", feed, node)
+            bounds[key] = hs
+            room[key] = tree.nodes[node].budget_w - sum(c * alloc[h] for h, c in hs.items())
 
 
 def _fill(coefficients: Mapping[object, Mapping[str, float]], room: dict[object, float], alloc: dict[str, float],

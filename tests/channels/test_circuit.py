@@ -485,7 +485,7 @@ def _running(tmp_path: Path, store: _SeatStore, grant_w: float, cards_grant_w: f
     ch.held_w = ch.in_use_w = grant_w
     if cards_grant_w is not None:
         board = ch.power.board_budget_w(cards_grant_w)
-        ch.snapshot = SimpleNamespace(now=1.0, budget_w=board, sum_limit_bound_w=board)  # type: ignore[assignment]
+        ch.snapshot = SimpleNamespace(now=1.0, budget_w=board, sum_limit_bound_w=board, cards=())  # type: ignore[assignment]
     return ch
 
 
@@ -588,13 +588,13 @@ def test_a_record_removed_or_changed_under_a_running_host_is_published_again(tmp
     asyncio.run(ch._publish(read))  # the first: published
     assert len(put) == 1
     mine = put[0]
-    read.records["vm"] = HostRecord(mine.want_w, mine.caps_w, mine.draw_w, mine.seat_w, mine.grant_w, lease=1)
+    read.records["vm"] = HostRecord(mine.want_w, mine.caps_w, mine.draw_w, mine.seat_w, mine.grant_w, lease=1, max_w=mine.max_w)
     asyncio.run(ch._publish(read))  # as etcd holds it, nothing moved: not again
     assert len(put) == 1
     del read.records["vm"]
     asyncio.run(ch._publish(read))  # removed: again
     assert len(put) == 2
-    read.records["vm"] = HostRecord(0.0, mine.caps_w, mine.draw_w, mine.seat_w, mine.grant_w, lease=1)
+    read.records["vm"] = HostRecord(0.0, mine.caps_w, mine.draw_w, mine.seat_w, mine.grant_w, lease=1, max_w=mine.max_w)
     asyncio.run(ch._publish(read))  # its want overwritten: again
     assert len(put) == 3 and put[-1].want_w == 300.0
 

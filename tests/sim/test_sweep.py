@@ -113,8 +113,11 @@ def test_the_sweep_runs_on_inference_demand(tiny_tree: Path) -> None:
     assert out.returncode == 0, out.stderr
     r = json.loads(out.stdout)
     assert r["demand"] == "inference" and r["nameplate_count"] == 4
-    # Inference demand sits under the cards' max most of a day: nameplate trips nowhere.
+    # Inference demand sits under the cards' max most of a day: nameplate carries 1.5 N
+    # (6 hosts); the command goes on past the steps until it trips (7 hosts, 1.75 N).
     assert r["largest_zero_trip_count"]["nameplate"] == 6
+    assert r["rows"][-1]["count"] == 7 and r["rows"][-1]["runs"]["nameplate"]["trips"]
+    assert r["largest_zero_trip_count"]["powerbudgetd"] == 7
     assert all(0 < row["runs"]["powerbudgetd"]["work_per_host"] <= 1.01 for row in r["rows"])
 
 
@@ -126,3 +129,20 @@ def test_the_packaged_lab_carries_one_third_more_hosts_than_its_nameplate_under_
     assert r["nameplate_count"] == 8
     assert [row["count"] for row in r["rows"]] == [8, 10]
     assert r["largest_zero_trip_count"]["powerbudgetd"] == 10
+
+
+def test_a_count_where_powerbudgetd_does_more_than_the_oracle_gets_a_line_saying_why() -> None:
+    from powerbudgetd_sim.sweep import POLICIES, format_sweep
+
+    def run(work: float) -> dict:
+        return {"trips": {}, "cap_fraction": None, "work_per_host": work, "satisfaction_mean": 1.0, "satisfaction_p5": 1.0}
+
+    works = {"nameplate": 1.0, "best-cap": 1.0, "powerbudgetd": 0.907, "oracle": 0.898}
+    result = {"tree": "t", "demand": "scenario", "nameplate_count": 26, "duration_s": 30.0,
+              "rows": [{"count": 39, "feed_lost": None, "runs": {p: run(works[p]) for p in POLICIES}}],
+              "largest_zero_trip_count": {p: 39 for p in POLICIES}}
+    text = format_sweep(result)
+    assert "39 hosts: powerbudgetd 0.907 above the oracle's 0.898" in text and "bounds the division, not the work" in text
+    works["powerbudgetd"] = 0.898
+    result["rows"][0]["runs"] = {p: run(works[p]) for p in POLICIES}
+    assert "above the oracle" not in format_sweep(result)

@@ -527,7 +527,8 @@ class CircuitChannel:
             return
         now = self.clock()
         periodic = now - self._leases_at >= leases.REBALANCE_S
-        held_back = self._lease_room_w(read) < read.view.fair_w(self.host) - self.cfg.step_w
+        # Held back from what it asked for: its fair share of the wants (spare room is no ask).
+        held_back = self._lease_room_w(read) < dataclasses.replace(read.view, ceilings={}).fair_w(self.host) - self.cfg.step_w
         if not periodic and not (held_back and now - self._lease_asked_at >= leases.ASK_S):
             return
         if periodic:
@@ -850,6 +851,7 @@ class CircuitChannel:
             caps_w=None if snap is None else self.power.feed.wall_w(snap.sum_limit_bound_w),
             draw_w=None if snap is None or snap.sum_power_known_w is None else self.power.feed.wall_w(snap.sum_power_known_w),
             seat_w=read.view.seats.get(self.host), grant_w=self.held_w,
+            max_w=None if snap is None else self.power.nameplate_w(snap),
         )
         self.metrics.caps.set(rec.caps_w or 0.0)
         self.metrics.draw.set(rec.draw_w or 0.0)
@@ -1133,10 +1135,10 @@ class CircuitChannel:
 
 def _moved(old: HostRecord, new: HostRecord, step_w: float) -> bool:
     """Whether a record changed enough to publish again: seat or grant at all; want,
-    caps or draw by ``step_w`` (W) or more, or appearing or vanishing."""
+    caps, draw or nameplate by ``step_w`` (W) or more, or appearing or vanishing."""
     if (old.seat_w, old.grant_w) != (new.seat_w, new.grant_w):
         return True
-    for a, b in ((old.want_w, new.want_w), (old.caps_w, new.caps_w), (old.draw_w, new.draw_w)):
+    for a, b in ((old.want_w, new.want_w), (old.caps_w, new.caps_w), (old.draw_w, new.draw_w), (old.max_w, new.max_w)):
         if (a is None) != (b is None) or (a is not None and b is not None and abs(a - b) >= step_w):
             return True
     return False

@@ -10,7 +10,7 @@ Keys, under ``<prefix>/<circuit>/``::
                      "reserve_w"}              under the host's lease, created only where
                                                none is: one daemon per name
     grants/<host>   {"grant_w"}                under the host's lease
-    wants/<host>    {"want_w", "caps_w", "draw_w", "seat_w", "grant_w"}
+    wants/<host>    {"want_w", "caps_w", "draw_w", "seat_w", "grant_w", "max_w"}
                                                under the lease: the host's record, each round
     pending/<host>  {"reserve_w"}              under the lease: a seat that did not fit
     down/<feed>     {"by"}                     persistent: a feed of the tree known lost
@@ -144,8 +144,10 @@ class HostRecord:
     """What a live host publishes each round under its lease (``wants/<host>``), in wall
     W: its want above the reserve, its sum of caps (the highest limit that may be in
     force on each card) and its measured draw (the cards' 1 s averages; None while a
-    card's reading is unknown), both through its feed model to the plug, and the seat
-    and grant it holds as it sees them."""
+    card's reading is unknown), both through its feed model to the plug, the seat
+    and grant it holds as it sees them, and its nameplate (``max_w``: every card at its
+    maximum limit, through its feed model; None where not known): the ceiling of the
+    spare room it may be handed (``CircuitView.ceilings``)."""
 
     want_w: float
     caps_w: float | None = None
@@ -153,6 +155,7 @@ class HostRecord:
     seat_w: float | None = None
     grant_w: float | None = None
     lease: int = 0
+    max_w: float | None = None
 
 
 @dataclass(frozen=True)
@@ -339,14 +342,16 @@ def _claim(doc: dict[str, Any], lease: int, mod: int) -> Claim:
 def stored_fields(record: HostRecord) -> dict[str, float]:
     """A record's figures as etcd holds them (W, to 0.1 W; an unknown one left out)."""
     return {k: round(v, 1) for k, v in (("want_w", record.want_w), ("caps_w", record.caps_w),
-            ("draw_w", record.draw_w), ("seat_w", record.seat_w), ("grant_w", record.grant_w)) if v is not None}
+            ("draw_w", record.draw_w), ("seat_w", record.seat_w), ("grant_w", record.grant_w),
+            ("max_w", record.max_w)) if v is not None}
 
 
 def _record(doc: dict[str, Any], lease: int) -> HostRecord:
     def w(key: str) -> float | None:
         return records.watts(doc, key, optional=True)
 
-    return HostRecord(records.watts(doc, "want_w") or 0.0, w("caps_w"), w("draw_w"), w("seat_w"), w("grant_w"), lease)
+    return HostRecord(records.watts(doc, "want_w") or 0.0, w("caps_w"), w("draw_w"), w("seat_w"), w("grant_w"), lease,
+                      w("max_w"))
 
 
 class CircuitStore:
@@ -625,6 +630,9 @@ class CircuitStore:
         leases = {h: r.lease for h, r in recs.items() if r.lease}
         leases.update({h: c.lease for h, c in claims.items() if c.lease})
         wants = {h: r.want_w for h, r in recs.items()}
+        # Each host's ceiling above its seat (or pending reserve): its nameplate less it.
+        ceilings = {h: max(0.0, r.max_w - seats.get(h, pending.get(h, 0.0)))
+                    for h, r in recs.items() if r.max_w is not None and h not in unknown[self.seats]}
         tree: PowerTree | None = None
         if tree_value is not None:
             shape = await self._tree_shape(tree_value)
@@ -651,7 +659,8 @@ class CircuitStore:
                            unknown_seats=frozenset(unknown[self.seats]), unknown_grants=frozenset(unknown[self.grants]),
                            seat_order=order, tree=tree, tree_bad=(tree_value is not None and tree is None) or down_bad,
                            lost=None if down_bad else lost,
-                           unseated={h: c.reserve_w for h, c in claims.items() if h not in seats})
+                           unseated={h: c.reserve_w for h, c in claims.items() if h not in seats},
+                           ceilings=ceilings)
         return Read(spec, view, revision, spec_mod, leases, spec_created, claims, recs, bad, tree_mod, marked,
                     host_marks, unleased, free_claims, meters, delegations, delegation_mods)
 
