@@ -319,15 +319,19 @@ class GrantPolicy:
     been so for this long, however little above (small excesses on many hosts would
     otherwise add up to a share that another host never gets), and at once while the
     records that could be read over-commit the circuit or put a node over (a feed lost).
-    Spare room (a grant above both the fair share and the host's own want, where the host
-    published a ceiling: :attr:`CircuitView.ceilings`) is given back at once: the hold
-    protects what a host asked for, not room it was lent because nobody else asked.
-    Stateful (the hold's start), but pure: ``now`` in s is passed in.
+    Spare room (a grant above both the fair share and what the host asked for, where the
+    host published a ceiling: :attr:`CircuitView.ceilings`) is given back at once: the
+    hold protects what a host asked for, not room it was lent because nobody else asked.
+    What it asked for is its highest want over the last hold (a dip in its want is held
+    like any excess, not taken for room it never asked).
+    Stateful (the hold's start, the want's recent peak), but pure: ``now`` in s is passed in.
     """
 
     step_w: float = 20.0
     release_hold_s: float = 10.0
     _above_since: float | None = None
+    _asked_w: float = 0.0  # the highest want (W) since _asked_at
+    _asked_at: float = -math.inf
 
     @property
     def releasing(self) -> bool:
@@ -339,6 +343,9 @@ class GrantPolicy:
         """The grant (W) this host should hold now: a raise only within the free watts
         of ``view``; a lowering after the hold; else ``current_w``."""
         fair = view.fair_w(host)
+        want = view.wants.get(host, 0.0)
+        if want >= self._asked_w or now - self._asked_at >= self.release_hold_s:
+            self._asked_w, self._asked_at = want, now
         if fair > current_w:
             self._above_since = None
             raise_to = current_w + min(fair - current_w, max(0.0, view.free_w), max(0.0, view.room_w(host) - current_w))
@@ -350,7 +357,7 @@ class GrantPolicy:
             self._above_since = None
             return current_w
         if host in view.ceilings:  # spare room (above its own want) goes back at once: another host needs it
-            keep = max(fair, min(current_w, view.wants.get(host, 0.0)))
+            keep = max(fair, min(current_w, self._asked_w))
             if keep < current_w - EPS_W:
                 if keep <= fair + EPS_W:
                     self._above_since = None
