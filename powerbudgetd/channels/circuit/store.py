@@ -240,6 +240,9 @@ class _Client(aetcd.Client):
         self._connected.set()
 
 
+WATCH_PING_S = 6.0  # a watch's stream pinged this often (etcd refuses pings under 5 s apart)
+
+
 def _raise_if_cancelled() -> None:
     """A call's failure while this task is being cancelled is the cancellation: grpc's
     asyncio calls answer a cancel with a CANCELLED error, which aetcd turns into its own
@@ -473,10 +476,17 @@ class CircuitStore:
         then on are all told; a reader reads once after it), then each changed key.
         Raises :class:`StoreUnavailable` when the watch cannot be opened within
         ``timeout_s`` or its stream ends (a member stopped, a partition healed into a
-        compacted revision)."""
+        compacted revision), or a ping is not answered within ``timeout_s`` (a member
+        hung, or cut off with the connection left open: a quiet stream says nothing)."""
         host, _, port = endpoint.rpartition(":")
+        # A stream with no events says nothing: pinged, so that a member that stopped
+        # answering (hung, or cut off with the connection left open) ends the watch.
+        pings = {"grpc.keepalive_time_ms": int(WATCH_PING_S * 1000),
+                 "grpc.keepalive_timeout_ms": max(1000, int(self.timeout_s * 1000)),
+                 "grpc.http2.ping_timeout_ms": max(1000, int(self.timeout_s * 1000)),
+                 "grpc.http2.max_pings_without_data": 0}  # else gRPC stops pinging a quiet stream after 2
         client = _Client(host.strip("[]"), int(port), tls=self._tls, username=self._auth[0], password=self._auth[1],
-                         timeout=None)
+                         timeout=None, options=pings)
         try:
             try:
                 async with asyncio.timeout(self.timeout_s):
