@@ -61,6 +61,7 @@ from powerbudgetd.channels.circuit.store import (
     StoreRefused,
     StoreUnavailable,
     Tls,
+    _raise_if_cancelled,
     stored_fields,
 )
 from powerbudgetd.channels.circuit import leases
@@ -361,6 +362,9 @@ class CircuitChannel:
                 self._watch_down(str(exc))
             except Exception as exc:  # noqa: BLE001 - the rounds go on polling whatever the watch does
                 self._watch_down(f"{type(exc).__name__}: {exc}")
+            # A stop's cancel swallowed on the way (aetcd's close lets one pass by while it
+            # waits for its stream's task): the stop, not a watch to open again.
+            _raise_if_cancelled()
             index += 1
             await asyncio.sleep(retry_s)
             retry_s = min(WATCH_RETRY_MAX_S, retry_s * 2)
