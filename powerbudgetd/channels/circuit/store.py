@@ -495,9 +495,24 @@ class CircuitStore:
                 _raise_if_cancelled()
                 raise StoreUnavailable(f"{endpoint}: watch: {type(exc).__name__}: {exc}".rstrip(": ")) from None
             yield None
+            told: dict[bytes, tuple[float | None, ...]] = {}  # a record's want, seat and grant, as last told
             try:
                 async for event in watch:
-                    yield bytes(event.kv.key)
+                    key = bytes(event.kv.key)
+                    if key.startswith(self.wants) and not self._metered():
+                        # A record's measured draw and caps move with every load swing: told
+                        # only with its want, seat or grant (else each host's woken round
+                        # publishing its draw woke every other host's: a storm of reads and
+                        # writes on a busy circuit). Under a meter, its draw counts: told.
+                        try:
+                            r = _record(records.parse(bytes(event.kv.value)), 0)
+                            figures: tuple[float | None, ...] = (round(r.want_w, 1), r.seat_w, r.grant_w)
+                        except records.BadRecord:
+                            figures = (None,)
+                        if told.get(key) == figures:
+                            continue
+                        told[key] = figures
+                    yield key
             except (aetcd.exceptions.ClientError, grpc.RpcError, OSError) as exc:
                 _raise_if_cancelled()
                 raise StoreUnavailable(f"{endpoint}: watch ended: {type(exc).__name__}: {exc}".rstrip(": ")) from None
@@ -506,6 +521,11 @@ class CircuitStore:
             with contextlib.suppress(Exception):  # a dead channel may fail to close; it is dropped
                 async with asyncio.timeout(1.0):
                     await client.close()
+
+    def _metered(self) -> bool:
+        """Whether the tree last read has a metered node (the hosts' draw counts)."""
+        tree = None if self._tree_seen is None else self._tree_seen[1]
+        return tree is not None and not isinstance(tree, str) and any(n.meter is not None for n in tree.nodes.values())
 
     # -- reads ----------------------------------------------------------------------
     async def _tree_shape(self, value: bytes) -> PowerTree | str:
