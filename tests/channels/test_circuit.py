@@ -826,3 +826,60 @@ def test_a_stop_that_lands_as_a_round_is_woken_is_never_lost(tmp_path: Path) -> 
         return lost
 
     assert asyncio.run(go()) == 0
+
+
+def test_a_stop_that_lands_while_a_broken_watch_closes_is_never_lost(tmp_path: Path) -> None:
+    """The watch's stream ended and its connection is closing when the daemon stops:
+    aetcd's close awaits its stream's task and lets a CancelledError pass by, so the stop's
+    cancel of the watch is swallowed there. The watch must not go on to open again (the
+    channel, waiting on it, would never end: the daemon would not leave)."""
+    import asyncio
+    import contextlib
+
+    from powerbudgetd.channels.circuit.store import Read, StoreUnavailable
+    from powerbudgetd.core.circuit import CircuitView
+
+    class Store:
+        name, endpoint, endpoints = "lab", "fake:1", ["fake:1"]
+        opened = 0
+
+        def host_keys(self, host: str) -> list[bytes]:
+            return []
+
+        def meter_prefix(self, host: str) -> bytes:
+            return b"m/"
+
+        async def changes(self, endpoint: str):  # noqa: ANN201
+            self.opened += 1
+            yield None
+            try:
+                await asyncio.sleep(0.2)
+                raise StoreUnavailable(f"{endpoint}: watch ended")
+            finally:  # the connection closed as aetcd closes it (the first time: the stop's cancel)
+                with contextlib.suppress(asyncio.CancelledError) if self.opened == 1 else contextlib.nullcontext():
+                    await asyncio.sleep(0.5)
+
+        async def read(self) -> Read:
+            return Read(None, CircuitView(0, {}, {}, {}, revision=1), 1)
+
+        async def close(self) -> None:
+            pass
+
+    s = _cfg(tmp_path, CIRCUIT.replace('name = "lab"', 'name = "lab"\nhost = "vm"\npoll_s = 5'))
+    assert s.circuit is not None
+    store = Store()
+    ch = CircuitChannel(s.circuit, s.circuit.host_power(s.feed), BudgetArbiter(s.effective_budget_w()),
+                        lower_s=1.0, store=store, registry=CollectorRegistry())  # type: ignore[arg-type]
+
+    async def go() -> bool:
+        task = asyncio.create_task(ch.run())
+        await asyncio.sleep(0.4)  # the watch's stream ended at 0.2 s: its connection closing until 0.7 s
+        task.cancel()
+        done, _ = await asyncio.wait({task}, timeout=3.0)
+        if not done:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+        return bool(done)
+
+    assert asyncio.run(go())
+    assert store.opened == 1  # not opened again after the stop

@@ -17,7 +17,17 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from support.circuit import Checker, EtcdCluster, Host, etcd_edit, granted, init_circuit, start_hosts, stop_hosts
+from support.circuit import (
+    Checker,
+    EtcdCluster,
+    Host,
+    TcpProxy,
+    etcd_edit,
+    granted,
+    init_circuit,
+    start_hosts,
+    stop_hosts,
+)
 from support.daemon import json_lines
 from support.wait import wait_until
 
@@ -100,3 +110,66 @@ def test_a_settled_host_reads_nothing_between_keepalives(etcd1: EtcdCluster, tmp
     # read 20 times.
     assert reads <= 3, after
     assert txns <= 3, after  # the NOSPACE question, once per keepalive period
+
+
+def test_a_watch_stalled_silently_is_left_and_a_lowered_budget_followed_in_seconds(
+        etcd1: EtcdCluster, tmp_path: Path) -> None:
+    """The watch's member stops answering with its connection left open (hung, or
+    packets dropped on a partition): no error and no event. The reads move on to the
+    next endpoint at the next keepalive round; the watch must too, or a settled host
+    reads every change only at its keepalive (10 s here)."""
+    init_circuit(etcd1.endpoints, "lab", BUDGET_W, TTL_S)
+    proxy = TcpProxy(etcd1.members[0].client_port)
+    eps = [proxy.endpoint, etcd1.endpoints[0]]  # the watch opens on the proxy first
+    hosts = [Host(f"h{i}", tmp_path, eps, "lab", reserve_w=RESERVE_W, poll_s=0.5) for i in range(2)]
+    try:
+        start_hosts(hosts)
+        wait_until(lambda: all(380 <= _grant(h) <= 400 for h in hosts), 30, "the pool split fairly")
+        proxy.freeze()
+        # A keepalive round times out on the proxy and the reads move to the member
+        # (within 10 s + the request timeout); then a little longer than that again.
+        time.sleep(TTL_S / 6 + 6.0)
+        # Left for the next endpoint: a stalled stream, not the keepalive, said so.
+        assert all(_at(h, "circuit_watch_down") for h in hosts), [h.name for h in hosts if not _at(h, "circuit_watch_down")]
+        lowered_at = time.time()
+        etcd_edit(eps[1:], "lab", put={"spec": json.dumps({"budget_w": 2 * RESERVE_W, "ttl_s": TTL_S}).encode()})
+        wait_until(lambda: all(_grant(h) == 0 for h in hosts), TTL_S / 6 + 2, "the grants given back", step_s=0.02)
+        taken = time.time() - lowered_at
+    finally:
+        stop_hosts(hosts)
+        proxy.close()
+    print(f"\n[circuit figures] watch stalled silently: a lowered budget followed {taken:.2f} s after the put "
+          f"(poll_s 0.5 s, keepalive every {TTL_S / 6:g} s)")
+    assert taken < 2.0, taken
+
+
+SWING = '[[cards]]\nphases = [{ at_s = 0, kind = "square", high_w = 300, low_w = 120, on_s = %.2f, off_s = %.2f, ' \
+        'workload = "compute" }]\n'
+
+
+def test_a_busy_circuit_reads_no_more_than_twice_as_often_as_polling(etcd1: EtcdCluster, tmp_path: Path) -> None:
+    """Six hosts whose loads swing (their wants and draws move every second) on a pool
+    they all want more of: each round publishes a record, which every other host is
+    told of. Told at once, each host's round woke every other's: ten rounds a second
+    each, a write in most. Polling every second read 6 times a second."""
+    n, poll_s = 6, 1.0
+    init_circuit(etcd1.endpoints, "lab", (RESERVE_W + 200.0) * n, TTL_S)
+    hosts = [Host(f"h{i}", tmp_path, etcd1.endpoints, "lab", reserve_w=RESERVE_W, poll_s=poll_s) for i in range(n)]
+    for i, h in enumerate(hosts):
+        body = 'name = "circuit-test"\nbank = "workstation-4"\nbudget_w = 1200\nduration_s = 3600\nseed = 1\nlag_s = 0.1\n'
+        body += "".join(SWING % (0.5 + 0.1 * i + 0.07 * c, 0.6 + 0.05 * c) for c in range(4))
+        (h.dir / "scenario.toml").write_text(body)
+    try:
+        start_hosts(hosts)
+        wait_until(lambda: all(_grant(h) > 0 for h in hosts), 30, "a grant on every host")
+        time.sleep(5.0)
+        before, t = _etcd_requests(etcd1), time.monotonic()
+        time.sleep(10.0)
+        after, window_s = _etcd_requests(etcd1), time.monotonic() - t
+    finally:
+        stop_hosts(hosts)
+    reads, puts = ((after.get(k, 0) - before.get(k, 0)) / window_s for k in ("Range", "Put"))
+    print(f"\n[circuit figures] {n} busy hosts, loads swinging, poll_s {poll_s:g} s: {reads:.1f} reads/s, "
+          f"{puts:.1f} puts/s (polling: {n / poll_s:g} reads/s)")
+    assert reads <= 2.5 * n / poll_s, reads
+    assert puts <= 2.5 * n / poll_s, puts

@@ -181,6 +181,7 @@ class TcpProxy:
         self.listener = socket.create_server(("127.0.0.1", 0))
         self.port = self.listener.getsockname()[1]
         self.cut_off = False
+        self.frozen = False  # a silent stall: connections stay open, nothing passes
         self._conns: list[socket.socket] = []
         self._lock = threading.Lock()
         threading.Thread(target=self._accept, daemon=True).start()
@@ -197,10 +198,11 @@ class TcpProxy:
                 return
             with self._lock:
                 self._conns.append(client)
-                if self.cut_off:
+                if self.cut_off or self.frozen:
                     continue  # black hole: accepted, never answered
             try:
                 upstream = socket.create_connection(self.target, timeout=2)
+                upstream.settimeout(None)  # a quiet stream (a watch) is no failure
             except OSError:
                 client.close()
                 continue
@@ -215,7 +217,8 @@ class TcpProxy:
                 data = src.recv(65536)
                 if not data or self.cut_off:
                     break
-                dst.sendall(data)
+                if not self.frozen:
+                    dst.sendall(data)
         except OSError:
             pass
         for s in (src, dst):
@@ -234,9 +237,15 @@ class TcpProxy:
                     pass
             self._conns = []
 
+    def freeze(self) -> None:
+        """A silent stall (a member hung, or a partition that drops packets): every
+        connection stays open and nothing passes either way; no error to see."""
+        self.frozen = True
+
     def heal(self) -> None:
         with self._lock:
             self.cut_off = False
+            self.frozen = False
 
     def close(self) -> None:
         self.cut()

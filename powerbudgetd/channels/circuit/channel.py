@@ -3,9 +3,10 @@ source behind the arbiter (lowering only).
 
 Each round: renew the lease when due, read the circuit, publish the want, and move the
 grant toward this host's fair share. A round follows a change at once: a watch on the
-circuit's prefix wakes the channel on any other host's key (its seat, grant, record,
-claim or meter), a feed mark, the spec or the tree, and the cards wake it when this
-host's want rises by a step. Woken rounds are spaced by :func:`wake_gap_s` (0.1 s on a
+circuit's prefix wakes the channel on any other host's key (its seat, grant, claim or
+meter), a feed mark, the spec or the tree, and the cards wake it when this host's want
+rises by a step with free watts to take; another host's record (its want), or a want
+rising with none free, is read at the pace of ``poll_s``. Woken rounds are spaced by :func:`wake_gap_s` (0.1 s on a
 small circuit, longer on a large one: the circuit's hosts together read at most
 ``WOKEN_READS_PER_S`` times a second). Between changes a round comes every ``poll_s``
 while anything is in motion or the watch is down, and only at the keepalive when this
@@ -61,6 +62,7 @@ from powerbudgetd.channels.circuit.store import (
     StoreRefused,
     StoreUnavailable,
     Tls,
+    _raise_if_cancelled,
     stored_fields,
 )
 from powerbudgetd.channels.circuit import leases
@@ -274,7 +276,10 @@ class CircuitChannel:
         self.want_w = self.power.want_w(snap)
         self.metrics.want.set(self.want_w)
         if self.want_w >= max(self.held_w, self._want_at_round) + max(self.cfg.step_w, 5.0):
-            self._wake(urgent=True)  # a raise may be due now, not at the next poll
+            # A raise may be due now, not at the next poll; with no free watts to take as
+            # the last read saw it, the want is published at the poll's pace.
+            read = self.last_read
+            self._wake(urgent=read is None or read.view.free_w >= self.cfg.step_w)
         left = self.valid_until - self.lease_clock()
         self.metrics.lease_left.set(max(0.0, left) if self.in_use_w > 0 else 0.0)
         if left <= 0 and self.in_use_w > 0:
@@ -356,11 +361,17 @@ class CircuitChannel:
                         log.info("circuit_watching", endpoint=endpoint, circuit=self.store.name, host=self.host)
                         self._wake(urgent=True)
                     elif key not in own and not key.startswith(mine):
-                        self._wake(urgent=True)
+                        # Another host's record (its want) moves with its load: read at the
+                        # poll's pace, not at once (a busy circuit's records woke every host
+                        # ten times a second, each round publishing its own in turn).
+                        self._wake(urgent=not key.startswith(self.store.wants))
             except StoreUnavailable as exc:
                 self._watch_down(str(exc))
             except Exception as exc:  # noqa: BLE001 - the rounds go on polling whatever the watch does
                 self._watch_down(f"{type(exc).__name__}: {exc}")
+            # A stop's cancel swallowed on the way (aetcd's close lets one pass by while it
+            # waits for its stream's task): the stop, not a watch to open again.
+            _raise_if_cancelled()
             index += 1
             await asyncio.sleep(retry_s)
             retry_s = min(WATCH_RETRY_MAX_S, retry_s * 2)

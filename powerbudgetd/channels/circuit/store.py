@@ -243,6 +243,9 @@ class _Client(aetcd.Client):
         self._connected.set()
 
 
+WATCH_PING_S = 6.0  # a watch's stream pinged this often (etcd refuses pings under 5 s apart)
+
+
 def _raise_if_cancelled() -> None:
     """A call's failure while this task is being cancelled is the cancellation: grpc's
     asyncio calls answer a cancel with a CANCELLED error, which aetcd turns into its own
@@ -478,10 +481,17 @@ class CircuitStore:
         then on are all told; a reader reads once after it), then each changed key.
         Raises :class:`StoreUnavailable` when the watch cannot be opened within
         ``timeout_s`` or its stream ends (a member stopped, a partition healed into a
-        compacted revision)."""
+        compacted revision), or a ping is not answered within ``timeout_s`` (a member
+        hung, or cut off with the connection left open: a quiet stream says nothing)."""
         host, _, port = endpoint.rpartition(":")
+        # A stream with no events says nothing: pinged, so that a member that stopped
+        # answering (hung, or cut off with the connection left open) ends the watch.
+        pings = {"grpc.keepalive_time_ms": int(WATCH_PING_S * 1000),
+                 "grpc.keepalive_timeout_ms": max(1000, int(self.timeout_s * 1000)),
+                 "grpc.http2.ping_timeout_ms": max(1000, int(self.timeout_s * 1000)),
+                 "grpc.http2.max_pings_without_data": 0}  # else gRPC stops pinging a quiet stream after 2
         client = _Client(host.strip("[]"), int(port), tls=self._tls, username=self._auth[0], password=self._auth[1],
-                         timeout=None)
+                         timeout=None, options=pings)
         try:
             try:
                 async with asyncio.timeout(self.timeout_s):
@@ -490,9 +500,24 @@ class CircuitStore:
                 _raise_if_cancelled()
                 raise StoreUnavailable(f"{endpoint}: watch: {type(exc).__name__}: {exc}".rstrip(": ")) from None
             yield None
+            told: dict[bytes, tuple[float | None, ...]] = {}  # a record's want, seat and grant, as last told
             try:
                 async for event in watch:
-                    yield bytes(event.kv.key)
+                    key = bytes(event.kv.key)
+                    if key.startswith(self.wants) and not self._metered():
+                        # A record's measured draw and caps move with every load swing: told
+                        # only with its want, seat or grant (else each host's woken round
+                        # publishing its draw woke every other host's: a storm of reads and
+                        # writes on a busy circuit). Under a meter, its draw counts: told.
+                        try:
+                            r = _record(records.parse(bytes(event.kv.value)), 0)
+                            figures: tuple[float | None, ...] = (round(r.want_w, 1), r.seat_w, r.grant_w)
+                        except records.BadRecord:
+                            figures = (None,)
+                        if told.get(key) == figures:
+                            continue
+                        told[key] = figures
+                    yield key
             except (aetcd.exceptions.ClientError, grpc.RpcError, OSError) as exc:
                 _raise_if_cancelled()
                 raise StoreUnavailable(f"{endpoint}: watch ended: {type(exc).__name__}: {exc}".rstrip(": ")) from None
@@ -501,6 +526,11 @@ class CircuitStore:
             with contextlib.suppress(Exception):  # a dead channel may fail to close; it is dropped
                 async with asyncio.timeout(1.0):
                     await client.close()
+
+    def _metered(self) -> bool:
+        """Whether the tree last read has a metered node (the hosts' draw counts)."""
+        tree = None if self._tree_seen is None else self._tree_seen[1]
+        return tree is not None and not isinstance(tree, str) and any(n.meter is not None for n in tree.nodes.values())
 
     # -- reads ----------------------------------------------------------------------
     async def _tree_shape(self, value: bytes) -> PowerTree | str:
