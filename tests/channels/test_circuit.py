@@ -883,3 +883,90 @@ def test_a_stop_that_lands_while_a_broken_watch_closes_is_never_lost(tmp_path: P
 
     assert asyncio.run(go())
     assert store.opened == 1  # not opened again after the stop
+
+
+def test_the_cards_wake_a_round_at_once_for_a_rise_and_at_the_poll_s_pace_for_a_fall(tmp_path: Path) -> None:
+    """A settled host reads only at its keepalive: a want that rose must not wait for it
+    (a round at once), nor a want that fell (its watts go back to the others at the next
+    poll, not a keepalive period later)."""
+    from support.rig import make_rig
+
+    s = _cfg(tmp_path, CIRCUIT)
+    assert s.circuit is not None
+    ch = CircuitChannel(s.circuit, s.circuit.host_power(s.feed), BudgetArbiter(s.effective_budget_w()), lower_s=1.0,
+                        registry=CollectorRegistry())
+    quiet = make_rig([card(0, idle()), card(1, idle())], 500).step()
+    ch._want_at_round = 500.0  # the last round saw 500 W wanted; the cards went idle since
+    ch.on_tick(quiet)
+    assert ch.want_w < 100 and ch.nudged and not ch.urgent
+    ch.nudged = False
+    ch._want_at_round = ch.want_w
+    ch.on_tick(quiet)
+    assert not ch.nudged  # nothing moved: no round woken
+    rig = make_rig([card(i, busy()) for i in range(4)], 1200)
+    for _ in range(12):  # a 1 s average to judge them pinned by
+        pinned = rig.step()
+    ch.on_tick(pinned)
+    assert ch.want_w > ch._want_at_round + 20 and ch.urgent  # no read yet: a raise may be due at once
+
+
+def test_the_watch_moves_to_the_member_the_reads_moved_to(tmp_path: Path) -> None:
+    """A member cut off from its cluster may keep the watch's stream open (and answer its
+    pings) while it tells no change: once the reads have moved to another member (a
+    failed call), the watch follows them there."""
+    import asyncio
+
+    from structlog.testing import capture_logs
+
+    from powerbudgetd.channels.circuit.store import Read
+    from powerbudgetd.core.circuit import CircuitView
+
+    class Store:
+        name, endpoint, endpoints = "lab", "m0:1", ["m0:1", "m1:1", "m2:1"]
+        spec_key = b"lab/spec"
+        reads = 0
+        watched: list[str] = []
+
+        def host_keys(self, host: str) -> list[bytes]:
+            return []
+
+        def meter_prefix(self, host: str) -> bytes:
+            return b"m/"
+
+        async def changes(self, endpoint: str):  # noqa: ANN201
+            self.watched.append(endpoint)
+            yield None
+            await asyncio.Event().wait()  # open, silent
+
+        async def read(self) -> Read:
+            self.reads += 1
+            if self.reads == 3:
+                self.endpoint = "m1:1"  # the reads failed over (the store rotates on a failed call)
+            return Read(None, CircuitView(0, {}, {}, {}, revision=1), 1)
+
+        async def writes_refused(self, host: str) -> bool:
+            return False
+
+        def operator_keys(self) -> list[tuple[bytes, str]]:
+            return []
+
+        async def close(self) -> None:
+            pass
+
+    s = _cfg(tmp_path, CIRCUIT.replace('name = "lab"', 'name = "lab"\nhost = "vm"\npoll_s = 0.1'))
+    assert s.circuit is not None
+    store = Store()
+    ch = CircuitChannel(s.circuit, s.circuit.host_power(s.feed), BudgetArbiter(s.effective_budget_w()), lower_s=1.0,
+                        store=store, registry=CollectorRegistry())  # type: ignore[arg-type]
+
+    async def go() -> None:
+        task = asyncio.create_task(ch.run())
+        await asyncio.sleep(0.8)
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+    with capture_logs() as logs:
+        asyncio.run(go())
+    assert store.watched == ["m0:1", "m1:1"], store.watched
+    assert [e["was"] for e in logs if e["event"] == "circuit_watch_moved"] == ["m0:1"]
+    assert not any(e["event"] == "circuit_round_failed" for e in logs)

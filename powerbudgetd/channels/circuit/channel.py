@@ -62,7 +62,7 @@ from powerbudgetd.channels.circuit.store import (
     StoreRefused,
     StoreUnavailable,
     Tls,
-    _raise_if_cancelled,
+    raise_if_cancelled,
     stored_fields,
 )
 from powerbudgetd.channels.circuit import leases
@@ -245,6 +245,8 @@ class CircuitChannel:
         self.wake = asyncio.Event()
         self.urgent = self.nudged = False
         self.watching = False  # the watch is in place: a change is told, not polled for
+        self._watching_at: str | None = None  # the member the watch is on (while watching)
+        self._watch_task: asyncio.Task[None] | None = None
         self._round_at = float("-inf")  # the last round's start (lease clock s)
         self._want_at_round = 0.0  # the want (W) as the last round saw it
         self._grant_settled = False  # the last round found the grant at its target and wrote nothing
@@ -275,7 +277,9 @@ class CircuitChannel:
             self._wake(urgent=True)  # the grant given back now, not at the next poll
         self.want_w = self.power.want_w(snap)
         self.metrics.want.set(self.want_w)
-        if self.want_w >= max(self.held_w, self._want_at_round) + max(self.cfg.step_w, 5.0):
+        if self.want_w <= self._want_at_round - max(self.cfg.step_w, 5.0):
+            self._wake(urgent=False)  # watts to give back: published at the poll's pace, not the keepalive's
+        elif self.want_w >= max(self.held_w, self._want_at_round) + max(self.cfg.step_w, 5.0):
             # A raise may be due now, not at the next poll; with no free watts to take as
             # the last read saw it, the want is published at the poll's pace.
             read = self.last_read
@@ -306,7 +310,7 @@ class CircuitChannel:
 
     async def run(self) -> None:
         first = True
-        watch = asyncio.create_task(self._watch())
+        self._watch_task = asyncio.create_task(self._watch())
         try:
             while True:
                 try:
@@ -317,6 +321,7 @@ class CircuitChannel:
                         await self.round()
                     self._set_reachable(True)
                     await self._after_round()
+                    await self._follow_reads()
                 except StoreFull as exc:
                     self._set_full(True, str(exc))
                     self._set_reachable(True)
@@ -336,9 +341,25 @@ class CircuitChannel:
             await self._leave_cleanly()
             raise
         finally:
-            watch.cancel()
-            await asyncio.gather(watch, return_exceptions=True)
+            await self._stop_watch()
             await self.store.close()
+
+    async def _stop_watch(self) -> None:
+        task, self._watch_task = self._watch_task, None
+        if task is not None:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+
+    async def _follow_reads(self) -> None:
+        """The watch moved to the member the reads moved to (after a failed call): a
+        member cut off from its cluster may keep a stream open and answer its pings while
+        it tells no change; the one that answers reads is the one to watch."""
+        if self._watching_at is not None and self._watching_at != self.store.endpoint:
+            log.info("circuit_watch_moved", endpoint=self.store.endpoint, was=self._watching_at,
+                     circuit=self.store.name, host=self.host)
+            await self._stop_watch()
+            self.watching, self._watching_at = False, None
+            self._watch_task = asyncio.create_task(self._watch())
 
     def _wake(self, *, urgent: bool) -> None:
         self.urgent = self.urgent or urgent
@@ -357,7 +378,7 @@ class CircuitChannel:
             try:
                 async for key in self.store.changes(endpoint):
                     if key is None:
-                        self.watching, retry_s = True, 1.0
+                        self.watching, self._watching_at, retry_s = True, endpoint, 1.0
                         log.info("circuit_watching", endpoint=endpoint, circuit=self.store.name, host=self.host)
                         self._wake(urgent=True)
                     elif key not in own and not key.startswith(mine):
@@ -371,7 +392,7 @@ class CircuitChannel:
                 self._watch_down(f"{type(exc).__name__}: {exc}")
             # A stop's cancel swallowed on the way (aetcd's close lets one pass by while it
             # waits for its stream's task): the stop, not a watch to open again.
-            _raise_if_cancelled()
+            raise_if_cancelled()
             index += 1
             await asyncio.sleep(retry_s)
             retry_s = min(WATCH_RETRY_MAX_S, retry_s * 2)
@@ -380,7 +401,7 @@ class CircuitChannel:
         if self.watching:
             log.warning("circuit_watch_down", error=error, circuit=self.store.name, host=self.host,
                         detail=f"reading the circuit every {self.cfg.poll_s:g} s until it is back")
-        self.watching = False
+        self.watching, self._watching_at = False, None
         self._wake(urgent=False)  # from a settled wait back to polling
 
     def _settled(self) -> bool:

@@ -246,7 +246,7 @@ class _Client(aetcd.Client):
 WATCH_PING_S = 6.0  # a watch's stream pinged this often (etcd refuses pings under 5 s apart)
 
 
-def _raise_if_cancelled() -> None:
+def raise_if_cancelled() -> None:
     """A call's failure while this task is being cancelled is the cancellation: grpc's
     asyncio calls answer a cancel with a CANCELLED error, which aetcd turns into its own
     and Python 3.11's ``asyncio.wait_for`` passes on. Taken for an etcd outage, a stop
@@ -420,7 +420,7 @@ class CircuitStore:
             async with asyncio.timeout(self.timeout_s):  # not wait_for: on 3.11 it may swallow a cancel
                 return await fn(client)
         except (TimeoutError, aetcd.exceptions.ClientError, grpc.RpcError, OSError) as exc:
-            _raise_if_cancelled()
+            raise_if_cancelled()
             if _lease_not_found(exc):
                 raise LeaseGone(str(exc)) from None
             failed = self.endpoint
@@ -497,7 +497,7 @@ class CircuitStore:
                 async with asyncio.timeout(self.timeout_s):
                     watch = await client.watch_prefix(self.base)
             except (TimeoutError, aetcd.exceptions.ClientError, grpc.RpcError, OSError) as exc:
-                _raise_if_cancelled()
+                raise_if_cancelled()
                 raise StoreUnavailable(f"{endpoint}: watch: {type(exc).__name__}: {exc}".rstrip(": ")) from None
             yield None
             told: dict[bytes, tuple[float | None, ...]] = {}  # a record's want, seat and grant, as last told
@@ -519,7 +519,7 @@ class CircuitStore:
                         told[key] = figures
                     yield key
             except (aetcd.exceptions.ClientError, grpc.RpcError, OSError) as exc:
-                _raise_if_cancelled()
+                raise_if_cancelled()
                 raise StoreUnavailable(f"{endpoint}: watch ended: {type(exc).__name__}: {exc}".rstrip(": ")) from None
             raise StoreUnavailable(f"{endpoint}: watch ended")
         finally:
