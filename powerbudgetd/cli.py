@@ -47,6 +47,7 @@ if TYPE_CHECKING:
     from powerbudgetd.control.controller import Controller
     from powerbudgetd.core.nodemeter import Sample
     from powerbudgetd.core.tree import PowerTree
+    from powerbudgetd.hw.card import CardBackend
     from powerbudgetd.hw.nvml import GpuInfo, Nvml
     from powerbudgetd_sim.scenario import Scenario
 
@@ -732,6 +733,7 @@ def _fidelity(args: argparse.Namespace) -> int:
 
 
 def _probe(args: argparse.Namespace) -> int:
+    from powerbudgetd.hw.nvml import Nvml
     from powerbudgetd.hw.probe import format_compare, format_probe, probe
 
     configure_logging(level="warning", stream=sys.stderr)
@@ -748,6 +750,10 @@ def _probe(args: argparse.Namespace) -> int:
         scope = NvmlScope(nvml)
         scope.open()
         if args.compare_sim:
+            if not isinstance(nvml, Nvml):
+                print("powerbudgetd: --compare-sim compares NVML's calls: give --backend nvml or a sim scenario "
+                      "of NVIDIA cards only", file=sys.stderr)
+                return ExitStatus.CONFIG
             result = {"backend": args.backend or "nvml", **_compare_sim(nvml, args.preset)}
         else:
             result = probe(nvml)
@@ -908,7 +914,7 @@ def _run_locked(args: argparse.Namespace, settings: Settings, config_path: Path)
 
     from powerbudgetd.hw.calls import DeadlineCalls
 
-    def factory(n: Nvml) -> Controller:
+    def factory(n: CardBackend) -> Controller:
         timings = settings.control.timings()
         if not args.dry_run:  # before the first write: the limits `restore` gives back
             from powerbudgetd.service.originals import originals_path, record_found_logged

@@ -18,9 +18,13 @@ from powerbudgetd.core.worstcase import worst_case_mw
 from powerbudgetd.hw.nvml import GpuInfo, PowerReading
 
 
-def override_for(overrides: Mapping[str, CardOverride], uuid: str | None, index: int) -> CardOverride:
-    """A card's ``[cards]`` settings: by UUID first, else by index, else the defaults."""
-    return (overrides.get(uuid) if uuid else None) or overrides.get(str(index)) or CardOverride()
+def override_for(overrides: Mapping[str, CardOverride], uuid: str | None, index: int,
+                 bus_id: str | None = None) -> CardOverride:
+    """A card's ``[cards]`` settings: by its identity first (NVML's UUID, hwmon's
+    ``amdgpu-0000:03:00.0``), else by PCI bus id (``0000:03:00.0``: any vendor), else by
+    index, else the defaults."""
+    return ((overrides.get(uuid) if uuid else None) or (overrides.get(bus_id) if bus_id else None)
+            or overrides.get(str(index)) or CardOverride())
 
 
 @dataclass(frozen=True)
