@@ -163,6 +163,23 @@ class Hwmon:
             # unknown, not a lost card; a lost card fails its cap read.
             return None
 
+    def _optional_power_uw(self, card: _Card, name: str) -> int | None:
+        """A power reading's raw figure (µW), negative or absurd as the file says: judged
+        by the control layer's plausibility rule as NVML's readings are, and never a
+        reason to fail the read (the cap read beside it is what the budget needs).
+        None: no such file, unreadable, or not a number."""
+        path = os.path.join(card.dir, name)
+        if not self.files.exists(path):
+            return None
+        try:
+            text = self._io(f"{card.uuid} {name}", self.files.read, path).strip()
+        except (NvmlNotSupported, NvmlGpuLost, NvmlInvalidArgument):
+            return None
+        try:
+            return int(text)
+        except ValueError:
+            return None
+
     def _card(self, uuid: str) -> _Card:
         card = self._cards.get(uuid)
         if card is None or not self.files.exists(card.dir):
@@ -255,8 +272,8 @@ class Hwmon:
         """The cap read back (as both limits) and the draw. Raises NvmlGpuLost, NvmlError."""
         card = self._card(uuid)
         cap_w = self._cap_w(card)
-        avg = self._optional_uw(card, "power1_average")
-        inst = self._optional_uw(card, "power1_input")
+        avg = self._optional_power_uw(card, "power1_average")
+        inst = self._optional_power_uw(card, "power1_input")
         if avg is None:
             avg, inst = inst, None
         return PowerReading(None if avg is None else avg / 1e6, None if inst is None else inst / 1e6, cap_w, cap_w)
@@ -265,7 +282,7 @@ class Hwmon:
         card = self._card(uuid)
         if not self.files.exists(os.path.join(card.dir, "power1_average")):
             return None  # power1_input is then the average itself
-        inst = self._optional_uw(card, "power1_input")
+        inst = self._optional_power_uw(card, "power1_input")
         return None if inst is None else inst / 1e6
 
     def energy_j(self, uuid: str) -> float | None:

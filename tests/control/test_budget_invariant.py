@@ -129,7 +129,7 @@ def test_budget_invariant_over_random_banks(bank):
 # The same on the hwmon backend (one cap read back, whole W on amdgpu) and on a bank
 # mixing NVML and hwmon cards: fewer examples in the quick profile (each is a whole bank).
 @pytest.mark.parametrize("backend", ["hwmon", "mixed"])
-@settings(max_examples=examples(300, quick=6), deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(150, quick=6), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(banks())
 def test_budget_invariant_over_random_banks_on_hwmon_and_mixed(backend, bank):
     run_random_bank(bank, backend)
@@ -185,10 +185,23 @@ def lowest_possible_mw(bank) -> int:
 
 
 @pytest.mark.slow  # hundreds of random banks with events: the full run (CI) covers it
-@pytest.mark.parametrize("backend", BACKENDS)
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(outside_banks())
-def test_after_any_outside_event_the_bank_is_back_within_budget_within_a_tick_plus_the_lag(backend, case):
+def test_after_any_outside_event_the_bank_is_back_within_budget_within_a_tick_plus_the_lag(case):
+    back_within_budget_after_outside_events("nvml", case)
+
+
+# The same on the hwmon backend and a mixed bank: a third of the examples each (an hwmon
+# bank serves its files through a directory tree, about three times NVML's cost a tick).
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", [b for b in BACKENDS if b != "nvml"])
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(outside_banks())
+def test_after_any_outside_event_on_hwmon_and_mixed_banks_the_bank_is_back_within_budget(backend, case):
+    back_within_budget_after_outside_events(backend, case)
+
+
+def back_within_budget_after_outside_events(backend, case):
     specs, budget, lag, seed, events = case
     rig = make_rig(specs, budget, timings=FAST, lag_s=lag, seed=seed, backend=backend)
     rig.bank._events = sorted((e.at_s, k, e) for k, e in enumerate(events))
