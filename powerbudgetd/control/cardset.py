@@ -180,7 +180,7 @@ class CardSet:
             elif c.info.index != info.index:
                 log.info("card_reindexed", uuid=info.uuid, old_index=c.info.index, new_index=info.index)
             if (c.gone or c.uuid not in by_id) and c.controllable:
-                c.ledger.appeared()
+                c.ledger.appeared(now)
             if not c.controllable and info.min_limit_w is None:  # keep constraints once read
                 info = replace(info, min_limit_w=c.info.min_limit_w, max_limit_w=c.info.max_limit_w,
                                default_limit_w=c.info.default_limit_w)

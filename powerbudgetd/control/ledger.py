@@ -183,9 +183,19 @@ class CardLedger:
         if (r, at) not in self.superseded:
             self.superseded.append((r, at))
 
-    def appeared(self) -> None:
-        """The card appeared at runtime or came back: worst case until a write confirms."""
+    def appeared(self, now: float) -> None:
+        """The card appeared at runtime or came back: worst case until a write confirms.
+
+        With one cap read back (no separate request), a write of ours in flight when the
+        card went (its call returned) is no longer waited for: the card came back with
+        what it has (a reset's default), which a read that does not show our write would
+        otherwise leave uncorrected until ``confirm_timeout_s``. The write stays counted
+        among the replaced ones while it may still land; an overdue one (its call never
+        returned) stays in flight."""
         self.new = True
+        if not self.separate_requested and self.inflight and not self.overdue:
+            self.superseded += [(mw, now) for mw, _ in self.inflight]
+            self.inflight.clear()
 
     def _foreign(self, now: float) -> None:
         """A raise we did not make may still be on its way: requested above enforced with

@@ -146,7 +146,7 @@ def test_unknown_counts_at_the_largest_value_ever_read(worst_mw, seen):
 
 def test_a_new_card_counts_at_its_worst_until_a_write_of_ours_is_confirmed():
     led = CardLedger(T, 350_000)
-    led.appeared()
+    led.appeared(0.0)
     led.observe(0.0, 250_000, 250_000)
     assert led.bound_mw == 350_000 and led.new
     led.record_write(250_000, 0.0)
@@ -321,3 +321,30 @@ def test_one_cap_a_raise_counts_at_once_and_a_cap_never_reading_it_expires():
         led.observe(t, 550_000, 550_000)  # never reads our decrease (ignored, or a floor)
     assert led.expire(5.0 + T.confirm_timeout_s + 0.1) == (450_000, 5.0)
     assert led.bound_mw == 550_000
+
+
+def test_one_cap_a_card_back_from_the_bus_is_not_left_waiting_for_a_write_sent_before_it_went():
+    """A card without a separate requested limit lost with a cut of ours in flight (the
+    call returned) comes back at its default: the cut is no longer waited for (it would
+    block the correction until confirm_timeout_s), yet stays counted while it may land.
+    Found on a mixed bank: an AMD card back at 150 W held 48 W over the budget for 3 s."""
+    led = CardLedger(T, 150_000, separate_requested=False)
+    led.observe(0.0, 101_000, 101_000)
+    led.record_write(100_000, 6.0)
+    led.observe_unknown(6.3)  # off the bus before the cut was read back
+    led.appeared(7.3)
+    led.observe(7.3, 150_000, 150_000)  # back at its default
+    assert not led.writing and led.new
+    assert led.bound_mw == 150_000 and (100_000, 7.3) in led.superseded
+    led.record_write(101_000, 7.3)
+    assert led.observe(7.6, 101_000, 101_000) == 101_000
+
+
+def test_one_cap_an_overdue_write_stays_in_flight_when_the_card_comes_back():
+    led = CardLedger(T, 300_000, separate_requested=False)
+    led.observe(0.0, 200_000, 200_000)
+    led.record_write(250_000, 1.0)
+    led.overdue = True  # its call never returned: it may land whenever it does
+    led.observe_unknown(1.5)
+    led.appeared(2.0)
+    assert led.inflight == [(250_000, 1.0)] and led.bound_mw == 300_000

@@ -137,6 +137,22 @@ def test_intel_pl1_disabled_counts_at_the_rated_maximum_and_is_not_written_witho
     assert hw.energy_j(info.uuid) is not None
 
 
+def test_an_amd_card_back_from_the_bus_with_our_cut_unread_is_corrected_within_a_tick_plus_the_lag():
+    """Found by the hidden-fault property test on a mixed bank: both cards lost and back
+    (the AMD one lost before our cut to it was read back) at their 150 W defaults; the
+    AMD card was left at 150 W, 48 W over the budget, until its old cut timed out."""
+    specs = [card(i, busy(0.0, 50.0), min_w=100.0, max_w=150.0) for i in range(2)]
+    events = [BankEvent(6.0, 0, "disappear"), BankEvent(7.0, 0, "appear"),
+              BankEvent(6.25, 1, "disappear"), BankEvent(7.25, 1, "appear")]
+    rig = make_rig(specs, 202.0, timings=FAST, lag_s=0.3, seed=3, events=events, backend="mixed")
+    while rig.t < 8.0:
+        rig.step()
+        truth = rig.bank.sum_limit_bound_mw()
+        assert rig.ctl.sum_bound_mw >= truth
+        if rig.t > 7.25 + FAST.tick_s + 0.3 + 1e-6:
+            assert truth <= rig.ctl.budget_mw, f"t={rig.t}: {truth} mW"
+
+
 # -- hidden faults, on hwmon and on a mixed bank -------------------------------------------
 @st.composite
 def faulty_banks(draw):
