@@ -156,7 +156,8 @@ def _parser() -> argparse.ArgumentParser:
     )
     pr.add_argument("--json", action="store_true", help="print one JSON object instead of the text report")
     pr.add_argument("--backend", choices=BACKENDS, default="nvml",
-                    help="nvml: this host's GPUs through the NVIDIA driver; sim: a simulated bank, no GPU needed")
+                    help="nvml: this host's GPUs through the NVIDIA driver; hwmon / amdsmi: its AMD (and Intel) cards; "
+                    "auto: every backend with a card; sim: a simulated bank, no GPU needed")
     pr.add_argument("--scenario", metavar="NAME_OR_FILE",
                     help="with --backend sim: the simulated bank (default: workstation-4)")
     pr.add_argument(
@@ -215,8 +216,8 @@ def _parser() -> argparse.ArgumentParser:
                    help="read and decide, log each power_limit_would_set, write no power limit or persistence "
                    "mode (the recorder and metrics still run)")
     r.add_argument("--backend", choices=BACKENDS, default="nvml",
-                   help="nvml: this host's GPUs; sim: the config's [sim] bank, no GPU needed (recorded apart "
-                   "from real runs)")
+                   help="nvml: this host's GPUs; hwmon / amdsmi: its AMD (and Intel) cards; auto: every backend "
+                   "with a card; sim: the config's [sim] bank, no GPU needed (recorded apart from real runs)")
 
     c = sub.add_parser(
         "check-config", help="validate a config file and show how the budget is derived", formatter_class=fmt,

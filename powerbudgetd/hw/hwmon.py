@@ -29,7 +29,7 @@ from __future__ import annotations
 import errno
 import os
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import Any, Protocol, TypeVar
 
 from powerbudgetd.errors import (
@@ -123,15 +123,19 @@ class Hwmon:
     """A bank of AMD / Intel cards through the kernel's hwmon files (W in, W out).
 
     ``root``: the hwmon class directory; ``files``: how to reach it (the simulator's tree
-    in tests). Every call raises project exceptions, mapped from the kernel's errno.
-    Cards are listed in PCI bus id order, so indices do not follow hwmon numbering.
+    in tests); ``skip_bus_ids``: PCI bus ids of cards another backend has (AMD SMI's,
+    under ``--backend auto``): never listed here. Every call raises project exceptions,
+    mapped from the kernel's errno. Cards are listed in PCI bus id order, so indices do
+    not follow hwmon numbering.
     """
 
     name = "hwmon"
 
-    def __init__(self, root: str = HWMON_ROOT, files: HwmonFiles | None = None) -> None:
+    def __init__(self, root: str = HWMON_ROOT, files: HwmonFiles | None = None,
+                 skip_bus_ids: Collection[str] = ()) -> None:
         self.root = root
         self.files: HwmonFiles = files or OsFiles()
+        self.skip_bus_ids = skip_bus_ids
         self._cards: dict[str, _Card] = {}
 
     # -- plumbing -------------------------------------------------------------------
@@ -200,6 +204,8 @@ class Hwmon:
                 bus_id = os.path.basename(self.files.realpath(os.path.join(d, "device")))
             except OSError:
                 continue  # vanished while listed: gone
+            if bus_id in self.skip_bus_ids:
+                continue  # another backend's card
             found.append(_Card(d, driver, bus_id))
         found.sort(key=lambda c: c.bus_id)
         self._cards = {c.uuid: c for c in found}

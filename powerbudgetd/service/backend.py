@@ -1,11 +1,13 @@
-"""Build the card backend: NVML, the kernel's hwmon files, both (``auto``), or a
-simulated bank (NVML and hwmon served from one physics)."""
+"""Build the card backend: NVML, the kernel's hwmon files, AMD SMI, every one that has a
+card (``auto``), or a simulated bank (NVML and hwmon served from one physics)."""
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 from powerbudgetd.errors import NvmlError, NvmlNotInitialized
+from powerbudgetd.hw.amdsmi import AmdSmi
 from powerbudgetd.hw.card import CardBackend
 from powerbudgetd.hw.hwmon import Hwmon
 from powerbudgetd.hw.multi import MultiBackend
@@ -21,8 +23,9 @@ def make_nvml(
     state_file: str | None = None,
 ) -> CardBackend:
     """``nvml``: the real bindings. ``hwmon``: AMD / Intel cards through the kernel's
-    hwmon files. ``auto``: NVML where its bindings and driver answer, plus hwmon where
-    the host has AMD or Intel cards. ``sim``: ``scenario``'s bank on the wall clock (its
+    hwmon files. ``amdsmi``: AMD cards through ROCm's AMD SMI (``import amdsmi``).
+    ``auto``: NVML where its bindings and driver answer, AMD SMI where it imports and
+    lists a card, hwmon for the AMD and Intel cards AMD SMI does not list. ``sim``: ``scenario``'s bank on the wall clock (its
     NVIDIA cards through NVML, the others through a simulated hwmon tree), its limits
     kept in ``state_file`` across restarts when given (as a GPU keeps them).
 
@@ -33,6 +36,8 @@ def make_nvml(
         return Nvml()
     if backend == "hwmon":
         return Hwmon()
+    if backend == "amdsmi":
+        return AmdSmi()
     if backend == "auto":
         return auto_backend()
     if backend != "sim":
@@ -55,18 +60,28 @@ def make_nvml(
     return sim_backend(bank, sc.faults, start=False)[1]
 
 
-def auto_backend() -> CardBackend:
+def auto_backend(amdsmi_module: object = None, hwmon: Hwmon | None = None) -> CardBackend:
     """Every backend that has a card on this host: NVML (bindings, driver and at least
-    one GPU), then hwmon (an amdgpu / xe / i915 card). Raises NvmlNotInitialized naming
-    why each was left out when none has a card."""
+    one GPU), AMD SMI (``amdsmi`` imports and lists a card), then hwmon (an amdgpu / xe /
+    i915 card), less the cards AMD SMI lists (one card, one backend: never counted or
+    written twice). Raises NvmlNotInitialized naming why each was left out when none has
+    a card. ``amdsmi_module`` and ``hwmon``: stand-ins for the tests."""
     found: list[CardBackend] = []
     why = []
-    candidates: list[tuple[str, type[CardBackend]]] = [("nvml", Nvml), ("hwmon", Hwmon)]
+    taken: set[str] = set()  # PCI bus ids listed by a backend before hwmon
+    candidates: list[tuple[str, Callable[[], CardBackend]]] = [
+        ("nvml", Nvml), ("amdsmi", lambda: AmdSmi(amdsmi_module)),
+        ("hwmon", lambda: hwmon or Hwmon(skip_bus_ids=taken))]
     for name, make in candidates:
         try:
             b = make()
+            if isinstance(b, Hwmon):
+                b.skip_bus_ids = taken
             b.init()
-            if b.device_count():
+            infos = b.devices(skip_errors=True) if name == "amdsmi" else None
+            if infos is not None:
+                taken.update(i.bus_id for i in infos if i.bus_id)
+            if infos if infos is not None else b.device_count():
                 found.append(b)
             else:
                 why.append(f"{name}: no card")
