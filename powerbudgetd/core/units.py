@@ -38,11 +38,6 @@ def uw_to_w_up(microwatts: int) -> float:
     return -(-microwatts // 1000) / 1000.0
 
 
-def uw_to_w_down(microwatts: int) -> float:
-    """µW to W, rounded down to a whole mW: the top of a range, never widened."""
-    return microwatts // 1000 / 1000.0
-
-
 def w_to_uw_down(watts: float, step_w: float = 0.001) -> int:
     """W to µW for a write, rounded down to ``step_w`` (a driver's step, at least 1 mW):
     a write never sets more than asked."""

@@ -17,9 +17,9 @@ Calls used, per processor handle (``amdsmi_get_processor_handles``):
   ``counter_resolution`` (µJ).
 
 There is one cap and no separate requested limit: a write counts once read back
-(:class:`~powerbudgetd.hw.card.Capabilities`), as on hwmon. Limits read are rounded
-**up** to whole mW (never counted under what is in force), the range inwards (a target
-never outside it), writes **down** to the whole W amdgpu keeps. A card whose range is
+(:class:`~powerbudgetd.hw.card.Capabilities`), as on hwmon. Limits read (cap, range,
+default) are rounded **up** to whole mW (never counted under what is or may come to be
+in force), writes **down** to the whole W amdgpu keeps. A card whose range is
 not a range (a host under SR-IOV reported min and max as ``UINT64_MAX`` and the default
 as 0) is listed without limits, monitored and counted at its cap, never written: a write
 raises NvmlNotSupported saying why. No persistence mode.
@@ -42,7 +42,7 @@ from collections.abc import Callable
 from types import ModuleType
 from typing import Any, TypeVar
 
-from powerbudgetd.core.units import uw_to_w_down, uw_to_w_up, w_to_uw_down
+from powerbudgetd.core.units import uw_to_w_up, w_to_uw_down
 from powerbudgetd.errors import (
     NvmlError,
     NvmlGpuLost,
@@ -279,9 +279,10 @@ class AmdSmi:
         else:
             lo, hi = self._uw(info, "min_power_cap"), self._uw(info, "max_power_cap")
             default = self._uw(info, "default_power_cap", "power_cap_default")
-        # The range rounded inwards (no target outside it), the default up (a worst case).
+        # Every limit rounded up to whole mW (as hwmon's): the maximum and the default are
+        # worst cases, never counted lower; a target is rounded down to whole W when written.
         return GpuInfo(index, card.uuid, name, None if lo is None else uw_to_w_up(lo),
-                       None if hi is None else uw_to_w_down(hi), None if default is None else uw_to_w_up(default),
+                       None if hi is None else uw_to_w_up(hi), None if default is None else uw_to_w_up(default),
                        None, "amd", "amdsmi", card.bus_id, AMDSMI_CAPS)
 
     # -- reads ----------------------------------------------------------------------

@@ -14,8 +14,9 @@ Files read and written, per ``/sys/class/hwmon/hwmonN`` (every value in µW):
 The card's identity is ``<driver>-<PCI bus id>`` (the ``device`` link's target): hwmon
 numbers change from boot to boot, bus ids do not. There is one cap and no separate
 requested limit: a write counts once read back (:class:`~powerbudgetd.hw.card.Capabilities`).
-Limits read are rounded **up** to whole mW (never counted under what is in force);
-limits written are rounded **down** to the card's step (never above the target).
+Limits read (the cap, the range, the default) are rounded **up** to whole mW (never
+counted under what is or may come to be in force); limits written are rounded **down**
+to the card's step (never above the target).
 
 A failed file operation becomes the project's errors by the kernel's errno: EACCES /
 EPERM -> NvmlNoPermission, EINVAL / ERANGE -> NvmlInvalidArgument, ENODEV / ENOENT /
@@ -41,7 +42,7 @@ from powerbudgetd.errors import (
     NvmlNotSupported,
     NvmlTimeout,
 )
-from powerbudgetd.core.units import uw_to_w_down, uw_to_w_up, w_to_uw_down
+from powerbudgetd.core.units import uw_to_w_up, w_to_uw_down
 from powerbudgetd.hw.card import Capabilities, GpuInfo, PowerReading
 
 HWMON_ROOT = "/sys/class/hwmon"
@@ -259,9 +260,11 @@ class Hwmon:
                 name = self.files.read(product).strip() or name
             except OSError:
                 pass
-        # The range rounded inwards (no target outside it), the default up (a worst case).
+        # Every limit rounded up to whole mW: the minimum is the lowest the card may hold,
+        # the maximum and the default what it may have or come back with (worst cases,
+        # never counted lower); a target is rounded down to the card's step when written.
         return GpuInfo(index, card.uuid, name, None if lo is None else uw_to_w_up(lo),
-                       None if hi is None else uw_to_w_down(hi), None if default is None else uw_to_w_up(default),
+                       None if hi is None else uw_to_w_up(hi), None if default is None else uw_to_w_up(default),
                        None, card.vendor, "hwmon", card.bus_id, card.caps)
 
     # -- reads ----------------------------------------------------------------------

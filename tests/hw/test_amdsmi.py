@@ -69,8 +69,8 @@ def test_limits_read_round_up_ranges_inwards_and_writes_down_to_whole_watts():
     b = AmdSmi(Odd(bank))
     b.init()
     info = b.devices()[0]
-    # a cap that may be in force is never counted lower; no target outside the range
-    assert (info.min_limit_w, info.max_limit_w, info.default_limit_w) == (150.001, 300.0, 300.001)
+    # a limit that may be in force (or come back) is never counted lower
+    assert (info.min_limit_w, info.max_limit_w, info.default_limit_w) == (150.001, 300.001, 300.001)
     assert b.read(info.uuid).enforced_limit_w == 300.001
     b.set_power_limit(info.uuid, 200.999)
     assert b.mod.calls[-1] == ("amdsmi_set_power_cap", 0, (0, 200_000_000))

@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from powerbudgetd.errors import NvmlGpuLost, NvmlInvalidArgument, NvmlNoPermission, NvmlTimeout
-from powerbudgetd.core.units import uw_to_w_down, uw_to_w_up, w_to_uw_down
+from powerbudgetd.core.units import uw_to_w_up, w_to_uw_down
 from powerbudgetd.hw.hwmon import Hwmon
 from powerbudgetd_sim.hwmon import HwmonFault, SimHwmonTree
 from powerbudgetd_sim.physics import BankEvent, SimBank
@@ -63,7 +63,7 @@ def test_write_is_read_back_in_whole_watts_and_the_cap_reads_what_may_be_in_forc
 
 def test_units_round_limits_read_up_and_written_down():
     assert uw_to_w_up(300_000_001) == 300.001 and uw_to_w_up(300_000_000) == 300.0
-    assert uw_to_w_down(300_000_999) == 300.0
+    assert uw_to_w_up(300_000_999) == 300.001  # a maximum too: a worst case, never counted lower
     assert w_to_uw_down(287.5, 1.0) == 287_000_000 and w_to_uw_down(287.5999) == 287_599_000
     assert w_to_uw_down(100.3, 0.125) == 100_250_000
 
