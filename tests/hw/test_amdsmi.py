@@ -195,8 +195,8 @@ def faulty_smi_banks(draw):
                                    card=i, from_s=draw(st.floats(0.0, 8.0)), count=draw(st.integers(1, 3))))
         elif trouble == "retry":
             faults.append(SmiFault(draw(st.sampled_from(["amdsmi_get_power_cap_info", "amdsmi_get_power_info"])),
-                                   draw(st.sampled_from(["retry", "timeout"])), card=i,
-                                   from_s=draw(st.floats(0.0, 8.0)), count=draw(st.integers(1, 5))))
+                                   draw(st.sampled_from(["retry", "timeout"])), card=i,  # after start
+                                   from_s=draw(st.floats(0.5, 8.0)), count=draw(st.integers(1, 5))))
         spec = card(i, busy(draw(st.floats(0.0, 6.0)), draw(st.floats(50.0, 500.0))), min_w=float(lo), max_w=float(hi))
         specs.append(dataclasses.replace(spec, vendor="amd") if i % 2 else spec)
     floor = sum(s.min_w for s in specs)
@@ -204,7 +204,7 @@ def faulty_smi_banks(draw):
     return specs, budget, draw(st.sampled_from([0.0, 0.1, 0.3])), faults, events
 
 
-@settings(max_examples=examples(40, quick=4), deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(100, quick=8), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(faulty_smi_banks())
 def test_hidden_faults_keep_the_budget_on_a_bank_mixing_nvml_and_amd_smi(case):
     specs, budget, lag, faults, events = case
