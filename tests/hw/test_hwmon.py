@@ -153,6 +153,29 @@ def test_an_amd_card_back_from_the_bus_with_our_cut_unread_is_corrected_within_a
             assert truth <= rig.ctl.budget_mw, f"t={rig.t}: {truth} mW"
 
 
+def test_a_card_lost_just_after_our_raise_is_corrected_when_it_comes_back_at_its_default():
+    """Found by the hidden-fault property test on hwmon: a raise of ours to card 2 (196 to
+    209 W) sent at 5.3 s, the card off the bus at 5.303 s and back at 5.997 s at its 262 W
+    default: the raise, never read back, was still awaited, so the card stayed at 262 W,
+    16 W over the 1420 W budget, until confirm_timeout_s. One cap read back: a card back
+    from the bus answers with what it has; the raise stays counted while it may land."""
+    specs = [card(0, busy(0.0, 50.0), min_w=172.0, max_w=222.0),
+             card(1, busy(0.0, 50.0), min_w=100.0, max_w=244.0, ignores_writes=True),
+             card(2, busy(0.0, 50.0), min_w=144.0, max_w=262.0),
+             card(3, busy(0.0, 50.0), min_w=156.0, max_w=325.0, ignores_writes=True),
+             card(4, busy(0.0, 50.0), min_w=185.0, max_w=433.0, ignores_writes=True)]
+    events = [BankEvent(5.302953343113267, 2, "disappear"), BankEvent(5.997243606976907, 2, "appear")]
+    faults = [HwmonFault("power1_cap", "EINVAL", op="write", card=0, from_s=1e-9, count=1)]
+    rig = make_rig(specs, 1420.0, timings=FAST, lag_s=0.0, seed=3, events=events, backend="hwmon",
+                   hwmon_faults=faults)
+    while rig.t < 7.0:
+        rig.step()
+        truth = rig.bank.sum_limit_bound_mw()
+        assert rig.ctl.sum_bound_mw >= truth
+        if rig.t > 5.997243606976907 + FAST.tick_s + 1e-6:
+            assert truth <= 1_420_000, f"t={rig.t}: {truth} mW"
+
+
 # -- hidden faults, on hwmon and on a mixed bank -------------------------------------------
 @st.composite
 def faulty_banks(draw):
