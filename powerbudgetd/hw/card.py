@@ -87,7 +87,7 @@ class PowerReading(NamedTuple):
 
 
 class CardBackend(Protocol):
-    """What the control layer calls on a bank of cards (``Nvml``, ``Hwmon``, ``MultiBackend``).
+    """What the control layer calls on a bank of cards (``Nvml``, ``Hwmon``, ``AmdSmi``, ``MultiBackend``).
 
     Every call raises NvmlError kinds: NvmlGpuLost (card gone), NvmlTimeout (no answer
     in time), NvmlNoPermission, NvmlInvalidArgument (a value refused), NvmlNotSupported.
