@@ -47,6 +47,7 @@ if TYPE_CHECKING:
     from powerbudgetd.control.controller import Controller
     from powerbudgetd.core.nodemeter import Sample
     from powerbudgetd.core.tree import PowerTree
+    from powerbudgetd.hw.card import CardBackend
     from powerbudgetd.hw.nvml import GpuInfo, Nvml
     from powerbudgetd_sim.scenario import Scenario
 
@@ -157,7 +158,8 @@ def _parser() -> argparse.ArgumentParser:
     )
     pr.add_argument("--json", action="store_true", help="print one JSON object instead of the text report")
     pr.add_argument("--backend", choices=BACKENDS, default="nvml",
-                    help="nvml: this host's GPUs through the NVIDIA driver; sim: a simulated bank, no GPU needed")
+                    help="nvml: this host's GPUs through the NVIDIA driver; hwmon / amdsmi: its AMD (and Intel) cards; "
+                    "auto: every backend with a card; sim: a simulated bank, no GPU needed")
     pr.add_argument("--scenario", metavar="NAME_OR_FILE",
                     help="with --backend sim: the simulated bank (default: workstation-4)")
     pr.add_argument(
@@ -216,8 +218,8 @@ def _parser() -> argparse.ArgumentParser:
                    help="read and decide, log each power_limit_would_set, write no power limit or persistence "
                    "mode (the recorder and metrics still run)")
     r.add_argument("--backend", choices=BACKENDS, default="nvml",
-                   help="nvml: this host's GPUs; sim: the config's [sim] bank, no GPU needed (recorded apart "
-                   "from real runs)")
+                   help="nvml: this host's GPUs; hwmon / amdsmi: its AMD (and Intel) cards; auto: every backend "
+                   "with a card; sim: the config's [sim] bank, no GPU needed (recorded apart from real runs)")
 
     c = sub.add_parser(
         "check-config", help="validate a config file and show how the budget is derived", formatter_class=fmt,
@@ -736,6 +738,7 @@ def _fidelity(args: argparse.Namespace) -> int:
 
 
 def _probe(args: argparse.Namespace) -> int:
+    from powerbudgetd.hw.nvml import Nvml
     from powerbudgetd.hw.probe import format_compare, format_probe, probe
 
     configure_logging(level="warning", stream=sys.stderr)
@@ -752,6 +755,10 @@ def _probe(args: argparse.Namespace) -> int:
         scope = NvmlScope(nvml)
         scope.open()
         if args.compare_sim:
+            if not isinstance(nvml, Nvml):
+                print("powerbudgetd: --compare-sim compares NVML's calls: give --backend nvml or a sim scenario "
+                      "of NVIDIA cards only", file=sys.stderr)
+                return ExitStatus.CONFIG
             result = {"backend": args.backend or "nvml", **_compare_sim(nvml, args.preset)}
         else:
             result = probe(nvml)
@@ -912,7 +919,7 @@ def _run_locked(args: argparse.Namespace, settings: Settings, config_path: Path)
 
     from powerbudgetd.hw.calls import DeadlineCalls
 
-    def factory(n: Nvml) -> Controller:
+    def factory(n: CardBackend) -> Controller:
         timings = settings.control.timings()
         if not args.dry_run:  # before the first write: the limits `restore` gives back
             from powerbudgetd.service.originals import originals_path, record_found_logged

@@ -46,7 +46,7 @@ from powerbudgetd.errors import NvmlError
 from powerbudgetd.core.fairshare import fair_shares, waterfill
 from powerbudgetd.core.model import Timings
 from powerbudgetd.core.units import to_mw
-from powerbudgetd.hw.nvml import GpuInfo, Nvml, PowerReading
+from powerbudgetd.hw.card import CardBackend, GpuInfo, PowerReading
 from powerbudgetd.core.plan import Step, Write, plan_writes
 from powerbudgetd_sim.meters import FLAP_WINDOW_S, MAX_REVERSALS, MAX_WRITES_PER_MIN
 from powerbudgetd_sim.physics import REFRESH_S, SimBank, SimCard
@@ -62,7 +62,7 @@ class NvmlPolicy:
 
     name = "nvml"
 
-    def __init__(self, nvml: Nvml, budget_w: float) -> None:
+    def __init__(self, nvml: CardBackend, budget_w: float) -> None:
         self.nvml = nvml
         self.budget_mw = int(budget_w * 1000)  # rounded down: toward safety
         self.ready = False
@@ -164,7 +164,7 @@ class SlurmPolicy(NvmlPolicy):
 
     name = "slurm"
 
-    def __init__(self, nvml: Nvml, budget_w: float, job_start: JobStart, rules: SlurmRules | None = None) -> None:
+    def __init__(self, nvml: CardBackend, budget_w: float, job_start: JobStart, rules: SlurmRules | None = None) -> None:
         super().__init__(nvml, budget_w)
         self.job_start = job_start
         self.rules = rules or SlurmRules()
@@ -250,7 +250,7 @@ class ReactivePolicy(NvmlPolicy):
     uncap_at = 0.80  # back to max after the sum stays under this x the budget ...
     uncap_hold_s = 5.0  # ... for this long
 
-    def __init__(self, nvml: Nvml, budget_w: float) -> None:
+    def __init__(self, nvml: CardBackend, budget_w: float) -> None:
         super().__init__(nvml, budget_w)
         self.capped = False
         self._low_since: float | None = None

@@ -454,6 +454,11 @@ class SimNvmlLibrary:
             raise _Return(ERROR_CODES["NOT_SUPPORTED"])
         return card, mig, now
 
+    def _visible(self) -> list[SimCard]:
+        """The NVIDIA cards on the bus in NVML's order (a mixed bank's others are the
+        hwmon tree's: powerbudgetd_sim.hwmon)."""
+        return [c for c in self.bank.visible() if c.spec.vendor == "nvidia"]
+
     @staticmethod
     def _write_string(buffer: Any, length: int, text: str) -> None:
         data = text.encode() + b"\0"
@@ -495,11 +500,11 @@ class SimNvmlLibrary:
     # -- enumeration ----------------------------------------------------------------
     def nvmlDeviceGetCount_v2(self, count: Any) -> int:
         self._enter("nvmlDeviceGetCount_v2")
-        return self._out(count, len(self.bank.visible()))  # the cards on the bus now
+        return self._out(count, len(self._visible()))  # the cards on the bus now
 
     def nvmlDeviceGetHandleByIndex_v2(self, index: int, device: Any) -> int:
         self._enter("nvmlDeviceGetHandleByIndex_v2")
-        visible = self.bank.visible()  # NVML's current index order
+        visible = self._visible()  # NVML's current index order
         if not 0 <= index < len(visible) or not device:
             return ERROR_CODES["INVALID_ARGUMENT"]
         device[0] = ctypes.cast(self.handle_of(visible[index]), _dev)
@@ -509,7 +514,7 @@ class SimNvmlLibrary:
         self._enter("nvmlDeviceGetHandleByUUID")
         if uuid is None or not device:
             return ERROR_CODES["INVALID_ARGUMENT"]
-        for card in self.bank.visible():
+        for card in self._visible():
             migs = [i for i in range(card.spec.mig_devices) if self.mig_uuid(card, i).encode() == uuid]
             if card.spec.uuid.encode() == uuid or migs:
                 self._enter("nvmlDeviceGetHandleByUUID", card)  # a lost card stays lost

@@ -38,6 +38,7 @@ REFRESH_S = 0.1  # NVML power readings refresh period (measured)
 WINDOW = 10  # samples in the 1 s average
 PIN_NOISE = 0.07  # +-7 % wander around the limit while pinned (measured)
 TRANSIENT_MAX = 1.355  # the highest transient sample, x limit (948 W measured at 700 W)
+VENDORS = ("nvidia", "amd", "intel")
 THROTTLE_DELAY = 2  # refreshes before the firmware's throttle bites (onsets: 100-200 ms over)
 
 
@@ -63,6 +64,9 @@ class CardSpec:
     ignores_writes: bool = False
     present: bool = True  # on the bus when the bank starts (false: appears by an event)
     mig_devices: int = 0  # MIG mode enabled with this many MIG devices (0: MIG disabled)
+    # Whose card: nvidia is served by the simulated NVML library, amd (amdgpu) and intel
+    # (xe) by the simulated hwmon tree (powerbudgetd_sim.hwmon), from the same physics.
+    vendor: str = "nvidia"
 
     def __post_init__(self) -> None:
         if not 0 < self.min_w <= self.default_w <= self.max_w:
@@ -72,6 +76,8 @@ class CardSpec:
             )
         if self.idle_w < 0:
             raise ValueError(f"card {self.uuid}: idle_w must be >= 0, got {self.idle_w}")
+        if self.vendor not in VENDORS:
+            raise ValueError(f"card {self.uuid}: vendor must be one of {', '.join(VENDORS)}, got {self.vendor!r}")
         if not 0 <= self.mig_devices <= 7:
             raise ValueError(f"card {self.uuid}: mig_devices must be 0-7 (NVML's most), got {self.mig_devices}")
 

@@ -63,6 +63,7 @@ Faults and misbehaviours, so a case can be scripted without writing Python::
     # reported_min_w = 5; reported_max_w = 95; ignores_writes = true
     # present = false                # not on the bus at start (an "appear" event brings it)
     # mig_devices = 2                # MIG mode on, with 2 MIG devices (their own handles)
+    # vendor = "amd"                 # served by the simulated hwmon tree (amdgpu), not NVML
 
 Every table is checked as it is read (``scenario_tables``: pydantic, as the daemon's
 config is): an unknown key, a value of the wrong type (``"300"`` is not a number), a key
@@ -98,6 +99,8 @@ MODELS: dict[str, dict[str, Any]] = {
         name="NVIDIA RTX 6000 Ada Generation", min_w=100.0, max_w=300.0, default_w=300.0, idle_w=25.0,
     ),
     "h200": dict(name="NVIDIA H200", min_w=200.0, max_w=700.0, default_w=700.0, idle_w=80.0),
+    # AMD's documented 750 W board power; the floor and idle draw are assumed, not measured.
+    "mi300x": dict(name="AMD Instinct MI300X", min_w=300.0, max_w=750.0, default_w=750.0, idle_w=140.0, vendor="amd"),
 }
 
 # The brief's reference banks: (card model, count, budget W).

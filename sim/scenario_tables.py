@@ -10,7 +10,7 @@ checked where the scenario is assembled (``scenario.parse_scenario``).
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator
 
@@ -110,6 +110,7 @@ class CardTable(Table):
     ignores_writes: bool | None = None
     present: bool | None = None
     mig_devices: int | None = None
+    vendor: Literal["nvidia", "amd", "intel"] | None = None
     phases: list[PhaseTable] | None = None
 
 

@@ -28,13 +28,14 @@ from powerbudgetd.control.controller import Controller
 from powerbudgetd.core.arbiter import BudgetArbiter
 from powerbudgetd.core.fairshare import fair_shares
 from powerbudgetd.core.model import Timings
-from powerbudgetd.hw.nvml import Nvml
+from powerbudgetd.hw.card import CardBackend
+from powerbudgetd_sim.backends import sim_backend
 from powerbudgetd.control.budgetkeeper import BudgetKeeper
 from powerbudgetd_sim.baselines import (
     CausalOraclePolicy, OraclePolicy, ReactivePolicy, RuledCausalOraclePolicy, SlurmPolicy, StaticPolicy,
 )
 from powerbudgetd_sim.feed import feed_from_dict
-from powerbudgetd_sim.libnvml import SimNvmlLibrary, check_interrupt
+from powerbudgetd_sim.libnvml import check_interrupt
 from powerbudgetd_sim.mains import SimUps
 from powerbudgetd_sim.meters import BankMeters
 from powerbudgetd_sim.physics import SimBank
@@ -170,7 +171,7 @@ def _job_start(sc: Scenario) -> Callable[[int, float], float | None]:
     return job_start
 
 
-def make_policy(name: str, sc: Scenario, bank: SimBank, nvml: Nvml, timings: Timings) -> Policy:
+def make_policy(name: str, sc: Scenario, bank: SimBank, nvml: CardBackend, timings: Timings) -> Policy:
     """The policy ``name`` (one of ``POLICIES``) over ``bank``. Raises ValueError."""
     if name == "powerbudgetd":
         return ControllerPolicy(Controller(nvml, sc.budget_w, timings), SimUps(sc.mains) if sc.mains else None)
@@ -216,8 +217,7 @@ def run_scenario(
     bank = SimBank(
         list(sc.cards), lag_s=0.0 if policy == "oracle" else sc.lag_s, seed=seed, events=list(sc.events)
     )
-    nvml = Nvml(SimNvmlLibrary(bank, list(sc.faults)))
-    nvml.init()
+    _lib, nvml, _tree = sim_backend(bank, sc.faults)  # NVML, hwmon for AMD / Intel cards, or both
     pol = make_policy(policy, sc, bank, nvml, timings)
     pol.start()
     budget_mw = int(sc.budget_w * 1000)

@@ -71,6 +71,12 @@ TICK_DURATION = _declare(
     "tick_duration_seconds", "histogram",
     "Wall time of one control tick (reads, decisions, writes), start to the metrics listener",
 )
+GPU_INFO = _declare(
+    "gpu_info", "gauge",
+    "1 for each card of the bank, labelled with its vendor (nvidia, amd, intel) and the backend that reaches it "
+    "(nvml, hwmon)",
+    ("gpu", "UUID", "modelName", "vendor", "backend"),
+)
 LAST_TICK = _declare(
     "last_tick_timestamp_seconds", "gauge", "Unix time at which the last control tick completed"
 )

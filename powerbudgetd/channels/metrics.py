@@ -51,7 +51,7 @@ from powerbudgetd.core.model import Mode, Role
 if TYPE_CHECKING:
     from powerbudgetd.control.report import TickReport
     from powerbudgetd.core.snapshot import BankSnapshot, CardSnapshot
-    from powerbudgetd.hw.nvml import Nvml
+    from powerbudgetd.hw.card import CardBackend as Nvml  # any backend: the name its callers know
     from powerbudgetd.config import Settings
 
 # Every kind an NvmlError can carry, so each card's error counters start at 0 and the
@@ -124,6 +124,7 @@ class Metrics:
         self.last_tick = names.gauge(names.LAST_TICK, registry)
         self.limit_changes = names.counter(names.LIMIT_CHANGES, registry)
         self.nvml_errors = names.counter(names.NVML_ERRORS, registry)
+        self.gpu_info = names.gauge(names.GPU_INFO, registry)
         self.reload_success = names.gauge(names.RELOAD_SUCCESS, registry)
         self.reload_timestamp = names.gauge(names.RELOAD_TIMESTAMP, registry)
         # A counter's _created series says when this process made it: the start time,
@@ -195,6 +196,7 @@ class Metrics:
         for c in snap.cards:
             if c.uuid not in self._labels:
                 self._labels[c.uuid] = card_labels(c)
+                self.gpu_info.labels(*self._labels[c.uuid], c.vendor, c.backend).set(1)
                 for kind in ERROR_KINDS:
                     self.nvml_errors.labels(*self._labels[c.uuid], kind)
             for kind, n in c.read_errors:

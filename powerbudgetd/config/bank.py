@@ -19,7 +19,8 @@ from powerbudgetd.core.model import Timings
 from powerbudgetd.config.base import _Section
 
 class CardConfig(_Section):
-    """Per card, keyed by UUID (``GPU-...``) or index (``"0"``)."""
+    """Per card, keyed by identity (NVML UUID ``GPU-...``, hwmon ``amdgpu-0000:03:00.0``), PCI bus id
+    (``"0000:03:00.0"``, any vendor) or index (``"0"``)."""
 
     exclude: bool = False  # leave this card alone; it counts at its current limit
     max_w: float | None = Field(None, gt=0, le=5000)  # a lower max than the card's own

@@ -25,8 +25,8 @@ import structlog
 from powerbudgetd.core.plan import Write
 from powerbudgetd.errors import NvmlError, NvmlTimeout
 from powerbudgetd.hw.calls import InlineCalls
-from powerbudgetd.hw.nvml import Nvml
 from powerbudgetd.core.units import to_w
+from powerbudgetd.hw.card import CardBackend
 
 log = structlog.get_logger("powerbudgetd")
 
@@ -56,7 +56,7 @@ class Actuator:
 
     def __init__(
         self,
-        nvml: Nvml,
+        nvml: CardBackend,
         dry_run: bool = False,
         calls: InlineCalls | None = None,
         clock: Callable[[], float] | None = None,

@@ -18,9 +18,13 @@ from powerbudgetd.core.worstcase import worst_case_mw
 from powerbudgetd.hw.nvml import GpuInfo, PowerReading
 
 
-def override_for(overrides: Mapping[str, CardOverride], uuid: str | None, index: int) -> CardOverride:
-    """A card's ``[cards]`` settings: by UUID first, else by index, else the defaults."""
-    return (overrides.get(uuid) if uuid else None) or overrides.get(str(index)) or CardOverride()
+def override_for(overrides: Mapping[str, CardOverride], uuid: str | None, index: int,
+                 bus_id: str | None = None) -> CardOverride:
+    """A card's ``[cards]`` settings: by its identity first (NVML's UUID, hwmon's
+    ``amdgpu-0000:03:00.0``), else by PCI bus id (``0000:03:00.0``: any vendor), else by
+    index, else the defaults."""
+    return ((overrides.get(uuid) if uuid else None) or (overrides.get(bus_id) if bus_id else None)
+            or overrides.get(str(index)) or CardOverride())
 
 
 @dataclass(frozen=True)
@@ -46,8 +50,14 @@ def card_limits(info: GpuInfo, override: CardOverride, reading: PowerReading | N
     valid = lo is not None and hi is not None and 0 < lo <= hi
     read = (reading.requested_limit_w, reading.enforced_limit_w) if reading else ()
     worst = worst_case_mw([opt_mw(v) for v in (hi, info.default_limit_w, *read)], opt_mw(override.max_w), bank_max_mw)
-    min_mw = to_mw(lo) if valid and lo is not None else 0
+    # The card keeps its limit in steps (limit_step_w: amdgpu whole W, xe 1/8 W, NVML
+    # 1 mW): its floor is the lowest step it can hold (its minimum rounded up: a floor
+    # the card cannot be set to would be counted lower than what it holds), its top the
+    # highest step within the range (rounded down: a target above it is refused).
+    step = max(1, to_mw(info.caps.limit_step_w))
+    min_mw = -(-to_mw(lo) // step) * step if valid and lo is not None else 0
     top = worst or 0
     # An operator's cap, rounded down as a budget is.
     max_mw = top if override.max_w is None else max(min_mw, min(top, budget_mw(override.max_w)))
+    max_mw = max(min_mw, max_mw - max_mw % step)
     return CardLimits(not override.exclude and valid, valid, min_mw, max_mw, worst)

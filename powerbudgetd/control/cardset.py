@@ -11,6 +11,7 @@ confirmed on it; a card gone is reserved at its bound until it returns.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 
 import structlog
 
@@ -23,7 +24,7 @@ from powerbudgetd.core.units import opt_mw, to_mw, to_w
 from powerbudgetd.core.worstcase import limit_bound_mw
 from powerbudgetd.errors import BudgetInfeasible, CardLimitUnknown, NvmlError, NvmlTimeout
 from powerbudgetd.hw.calls import InlineCalls
-from powerbudgetd.hw.nvml import GpuInfo, Nvml, PowerReading
+from powerbudgetd.hw.card import CardBackend, GpuInfo, PowerReading
 
 log = structlog.get_logger("powerbudgetd")
 
@@ -43,7 +44,7 @@ def _arrived(event: str, c: CardState) -> None:
 class CardSet:
     """Every card of the bank, in NVML's order of first sight, keyed by UUID (limits mW)."""
 
-    def __init__(self, nvml: Nvml, timings: Timings, calls: InlineCalls,
+    def __init__(self, nvml: CardBackend, timings: Timings, calls: InlineCalls,
                  overrides: Mapping[str, CardOverride]) -> None:
         self.nvml, self.timings, self.calls = nvml, timings, calls
         self.overrides = dict(overrides)
@@ -76,12 +77,13 @@ class CardSet:
 
     def build(self, info: GpuInfo) -> CardState:
         """A card as first seen: constraints checked, counted at its worst case."""
-        ov = override_for(self.overrides, info.uuid, info.index)
+        ov = override_for(self.overrides, info.uuid, info.index, info.bus_id)
         lim = card_limits(info, ov, self.read(info.uuid))
         if info.min_limit_w is not None and info.max_limit_w is not None and not lim.valid:
             log.error("invalid_constraints", index=info.index, uuid=info.uuid, min_w=info.min_limit_w,
                       max_w=info.max_limit_w, action="card left alone and counted at its enforced limit")
-        return CardState(info, lim.controllable, lim.min_mw, lim.max_mw, CardLedger(self.timings, lim.worst_mw or 0),
+        return CardState(info, lim.controllable, lim.min_mw, lim.max_mw, CardLedger(self.timings, lim.worst_mw or 0,
+                                                                                  separate_requested=info.caps.separate_requested),
                          CardAudit(self.timings), ov.priority, role=Role.FAIR if lim.controllable else Role.FIXED,
                          excluded=ov.exclude)
 
@@ -89,11 +91,12 @@ class CardSet:
         """``[cards]`` settings that do not do what they say: a key naming no card (a
         typo in a UUID, an index past the last card) and a ``max_w`` below the card's
         floor (the floor wins)."""
-        keys = {c.uuid for c in self.cards} | {str(c.index) for c in self.cards}
-        out = [f"[cards.\"{k}\"] matches no card (UUIDs and indices here: "
+        keys = {c.uuid for c in self.cards} | {str(c.index) for c in self.cards} | {
+            c.info.bus_id for c in self.cards if c.info.bus_id}
+        out = [f"[cards.\"{k}\"] matches no card (UUIDs, PCI bus ids and indices here: "
                f"{', '.join(sorted(keys))}): its settings do nothing" for k in sorted(self.overrides) if k not in keys]
         for c in self.cards:
-            ov = override_for(self.overrides, c.uuid, c.index)
+            ov = override_for(self.overrides, c.uuid, c.index, c.info.bus_id)
             if ov.max_w is not None and c.controllable and to_mw(ov.max_w) < c.min_mw:
                 out.append(f"[cards] max_w {ov.max_w:g} W for GPU {c.index} is below its minimum limit "
                            f"{to_w(c.min_mw):g} W: the card is held at {to_w(c.min_mw):g} W at most")
@@ -177,10 +180,10 @@ class CardSet:
             elif c.info.index != info.index:
                 log.info("card_reindexed", uuid=info.uuid, old_index=c.info.index, new_index=info.index)
             if (c.gone or c.uuid not in by_id) and c.controllable:
-                c.ledger.appeared()
+                c.ledger.appeared(now)
             if not c.controllable and info.min_limit_w is None:  # keep constraints once read
-                info = GpuInfo(info.index, info.uuid, info.name, c.info.min_limit_w, c.info.max_limit_w,
-                               c.info.default_limit_w, info.mig_mode)
+                info = replace(info, min_limit_w=c.info.min_limit_w, max_limit_w=c.info.max_limit_w,
+                               default_limit_w=c.info.default_limit_w)
             c.info, c.gone = info, False
             if event is not None:
                 changed.add(c.uuid)

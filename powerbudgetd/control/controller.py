@@ -42,10 +42,10 @@ from powerbudgetd.core.model import CardOverride, Mode, Timings
 from powerbudgetd.core.plan import Step, Write, plan_writes
 from powerbudgetd.core.policy import LendingPolicy
 from powerbudgetd.core.snapshot import BankSnapshot
-from powerbudgetd.core.units import budget_mw, to_w
+from powerbudgetd.core.units import budget_mw, to_mw, to_w
 from powerbudgetd.errors import NvmlError, NvmlNoPermission, NvmlTimeout
 from powerbudgetd.hw.calls import InlineCalls
-from powerbudgetd.hw.nvml import Nvml
+from powerbudgetd.hw.card import CardBackend
 
 __all__ = ["Controller", "TickReport", "WriteEvent"]  # the tick's report types, where the controller is
 
@@ -70,7 +70,7 @@ class Controller:
 
     def __init__(
         self,
-        nvml: Nvml,
+        nvml: CardBackend,
         budget_w: float,
         timings: Timings | None = None,
         *,
@@ -201,6 +201,9 @@ class Controller:
         tick with a ``fault`` (a card just lost may have made way for one NVML lists
         only at the next enumeration, uncounted until then)."""
         for c in active:
+            step = to_mw(c.info.caps.limit_step_w)  # a driver that keeps whole W (amdgpu) reads back only those
+            if step > 1 and targets[c.uuid] % step:
+                targets[c.uuid] = max(c.min_mw, targets[c.uuid] - targets[c.uuid] % step)  # down: within the budget
             c.target_mw = targets[c.uuid] = c.ledger.avoid_refused(targets[c.uuid], c.min_mw)
             if targets[c.uuid] in c.refused and targets[c.uuid] < c.bound_mw:
                 # It cannot be lowered to what it was counted at (NVML refused that value,

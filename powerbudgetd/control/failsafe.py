@@ -37,7 +37,8 @@ from powerbudgetd.core.units import budget_mw, opt_mw, to_w
 from powerbudgetd.core.worstcase import limit_bound_mw, worst_case_mw
 from powerbudgetd.errors import NvmlError
 from powerbudgetd.hw.calls import InlineCalls
-from powerbudgetd.hw.nvml import GpuInfo, Nvml, PowerReading, to_mw
+from powerbudgetd.hw.card import CardBackend, GpuInfo, PowerReading
+from powerbudgetd.core.units import to_mw
 
 CALL_TIMEOUT_S = 2.0  # one NVML call (a healthy one takes milliseconds)
 INIT_TIMEOUT_S = 5.0  # nvmlInit, before :func:`failsafe`
@@ -93,7 +94,7 @@ class _Survey:
 
 
 def failsafe(
-    nvml: Nvml,
+    nvml: CardBackend,
     budget_w: float,
     overrides: Mapping[str, CardOverride] | None = None,
     *,
@@ -126,7 +127,7 @@ def failsafe(
     return [out[i] for i in sorted(out)]
 
 
-def _survey(nvml: Nvml, calls: InlineCalls, overrides: Mapping[str, CardOverride]) -> _Survey:
+def _survey(nvml: CardBackend, calls: InlineCalls, overrides: Mapping[str, CardOverride]) -> _Survey:
     """Count the cards, look each up and read it; sort them into the cards to lower and
     the cards reserved at what they may hold."""
     count = calls.call("bank", nvml.device_count)
@@ -138,7 +139,7 @@ def _survey(nvml: Nvml, calls: InlineCalls, overrides: Mapping[str, CardOverride
     for i in range(count):
         info = found[f"index {i}"]
         uuid = info.uuid if isinstance(info, GpuInfo) else None
-        ov = override_for(overrides, uuid, i)
+        ov = override_for(overrides, uuid, i, info.bus_id if isinstance(info, GpuInfo) else None)
         r = reads.get(uuid) if uuid else None
         if isinstance(info, GpuInfo) and isinstance(r, PowerReading):
             _read_card(survey, info, ov, r, bank_max_mw)
@@ -178,7 +179,7 @@ def _unreachable_card(survey: _Survey, index: int, info: GpuInfo | NvmlError | o
     survey.reserved_mw += UNKNOWN_MW if worst is None else worst
 
 
-def _lower(ctl: list[_Card], shares: list[int], actuator: Actuator, calls: InlineCalls, nvml: Nvml,
+def _lower(ctl: list[_Card], shares: list[int], actuator: Actuator, calls: InlineCalls, nvml: CardBackend,
            out: dict[int, Lowered], end: float, confirm_timeout_s: float,
            clock: Callable[[], float], sleep: Callable[[float], None]) -> list[_Card]:
     """One round: each card above its share lowered to it and read back; the cards that

@@ -41,6 +41,11 @@ class CardLedger:
     timings: Timings
     worst_mw: int
     new: bool = False
+    # The backend reads a requested limit apart from the enforced one (NVML). Without
+    # (hwmon, AMD SMI: one cap read back), a read that does not show our write yet says
+    # nothing of a reset or another tool: the write is waited for (counted in flight)
+    # until read back or confirm_timeout_s, and the card counts at what it read.
+    separate_requested: bool = True
     requested_mw: int | None = None
     enforced_mw: int | None = None
     inflight: list[tuple[int, float]] = field(default_factory=list)  # (target mW, sent at s)
@@ -94,7 +99,8 @@ class CardLedger:
         ours = [mw for mw, _ in self.inflight]
         if requested_mw is not None and requested_mw in ours:
             self.seen_ours = True  # our write reached the card: whatever replaces it is news
-        if self.inflight and not self.overdue and requested_mw is not None and requested_mw not in ours:
+        if (self.separate_requested and self.inflight and not self.overdue and requested_mw is not None
+                and requested_mw not in ours):
             # Our writes returned (NVML sets requested before it returns), yet the card
             # asks for something else: a reset or another tool wrote after us, and the
             # latest request supersedes ours: waiting for a confirmation would block the
@@ -121,7 +127,10 @@ class CardLedger:
         """Keep the limits read (and the worst case they may raise); True when enforced
         moved since the last read."""
         if requested_mw != self.requested_mw:
-            if not self.replaced_by_ours:
+            # One cap read back showing our write: the cap it replaced is no longer in
+            # force (the read is what is in force); ours is counted in flight meanwhile.
+            ours = not self.separate_requested and any(mw == requested_mw for mw, _ in self.inflight)
+            if not self.replaced_by_ours and not ours:
                 self._request_replaced(now)
             self.request_settled = False
             self.requested_since = now
@@ -174,9 +183,19 @@ class CardLedger:
         if (r, at) not in self.superseded:
             self.superseded.append((r, at))
 
-    def appeared(self) -> None:
-        """The card appeared at runtime or came back: worst case until a write confirms."""
+    def appeared(self, now: float) -> None:
+        """The card appeared at runtime or came back: worst case until a write confirms.
+
+        With one cap read back (no separate request), a write of ours in flight when the
+        card went (its call returned) is no longer waited for: the card came back with
+        what it has (a reset's default), which a read that does not show our write would
+        otherwise leave uncorrected until ``confirm_timeout_s``. The write stays counted
+        among the replaced ones while it may still land; an overdue one (its call never
+        returned) stays in flight."""
         self.new = True
+        if not self.separate_requested and self.inflight and not self.overdue:
+            self.superseded += [(mw, now) for mw, _ in self.inflight]
+            self.inflight.clear()
 
     def _foreign(self, now: float) -> None:
         """A raise we did not make may still be on its way: requested above enforced with
@@ -203,8 +222,12 @@ class CardLedger:
     @property
     def above_requested(self) -> bool:
         """Enforced above requested, whatever is in flight: a decrease still biting (the
-        lag), or a floor elsewhere. Either way writing lower cannot bring it down now."""
+        lag), or a floor elsewhere. Either way writing lower cannot bring it down now.
+        With one cap read back (no separate request): the cap reads above our decrease in
+        flight (still biting, ignored, or held by a floor)."""
         r, e = self.requested_mw, self.enforced_mw
+        if not self.separate_requested:
+            return bool(self.inflight) and e is not None and e > self.inflight[-1][0]
         return r is not None and e is not None and e > r
 
     @property
@@ -240,7 +263,11 @@ class CardLedger:
             return True
         target, sent_at = self.inflight[-1]
         if self.requested_mw != target or self.enforced_mw is None:
-            return False
+            # One cap read back (no separate request): after settle_s a cap read below the
+            # target is what a tighter limiter makes of it; one above it is a floor elsewhere
+            # only once the write cannot still be landing, so it is left to expire.
+            return (not self.separate_requested and self.enforced_mw is not None and self.enforced_mw < target
+                    and now - sent_at >= self.timings.settle_s)
         return self.enforced_mw == target or now - sent_at >= self.timings.settle_s
 
     def expire(self, now: float) -> tuple[int, float] | None:

@@ -59,7 +59,7 @@ def observe(c: CardState, r: PowerReading | NvmlError, now: float,
         c.error = None
         c.role = Role.FAIR if c.controllable else Role.FIXED
         if c.controllable:
-            c.ledger.appeared()  # whatever it came back with is not ours until a write confirms
+            c.ledger.appeared(now)  # whatever it came back with is not ours until a write confirms
     r = c.audit.check_power(now, r, c.ledger.worst_mw, c.index, c.uuid)
     c.reading = r = c.audit.check_frozen(now, r, energy_j, c.index, c.uuid)
     confirmed = c.ledger.observe(now, opt_mw(r.requested_limit_w), opt_mw(r.enforced_limit_w))

@@ -59,6 +59,7 @@ def bank_snapshot(cards: Sequence[CardState], now: float, mode: Mode, ready: boo
             audit.excursions, audit.peak_excursion_w,
             tuple(sorted(c.read_errors.items())), audit.readings_rejected,
             info.mig_mode, opt_w(c.outside_cap_seen_mw),  # mig_mode, outside_cap_w
+            info.vendor, info.backend,
         ))
     return BankSnapshot(
         now=now, mode=str(mode), ready=ready, budget_w=to_w(budget_mw),

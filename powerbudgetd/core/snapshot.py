@@ -55,6 +55,8 @@ class CardSnapshot(NamedTuple):
     readings_rejected: tuple[tuple[str, int], ...] = ()
     mig_mode: bool | None = None  # MIG enabled on this (parent) GPU; None: no MIG
     outside_cap_w: float | None = None  # an outside limiter holds it at this (W); None: none seen
+    vendor: str = "nvidia"  # nvidia, amd, intel
+    backend: str = "nvml"  # nvml, hwmon: how the daemon reaches the card
 
     @property
     def power_peak_w(self) -> float | None:

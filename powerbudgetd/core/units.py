@@ -4,6 +4,8 @@ everywhere a number is shown, configured or logged. Conversions happen here only
 
 from __future__ import annotations
 
+import math
+
 
 def to_mw(watts: float) -> int:
     """W to integer mW, rounded to the nearest mW (callers round toward safety first)."""
@@ -28,6 +30,20 @@ def opt_mw(watts: float | None) -> int | None:
 def opt_w(milliwatts: int | float | None) -> float | None:
     """:func:`to_w`, passing ``None`` (unknown) through."""
     return None if milliwatts is None else to_w(milliwatts)
+
+
+def uw_to_w_up(microwatts: int) -> float:
+    """µW (the kernel's hwmon power files) to W, rounded up to a whole mW: a limit that
+    may be in force is never counted lower."""
+    return -(-microwatts // 1000) / 1000.0
+
+
+def w_to_uw_down(watts: float, step_w: float = 0.001) -> int:
+    """W to µW for a write, rounded down to ``step_w`` (a driver's step, at least 1 mW):
+    a write never sets more than asked."""
+    step_mw = max(1, int(round(step_w * 1000)))
+    mw = math.floor(round(watts * 1000.0, 6))
+    return (mw - mw % step_mw) * 1000
 
 
 def to_j(millijoules: int | float) -> float:

@@ -17,12 +17,13 @@ import importlib
 import importlib.metadata
 import threading
 from contextlib import AbstractContextManager, nullcontext
-from dataclasses import dataclass
 from types import ModuleType
 from collections.abc import Callable
-from typing import Any, NamedTuple, Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from powerbudgetd.core.units import to_j, to_mw, to_w
+# The seam's types, re-exported: the NVML callers import them from here as before.
+from powerbudgetd.hw.card import NVML_CAPS, CardBackend, Capabilities, GpuInfo, PowerReading  # noqa: F401
 from powerbudgetd.errors import (
     NvmlError,
     NvmlGpuLost,
@@ -162,42 +163,6 @@ def query_driver_version(library: NvmlLibrary | None = None, timeout_s: float = 
     return result
 
 
-@dataclass(frozen=True)
-class GpuInfo:
-    """A physical GPU as enumerated at start; keyed by ``uuid``.
-
-    Limits in W, from ``nvmlDeviceGetPowerManagementLimitConstraints`` and
-    ``nvmlDeviceGetPowerManagementDefaultLimit``; ``None`` where NVML does not support
-    limit control on the card. ``mig_mode``: MIG enabled (``nvmlDeviceGetMigMode``,
-    current mode); None where the card or driver has no MIG. Only parent GPUs are
-    enumerated: power limits are never set on a MIG device.
-    """
-
-    index: int
-    uuid: str
-    name: str
-    min_limit_w: float | None
-    max_limit_w: float | None
-    default_limit_w: float | None
-    mig_mode: bool | None = None
-
-
-class PowerReading(NamedTuple):
-    """One read of a card. Every value in W; ``None`` means unknown (never 0 W). A named
-    tuple: made for every card every tick (0.42 us, the frozen dataclass 0.73 us).
-
-    ``power_avg_w``: ``nvmlDeviceGetPowerUsage``, a trailing 1 s mean on current GPUs.
-    ``power_instant_w``: field 186, refreshed every 100 ms; ``None`` on older cards.
-    ``requested_limit_w``: ``nvmlDeviceGetPowerManagementLimit``.
-    ``enforced_limit_w``: ``nvmlDeviceGetEnforcedPowerLimit``, after every limiter.
-    """
-
-    power_avg_w: float | None
-    power_instant_w: float | None
-    requested_limit_w: float | None
-    enforced_limit_w: float | None
-
-
 def _first_field(lib: Any, handle: Any, field_id: int) -> Any:
     return lib.nvmlDeviceGetFieldValues(handle, [field_id])[0]
 
@@ -223,6 +188,8 @@ class Nvml:
     missing; every call raises project exceptions (:mod:`powerbudgetd.errors`), never
     ``NVMLError``.
     """
+
+    name = "nvml"
 
     def __init__(self, library: NvmlLibrary | None = None) -> None:
         self._lib = load_pynvml()

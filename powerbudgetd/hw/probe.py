@@ -6,10 +6,11 @@ from collections.abc import Callable
 from typing import Any
 
 from powerbudgetd.errors import NvmlError
+from powerbudgetd.hw.card import CardBackend
 from powerbudgetd.hw.nvml import GpuInfo, Nvml
 
 
-def probe(nvml: Nvml) -> dict[str, Any]:
+def probe(nvml: CardBackend) -> dict[str, Any]:
     """Read every card's limits, draw and persistence mode; writes nothing.
 
     Returns ``{"driver": str, "gpus": [...]}``, every power in W; a value NVML does not
@@ -29,6 +30,9 @@ def probe(nvml: Nvml) -> dict[str, Any]:
             "max_limit_w": info.max_limit_w,
             "default_limit_w": info.default_limit_w,
             "mig_mode": info.mig_mode,
+            "vendor": info.vendor,
+            "backend": info.backend,
+            "bus_id": info.bus_id,
         }
         try:
             r = nvml.read(info.uuid)
@@ -61,6 +65,8 @@ def format_probe(result: dict[str, Any]) -> str:
     lines = [f"driver {result['driver'] or 'unknown'}, {len(result['gpus'])} GPU(s)"]
     for g in result["gpus"]:
         lines.append(f"GPU {g['index']}  {g['name']}  {g['uuid']}")
+        lines.append(f"  vendor / backend   {g.get('vendor', 'nvidia')} / {g.get('backend', 'nvml')}"
+                     + (f", PCI {g['bus_id']}" if g.get("bus_id") else ""))
         if "error" in g:
             lines.append(f"  error: {g['error']}")
             continue

@@ -16,7 +16,7 @@ from typing import NoReturn
 PLOT_SUFFIXES = (".png", ".svg", ".pdf")
 # Where a command finds its cards (service/backend.py builds them; named here, where the
 # parser can import them without loading the simulator).
-BACKENDS = ("nvml", "sim")
+BACKENDS = ("nvml", "sim", "hwmon", "amdsmi", "auto")
 CONFIG_HELP = "config file (default: $POWERBUDGETD_CONFIG or /etc/powerbudgetd/powerbudgetd.toml)"
 
 
@@ -25,7 +25,9 @@ def add_card_options(parser: argparse.ArgumentParser) -> None:
     (``failsafe``, ``restore``)."""
     parser.add_argument("--config", type=Path, default=None, help=CONFIG_HELP)
     parser.add_argument("--backend", choices=BACKENDS, default="nvml",
-                        help="nvml: this host's GPUs; sim: the config's [sim] bank (its state_file)")
+                        help="nvml: this host's NVIDIA GPUs; hwmon: its AMD / Intel cards (kernel hwmon files); "
+                        "amdsmi: its AMD cards through ROCm's AMD SMI; auto: every one of those that has a card "
+                        "(AMD SMI before hwmon where it imports); sim: the config's [sim] bank (its state_file)")
 
 
 class OneLineParser(argparse.ArgumentParser):

@@ -46,8 +46,9 @@ from powerbudgetd.errors import BudgetInfeasible, CardLimitUnknown, ConfigError,
 from powerbudgetd.service.logs import configure_logging
 from powerbudgetd.core.model import Mode
 from powerbudgetd.service.notify import Notifier, watchdog_interval_s
+from powerbudgetd.hw.card import CardBackend
 from powerbudgetd.hw.nvmlscope import SHUTDOWN_TIMEOUT_S, shutdown_within
-from powerbudgetd.hw.nvml import Nvml, init_advice
+from powerbudgetd.hw.nvml import init_advice
 from powerbudgetd.hw.persistence import ensure_persistence_mode
 from powerbudgetd.service import signals
 from powerbudgetd.service.interruptible import Interrupted, until_stopped
@@ -110,8 +111,8 @@ class Daemon:
 
     def __init__(
         self,
-        nvml: Nvml,
-        controller_factory: Callable[[Nvml], Controller],
+        nvml: CardBackend,
+        controller_factory: Callable[[CardBackend], Controller],
         *,
         notifier: Notifier | None = None,
         clock: Callable[[], float] = time.monotonic,

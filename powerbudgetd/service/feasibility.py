@@ -16,7 +16,7 @@ from powerbudgetd.control.controller import Controller
 from powerbudgetd.core.units import to_mw, to_w
 from powerbudgetd.errors import BudgetInfeasible
 from powerbudgetd.hw.calls import DeadlineCalls, InlineCalls
-from powerbudgetd.hw.nvml import Nvml
+from powerbudgetd.hw.card import CardBackend
 from powerbudgetd.config import Settings
 
 
@@ -79,7 +79,7 @@ def check_figures(ctl: Controller, figures: Sequence[BudgetFigure]) -> None:
             raise BudgetInfeasible(f"{f.source} {_n(f.budget_w)} W ({f.origin}): {exc}") from None
 
 
-def card_names(nvml: Nvml, calls: InlineCalls | None = None) -> list[str]:
+def card_names(nvml: CardBackend, calls: InlineCalls | None = None) -> list[str]:
     """The model name of every card, in index order (NVML must be initialised); through
     ``calls`` (the controller's deadline) where given, as the controller's own enumeration."""
     found = (calls or InlineCalls()).call("bank", nvml.devices, timeout_s=START_TIMEOUT_S)
@@ -87,7 +87,7 @@ def card_names(nvml: Nvml, calls: InlineCalls | None = None) -> list[str]:
 
 
 def make_controller(
-    nvml: Nvml,
+    nvml: CardBackend,
     settings: Settings,
     *,
     dry_run: bool = False,
@@ -110,7 +110,7 @@ def floors(ctl: Controller) -> list[tuple[int, str, float | None, float | None]]
              None if c.controllable else to_w(ctl.bank.counted_mw(c))) for c in ctl.cards]
 
 
-def check_feasible(nvml: Nvml, settings: Settings, calls: InlineCalls | None = None) -> Controller:
+def check_feasible(nvml: CardBackend, settings: Settings, calls: InlineCalls | None = None) -> Controller:
     """Enumerate the cards and check every budget a source may hold them to
     (:func:`budget_figures`) against their floors, writing nothing; NVML calls through
     ``calls`` (see :func:`start_at_reserve`).
@@ -123,7 +123,7 @@ def check_feasible(nvml: Nvml, settings: Settings, calls: InlineCalls | None = N
     return ctl
 
 
-def start_at_reserve(nvml: Nvml, settings: Settings, calls: InlineCalls | None = None) -> Controller:
+def start_at_reserve(nvml: CardBackend, settings: Settings, calls: InlineCalls | None = None) -> Controller:
     """The dry-run controller started at the budget boot holds the cards to (the circuit
     reserve where lower: :func:`reserve_figure`). Every NVML call goes through ``calls``,
     by default with ``run``'s deadline (``call_timeout_s``; enumeration START_TIMEOUT_S),

@@ -24,7 +24,7 @@ from pathlib import Path
 from powerbudgetd.config import Settings
 from powerbudgetd.errors import NvmlError
 from powerbudgetd.hw.calls import InlineCalls
-from powerbudgetd.hw.nvml import GpuInfo, Nvml, PowerReading
+from powerbudgetd.hw.card import CardBackend, GpuInfo, PowerReading
 
 FILE_NAME = "original-limits.json"
 FORMAT = 1  # the file's "format"; a reader refuses any other
@@ -100,7 +100,7 @@ def save(path: Path, cards: Mapping[str, Original]) -> None:
         os.close(dir_fd)
 
 
-def record_found(nvml: Nvml, path: Path, calls: InlineCalls | None = None) -> list[str]:
+def record_found(nvml: CardBackend, path: Path, calls: InlineCalls | None = None) -> list[str]:
     """Add every card not yet in the record at ``path`` with the limits it has now; the
     UUIDs added (none: the file is left as it was). Called before the daemon's first
     write. A card that cannot be enumerated or read is left out (the next start adds
@@ -125,7 +125,7 @@ def record_found(nvml: Nvml, path: Path, calls: InlineCalls | None = None) -> li
     return list(added)
 
 
-def record_found_logged(nvml: Nvml, path: Path, calls: InlineCalls | None = None) -> None:
+def record_found_logged(nvml: CardBackend, path: Path, calls: InlineCalls | None = None) -> None:
     """:func:`record_found` for the daemon: what happened is logged; nothing raised (a
     record that cannot be kept must not keep the budget from being enforced)."""
     import structlog

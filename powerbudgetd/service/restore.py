@@ -28,7 +28,7 @@ CONFIRM_TIMEOUT_S = 5.0  # one write's read-back (a healthy card takes well unde
 if TYPE_CHECKING:
     from powerbudgetd.config import Settings
     from powerbudgetd.hw.calls import InlineCalls
-    from powerbudgetd.hw.nvml import Nvml
+    from powerbudgetd.hw.card import CardBackend as Nvml  # any backend: the name its callers know
     from powerbudgetd.service.originals import Original
 
 

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 from powerbudgetd.control.cardlimits import card_limits, override_for
 from powerbudgetd.core.model import CardOverride
+from powerbudgetd.hw.card import Capabilities
 from powerbudgetd.hw.nvml import GpuInfo, PowerReading
 
 
@@ -39,3 +42,18 @@ def test_excluded_or_invalid_constraints_are_not_ours_to_write() -> None:
     assert not bad.controllable and not bad.valid and bad.min_mw == 0 and bad.worst_mw == 300_000
     unknown = card_limits(info(None, None, None), CardOverride(), None, bank_max_mw=700_000)
     assert unknown.worst_mw == 700_000 and not unknown.controllable
+
+
+def test_a_stepped_card_floor_is_the_lowest_step_it_can_hold_and_its_worst_case_is_not_stepped() -> None:
+    """amdgpu keeps whole W: a minimum of 150.5 W can only be held at 151 W (counting the
+    floor at 150.5 W would count the card lower than it may hold), the top target is the
+    highest whole W within the range, and the worst case stays the maximum as read."""
+    amd = dataclasses.replace(info(150.5, 300.9, 300.9), caps=Capabilities(separate_requested=False,
+                                                                          limit_step_w=1.0))
+    lim = card_limits(amd, CardOverride(), None)
+    assert (lim.min_mw, lim.max_mw, lim.worst_mw) == (151_000, 300_000, 300_900)
+    xe = dataclasses.replace(amd, min_limit_w=150.51, caps=Capabilities(separate_requested=False, limit_step_w=0.125))
+    xe_lim = card_limits(xe, CardOverride(max_w=200.2), None)
+    assert (xe_lim.min_mw, xe_lim.max_mw) == (150_625, 200_125)
+    nvml = card_limits(info(150.5, 300.9, 300.9), CardOverride(), None)
+    assert (nvml.min_mw, nvml.max_mw) == (150_500, 300_900)

@@ -146,7 +146,7 @@ def test_unknown_counts_at_the_largest_value_ever_read(worst_mw, seen):
 
 def test_a_new_card_counts_at_its_worst_until_a_write_of_ours_is_confirmed():
     led = CardLedger(T, 350_000)
-    led.appeared()
+    led.appeared(0.0)
     led.observe(0.0, 250_000, 250_000)
     assert led.bound_mw == 350_000 and led.new
     led.record_write(250_000, 0.0)
@@ -293,3 +293,58 @@ def test_a_failed_read_does_not_forget_a_raise_still_landing():
     assert led.bound_mw == 300_000  # and the raise may still bite after it
     led.observe(0.15 + T.confirm_timeout_s, 200_000, 200_000)
     assert led.bound_mw == 200_000
+
+
+# -- one cap read back (hwmon, AMD SMI: no separate requested limit) ---------------------
+def test_one_cap_a_decrease_not_read_back_yet_stays_in_flight_and_counts_the_cap_read():
+    led = CardLedger(T, 750_000, separate_requested=False)
+    led.observe(0.0, 750_000, 750_000)
+    led.record_write(500_000, 0.1)
+    for t in (0.2, 0.3, 0.4):  # still biting: the cap reads what it had
+        assert led.observe(t, 750_000, 750_000) is None
+        assert led.inflight and led.bound_mw == 750_000 and led.above_requested
+    assert not led.superseded and led.unread == 0  # not taken for another tool's write
+    assert led.observe(0.5, 500_000, 500_000) == 500_000  # read back: confirmed
+    assert led.bound_mw == 500_000 and not led.above_requested
+
+
+def test_one_cap_a_raise_counts_at_once_and_a_cap_never_reading_it_expires():
+    led = CardLedger(T, 750_000, separate_requested=False)
+    led.observe(0.0, 500_000, 500_000)
+    led.record_write(600_000, 0.1)
+    led.observe(0.2, 500_000, 500_000)
+    assert led.bound_mw == 600_000  # the write in flight, above the cap read
+    # A cap below the target after settle_s: a tighter limiter; confirmed where it is.
+    assert led.observe(0.1 + T.settle_s, 550_000, 550_000) == 600_000
+    led.record_write(450_000, 5.0)
+    for t in (5.1, 6.0, 7.0):
+        led.observe(t, 550_000, 550_000)  # never reads our decrease (ignored, or a floor)
+    assert led.expire(5.0 + T.confirm_timeout_s + 0.1) == (450_000, 5.0)
+    assert led.bound_mw == 550_000
+
+
+def test_one_cap_a_card_back_from_the_bus_is_not_left_waiting_for_a_write_sent_before_it_went():
+    """A card without a separate requested limit lost with a cut of ours in flight (the
+    call returned) comes back at its default: the cut is no longer waited for (it would
+    block the correction until confirm_timeout_s), yet stays counted while it may land.
+    Found on a mixed bank: an AMD card back at 150 W held 48 W over the budget for 3 s."""
+    led = CardLedger(T, 150_000, separate_requested=False)
+    led.observe(0.0, 101_000, 101_000)
+    led.record_write(100_000, 6.0)
+    led.observe_unknown(6.3)  # off the bus before the cut was read back
+    led.appeared(7.3)
+    led.observe(7.3, 150_000, 150_000)  # back at its default
+    assert not led.writing and led.new
+    assert led.bound_mw == 150_000 and (100_000, 7.3) in led.superseded
+    led.record_write(101_000, 7.3)
+    assert led.observe(7.6, 101_000, 101_000) == 101_000
+
+
+def test_one_cap_an_overdue_write_stays_in_flight_when_the_card_comes_back():
+    led = CardLedger(T, 300_000, separate_requested=False)
+    led.observe(0.0, 200_000, 200_000)
+    led.record_write(250_000, 1.0)
+    led.overdue = True  # its call never returned: it may land whenever it does
+    led.observe_unknown(1.5)
+    led.appeared(2.0)
+    assert led.inflight == [(250_000, 1.0)] and led.bound_mw == 300_000

@@ -47,6 +47,7 @@ def test_every_card_field_is_the_card_states_value_by_name() -> None:
             "excursions": c.excursions, "peak_excursion_w": c.peak_excursion_w,
             "read_errors": tuple(sorted(c.read_errors.items())), "readings_rejected": c.audit.readings_rejected,
             "mig_mode": c.info.mig_mode, "outside_cap_w": opt_w(c.outside_cap_seen_mw),
+            "vendor": c.info.vendor, "backend": c.info.backend,
         }
         assert s._asdict() == expected
     s0, s1, s2, s3 = snap.cards

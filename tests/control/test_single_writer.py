@@ -22,7 +22,8 @@ def test_only_the_actuator_writes_power_limits():
     found = {
         str(p.relative_to(ROOT)): lines
         for p in ROOT.rglob("*.py")
-        if p not in (WRITER, ROOT / "hw" / "nvml.py") and (lines := calls_of(p, "set_power_limit"))
+        # The backends' routing (one bank of several backends) passes the actuator's write on.
+        if p not in (WRITER, ROOT / "hw" / "nvml.py", ROOT / "hw" / "multi.py") and (lines := calls_of(p, "set_power_limit"))
     }
     assert found == {}, f"set_power_limit used outside the actuator: {found}"
     assert calls_of(WRITER, "set_power_limit"), "the actuator no longer writes: update this test"

@@ -172,7 +172,7 @@ def _subparsers() -> dict[str, argparse.ArgumentParser]:
 def test_backend_and_json_say_what_they_do():
     p = cli("probe", "--help")
     text = " ".join(p.stdout.split())
-    assert "--backend {nvml,sim}" in text and "simulated bank, no GPU needed" in text and "(default: nvml)" in text
+    assert "--backend {nvml,sim,hwmon,amdsmi,auto}" in text and "simulated bank, no GPU needed" in text and "(default: nvml)" in text
     assert "print one JSON object" in text
 
 

@@ -151,7 +151,8 @@ def test_battery_target_where_the_mains_are_lost():
 
 def test_suite_has_the_issue_scenarios():
     names = {n for n, _ in list_scenarios()}
-    assert {"one-busy", "incident", "power-event", "donor-wakes", "bursty", "hgx-8-day", "ada-2", "mixed-bank"} <= names
+    assert {"one-busy", "incident", "power-event", "donor-wakes", "bursty", "hgx-8-day", "ada-2", "mixed-bank",
+            "mixed-vendor"} <= names
 
 
 def test_cli_policy_all_json(capsys):

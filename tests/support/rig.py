@@ -10,12 +10,14 @@ as the daemon's side channels would.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from powerbudgetd.control.controller import Controller, TickReport
 from powerbudgetd.core.model import Timings
-from powerbudgetd.hw.nvml import Nvml
+from powerbudgetd.hw.card import CardBackend
+from powerbudgetd_sim.backends import sim_backend
+from powerbudgetd_sim.hwmon import HwmonFault, SimHwmonTree
 from powerbudgetd_sim.libnvml import Fault, SimNvmlLibrary
 from powerbudgetd_sim.physics import BankEvent, CardSpec, SimBank
 from powerbudgetd_sim.profiles import Phase, Profile
@@ -54,8 +56,9 @@ class Rig:
 
     bank: SimBank
     lib: SimNvmlLibrary
-    nvml: Nvml
+    nvml: CardBackend
     ctl: Controller
+    hwmon: SimHwmonTree | None = None
     t: float = 0.0
     reports: list[TickReport] = field(default_factory=list)
     listeners: list[Listener] = field(default_factory=list)
@@ -100,18 +103,32 @@ class Rig:
         return self.bank.cards[i].enforced_mw(self.bank.now) / 1000
 
 
+BACKENDS = ("nvml", "hwmon", "mixed")
+
+
+def vendored(specs: Iterable[CardSpec], backend: str) -> list[CardSpec]:
+    """``specs`` as ``backend`` serves them: ``nvml`` as given, ``hwmon`` every card an
+    AMD one, ``mixed`` every second card (odd positions) an AMD one."""
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    out = list(specs)
+    if backend == "nvml":
+        return out
+    return [replace(s, vendor="amd") if backend == "hwmon" or i % 2 else s for i, s in enumerate(out)]
+
+
 def make_rig(specs: Iterable[CardSpec], budget_w: float, timings: Timings | None = FAST, lag_s: float = 0.1,
              seed: int = 1, faults: Iterable[Fault] = (), events: Iterable[BankEvent] = (),
-             listeners: Iterable[Listener] = (), **ctl_kw) -> Rig:
+             listeners: Iterable[Listener] = (), backend: str = "nvml",
+             hwmon_faults: Iterable[HwmonFault] = (), **ctl_kw) -> Rig:
     """A started controller under ``budget_w`` (W) on a bank of ``specs``; ``lag_s`` (s)
-    from a write to its enforcement; ``faults`` injected into the NVML calls."""
-    bank = SimBank(list(specs), lag_s=lag_s, seed=seed, events=list(events))
-    lib = SimNvmlLibrary(bank, list(faults))
-    nvml = Nvml(lib)
-    nvml.init()
+    from a write to its enforcement; ``faults`` injected into the NVML calls,
+    ``hwmon_faults`` into the hwmon files; ``backend`` as :func:`vendored`."""
+    bank = SimBank(vendored(specs, backend), lag_s=lag_s, seed=seed, events=list(events))
+    lib, nvml, tree = sim_backend(bank, faults, hwmon_faults)
     ctl = Controller(nvml, budget_w, timings, **ctl_kw)
     ctl.start()
-    return Rig(bank, lib, nvml, ctl, listeners=list(listeners))
+    return Rig(bank, lib, nvml, ctl, tree, listeners=list(listeners))
 
 
 def scenario_rig(scenario: str | Path = "workstation-4", timings: Timings | None = None, *,
@@ -128,4 +145,4 @@ def scenario_rig(scenario: str | Path = "workstation-4", timings: Timings | None
     )
 
 
-__all__ = ["FAST", "Fault", "Phase", "Rig", "busy", "card", "idle", "make_rig", "scenario_rig"]
+__all__ = ["BACKENDS", "FAST", "Fault", "HwmonFault", "Phase", "Rig", "busy", "card", "idle", "make_rig", "scenario_rig"]
