@@ -3,15 +3,15 @@ source behind the arbiter (lowering only).
 
 Each round: renew the lease when due, read the circuit, publish the want, and move the
 grant toward this host's fair share. A round follows a change at once: a watch on the
-circuit's prefix wakes the channel on any other host's key (its seat, grant, claim or
-meter), a feed mark, the spec or the tree, and the cards wake it when this host's want
-rises by a step with free watts to take; another host's record (its want), or a want
-rising with none free, is read at the pace of ``poll_s``. Woken rounds are spaced by :func:`wake_gap_s` (0.1 s on a
-small circuit, longer on a large one: the circuit's hosts together read at most
-``WOKEN_READS_PER_S`` times a second). Between changes a round comes every ``poll_s``
-while anything is in motion or the watch is down, and only at the keepalive when this
-host is settled (:meth:`CircuitChannel._settled`): an idle host reads nothing between
-renewals.
+circuit's prefix (on the member the reads use) wakes the channel on any other host's
+seat, grant, claim or meter, a feed mark, the spec or the tree, and the cards wake it
+when this host's want rises by a step with free watts to take. Another host's record
+(its want), this host's want falling, or rising with none free, are read at the pace
+of ``poll_s``. Woken rounds are spaced by :func:`wake_gap_s` (0.1 s on a small circuit,
+longer on a large one: the circuit's hosts together read at most ``WOKEN_READS_PER_S``
+times a second). Between changes a round comes every ``poll_s`` while anything is in
+motion or the watch is down, and only at the keepalive when this host is settled
+(:meth:`CircuitChannel._settled`): an idle host reads nothing between renewals.
 
 - **raise**: a transaction on the read (see ``store``) first, then the offer to the
   arbiter; a failed compare simply reads again next round;
