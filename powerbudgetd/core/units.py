@@ -49,3 +49,8 @@ def w_to_uw_down(watts: float, step_w: float = 0.001) -> int:
 def to_j(millijoules: int | float) -> float:
     """mJ (NVML's energy counter) to J."""
     return millijoules / 1000.0
+
+
+def to_ms(seconds: float) -> int:
+    """s to whole ms, rounded to the nearest (gRPC's channel options count in ms)."""
+    return int(round(seconds * 1000.0))

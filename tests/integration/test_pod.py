@@ -236,10 +236,13 @@ def test_the_wait_for_the_driver_says_so_every_progress_period(tmp_path: Path, m
     events = [(e["event"], e.get("waited_s")) for e in logs]
     first = events[:[name for name, _ in events].index("pod_driver_ready")]
     waits = [w for name, w in first if name == "pod_waiting_for_driver"]
-    assert waits[0] is None and len(waits) >= 3  # the first line, then one each 0.3 s (polled every 0.2 s)
-    assert waits[1:] == sorted(waits[1:]) and all(0.3 <= w < 1.2 for w in waits[1:])
     (done,) = [w for name, w in events if name == "pod_driver_ready"]
     assert done is not None and done >= 1.2
+    # The first line, then one each 0.3 s (polled every 0.2 s) until the file appeared
+    # (the timer that makes it may fire late on a loaded machine: counted to when it did).
+    assert waits[0] is None and len(waits) >= 3
+    assert waits[1:] == sorted(waits[1:]) and all(0.3 <= w <= done for w in waits[1:])
+    assert all(b - a >= 0.2 - 1e-9 for a, b in zip(waits[1:], waits[2:]))  # 0.3 s apart, logged to 0.1 s
     (gave_up,) = [w for name, w in events if name == "pod_driver_not_ready"]
     assert gave_up is not None and gave_up >= 0.5
 

@@ -82,6 +82,7 @@ from powerbudgetd.core.circuit import CircuitView
 from powerbudgetd.core.nodemeter import MeterReport, NodeMeter, check_source, node_meters, unmanaged_by_node
 from powerbudgetd.core.delegation import Charges, active, delegation_fits, raise_compares
 from powerbudgetd.core.tree import KINDS, MODES, Host, Node, Pair, PowerTree
+from powerbudgetd.core.units import to_ms
 
 T = TypeVar("T")
 
@@ -486,9 +487,9 @@ class CircuitStore:
         host, _, port = endpoint.rpartition(":")
         # A stream with no events says nothing: pinged, so that a member that stopped
         # answering (hung, or cut off with the connection left open) ends the watch.
-        pings = {"grpc.keepalive_time_ms": int(WATCH_PING_S * 1000),
-                 "grpc.keepalive_timeout_ms": max(1000, int(self.timeout_s * 1000)),
-                 "grpc.http2.ping_timeout_ms": max(1000, int(self.timeout_s * 1000)),
+        pings = {"grpc.keepalive_time_ms": to_ms(WATCH_PING_S),
+                 "grpc.keepalive_timeout_ms": max(1000, to_ms(self.timeout_s)),
+                 "grpc.http2.ping_timeout_ms": max(1000, to_ms(self.timeout_s)),
                  "grpc.http2.max_pings_without_data": 0}  # else gRPC stops pinging a quiet stream after 2
         client = _Client(host.strip("[]"), int(port), tls=self._tls, username=self._auth[0], password=self._auth[1],
                          timeout=None, options=pings)
