@@ -110,10 +110,21 @@ class Charges:
     _order: list[str] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "top", tops(self.tree, self.live))
-        depth = {n: len(self.tree.path(n)) for n in self.tree.nodes}
-        object.__setattr__(self, "_order", sorted(self.tree.nodes, key=lambda n: -depth[n]))
-        object.__setattr__(self, "_tables", [self._resid(False)] + ([self._resid(True)] if self.lost is not None else []))
+        # The tables depend on the tree's shape, which nodes hold a lease and the feed
+        # lost, not on the figures: computed once for the copies of one shape (its memo).
+        key = ("charges", frozenset(self.live), self.lost)
+        memo = self.tree._memo.get(key)
+        if memo is None:
+            depth = {n: len(self.tree.path(n)) for n in self.tree.nodes}
+            memo = (tops(self.tree, self.live), sorted(self.tree.nodes, key=lambda n: -depth[n]),
+                    [self._resid(False)] + ([self._resid(True)] if self.lost is not None else []))
+            if len(self.tree._memo) > 64:
+                self.tree._memo.clear()
+            self.tree._memo[key] = memo
+        top, order, tables = memo  # type: ignore[misc]
+        object.__setattr__(self, "top", top)
+        object.__setattr__(self, "_order", order)
+        object.__setattr__(self, "_tables", tables)
 
     def _resid(self, flow: bool) -> dict[str, dict[str, float]]:
         # Walked per host along its cords' paths: at each node, top(k) as far as this host
