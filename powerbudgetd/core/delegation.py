@@ -64,6 +64,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import cast
 
 from powerbudgetd.core.tree import EPS_W, PowerTree, divide_over
 
@@ -97,6 +98,11 @@ def tops(tree: PowerTree, live: Mapping[str, float]) -> dict[str, list[str]]:
     return out
 
 
+# What Charges keeps per tree shape, leased nodes and feed lost: top, the nodes leaves
+# first, the residual tables.
+_ChargeTables = tuple[dict[str, list[str]], list[str], list[dict[str, dict[str, float]]]]
+
+
 @dataclass(frozen=True)
 class Charges:
     """The charge tables of one tree and one set of live delegations: ``resid[k][h]``
@@ -121,7 +127,7 @@ class Charges:
             if len(self.tree._memo) > 64:
                 self.tree._memo.clear()
             self.tree._memo[key] = memo
-        top, order, tables = memo  # type: ignore[misc]
+        top, order, tables = cast(_ChargeTables, memo)
         object.__setattr__(self, "top", top)
         object.__setattr__(self, "_order", order)
         object.__setattr__(self, "_tables", tables)
