@@ -36,6 +36,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from powerbudgetd.core.delegation import divide_charged
 from powerbudgetd.core.fair import max_min_fair
 from powerbudgetd.core.feed import Feed
 from powerbudgetd.core.snapshot import BankSnapshot
@@ -263,6 +264,11 @@ class CircuitView:
         # A live host whose seat did not fit counts its reserve as a seat, before any
         # want: the others shed to make room for it, rather than it waiting behind them.
         reserves = {h: self.seats.get(h, 0.0) + self.pending.get(h, 0.0) for h in self.tree.hosts}
+        if any(node.delegate for node in self.tree.nodes.values()):
+            # Delegated subtrees: the same division over what the leases charge, so what
+            # it gives each host is what the leases sized by it carry (core.delegation).
+            # No spare room there: the leases are sized to the wants, not the nameplates.
+            return divide_charged(self.tree.with_reserves(reserves), totals, self.lost)
         ceilings = {h: reserves[h] + w for h, w in self.ceilings.items() if h in totals} or None
         return divide(self.tree.with_reserves(reserves), totals, self.lost, ceilings)
 

@@ -8,24 +8,29 @@ those nodes depend on: raises under different delegated nodes never conflict.
 
 *Charged load* at node ``k`` (what its bound is checked against)::
 
-    C(k) = sum over m in top(k) of D(m)  +  sum over hosts h of resid(h, k) x held(h)
+    C(k) = sum over m in top(k) of max(D(m), C(m))  +  sum over hosts h of resid(h, k) x held(h)
     resid(h, k) = max(0, coef(h, k) - sum over m in top(k) of coef(h, m))
 
 with ``top(k)`` the delegated nodes strictly below ``k`` with no delegated node between,
 ``coef`` the tree's committed coefficients (``core.tree``: failover counted) and ``held``
-each host's seat (or pending reserve) plus grant. Every node keeps
+each host's seat (or pending reserve) plus grant; ``max(D(m), C(m))`` is ``D(m)`` while
+``m`` keeps its bound, and its own charge where a feed lost moves more flow into it
+than its lease (an oversubscribed host's other cord), until the lease is resized. Every node keeps
 ``C(k) <= bound(k) = min(budget(k), D(k))`` (``D(k)`` only where ``k`` holds one).
 
 Why that bounds the true committed load ``L(k) = sum coef(h, k) x held(h)`` everywhere:
 ``coef`` is subadditive over disjoint subtrees (a redundant host counts 1 at a node and
 at least 1 over the subtrees holding its cords; an oversubscribed one
 ``min(1, s1 + s2) <= min(1, s1) + min(1, s2)``), so ``L(k) <= sum over top(k) of L(m) +
-sum resid(h, k) x held(h)``; and ``L(m) <= C(m) <= D(m)`` by induction from the leaves.
+sum resid(h, k) x held(h)``; and ``L(m) <= C(m)`` by induction from the leaves.
 With a feed lost, the same with the flow coefficients (additive), and each node's bound
-holds for the larger of the two charges (as ``CircuitView.node_loads_w``).
+holds for the larger of the two charges (as ``CircuitView.node_loads_w``); a delegated
+node dead under the loss carries no flow (its flow coefficients are 0), so the flow's
+charge above it leaves its lease out and counts its hosts' flow through their live
+cords in their residual.
 
-Removing a delegation never raises any ancestor's charge (``D(m)`` is replaced by what it
-bounded, ``C(m) <= D(m)``); creating or changing one is a transaction over the whole
+Removing a delegation never raises any ancestor's charge (``max(D(m), C(m))`` is replaced
+by what ``C(m)`` counted); creating or changing one is a transaction over the whole
 circuit that checks every node (:func:`over_w`).
 
 What a raise of host ``h`` depends on (:func:`zone`): the nodes ``R(h)`` where
@@ -33,6 +38,23 @@ What a raise of host ``h`` depends on (:func:`zone`): the nodes ``R(h)`` where
 and the delegation of every delegate-marked node in ``R(h)`` or below one (one created,
 changed or removed there changes a charge in ``R(h)`` or its bound). A raise whose
 compares cover exactly that keeps every bound.
+
+*The lease each node should hold* (:func:`fair_leases_w`): the tree's own division
+(``core.tree.divide``: reserves class by class from the highest, then wants class by
+class, max-min fair within a class) over the *charged* coefficients, with every
+delegate-marked node leased::
+
+    chat(h, k) = resid(h, k) + sum over m in top(k) of chat(h, m)
+
+(each table; at a delegated node the larger of committed and flow), so that what the
+division gives each host fits every node's charge once each lease is
+``D(m) = sum over h of chat(h, m) x alloc(h)``; then each lease's margin, after every
+class. Siblings under one parent thus share its room as their hosts would: a subtree
+whose hosts want more at a higher class gets its watts before a lower-class sibling's
+lease grows, and a lease above that figure is shrunk to it (never below what its
+subtree holds). Where no host's cords cross a delegated node's boundary ``chat`` is
+the tree's coefficient and the division is the tree's; a host corded under two
+delegated nodes is counted on each lease (the cost of delegating there).
 
 Pure: no I/O. Figures in wall W.
 """
@@ -42,8 +64,9 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import cast
 
-from powerbudgetd.core.tree import EPS_W, PowerTree
+from powerbudgetd.core.tree import EPS_W, PowerTree, divide_over
 
 
 def active(tree: PowerTree, delegations_w: Mapping[str, float]) -> dict[str, float]:
@@ -75,6 +98,11 @@ def tops(tree: PowerTree, live: Mapping[str, float]) -> dict[str, list[str]]:
     return out
 
 
+# What Charges keeps per tree shape, leased nodes and feed lost: top, the nodes leaves
+# first, the residual tables.
+_ChargeTables = tuple[dict[str, list[str]], list[str], list[dict[str, dict[str, float]]]]
+
+
 @dataclass(frozen=True)
 class Charges:
     """The charge tables of one tree and one set of live delegations: ``resid[k][h]``
@@ -85,10 +113,24 @@ class Charges:
     lost: str | None = None
     top: dict[str, list[str]] = field(init=False, repr=False, compare=False)
     _tables: list[dict[str, dict[str, float]]] = field(init=False, repr=False, compare=False)
+    _order: list[str] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "top", tops(self.tree, self.live))
-        object.__setattr__(self, "_tables", [self._resid(False)] + ([self._resid(True)] if self.lost is not None else []))
+        # The tables depend on the tree's shape, which nodes hold a lease and the feed
+        # lost, not on the figures: computed once for the copies of one shape (its memo).
+        key = ("charges", frozenset(self.live), self.lost)
+        memo = self.tree._memo.get(key)
+        if memo is None:
+            depth = {n: len(self.tree.path(n)) for n in self.tree.nodes}
+            memo = (tops(self.tree, self.live), sorted(self.tree.nodes, key=lambda n: -depth[n]),
+                    [self._resid(False)] + ([self._resid(True)] if self.lost is not None else []))
+            if len(self.tree._memo) > 64:
+                self.tree._memo.clear()
+            self.tree._memo[key] = memo
+        top, order, tables = cast(_ChargeTables, memo)
+        object.__setattr__(self, "top", top)
+        object.__setattr__(self, "_order", order)
+        object.__setattr__(self, "_tables", tables)
 
     def _resid(self, flow: bool) -> dict[str, dict[str, float]]:
         # Walked per host along its cords' paths: at each node, top(k) as far as this host
@@ -122,14 +164,37 @@ class Charges:
         budget = self.tree.nodes[node].budget_w
         return min(budget, self.live[node]) if node in self.live else budget
 
+    def counted(self, table: Mapping[str, Mapping[str, float]], node: str) -> list[str]:
+        """``top(node)`` as ``table`` counts it: a delegated node dead under the lost feed
+        (not in the flow's table) carries no flow, so its lease is counted committed only
+        (its hosts' flow is in their residual through their live cords: the flow
+        coefficients are additive, and a dead node's is 0)."""
+        return [m for m in self.top[node] if m in table]
+
+    def table_loads_w(self, held_w: Mapping[str, float]) -> list[dict[str, float]]:
+        """Each node's charge ``C(k)`` (W) in each of :meth:`tables`. A delegated node
+        counts at its ancestors as the larger of its lease and its own charge: a feed
+        lost can move more flow into a subtree than its lease (an oversubscribed host's
+        other cord), and its ancestors then carry that (``L(m) <= C(m)`` still holds)."""
+        out = []
+        for table in self.tables():
+            loads: dict[str, float] = {}
+            for k in self._order:  # the leaves first: top(k) done before k
+                if k in table:
+                    loads[k] = self._under_w(table, loads, k) + sum(r * held_w.get(h, 0.0) for h, r in table[k].items())
+            out.append(loads)
+        return out
+
+    def _under_w(self, table: Mapping[str, Mapping[str, float]], loads: Mapping[str, float], node: str) -> float:
+        """What the delegated nodes just below ``node`` count at it in ``table`` (W)."""
+        return sum(max(self.live[m], loads.get(m, 0.0)) for m in self.counted(table, node))
+
     def loads_w(self, held_w: Mapping[str, float]) -> dict[str, float]:
         """Each node's charge ``C(k)`` (W): the larger of committed and, with a feed lost,
         flow (a node dead under the loss: committed only)."""
-        top = self.top
         out: dict[str, float] = {}
-        for table in self.tables():
-            for k, row in table.items():
-                c = sum(self.live[m] for m in top[k]) + sum(r * held_w.get(h, 0.0) for h, r in row.items())
+        for loads in self.table_loads_w(held_w):
+            for k, c in loads.items():
                 out[k] = max(out.get(k, -math.inf), c)
         return out
 
@@ -140,14 +205,22 @@ class Charges:
 
     def room_for_w(self, host: str, held_w: Mapping[str, float]) -> float:
         """The most ``host`` may hold in all (W, seat + grant) beside the others' ``held_w``
-        so every node where it is charged stays within its bound (inf: charged nowhere)."""
-        top = self.top
+        so every node where it is charged stays within its bound (inf: charged nowhere).
+
+        No more than it holds while any node on its cords' paths is over its bound: a feed
+        lost puts a lease's ancestors over in the flow (the lease counted where the flow
+        now also carries the other side) until the lease shrinks to what its subtree holds;
+        its hosts must not fill it meanwhile."""
+        paths = {k for leaf in self.tree.hosts[host].cords for k in self.tree.path(leaf)} \
+            if host in self.tree.hosts else set()
         best = math.inf
-        for table in self.tables():
+        for table, loads in zip(self.tables(), self.table_loads_w(held_w)):
+            for k in paths & loads.keys():
+                if loads[k] > self.bound_w(k) + EPS_W:
+                    best = min(best, held_w.get(host, 0.0))
             for k, row in table.items():
                 if host in row:
-                    others = sum(self.live[m] for m in top[k]) + sum(
-                        r * held_w.get(h, 0.0) for h, r in row.items() if h != host)
+                    others = loads[k] - row[host] * held_w.get(host, 0.0)
                     best = min(best, (self.bound_w(k) - others) / row[host])
         return best
 
@@ -208,24 +281,31 @@ def delegation_fits(tree: PowerTree, held_w: Mapping[str, float], delegations_w:
 
 def proposed_w(tree: PowerTree, held_w: Mapping[str, float], wants_w: Mapping[str, float],
                delegations_w: Mapping[str, float], node: str, *, margin_w: float = 0.0,
-               lost: str | None = None) -> float:
+               lost: str | None = None, fair_w: float | None = None) -> float:
     """The delegation ``node`` should hold at the next rebalance (W): its subtree's charge
     at ``node`` with every host there holding its seat plus want (``wants_w``, W above
-    the seat; and each host's ``held_w`` if more) plus ``margin_w``, within ``node``'s
-    budget and what its ancestors can spare beside the others (never below what the
-    subtree holds now: a shrink below that is refused by :func:`delegation_fits`)."""
+    the seat; and each host's ``held_w`` if more) plus ``margin_w``, or ``fair_w`` where
+    given (its figure in the tree's priority division, :func:`fair_leases_w`: what the
+    resizes use), within ``node``'s budget and what its ancestors can spare beside the
+    others (never below what the subtree holds now: a shrink below that is refused by
+    :func:`delegation_fits`)."""
     live = active(tree, delegations_w)
     live.pop(node, None)
     need = {h: max(held_w.get(h, 0.0), held_w.get(h, 0.0) + wants_w.get(h, 0.0)) for h in tree.hosts}
     inner = Charges(tree, live, lost)
-    wish = inner.loads_w(need).get(node, 0.0) + margin_w
+    # Its figure in the division where given: it counts every delegated node below as
+    # leased (a lease below not yet taken would otherwise be left no room under this one).
+    wish = inner.loads_w(need).get(node, 0.0) + margin_w if fair_w is None else fair_w
     now = inner.loads_w(held_w).get(node, 0.0)
     target = min(max(wish, now), tree.nodes[node].budget_w)
     # With the lease at 0 W, each ancestor whose charge counts it (the node in its top)
     # has that charge grow by exactly the lease: the most it may be is the least room.
+    # (Per table: where the node is dead under the lost feed, the flow does not count it.)
     at_zero = Charges(tree, {**live, node: 0.0}, lost)
-    loads = at_zero.loads_w(held_w)
-    spare = min((at_zero.bound_w(a) - loads[a] for a in at_zero.top if node in at_zero.top[a]), default=math.inf)
+    # (At 0 W the node counts its own charge there, the larger: that is added back.)
+    spare = min((at_zero.bound_w(a) - loads[a] + loads[node]
+                 for table, loads in zip(at_zero.tables(), at_zero.table_loads_w(held_w))
+                 for a in table if node in at_zero.counted(table, a)), default=math.inf)
     best = max(now, min(target, spare))
     if best <= now or delegation_fits(tree, held_w, delegations_w, node, best, lost):
         return best
@@ -235,6 +315,90 @@ def proposed_w(tree: PowerTree, held_w: Mapping[str, float], wants_w: Mapping[st
         mid = (lo + hi) / 2
         lo, hi = (mid, hi) if delegation_fits(tree, held_w, delegations_w, node, mid, lost) else (lo, mid)
     return lo
+
+
+MARGIN_KEY = "\x00margin:"  # a lease's margin in the division: not a host's name (names are checked)
+
+
+def charged_tables(tree: PowerTree, lost: str | None = None,
+                   margins: frozenset[str] = frozenset()) -> tuple[dict[object, dict[str, float]], dict[str, dict[str, float]]]:
+    """The charged coefficients (module docstring) with every delegate-marked node
+    leased: the bounds to divide over (``(table, node)`` -> host -> ``chat``; a flow
+    table's node only where it asks more than committed, as ``core.tree.divide``), and
+    each marked node's lease coefficients (host -> ``chat(h, m)``). Each node in
+    ``margins`` has its margin as one more entry (``MARGIN_KEY + node``, 1 at the node).
+    Computed once per tree shape, feed lost and margins (the tree's memo)."""
+    key = ("charged", lost, margins)
+    memo = tree._memo.get(key)
+    if memo is None:
+        memo = _charged_tables(tree, lost, margins)
+        tree._memo[key] = memo
+    return memo  # type: ignore[return-value]
+
+
+def _charged_tables(tree: PowerTree, lost: str | None,
+                    margins: frozenset[str]) -> tuple[dict[object, dict[str, float]], dict[str, dict[str, float]]]:
+    marked = {n for n, nd in tree.nodes.items() if nd.delegate and nd.parent is not None}
+    charges = Charges(tree, dict.fromkeys(marked, 0.0), lost)
+    tables = [{k: dict(row) for k, row in table.items()} for table in charges.tables()]
+    for m in margins & marked:
+        for table in tables:
+            if m in table:
+                table[m][MARGIN_KEY + m] = 1.0
+    depth = {n: len(tree.path(n)) for n in tree.nodes}
+    lease: dict[str, dict[str, float]] = {}
+    out: list[dict[str, dict[str, float]]] = [{} for _ in tables]
+    for k in sorted(tree.nodes, key=lambda n: -depth[n]):  # the leaves first: top(k) done before k
+        for table, done in zip(tables, out):
+            if k not in table:
+                continue
+            row = dict(table[k])
+            for m in charges.counted(table, k):
+                for h, c in lease.get(m, {}).items():
+                    row[h] = row.get(h, 0.0) + c
+            done[k] = row
+        if k in marked:
+            whole: dict[str, float] = {}
+            for done in out:
+                for h, c in done.get(k, {}).items():
+                    whole[h] = max(whole.get(h, 0.0), c)
+            lease[k] = whole
+    bounds: dict[object, dict[str, float]] = {("c", k): row for k, row in out[0].items()}
+    for k, row in (out[1].items() if len(out) > 1 else ()):
+        if any(c > out[0].get(k, {}).get(h, 0.0) + EPS_W for h, c in row.items()):
+            bounds[("f", k)] = row
+    return bounds, lease
+
+
+def divide_charged(tree: PowerTree, wants_w: Mapping[str, float], lost: str | None = None,
+                   margins_w: Mapping[str, float] | None = None) -> dict[str, float]:
+    """The tree's division (``core.tree.divide``: ``tree``'s reserves, then ``wants_w``,
+    W in all per host) over the charged coefficients with every delegate-marked node
+    leased (module docstring), then each node's margin in ``margins_w`` (W) after every
+    class. W per host, and per ``MARGIN_KEY + node``."""
+    margins = {m: w for m, w in (margins_w or {}).items() if m in tree.nodes and tree.nodes[m].delegate}
+    bounds, _ = charged_tables(tree, lost, frozenset(margins))
+    # A few EPS_W short of each budget: where the division fills a parent exactly, a
+    # lease held at its subtree's seats (a hair above its figure) still fits beside the
+    # siblings' figures, whatever the float residue.
+    room: dict[object, float] = {b: tree.nodes[b[1]].budget_w - 4 * EPS_W for b in bounds}  # type: ignore[index]
+    return divide_over(tree, dict(bounds), room, wants_w, {MARGIN_KEY + m: w for m, w in margins.items()})
+
+
+def fair_leases_w(tree: PowerTree, seats_w: Mapping[str, float], wants_w: Mapping[str, float],
+                  margins_w: Mapping[str, float], lost: str | None = None) -> dict[str, float]:
+    """Each delegate-marked node's lease under the tree's priority division (module
+    docstring; W): its hosts' share of the division of each host's seat (``seats_w``,
+    its reserve there) plus want (``wants_w``, W above the seat), counted as the lease
+    counts them, plus the margin (``margins_w``, W) the room left after every class
+    allows; within the node's budget. What a periodic resize moves a lease to (as far
+    as its subtree's holdings and the ancestors allow: :func:`proposed_w`)."""
+    totals = {h: seats_w.get(h, 0.0) + wants_w.get(h, 0.0) for h in tree.hosts}
+    alloc = divide_charged(tree.with_reserves(seats_w), totals, lost, margins_w)
+    margins = frozenset(m for m in margins_w if m in tree.nodes and tree.nodes[m].delegate)
+    _, lease = charged_tables(tree, lost, margins)
+    return {m: min(tree.nodes[m].budget_w, sum(c * alloc.get(h, 0.0) for h, c in row.items()))
+            for m, row in lease.items()}
 
 
 # etcd allows 128 operations in a transaction by default; past this many a raise compares

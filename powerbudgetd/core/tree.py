@@ -116,6 +116,9 @@ class PowerTree:
     pairs: Mapping[frozenset[str], Pair] = field(default_factory=dict)
     _coefficients: dict[tuple[str | None, bool], dict[str, dict[str, float]]] = field(default_factory=dict, compare=False, repr=False)
     _checked: bool = field(default=False, compare=False, repr=False)  # the shape checked (a copy of a checked tree)
+    # What one shape computes once for others (``core.delegation``'s charged coefficients),
+    # shared by the copies of the same shape as ``_coefficients`` is.
+    _memo: dict[tuple[object, ...], object] = field(default_factory=dict, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if self._checked:
@@ -231,14 +234,14 @@ class PowerTree:
         """The same tree with every feed pair in ``mode`` (``shed_s`` for oversubscribed)."""
         pairs = {p: Pair(p, mode, shed_s if mode == "oversubscribed" else None)
                  for p in {self.pair_of(h) for h in self.hosts} if p is not None}
-        return replace(self, pairs=pairs, _coefficients={}, _checked=True)
+        return replace(self, pairs=pairs, _coefficients={}, _checked=True, _memo={})
 
     def with_reserves(self, reserves_w: Mapping[str, float]) -> PowerTree:
         """The same tree with each host's reserve as given (W; 0 for one not given): the
         seats a circuit's store holds, rather than the file's plan."""
         hosts = {h: replace(host, reserve_w=reserves_w.get(h, 0.0)) for h, host in self.hosts.items()}
         # The same shape: not checked again, and the coefficients (cords, pairs) shared.
-        return replace(self, hosts=hosts, _coefficients=self._coefficients, _checked=True)
+        return replace(self, hosts=hosts, _coefficients=self._coefficients, _checked=True, _memo=self._memo)
 
     def with_unmanaged(self, unmanaged_w: Mapping[str, float]) -> PowerTree:
         """The same tree with each node's budget lowered by its unmanaged load (W, >= 0; 0
@@ -249,7 +252,7 @@ class PowerTree:
             load = max(0.0, unmanaged_w.get(name, 0.0))
             rated = node.rated_w
             nodes[name] = replace(node, budget_w=max(0.0, rated - load), unmanaged_w=min(load, rated))
-        return replace(self, nodes=nodes, _coefficients=self._coefficients, _checked=True)
+        return replace(self, nodes=nodes, _coefficients=self._coefficients, _checked=True, _memo=self._memo)
 
     # -- what each node carries -------------------------------------------------------
     def coefficients(self, lost: str | None = None, *, flow: bool = False) -> dict[str, dict[str, float]]:
@@ -362,8 +365,21 @@ def divide(tree: PowerTree, wants_w: Mapping[str, float], lost: str | None = Non
             if any(c > committed[node].get(h, 0.0) + EPS_W for h, c in hs.items()):
                 bounds[("flow", node)] = hs
                 room[("flow", node)] = tree.nodes[node].budget_w
+    return divide_over(tree, bounds, room, wants_w, ceilings_w=ceilings_w, lost=lost)
+
+
+def divide_over(tree: PowerTree, bounds: dict[object, Mapping[str, float]], room: dict[object, float],
+                wants_w: Mapping[str, float], then_w: Mapping[str, float] | None = None, *,
+                ceilings_w: Mapping[str, float] | None = None, lost: str | None = None) -> dict[str, float]:
+    """:func:`divide`'s stages over given ``bounds`` (a key -> each host's coefficient on
+    it; spare room's loss bounds are added to it) and their ``room`` (W, updated in
+    place): every class's reserves from the highest, then every class's wants, then
+    with ``ceilings_w`` every class's spare room (bounded by each feed's loss unless
+    ``lost`` is one already); then ``then_w`` (W each, keys that are not the tree's
+    hosts: last, after every class). Returns W for each tree host and each key of
+    ``then_w``."""
     alloc = {h: 0.0 for h in tree.hosts}
-    hosts = sorted({h for hs in bounds.values() for h in hs})
+    hosts = sorted({h for hs in bounds.values() for h in hs if h in tree.hosts})
     classes = sorted({tree.hosts[h].priority for h in hosts}, reverse=True)
     stages = ("reserve", "want", "spare") if ceilings_w else ("reserve", "want")
     for stage in stages:
@@ -378,6 +394,9 @@ def divide(tree: PowerTree, wants_w: Mapping[str, float], lost: str | None = Non
                 assert ceilings_w is not None
                 caps = {h: max(w, ceilings_w.get(h, 0.0)) for h, w in caps.items()}
             _fill(bounds, room, alloc, caps)
+    if then_w:
+        alloc.update(dict.fromkeys(then_w, 0.0))
+        _fill(bounds, room, alloc, {k: max(0.0, w) for k, w in then_w.items()})
     return alloc
 
 

@@ -14,8 +14,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from powerbudgetd.core.delegation import (Charges, RaiseCompares, active, delegation_fits, proposed_w,
-                                          raise_compares, within_bounds)
+from powerbudgetd.core.delegation import (Charges, RaiseCompares, active, delegation_fits, divide_charged,
+                                          fair_leases_w, proposed_w, raise_compares, within_bounds)
 from powerbudgetd.core.tree import EPS_W, Host, Node, PowerTree
 from support.examples import examples
 from support.trees import trees
@@ -141,8 +141,11 @@ def play(tree: PowerTree, wants: dict[str, float], steps) -> Etcd:
         elif op == "delegate" and marked:
             m = marked[pick % len(marked)]
             deleg = read.values("deleg")
-            w = proposed_w(tree, held, wants, deleg, m, margin_w=100 * frac, lost=read.lost) if stale % 2 \
-                else frac * tree.nodes[m].budget_w
+            seats = read.values("seat")
+            fair = fair_leases_w(tree, seats, {h: w for h, w in wants.items() if h in seats},
+                                 dict.fromkeys(marked, 100 * frac), read.lost)[m] if stale % 4 == 1 else None
+            w = proposed_w(tree, held, wants, deleg, m, margin_w=100 * frac, lost=read.lost, fair_w=fair) \
+                if stale % 2 else frac * tree.nodes[m].budget_w
             if delegation_fits(tree, held, deleg, m, w, read.lost) and db.whole_unchanged(read):
                 db.put("deleg", m, w)
         elif op == "lose" and db.lost is None and tree.feeds():
@@ -243,3 +246,178 @@ def test_a_raise_read_before_its_lease_shrank_fails_its_compare():
     # Read afresh, the raise fits the smaller lease.
     db = play(tree, wants, [("delegate", 0, 0, 0.3), ("raise", 0, 0, 1.0)])
     assert db.values("grant")["r0h0"] == pytest.approx(1_500.0 - 600.0)
+
+
+# -- leases sized by the siblings' priority -------------------------------------------
+
+
+def test_a_higher_class_subtree_gets_its_lease_before_a_lower_class_sibling():
+    """Site 4.5 kW over two delegated PDUs: pdu0's two hosts class 2 wanting 800 W each
+    above a 200 W seat, pdu1's class 0 wanting 1400 W. pdu1 took 3 kW first. In the
+    division pdu0's hosts are served whole (2000 W) and pdu1 gets the rest (2500 W; an
+    even split would give each 2250 W); no margin is left over."""
+    nodes = {"site": Node("site", 4_500)}
+    hosts = {}
+    for r, cls in ((0, 2), (1, 0)):
+        nodes[f"pdu{r}"] = Node(f"pdu{r}", 5_000, "site", "pdu", delegate=True)
+        for i in range(2):
+            hosts[f"r{r}h{i}"] = Host(f"r{r}h{i}", {f"pdu{r}": 1.0}, 200.0, cls)
+    tree = PowerTree(nodes, hosts)
+    seats = dict.fromkeys(hosts, 200.0)
+    wants = {h: 800.0 if h.startswith("r0") else 1_400.0 for h in hosts}
+    fair = fair_leases_w(tree, seats, wants, {"pdu0": 100.0, "pdu1": 100.0})
+    assert fair == pytest.approx({"pdu0": 2_000.0, "pdu1": 2_500.0})
+    # The hosts' own division is the one the leases carry (what CircuitView.fair_w gives).
+    alloc = divide_charged(tree.with_reserves(seats), {h: seats[h] + wants[h] for h in hosts})
+    assert alloc["r0h0"] == pytest.approx(1_000.0) and alloc["r1h0"] == pytest.approx(1_250.0)
+    # First come: pdu1 holds 3 kW (its hosts only their seats); pdu0 can have only 1500 W.
+    held = dict(seats)
+    first = {"pdu1": 3_000.0}
+    assert proposed_w(tree, held, wants, first, "pdu0", margin_w=100.0, fair_w=fair["pdu0"]) == pytest.approx(1_500.0)
+    # Without the division's cap pdu1 would grow to its hosts' wants and margin (first come).
+    assert proposed_w(tree, held, wants, first, "pdu1", margin_w=100.0) == pytest.approx(3_300.0)
+    # pdu1's periodic resize shrinks it to its figure...
+    shrunk = proposed_w(tree, held, wants, first, "pdu1", margin_w=100.0, fair_w=fair["pdu1"])
+    assert shrunk == pytest.approx(2_500.0) and delegation_fits(tree, held, first, "pdu1", shrunk)
+    # ...then pdu0 grows to its hosts' seats and wants.
+    after = {"pdu1": shrunk}
+    assert proposed_w(tree, held, wants, after, "pdu0", margin_w=100.0, fair_w=fair["pdu0"]) == pytest.approx(2_000.0)
+    # Never below what pdu1's subtree holds: its hosts granted 2 x 1200 W, more than their share.
+    held_more = {**held, "r1h0": 1_400.0, "r1h1": 1_400.0}
+    assert proposed_w(tree, held_more, wants, first, "pdu1", margin_w=100.0, fair_w=fair["pdu1"]) == \
+        pytest.approx(2_800.0)
+    # With room to spare, the margins come after every class's wants.
+    roomy = PowerTree({**nodes, "site": Node("site", 5_400)}, hosts)
+    assert fair_leases_w(roomy, seats, wants, {"pdu0": 100.0, "pdu1": 100.0}) == \
+        pytest.approx({"pdu0": 2_100.0, "pdu1": 3_300.0})
+
+
+@st.composite
+def sibling_trees(draw):
+    """A root over 2-4 delegated siblings (each a leaf or over 1-3 leaves, some of them
+    delegated too), maybe an undelegated leaf beside them, maybe a panel between;
+    hosts of classes 0-2 single-corded or dual-corded (some across two siblings), random
+    seats and wants; maybe a feed lost."""
+    nodes = {"root": Node("root", draw(st.floats(1_000, 12_000)))}
+    top = "root"
+    if draw(st.booleans()):
+        nodes["panel"] = Node("panel", draw(st.floats(1_000, 12_000)), "root")
+        top = "panel"
+    leaves: dict[str, str] = {}  # leaf -> its delegated sibling ("" for the undelegated leaf)
+    for i in range(draw(st.integers(2, 4))):
+        nodes[f"s{i}"] = Node(f"s{i}", draw(st.floats(300, 8_000)), top, delegate=True)
+        kids = draw(st.integers(0, 3))
+        if kids == 0:
+            leaves[f"s{i}"] = f"s{i}"
+        for j in range(kids):
+            nodes[f"s{i}l{j}"] = Node(f"s{i}l{j}", draw(st.floats(300, 6_000)), f"s{i}", delegate=draw(st.booleans()))
+            leaves[f"s{i}l{j}"] = f"s{i}"
+    if draw(st.booleans()):
+        nodes["u"] = Node("u", draw(st.floats(300, 6_000)), top)
+        leaves["u"] = ""
+    names = sorted(leaves)
+    hosts = {}
+    for i in range(draw(st.integers(2, 9))):
+        cords = {draw(st.sampled_from(names)): 1.0}
+        if len(names) > 1 and draw(st.integers(0, 3)) == 0:
+            a, b = draw(st.lists(st.sampled_from(names), min_size=2, max_size=2, unique=True))
+            cords = {a: 0.5, b: 0.5}
+        hosts[f"h{i}"] = Host(f"h{i}", cords, draw(st.floats(0, 500)), draw(st.integers(0, 2)))
+    tree = PowerTree(nodes, hosts).with_mode(draw(st.sampled_from(["redundant", "oversubscribed"])), 2.0)
+    wants = {h: draw(st.floats(0, 3_000)) for h in hosts}
+    lost = draw(st.sampled_from([None, *tree.feeds()]))
+    return tree, wants, lost, draw(st.floats(20, 300)), draw(st.randoms(use_true_random=False))
+
+
+def settle(tree: PowerTree, wants: dict[str, float], lost: str | None, margin: float, rng, rounds: int = 60):
+    """Joins in a random order, then rounds until nothing moves: each delegated node
+    with a seated host under it resized as its first host does periodically (to
+    ``proposed_w`` capped by ``fair_leases_w``, when that moves it by half the margin),
+    in a random order; each seated host's grant moved towards its share of the
+    division (``divide_charged``: ``CircuitView.fair_w``) as far as its room under the
+    leases allows. Every write checked (:func:`check`). Returns the store and the
+    lease figures of the last round."""
+    db = Etcd()
+    if lost is not None:
+        db.rev += 1
+        db.lost, db.down_mod = lost, db.rev
+    hosts = sorted(tree.hosts)
+    for h in rng.sample(hosts, len(hosts)):
+        seat = tree.hosts[h].reserve_w
+        if within_bounds(tree, {**db.held(), h: seat}, db.values("deleg"), lost):
+            db.put("seat", h, seat)
+            check(tree, db, True)
+    seats = db.values("seat")
+    wanted = {h: w for h, w in wants.items() if h in seats}
+    under = {n for h in seats for leaf in tree.hosts[h].cords for n in tree.path(leaf) if tree.nodes[n].delegate}
+    fair = fair_leases_w(tree, seats, wanted, dict.fromkeys(under, margin), lost)
+    share = divide_charged(tree.with_reserves(seats), {h: seats[h] + w for h, w in wanted.items()}, lost)
+    for _ in range(rounds):
+        moved = False
+        for m in rng.sample(sorted(under), len(under)):
+            deleg = db.values("deleg")
+            target = proposed_w(tree, db.held(), wanted, deleg, m, margin_w=margin, lost=lost, fair_w=fair[m])
+            if (m not in deleg or abs(target - deleg[m]) >= margin / 2) \
+                    and delegation_fits(tree, db.held(), deleg, m, target, lost):
+                db.put("deleg", m, target)
+                moved = True
+                check(tree, db, True)
+        for h in rng.sample(sorted(seats), len(seats)):
+            held = db.held()
+            charges = Charges(tree, active(tree, db.values("deleg")), lost)
+            grant = db.values("grant").get(h, 0.0)
+            new = max(0.0, min(share[h] - seats[h], charges.room_for_w(h, held) - seats[h]))
+            if new < grant - EPS_W or (new > grant + 1.0):
+                db.put("grant", h, min(new, grant) if new < grant else new)
+                moved = True
+                check(tree, db, True)
+        if not moved:
+            break
+    return db, fair, under
+
+
+@settings(max_examples=examples(150), deadline=None)
+@given(sibling_trees())
+def test_leases_settle_on_the_priority_division_among_siblings(case):
+    """After the rebalances settle, every lease is its figure in the division within a
+    step (half a margin: the resize's dead band), and the leases at those figures carry
+    every host's share of the division; no node over its budget at any revision on the
+    way. Where the division cannot give a host even its seat (a host corded under two
+    delegated siblings is counted on both leases), a lease is never above the larger
+    of its figure and what its subtree holds, by more than a step."""
+    tree, wants, lost, margin, rng = case
+    db, fair, under = settle(tree, wants, lost, margin, rng)
+    deleg, seats, held = db.values("deleg"), db.values("seat"), db.held()
+    share = divide_charged(tree.with_reserves(seats), {h: seats[h] + wants[h] for h in seats}, lost)
+    if all(share[h] >= seats[h] - 1e-6 for h in seats):
+        for m in under:
+            assert m in deleg, (m, fair, deleg, held)
+            assert fair[m] - margin / 2 - 1e-5 <= deleg[m] <= fair[m] + 1e-5, (m, deleg[m], fair[m])
+        at_fair = Charges(tree, {m: fair[m] for m in under}, lost)
+        assert not at_fair.over_w({h: share[h] for h in seats}, 1e-5)
+    else:
+        for m, w in deleg.items():
+            others = {n: v for n, v in deleg.items() if n != m}
+            holds = Charges(tree, active(tree, others), lost).loads_w(held).get(m, 0.0)
+            assert w <= max(fair[m], holds) + margin / 2 + 1e-6, (m, w, fair[m], holds)
+
+
+def test_a_feed_loss_that_overfills_a_lease_is_counted_above_it():
+    """Feeds A and B (500 W each) under a 2 kW site; under A a delegated PDU pa and a
+    leaf a2, under B a leaf b1. h3 (100 W, oversubscribed half on pa, half on b1) and
+    h4 (300 W on a2). pa's lease is 50 W (h3's committed half). B lost: h3's whole
+    100 W flows through pa, over its lease; A must count those 100 W, not 50, so h4
+    may hold 400 W in all, not 450 (A's true flow would be 550 W); and h3, under a
+    node over its bound, may not raise."""
+    nodes = {"site": Node("site", 2_000), "A": Node("A", 500, "site"), "B": Node("B", 500, "site"),
+             "pa": Node("pa", 500, "A", "pdu", delegate=True), "a2": Node("a2", 500, "A"), "b1": Node("b1", 500, "B")}
+    hosts = {"h3": Host("h3", {"pa": 0.5, "b1": 0.5}, 100.0), "h4": Host("h4", {"a2": 1.0}, 300.0)}
+    tree = PowerTree(nodes, hosts).with_mode("oversubscribed", 2.0)
+    held = {"h3": 100.0, "h4": 300.0}
+    assert delegation_fits(tree, held, {}, "pa", 50.0)
+    lost = Charges(tree, {"pa": 50.0}, "B")
+    assert lost.room_for_w("h4", held) == pytest.approx(400.0)
+    assert lost.room_for_w("h3", held) == pytest.approx(50.0)  # its lease, until resized
+    assert not tree.over_w({**held, "h4": lost.room_for_w("h4", held)}, "B")
+    # The lease resized to what its subtree now holds puts things right.
+    assert delegation_fits(tree, held, {"pa": 50.0}, "pa", 100.0, "B")

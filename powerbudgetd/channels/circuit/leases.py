@@ -6,11 +6,13 @@ other: ``roles``), by ``CircuitStore.put_delegation``'s transaction over the who
 circuit, which checks the parent's sum:
 
 - *periodic*: every ``rebalance_s`` the first live host under the node (the least name
-  among those with a record) resizes it to its hosts' seats and wants plus a margin, as
-  far as the ancestors spare (``core.delegation.proposed_w``), when that moves it by
-  half the margin or more: a lease shrinks to give watts back to its siblings;
+  among those with a record) resizes it to its hosts' seats and wants plus a margin, no
+  more than its figure in the tree's priority division among its siblings
+  (``core.delegation.fair_leases_w``), as far as the ancestors spare
+  (``core.delegation.proposed_w``), when that moves it by half the margin or more: a
+  lease shrinks to give watts back to its siblings, a lower class's first;
 - *on demand*: a host whose raise is held by the lease (its room below its want) grows
-  it, at most every ``ask_s``;
+  it, at most every ``ask_s``, up to that same figure;
 - a node without a lease: its first host takes one at once.
 
 The slower cadence keeps the whole-circuit transactions rare: the raises under a
@@ -22,7 +24,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from powerbudgetd.channels.circuit.store import CircuitStore, Read
-from powerbudgetd.core.delegation import proposed_w
+from powerbudgetd.core.delegation import fair_leases_w, proposed_w
 from powerbudgetd.core.tree import PowerTree
 
 REBALANCE_S = 5.0  # the periodic resize (s): slower than a round, so whole-circuit transactions stay rare
@@ -45,6 +47,28 @@ def first_host(read: Read, tree: PowerTree, node: str) -> str | None:
     return min(under, default=None)
 
 
+def margins_w(read: Read, tree: PowerTree, margin_w: float | None) -> dict[str, float]:
+    """Each delegated node with a live host under it: its lease's margin (W; ``margin_w``,
+    None: :data:`MARGIN_FRACTION` of its budget). A node with none is given no margin."""
+    live = set(read.records or read.view.seats)
+    under = {n for h in live if h in tree.hosts for leaf in tree.hosts[h].cords for n in tree.path(leaf)}
+    return {n: tree.nodes[n].budget_w * MARGIN_FRACTION if margin_w is None else margin_w
+            for n, node in tree.nodes.items() if node.delegate and n in under}
+
+
+def fair_w(read: Read, wants_w: Mapping[str, float], margin_w: float | None) -> dict[str, float]:
+    """Each delegated node's lease in the tree's priority division
+    (``core.delegation.fair_leases_w``) at this read (W; computed once per read)."""
+    key = f"fair_leases:{margin_w}:{id(wants_w)}"
+    if key not in read._memo:
+        tree = read.view.tree
+        assert tree is not None
+        seats = {h: read.view.seats.get(h, 0.0) + read.view.pending.get(h, 0.0) for h in tree.hosts}
+        read._memo[key] = fair_leases_w(tree, seats, wants_w, margins_w(read, tree, margin_w), read.view.lost)
+    out: dict[str, float] = read._memo[key]
+    return out
+
+
 async def resize(store: CircuitStore, read: Read, host: str, *, wants_w: Mapping[str, float],
                  margin_w: float | None, step_w: float, periodic: bool, tries: int = 3) -> tuple[int, int, bool]:
     """Resize the leases of the delegated nodes above ``host`` (see the module docstring;
@@ -64,7 +88,7 @@ async def resize(store: CircuitStore, read: Read, host: str, *, wants_w: Mapping
         for _ in range(tries if node in read.delegations else 3 * tries):
             current = read.delegations.get(node)
             target = proposed_w(tree, read.held_w(), wants_w, read.delegations, node, margin_w=margin,
-                                lost=read.view.lost)
+                                lost=read.view.lost, fair_w=fair_w(read, wants_w, margin_w).get(node))
             if current is not None and (abs(target - current) < margin / 2 if periodic
                                         else target <= current + step_w):
                 break
