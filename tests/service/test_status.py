@@ -358,10 +358,14 @@ def test_watch_stops_on_ctrl_c_with_one_line_and_130() -> None:
     s.bind(("127.0.0.1", 0))
     port = s.getsockname()[1]
     s.close()
+    # Run as from a terminal's foreground: SIGINT at its default (a job started in the
+    # background of a script, as CI's are, inherits it ignored, and Python then keeps
+    # it so: no KeyboardInterrupt, by design, for background jobs).
     proc = subprocess.Popen(
         [sys.executable, "-m", "powerbudgetd", "status", "--watch", "--interval", "0.2", "--timeout", "0.5",
          "--url", f"http://127.0.0.1:{port}/metrics"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=clean_env(),
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # noqa: PLW1509 - no threads run here
     )
     try:
         assert proc.stdout is not None
