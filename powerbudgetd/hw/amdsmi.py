@@ -52,7 +52,7 @@ from powerbudgetd.errors import (
     NvmlNotSupported,
     NvmlTimeout,
 )
-from powerbudgetd.hw.card import Capabilities, GpuInfo, PowerReading
+from powerbudgetd.hw.card import Capabilities, GpuInfo, PowerReading, ScannedCards
 
 AMDSMI_CAPS = Capabilities(separate_requested=False, instant_reading=True, energy=True, persistence=False,
                            limit_step_w=1.0)
@@ -103,13 +103,15 @@ class _Card:
         self.uuid = f"amdsmi-{self.bus_id}"
 
 
-class AmdSmi:
+class AmdSmi(ScannedCards[_Card]):
     """A bank of AMD cards through AMD SMI (W in, W out); a
     :class:`~powerbudgetd.hw.card.CardBackend`.
 
     ``module``: the ``amdsmi`` module (by default imported at :meth:`init`; the tests
     pass a stand-in). Cards are listed in PCI bus id order.
     """
+
+    KIND = "AMD SMI"
 
     name = "amdsmi"
 
@@ -215,24 +217,6 @@ class AmdSmi:
         return str(info.get("driver_version", "unknown")) if isinstance(info, dict) else str(info)
 
     # -- enumeration ----------------------------------------------------------------
-    def devices(self, skip_errors: bool = False) -> list[GpuInfo]:
-        out = []
-        for i, card in enumerate(self._scan()):
-            try:
-                out.append(self._info(i, card))
-            except NvmlError:
-                if not skip_errors:
-                    raise
-        return out
-
-    def device(self, index: int) -> GpuInfo:
-        cards = self._scan()
-        if not 0 <= index < len(cards):
-            raise NvmlGpuLost(f"no AMD SMI card at index {index}", call="lookup")
-        return self._info(index, cards[index])
-
-    def device_count(self) -> int:
-        return len(self._scan())
 
     def _cap_info(self, card: _Card) -> dict[str, Any]:
         info = self._call("amdsmi_get_power_cap_info", self.mod.amdsmi_get_power_cap_info, card.handle)

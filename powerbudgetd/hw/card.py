@@ -11,7 +11,11 @@ kinds: the names are historical, the kinds are the backends' common language).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import NamedTuple, Protocol
+from typing import Generic, NamedTuple, Protocol, TypeVar
+
+from powerbudgetd.errors import NvmlError, NvmlGpuLost
+
+_C = TypeVar("_C")
 
 
 @dataclass(frozen=True)
@@ -118,3 +122,36 @@ class CardBackend(Protocol):
     def set_persistence_mode(self, uuid: str, enabled: bool) -> None: ...
 
     def set_power_limit(self, uuid: str, limit_w: float) -> None: ...
+
+
+class ScannedCards(Generic[_C]):
+    """The listing a backend shares that rescans its cards at each call (hwmon, AMD SMI):
+    it gives :meth:`_scan` (the cards now) and :meth:`_info` (one as :class:`GpuInfo`);
+    ``KIND`` names it in a lookup's error."""
+
+    KIND = "card"
+
+    def _scan(self) -> list[_C]:
+        raise NotImplementedError
+
+    def _info(self, index: int, card: _C) -> GpuInfo:
+        raise NotImplementedError
+
+    def devices(self, skip_errors: bool = False) -> list[GpuInfo]:
+        out = []
+        for i, card in enumerate(self._scan()):
+            try:
+                out.append(self._info(i, card))
+            except NvmlError:
+                if not skip_errors:
+                    raise
+        return out
+
+    def device(self, index: int) -> GpuInfo:
+        cards = self._scan()
+        if not 0 <= index < len(cards):
+            raise NvmlGpuLost(f"no {self.KIND} card at index {index}", call="lookup")
+        return self._info(index, cards[index])
+
+    def device_count(self) -> int:
+        return len(self._scan())

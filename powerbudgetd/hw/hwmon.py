@@ -43,7 +43,7 @@ from powerbudgetd.errors import (
     NvmlTimeout,
 )
 from powerbudgetd.core.units import uw_to_w_up, w_to_uw_down
-from powerbudgetd.hw.card import Capabilities, GpuInfo, PowerReading
+from powerbudgetd.hw.card import Capabilities, GpuInfo, PowerReading, ScannedCards
 
 HWMON_ROOT = "/sys/class/hwmon"
 DRIVERS = {"amdgpu": "amd", "xe": "intel", "i915": "intel"}  # hwmon ``name`` -> vendor
@@ -120,7 +120,7 @@ class _Card:
         self.caps = AMD_CAPS if amd else INTEL_CAPS
 
 
-class Hwmon:
+class Hwmon(ScannedCards[_Card]):
     """A bank of AMD / Intel cards through the kernel's hwmon files (W in, W out).
 
     ``root``: the hwmon class directory; ``files``: how to reach it (the simulator's tree
@@ -129,6 +129,8 @@ class Hwmon:
     mapped from the kernel's errno. Cards are listed in PCI bus id order, so indices do
     not follow hwmon numbering.
     """
+
+    KIND = "hwmon"
 
     name = "hwmon"
 
@@ -228,24 +230,6 @@ class Hwmon:
         return os.uname().release
 
     # -- enumeration ----------------------------------------------------------------
-    def devices(self, skip_errors: bool = False) -> list[GpuInfo]:
-        out = []
-        for i, card in enumerate(self._scan()):
-            try:
-                out.append(self._info(i, card))
-            except NvmlError:
-                if not skip_errors:
-                    raise
-        return out
-
-    def device(self, index: int) -> GpuInfo:
-        cards = self._scan()
-        if not 0 <= index < len(cards):
-            raise NvmlGpuLost(f"no hwmon card at index {index}", call="lookup")
-        return self._info(index, cards[index])
-
-    def device_count(self) -> int:
-        return len(self._scan())
 
     def _info(self, index: int, card: _Card) -> GpuInfo:
         self._read_uw(card, card.cap_file)  # a card whose cap cannot be read is not listed as answering
