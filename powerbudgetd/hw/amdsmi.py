@@ -169,14 +169,8 @@ class AmdSmi(ScannedCards[_Card]):
         info = getattr(exc, "err_info", None) or str(exc)
         return kind(f"{what}: {info}", code=code if isinstance(code, int) else None, call=what)
 
-    def _card(self, uuid: str) -> _Card:
-        card = self._cards.get(uuid)
-        if card is None:
-            self._scan()
-            card = self._cards.get(uuid)
-        if card is None:
-            raise NvmlGpuLost(f"card {uuid} not listed by amdsmi_get_processor_handles", call="lookup")
-        return card
+    def _listed_by(self) -> str:
+        return "not listed by amdsmi_get_processor_handles"
 
     def _scan(self) -> list[_Card]:
         found = []

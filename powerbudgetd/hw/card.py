@@ -126,13 +126,32 @@ class CardBackend(Protocol):
 
 class ScannedCards(Generic[_C]):
     """The listing a backend shares that rescans its cards at each call (hwmon, AMD SMI):
-    it gives :meth:`_scan` (the cards now) and :meth:`_info` (one as :class:`GpuInfo`);
-    ``KIND`` names it in a lookup's error."""
+    it gives :meth:`_scan` (the cards now, kept in ``_cards`` by UUID) and :meth:`_info`
+    (one as :class:`GpuInfo`), and may say a kept card is :meth:`_gone` (rescan);
+    ``KIND`` and :meth:`_listed_by` name it and where it looks in a lookup's error."""
 
     KIND = "card"
+    _cards: dict[str, _C]
 
     def _scan(self) -> list[_C]:
         raise NotImplementedError
+
+    def _listed_by(self) -> str:
+        raise NotImplementedError
+
+    def _gone(self, card: _C) -> bool:
+        return False
+
+    def _card(self, uuid: str) -> _C:
+        """The card ``uuid`` as last listed, rescanning when it is not (or is gone);
+        raises NvmlGpuLost when the listing has it no more."""
+        card = self._cards.get(uuid)
+        if card is None or self._gone(card):
+            self._scan()
+            card = self._cards.get(uuid)
+        if card is None:
+            raise NvmlGpuLost(f"card {uuid} {self._listed_by()}", call="lookup")
+        return card
 
     def _info(self, index: int, card: _C) -> GpuInfo:
         raise NotImplementedError

@@ -187,14 +187,11 @@ class Hwmon(ScannedCards[_Card]):
         except ValueError:
             return None
 
-    def _card(self, uuid: str) -> _Card:
-        card = self._cards.get(uuid)
-        if card is None or not self.files.exists(card.dir):
-            self._scan()
-            card = self._cards.get(uuid)
-        if card is None:
-            raise NvmlGpuLost(f"card {uuid} not found under {self.root}", call="lookup")
-        return card
+    def _listed_by(self) -> str:
+        return f"not found under {self.root}"
+
+    def _gone(self, card: _Card) -> bool:
+        return not self.files.exists(card.dir)
 
     def _scan(self) -> list[_Card]:
         found = []
