@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from powerbudgetd.core.circuit import CircuitView, GrantPolicy, raise_allowed
 from powerbudgetd.core.tree import Host, Node, PowerTree
 from support.examples import examples
-from support.trees import trees
+from support.trees import seated_in_order, trees
 
 
 def two_branches(priority_b: int = 0) -> PowerTree:
@@ -72,14 +72,7 @@ def test_seats_and_raises_checked_by_the_view_never_overfill_any_node(case, data
     stays within its budget, failover counted. The grant policy's target is always a
     raise the view allows."""
     tree, wants = case
-    root = next(n for n in tree.nodes.values() if n.parent is None)
-    v = CircuitView(root.budget_w, tree=tree.with_reserves({}))
-    for host in data.draw(st.permutations(list(tree.hosts))):
-        reserve = tree.hosts[host].reserve_w
-        if v.seat_fits(reserve, host):
-            seats = {**v.seats, host: reserve}
-            v = replace(v, seats=seats, tree=tree.with_reserves(seats))
-            assert v.holds(), v.nodes_over_w()
+    v = seated_in_order(tree, data.draw(st.permutations(list(tree.hosts))))
     v = replace(v, wants={h: wants[h] for h in v.seats})
     policy = {h: GrantPolicy(step_w=0.0) for h in v.seats}
     for _ in range(data.draw(st.integers(0, 12))):

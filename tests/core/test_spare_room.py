@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from powerbudgetd.core.circuit import CircuitView, GrantPolicy, raise_allowed
 from powerbudgetd.core.tree import Host, Node, PowerTree, divide
 from support.examples import examples
-from support.trees import trees
+from support.trees import seated_in_order, trees
 
 EPS = 1e-6
 
@@ -62,13 +62,7 @@ def test_raises_to_the_spare_room_are_still_checked_against_every_node(case, dat
     published; every node stays within its budget and every target the policy gives is
     a raise the view allows (the store's transaction then guards it)."""
     tree, wants = case
-    root = next(n for n in tree.nodes.values() if n.parent is None)
-    v = CircuitView(root.budget_w, tree=tree.with_reserves({}))
-    for host in data.draw(st.permutations(list(tree.hosts))):
-        reserve = tree.hosts[host].reserve_w
-        if v.seat_fits(reserve, host):
-            seats = {**v.seats, host: reserve}
-            v = replace(v, seats=seats, tree=tree.with_reserves(seats))
+    v = seated_in_order(tree, data.draw(st.permutations(list(tree.hosts))))
     v = replace(v, wants={h: wants[h] for h in v.seats},
                 ceilings={h: wants[h] + data.draw(st.floats(0, 6000)) for h in v.seats})
     policy = {h: GrantPolicy(step_w=0.0) for h in v.seats}

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from hypothesis import strategies as st
 
+from powerbudgetd.core.circuit import CircuitView
 from powerbudgetd.core.tree import Host, Node, Pair, PowerTree
 
 
@@ -30,3 +33,18 @@ def trees(draw, mode=None):
     tree = PowerTree(nodes, hosts, {p: Pair(p, c.mode, 2.0 if c.mode == "oversubscribed" else None) for p, c in chosen.items()})
     wants = {h: draw(st.floats(0, 6000)) for h in hosts}
     return tree, wants
+
+
+def seated_in_order(tree: PowerTree, order: list[str]) -> CircuitView:
+    """The circuit's view once the hosts of ``tree`` have taken their seats in ``order``,
+    each only where the view as it stands lets it (as the store's transaction guards a
+    seat); asserts every node within its budget after each seat."""
+    root = next(n for n in tree.nodes.values() if n.parent is None)
+    v = CircuitView(root.budget_w, tree=tree.with_reserves({}))
+    for host in order:
+        reserve = tree.hosts[host].reserve_w
+        if v.seat_fits(reserve, host):
+            seats = {**v.seats, host: reserve}
+            v = replace(v, seats=seats, tree=tree.with_reserves(seats))
+            assert v.holds(), v.nodes_over_w()
+    return v
