@@ -226,9 +226,9 @@ class DelegClient(Client):
 
 
 async def _watch(eps: list[str], store: CircuitStore, clients: list[DelegClient], until: float) -> None:
-    """One watch on the circuit: each event wakes the clients whose zone it touches."""
-    import aetcd
-
+    """One watch on the circuit (``store.changes``: the daemon's, keeping ``store.mirror``,
+    which every client's store reads from): each change wakes the clients whose zone it
+    touches."""
     by_host: dict[str, list[DelegClient]] = {}
     by_pdu: dict[str, list[DelegClient]] = {}
     for c in clients:
@@ -237,31 +237,31 @@ async def _watch(eps: list[str], store: CircuitStore, clients: list[DelegClient]
         for p in c.pdus:
             by_pdu.setdefault(p, []).append(c)
     kinds = (store.seats, store.grants, store.claims)
+    index = 0
     while time.monotonic() < until:
-        for ep in eps:
-            host, port = ep.rsplit(":", 1)
-            try:
-                async with aetcd.Client(host, int(port)) as client:
-                    watch = await client.watch_prefix(store.base)
-                    async for ev in watch:
-                        key = bytes(ev.kv.key)
-                        kind = next((k for k in kinds if key.startswith(k)), None)
-                        if kind is not None:
-                            woken = by_host.get(key[len(kind):].decode(), [])
-                        elif key.startswith(store.delegations):
-                            woken = by_pdu.get(key[len(store.delegations):].decode(), [])
-                        elif key.startswith(store.wants):
-                            woken = []  # a want moves no room: the host itself acts on its own
-                        else:
-                            woken = clients  # spec, tree, feed marks
-                        for c in woken:
-                            c.dirty = True
-                            c.wake.set()
-                        if time.monotonic() >= until:
-                            return
-            except Exception as exc:  # noqa: BLE001 - a killed member: the next one
-                print(f"watch {ep}: {type(exc).__name__}", file=sys.stderr)
-                await asyncio.sleep(0.1)
+        ep = eps[index % len(eps)]
+        index += 1
+        try:
+            async for key in store.changes(ep):
+                kind = None if key is None else next((k for k in kinds if key.startswith(k)), None)
+                if key is None:
+                    woken: list[DelegClient] = clients  # in place: every host looks once
+                elif kind is not None:
+                    woken = by_host.get(key[len(kind):].decode(), [])
+                elif key.startswith(store.delegations):
+                    woken = by_pdu.get(key[len(store.delegations):].decode(), [])
+                elif key.startswith(store.wants):
+                    woken = []  # a want moves no room: the host itself acts on its own
+                else:
+                    woken = clients  # spec, tree, feed marks
+                for c in woken:
+                    c.dirty = True
+                    c.wake.set()
+                if time.monotonic() >= until:
+                    return
+        except Exception as exc:  # noqa: BLE001 - a killed member: the next one
+            print(f"watch {ep}: {type(exc).__name__}", file=sys.stderr)
+            await asyncio.sleep(0.1)
 
 
 async def run_mode(args: argparse.Namespace, eps: list[str], procs: list, delegate: bool) -> dict:
@@ -282,10 +282,19 @@ async def run_mode(args: argparse.Namespace, eps: list[str], procs: list, delega
     if delegate:  # the leases, as a earlier run leaves them (persistent): each PDU's first host takes one
         for c in clients:
             assert isinstance(c, DelegClient)
+            if not args.no_mirror:
+                c.store.mirror = admin.mirror  # one watch serves the process (each daemon keeps its own)
             await c._rebalance(await c._read(fresh=True), first_only=True)
             c.rebalanced_at = time.monotonic()
+    prof = None
+    if args.profile:
+        import cProfile
+
+        prof = cProfile.Profile()
+        prof.enable()
     cpu0 = resource.getrusage(resource.RUSAGE_SELF)
     calls0 = sum(c.store.calls for c in clients)
+    ranges0, keys0 = sum(c.store.range_reads for c in clients), sum(c.store.keys_read for c in clients)
     t0 = time.monotonic()
     until = t0 + args.duration
     lost: dict[str, float] = {}
@@ -314,6 +323,9 @@ async def run_mode(args: argparse.Namespace, eps: list[str], procs: list, delega
     await asyncio.gather(*(c.run(lease, args.ttl, until) for c, lease in zip(clients, leases, strict=True)))
     elapsed = time.monotonic() - t0
     cpu1 = resource.getrusage(resource.RUSAGE_SELF)
+    if prof is not None:
+        prof.disable()
+        prof.dump_stats(f"{args.profile}.{name}")
     calls = sum(c.store.calls for c in clients) - calls0
     draw = await draw_task
     killed = await leader_task
@@ -340,6 +352,9 @@ async def run_mode(args: argparse.Namespace, eps: list[str], procs: list, delega
         "grants_timed": len(ttg), "etcd_ops_per_s": round(calls / elapsed, 1),
         "bench_cpu_pct": round(100 * cpu_s / elapsed, 1),
         "reads": sum(getattr(c, "reads", 0) for c in clients),
+        "range_reads": sum(c.store.range_reads for c in clients) - ranges0,
+        "keys_read": sum(c.store.keys_read for c in clients) - keys0,
+        "mirror_lagged": sum(c.store.mirror_lagged for c in clients),
         "reads_saved": sum(getattr(c, "reads_saved", 0) for c in clients),
         "lease_writes": sum(getattr(c, "lease_writes", 0) for c in clients),
         "lease_conflicts": sum(getattr(c, "lease_conflicts", 0) for c in clients),
@@ -364,6 +379,9 @@ def main() -> None:
     p.add_argument("--poll-s", type=float, default=0.2, help="before: the daemon's round")
     p.add_argument("--rebalance-s", type=float, default=5.0, help="after: each PDU's lease resized this often")
     p.add_argument("--lease-margin-w", type=float, default=1500.0, help="after: a lease's room above its wants")
+    p.add_argument("--profile", metavar="FILE", help="cProfile the run's window into FILE.<mode>")
+    p.add_argument("--no-mirror", action="store_true",
+                   help="after: every read a range read over the whole circuit (as before the watch's mirror)")
     p.add_argument("--reuse-reads", action="store_true",
                    help="after: a round reuses the host's last read where the watch saw no change in its zone "
                         "(fewer reads; more conflicts where the watch lags a saturated loop)")
@@ -388,7 +406,7 @@ def main() -> None:
                     proc.wait()
     print(json.dumps(results, indent=2))
     keys = ["raise_txns", "conflict_rate", "time_to_grant_p50_s", "time_to_grant_p99_s", "grants_timed",
-            "etcd_ops_per_s", "bench_cpu_pct", "reads", "reads_saved", "lease_writes", "lease_conflicts",
+            "etcd_ops_per_s", "bench_cpu_pct", "reads", "range_reads", "keys_read", "mirror_lagged", "reads_saved", "lease_writes", "lease_conflicts",
             "leases_in_force"]
     print(f"{'':<22}" + "".join(f"{r['mode']:>12}" for r in results))
     for k in keys:
