@@ -10,14 +10,18 @@ each (a redundant pair). Three etcd members on loopback (``circuit_load.start_et
 - ``after``: every PDU is ``delegate = true``. A host wakes on an etcd watch event that
   touches its zone (``core.delegation``: its rack's hosts and its PDUs' leases, or the
   spec, tree or feed marks), on its own want changing, and for its lease keepalive; it
-  raises to its want within what its PDUs' leases leave (a transaction on its zone's
-  keys only); with ``--reuse-reads``, from its last read where no event touched its
-  zone since (a raise compares only its zone's keys: that read is as good as a new one,
-  as long as the watch keeps up). A host whose raise is held by a lease asks for a larger one
-  (``store.put_delegation``: a transaction over the whole circuit that checks the
-  parent's sum), and the first host of each PDU resizes its lease to its figure in the
-  tree's priority division every ``--rebalance-s`` (only that host wakes for it). One watch serves the process (a host would watch
-  its zone's keys; the wake-up it gets is the same).
+  moves its grant as the daemon does (``core.circuit.GrantPolicy``: the tree's
+  division, a grant above the share released after the hold) within what its PDUs'
+  leases leave (a raise: a transaction on its zone's keys only). Its reads are the
+  daemon's (``CircuitStore.read``): from the watch's mirror (``channels.circuit.mirror``),
+  no key read from etcd while the watch stands (``--no-mirror``: every read a range read
+  over the whole circuit, as before). A host whose room is below its share because of a
+  lease asks for a larger one (``store.put_delegation``: a transaction comparing what
+  the parent's check depends on, ``core.delegation.lease_compares``), and the first host
+  of each PDU resizes its lease to its figure in the tree's priority division every
+  ``--rebalance-s`` (only that host wakes for it). One watch (``store.changes``, the
+  daemon's) serves the process and keeps the mirror every client's store reads from (a
+  daemon keeps its own; the in-process hosts share one Read per revision).
 
 Both: each client's want redrawn every ``--churn`` s on average; the etcd leader killed
 halfway, feed A marked lost at ``--feed-down-at`` of the run. Reported: raise
@@ -45,6 +49,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from circuit_load import Client, _at, _audit_until, _draw_until, leader_index, start_etcd  # noqa: E402
+
+from powerbudgetd.core.circuit import raise_allowed  # noqa: E402
 
 from powerbudgetd.channels.circuit import leases  # noqa: E402
 from powerbudgetd.channels.circuit.store import CircuitStore, LeaseGone, Read, StoreUnavailable  # noqa: E402
@@ -175,7 +181,6 @@ class DelegClient(Client):
         seat = read.view.seats.get(self.host, 0.0)
         room = (charges.room_for_w(self.host, read.held_w()) if charges is not None
                 else self.tree.room_for_w(self.host, read.held_w())) - seat
-        want = self.want_w if now < self.valid_until else 0.0
         conflicted = False
         # Raises in one zone are staggered by how much each host lacks (as read), most first:
         # two from one revision would conflict (they compare each other's grant).
@@ -187,8 +192,14 @@ class DelegClient(Client):
             self.retry_at = now + 0.04 * rank
             return
         self.staggered = False
-        target = min(want, max(0.0, room))
-        if target > self.grant_w + self.args.step_w:
+        # The daemon's target (channel._move_grant): the grant policy's (the tree's
+        # division, a raise within the free watts, a grant above the share released after
+        # the hold), within what the leases above leave.
+        target = self.policy.target_w(read.view, self.host, self.grant_w, now)
+        if now >= self.valid_until:
+            target = 0.0
+        target = min(target, max(self.grant_w, room))
+        if target > self.grant_w and raise_allowed(read.view, self.host, target):
             self.raises += 1
             if await self.store.raise_grant(read, self.host, target, lease):
                 self.grant_w = target
@@ -200,13 +211,17 @@ class DelegClient(Client):
             else:
                 self.conflicts += 1
                 conflicted = True
-                self.dirty = True  # the watch may lag behind the write that beat us: read again
+                self.dirty = True
                 self.retry_at = time.monotonic() + self.rng.uniform(0.02, 0.15)  # another in the zone won: back off
-        elif want < self.grant_w:
-            self.in_use_w = min(self.in_use_w, want)  # the cards first, then etcd
-            await self.store.lower_grant(self.host, want, lease)
-            self.grant_w = want
-        if not conflicted and room < want - self.args.step_w and now - self.asked_at >= 0.5:  # held by a lease: ask
+        elif target < self.grant_w:
+            self.in_use_w = min(self.in_use_w, target)  # the cards first, then etcd
+            await self.store.lower_grant(self.host, target, lease)
+            self.grant_w = target
+        if self.policy.releasing:  # a grant above the share, released after the hold: look again then
+            self.retry_at = min(self.retry_at, now + self.args.release_hold_s / 4)
+        # Held back by a lease below its share of the division: ask (channel._resize_leases).
+        if not conflicted and room < read.view.fair_w(self.host) - self.args.step_w \
+                and now - self.asked_at >= leases.ASK_S:
             self.asked_at = now
             if await self._rebalance(await self._read(fresh=True), first_only=False):
                 self.dirty = True
