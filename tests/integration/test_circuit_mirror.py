@@ -95,7 +95,7 @@ async def _woken_reads(eps: list[str]) -> None:
 
 
 def test_a_watching_host_reads_no_key_from_etcd(etcd1: EtcdCluster) -> None:
-    """120 seated hosts under six leased PDUs (over 360 keys). A host whose watch stands
+    """120 seated hosts under six leased PDUs (some 250 keys). A host whose watch stands
     reads the circuit with no range read (before: every read took them all): it sees another host's raise as
     told, its own at once, and a raise from a read behind its zone fails."""
     asyncio.run(_woken_reads(etcd1.endpoints))

@@ -2,8 +2,8 @@
 
 A node marked ``delegate`` holds a lease from its parent, stored persistently
 (``delegations/<node>``). It is written only by a host under it (its role allows no
-other: ``roles``), by ``CircuitStore.put_delegation``'s transaction over the whole
-circuit, which checks the parent's sum:
+other: ``roles``), by ``CircuitStore.put_delegation``'s transaction, which checks the
+parent's sum and compares what that depends on (``core.delegation.lease_compares``):
 
 - *periodic*: every ``rebalance_s`` the first live host under the node (the least name
   among those with a record) resizes it to its hosts' seats and wants plus a margin, no
@@ -15,8 +15,8 @@ circuit, which checks the parent's sum:
   it, at most every ``ask_s``, up to that same figure;
 - a node without a lease: its first host takes one at once.
 
-The slower cadence keeps the whole-circuit transactions rare: the raises under a
-delegated node compare only its zone.
+The slower cadence keeps these transactions rare; the raises under a delegated node
+compare only its zone, and do not fail a resize elsewhere.
 """
 
 from __future__ import annotations

@@ -52,7 +52,13 @@ With delegations stored, every check is ``core.delegation``'s (each node's charg
 its bound), and a raise under a delegated node compares only its zone: its neighbours'
 seats, grants and claims (no newer than the read) and the delegation records it depends
 on (at exactly the mod revision read), so raises under different delegated nodes never
-conflict. A delegation is changed only by a transaction comparing the whole circuit.
+conflict. A delegation is changed only by a transaction comparing what the parent's
+check depends on (``core.delegation.lease_compares``: every delegation, seat and claim
+range, the feed marks, the grants charged outside any lease on its path), so a raise
+under another delegated node does not fail it.
+
+Reads: while a watch stands (:meth:`CircuitStore.changes`) a read is built from its
+mirror (``channels.circuit.mirror``), with no key read from etcd; else one range read.
 
 Several endpoints: each call goes to the current one; a call that fails or takes
 longer than ``timeout_s`` raises :class:`StoreUnavailable` and the next call goes to
@@ -653,10 +659,10 @@ class CircuitStore:
         seen = self.mirror.kvs if self.mirror.live else self._last_range
         out = []
         for kv in res:
-            key, mod = bytes(kv.key), int(kv.mod_revision)
+            key, mod, value = bytes(kv.key), int(kv.mod_revision), bytes(kv.value)
             old = seen.get(key)
-            out.append((key, old if old is not None and old.mod == mod else
-                        Entry(bytes(kv.value), mod, int(kv.create_revision), int(kv.lease))))
+            out.append((key, old if old is not None and old.mod == mod and old.value == value else
+                        Entry(value, mod, int(kv.create_revision), int(kv.lease))))
         return out
 
     async def _build(self, kvs: list[tuple[bytes, Entry]], revision: int) -> Read:
