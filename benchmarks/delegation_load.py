@@ -282,7 +282,7 @@ async def _watch(eps: list[str], store: CircuitStore, clients: list[DelegClient]
 async def run_mode(args: argparse.Namespace, eps: list[str], procs: list, delegate: bool) -> dict:
     name = "after" if delegate else "before"
     tree = hall_tree(args, delegate)
-    admin = CircuitStore(eps, name)
+    admin = CircuitStore(eps, name, timeout_s=10.0)  # its watch first reads the whole circuit, on a busy loop
     assert await admin.init(tree.nodes["site"].budget_w, args.ttl, tree=tree)
     start_rev = (await admin.read()).revision
     rng = random.Random(args.seed)
