@@ -10,14 +10,18 @@ each (a redundant pair). Three etcd members on loopback (``circuit_load.start_et
 - ``after``: every PDU is ``delegate = true``. A host wakes on an etcd watch event that
   touches its zone (``core.delegation``: its rack's hosts and its PDUs' leases, or the
   spec, tree or feed marks), on its own want changing, and for its lease keepalive; it
-  raises to its want within what its PDUs' leases leave (a transaction on its zone's
-  keys only); with ``--reuse-reads``, from its last read where no event touched its
-  zone since (a raise compares only its zone's keys: that read is as good as a new one,
-  as long as the watch keeps up). A host whose raise is held by a lease asks for a larger one
-  (``store.put_delegation``: a transaction over the whole circuit that checks the
-  parent's sum), and the first host of each PDU resizes its lease to its figure in the
-  tree's priority division every ``--rebalance-s`` (only that host wakes for it). One watch serves the process (a host would watch
-  its zone's keys; the wake-up it gets is the same).
+  moves its grant as the daemon does (``core.circuit.GrantPolicy``: the tree's
+  division, a grant above the share released after the hold) within what its PDUs'
+  leases leave (a raise: a transaction on its zone's keys only). Its reads are the
+  daemon's (``CircuitStore.read``): from the watch's mirror (``channels.circuit.mirror``),
+  no key read from etcd while the watch stands (``--no-mirror``: every read a range read
+  over the whole circuit, as before). A host whose room is below its share because of a
+  lease asks for a larger one (``store.put_delegation``: a transaction comparing what
+  the parent's check depends on, ``core.delegation.lease_compares``), and the first host
+  of each PDU resizes its lease to its figure in the tree's priority division every
+  ``--rebalance-s`` (only that host wakes for it). One watch (``store.changes``, the
+  daemon's) serves the process and keeps the mirror every client's store reads from (a
+  daemon keeps its own; the in-process hosts share one Read per revision).
 
 Both: each client's want redrawn every ``--churn`` s on average; the etcd leader killed
 halfway, feed A marked lost at ``--feed-down-at`` of the run. Reported: raise
@@ -45,6 +49,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from circuit_load import Client, _at, _audit_until, _draw_until, leader_index, start_etcd  # noqa: E402
+
+from powerbudgetd.core.circuit import raise_allowed  # noqa: E402
 
 from powerbudgetd.channels.circuit import leases  # noqa: E402
 from powerbudgetd.channels.circuit.store import CircuitStore, LeaseGone, Read, StoreUnavailable  # noqa: E402
@@ -175,7 +181,6 @@ class DelegClient(Client):
         seat = read.view.seats.get(self.host, 0.0)
         room = (charges.room_for_w(self.host, read.held_w()) if charges is not None
                 else self.tree.room_for_w(self.host, read.held_w())) - seat
-        want = self.want_w if now < self.valid_until else 0.0
         conflicted = False
         # Raises in one zone are staggered by how much each host lacks (as read), most first:
         # two from one revision would conflict (they compare each other's grant).
@@ -187,8 +192,14 @@ class DelegClient(Client):
             self.retry_at = now + 0.04 * rank
             return
         self.staggered = False
-        target = min(want, max(0.0, room))
-        if target > self.grant_w + self.args.step_w:
+        # The daemon's target (channel._move_grant): the grant policy's (the tree's
+        # division, a raise within the free watts, a grant above the share released after
+        # the hold), within what the leases above leave.
+        target = self.policy.target_w(read.view, self.host, self.grant_w, now)
+        if now >= self.valid_until:
+            target = 0.0
+        target = min(target, max(self.grant_w, room))
+        if target > self.grant_w and raise_allowed(read.view, self.host, target):
             self.raises += 1
             if await self.store.raise_grant(read, self.host, target, lease):
                 self.grant_w = target
@@ -200,13 +211,17 @@ class DelegClient(Client):
             else:
                 self.conflicts += 1
                 conflicted = True
-                self.dirty = True  # the watch may lag behind the write that beat us: read again
+                self.dirty = True
                 self.retry_at = time.monotonic() + self.rng.uniform(0.02, 0.15)  # another in the zone won: back off
-        elif want < self.grant_w:
-            self.in_use_w = min(self.in_use_w, want)  # the cards first, then etcd
-            await self.store.lower_grant(self.host, want, lease)
-            self.grant_w = want
-        if not conflicted and room < want - self.args.step_w and now - self.asked_at >= 0.5:  # held by a lease: ask
+        elif target < self.grant_w:
+            self.in_use_w = min(self.in_use_w, target)  # the cards first, then etcd
+            await self.store.lower_grant(self.host, target, lease)
+            self.grant_w = target
+        if self.policy.releasing:  # a grant above the share, released after the hold: look again then
+            self.retry_at = min(self.retry_at, now + self.args.release_hold_s / 4)
+        # Held back by a lease below its share of the division: ask (channel._resize_leases).
+        if not conflicted and room < read.view.fair_w(self.host) - self.args.step_w \
+                and now - self.asked_at >= leases.ASK_S:
             self.asked_at = now
             if await self._rebalance(await self._read(fresh=True), first_only=False):
                 self.dirty = True
@@ -226,9 +241,9 @@ class DelegClient(Client):
 
 
 async def _watch(eps: list[str], store: CircuitStore, clients: list[DelegClient], until: float) -> None:
-    """One watch on the circuit: each event wakes the clients whose zone it touches."""
-    import aetcd
-
+    """One watch on the circuit (``store.changes``: the daemon's, keeping ``store.mirror``,
+    which every client's store reads from): each change wakes the clients whose zone it
+    touches."""
     by_host: dict[str, list[DelegClient]] = {}
     by_pdu: dict[str, list[DelegClient]] = {}
     for c in clients:
@@ -237,37 +252,37 @@ async def _watch(eps: list[str], store: CircuitStore, clients: list[DelegClient]
         for p in c.pdus:
             by_pdu.setdefault(p, []).append(c)
     kinds = (store.seats, store.grants, store.claims)
+    index = 0
     while time.monotonic() < until:
-        for ep in eps:
-            host, port = ep.rsplit(":", 1)
-            try:
-                async with aetcd.Client(host, int(port)) as client:
-                    watch = await client.watch_prefix(store.base)
-                    async for ev in watch:
-                        key = bytes(ev.kv.key)
-                        kind = next((k for k in kinds if key.startswith(k)), None)
-                        if kind is not None:
-                            woken = by_host.get(key[len(kind):].decode(), [])
-                        elif key.startswith(store.delegations):
-                            woken = by_pdu.get(key[len(store.delegations):].decode(), [])
-                        elif key.startswith(store.wants):
-                            woken = []  # a want moves no room: the host itself acts on its own
-                        else:
-                            woken = clients  # spec, tree, feed marks
-                        for c in woken:
-                            c.dirty = True
-                            c.wake.set()
-                        if time.monotonic() >= until:
-                            return
-            except Exception as exc:  # noqa: BLE001 - a killed member: the next one
-                print(f"watch {ep}: {type(exc).__name__}", file=sys.stderr)
-                await asyncio.sleep(0.1)
+        ep = eps[index % len(eps)]
+        index += 1
+        try:
+            async for key in store.changes(ep):
+                kind = None if key is None else next((k for k in kinds if key.startswith(k)), None)
+                if key is None:
+                    woken: list[DelegClient] = clients  # in place: every host looks once
+                elif kind is not None:
+                    woken = by_host.get(key[len(kind):].decode(), [])
+                elif key.startswith(store.delegations):
+                    woken = by_pdu.get(key[len(store.delegations):].decode(), [])
+                elif key.startswith(store.wants):
+                    woken = []  # a want moves no room: the host itself acts on its own
+                else:
+                    woken = clients  # spec, tree, feed marks
+                for c in woken:
+                    c.dirty = True
+                    c.wake.set()
+                if time.monotonic() >= until:
+                    return
+        except Exception as exc:  # noqa: BLE001 - a killed member: the next one
+            print(f"watch {ep}: {type(exc).__name__}", file=sys.stderr)
+            await asyncio.sleep(0.1)
 
 
 async def run_mode(args: argparse.Namespace, eps: list[str], procs: list, delegate: bool) -> dict:
     name = "after" if delegate else "before"
     tree = hall_tree(args, delegate)
-    admin = CircuitStore(eps, name)
+    admin = CircuitStore(eps, name, timeout_s=10.0)  # its watch first reads the whole circuit, on a busy loop
     assert await admin.init(tree.nodes["site"].budget_w, args.ttl, tree=tree)
     start_rev = (await admin.read()).revision
     rng = random.Random(args.seed)
@@ -282,10 +297,19 @@ async def run_mode(args: argparse.Namespace, eps: list[str], procs: list, delega
     if delegate:  # the leases, as a earlier run leaves them (persistent): each PDU's first host takes one
         for c in clients:
             assert isinstance(c, DelegClient)
+            if not args.no_mirror:
+                c.store.mirror = admin.mirror  # one watch serves the process (each daemon keeps its own)
             await c._rebalance(await c._read(fresh=True), first_only=True)
             c.rebalanced_at = time.monotonic()
+    prof = None
+    if args.profile:
+        import cProfile
+
+        prof = cProfile.Profile()
+        prof.enable()
     cpu0 = resource.getrusage(resource.RUSAGE_SELF)
     calls0 = sum(c.store.calls for c in clients)
+    ranges0, keys0 = sum(c.store.range_reads for c in clients), sum(c.store.keys_read for c in clients)
     t0 = time.monotonic()
     until = t0 + args.duration
     lost: dict[str, float] = {}
@@ -314,6 +338,9 @@ async def run_mode(args: argparse.Namespace, eps: list[str], procs: list, delega
     await asyncio.gather(*(c.run(lease, args.ttl, until) for c, lease in zip(clients, leases, strict=True)))
     elapsed = time.monotonic() - t0
     cpu1 = resource.getrusage(resource.RUSAGE_SELF)
+    if prof is not None:
+        prof.disable()
+        prof.dump_stats(f"{args.profile}.{name}")
     calls = sum(c.store.calls for c in clients) - calls0
     draw = await draw_task
     killed = await leader_task
@@ -340,6 +367,9 @@ async def run_mode(args: argparse.Namespace, eps: list[str], procs: list, delega
         "grants_timed": len(ttg), "etcd_ops_per_s": round(calls / elapsed, 1),
         "bench_cpu_pct": round(100 * cpu_s / elapsed, 1),
         "reads": sum(getattr(c, "reads", 0) for c in clients),
+        "range_reads": sum(c.store.range_reads for c in clients) - ranges0,
+        "keys_read": sum(c.store.keys_read for c in clients) - keys0,
+        "mirror_lagged": sum(c.store.mirror_lagged for c in clients),
         "reads_saved": sum(getattr(c, "reads_saved", 0) for c in clients),
         "lease_writes": sum(getattr(c, "lease_writes", 0) for c in clients),
         "lease_conflicts": sum(getattr(c, "lease_conflicts", 0) for c in clients),
@@ -364,6 +394,9 @@ def main() -> None:
     p.add_argument("--poll-s", type=float, default=0.2, help="before: the daemon's round")
     p.add_argument("--rebalance-s", type=float, default=5.0, help="after: each PDU's lease resized this often")
     p.add_argument("--lease-margin-w", type=float, default=1500.0, help="after: a lease's room above its wants")
+    p.add_argument("--profile", metavar="FILE", help="cProfile the run's window into FILE.<mode>")
+    p.add_argument("--no-mirror", action="store_true",
+                   help="after: every read a range read over the whole circuit (as before the watch's mirror)")
     p.add_argument("--reuse-reads", action="store_true",
                    help="after: a round reuses the host's last read where the watch saw no change in its zone "
                         "(fewer reads; more conflicts where the watch lags a saturated loop)")
@@ -388,7 +421,7 @@ def main() -> None:
                     proc.wait()
     print(json.dumps(results, indent=2))
     keys = ["raise_txns", "conflict_rate", "time_to_grant_p50_s", "time_to_grant_p99_s", "grants_timed",
-            "etcd_ops_per_s", "bench_cpu_pct", "reads", "reads_saved", "lease_writes", "lease_conflicts",
+            "etcd_ops_per_s", "bench_cpu_pct", "reads", "range_reads", "keys_read", "mirror_lagged", "reads_saved", "lease_writes", "lease_conflicts",
             "leases_in_force"]
     print(f"{'':<22}" + "".join(f"{r['mode']:>12}" for r in results))
     for k in keys:

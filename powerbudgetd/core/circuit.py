@@ -87,6 +87,8 @@ class CircuitView:
     lost: str | None = None
     unseated: Mapping[str, float] = field(default_factory=dict)
     ceilings: Mapping[str, float] = field(default_factory=dict)
+    # The tree's division, computed once per view (a copy made by replace() has its own).
+    _memo: dict[str, dict[str, float]] = field(default_factory=dict, init=False, compare=False, repr=False)
 
     @property
     def unknown(self) -> frozenset[str]:
@@ -257,7 +259,12 @@ class CircuitView:
         """The tree's division (``core.tree.divide``, under the lost feed if any) of each
         host's seat plus want (W, in all), over the hosts whose seat could be read (as
         :attr:`known_pool_w`: an unreadable seat, counted at the whole budget, would
-        otherwise take every share)."""
+        otherwise take every share). Computed once per view."""
+        if "divide" not in self._memo:
+            self._memo["divide"] = self._divide_now()
+        return self._memo["divide"]
+
+    def _divide_now(self) -> dict[str, float]:
         assert self.tree is not None
         totals = {h: self.seats.get(h, 0.0) + self.pending.get(h, 0.0) + self.wants.get(h, 0.0)
                   for h in self.tree.hosts if h not in self.unknown_seats}

@@ -30,8 +30,16 @@ charge above it leaves its lease out and counts its hosts' flow through their li
 cords in their residual.
 
 Removing a delegation never raises any ancestor's charge (``max(D(m), C(m))`` is replaced
-by what ``C(m)`` counted); creating or changing one is a transaction over the whole
-circuit that checks every node (:func:`over_w`).
+by what ``C(m)`` counted); creating or changing one is a transaction that checks every
+node (:func:`over_w`) and compares what that check depends on (:func:`lease_compares`):
+every delegation, seat and claim and the feed marks (rare writes: whole ranges), and the
+grant of each host charged at ``m`` or an ancestor of ``m`` *outside* any lease
+(``resid(h, a) > 0`` for ``a`` on ``m``'s path). A host under a sibling lease ``m'`` is
+not compared: its raise keeps ``C(m') <= D(m')`` (its own compares see ``D(m')``
+unchanged), so ``max(D(m'), C(m'))`` at the ancestors stays ``D(m')``; where a feed lost
+has put ``C(m')`` above ``D(m')`` no raise there is allowed (its room is what it holds)
+and a lowering only lowers it. So a lease resize and a raise under another lease never
+conflict.
 
 What a raise of host ``h`` depends on (:func:`zone`): the nodes ``R(h)`` where
 ``resid(h, k) > 0`` (its charge moves only there), the hosts charged at any of them,
@@ -98,6 +106,11 @@ def tops(tree: PowerTree, live: Mapping[str, float]) -> dict[str, list[str]]:
     return out
 
 
+# A tree shape's memo is emptied past this many entries: a host's own resizes need a few
+# (its delegated nodes each left out, with and without a feed lost); in-process hosts
+# sharing one shape (the load test) one for each delegated node of the tree.
+MEMO_ENTRIES = 256
+
 # What Charges keeps per tree shape, leased nodes and feed lost: top, the nodes leaves
 # first, the residual tables.
 _ChargeTables = tuple[dict[str, list[str]], list[str], list[dict[str, dict[str, float]]]]
@@ -124,7 +137,7 @@ class Charges:
             depth = {n: len(self.tree.path(n)) for n in self.tree.nodes}
             memo = (tops(self.tree, self.live), sorted(self.tree.nodes, key=lambda n: -depth[n]),
                     [self._resid(False)] + ([self._resid(True)] if self.lost is not None else []))
-            if len(self.tree._memo) > 64:
+            if len(self.tree._memo) > MEMO_ENTRIES:
                 self.tree._memo.clear()
             self.tree._memo[key] = memo
         top, order, tables = cast(_ChargeTables, memo)
@@ -418,6 +431,28 @@ class RaiseCompares:
     whole: bool
     hosts: frozenset[str] = frozenset()
     delegations: frozenset[str] = frozenset()
+
+
+@dataclass(frozen=True)
+class LeaseCompares:
+    """What a transaction changing a node's delegation compares (module docstring): the
+    spec, the tree, the feed marks and the whole delegation, seat and claim ranges (no
+    newer than the read), and each of ``hosts``' grant (no newer than the read).
+    ``whole``: every grant too (too many hosts for one transaction)."""
+
+    whole: bool
+    hosts: frozenset[str] = frozenset()
+
+
+def lease_compares(charges: Charges, node: str) -> LeaseCompares:
+    """The compares of a change to ``node``'s delegation under ``charges`` (the read's
+    delegations in force): the hosts charged at ``node`` or an ancestor outside any
+    lease."""
+    path = charges.tree.path(node)
+    hosts = {h for table in charges.tables() for a in path for h in table.get(a, {})}
+    if len(hosts) + 8 > MAX_ZONE_COMPARES:
+        return LeaseCompares(True)
+    return LeaseCompares(False, frozenset(hosts))
 
 
 def raise_compares(charges: Charges, host: str) -> RaiseCompares:

@@ -29,7 +29,7 @@ def test_the_tree_is_parsed_once_per_value_and_in_a_worker_thread(monkeypatch):
     docs = {"tree": tree_doc(TREE)}
     seats = {"h1": 800.0}
 
-    async def fake_call(fn):
+    async def fake_call(fn, *, write=True):
         return Kvs([kv(store.spec_key, {"budget_w": 3000.0, "ttl_s": 5}), kv(store.tree_key, docs["tree"]),
                     *(kv(store.seats + h.encode(), {"reserve_w": w}) for h, w in seats.items())])
 
@@ -42,6 +42,7 @@ def test_the_tree_is_parsed_once_per_value_and_in_a_worker_thread(monkeypatch):
 
     monkeypatch.setattr(store, "_call", fake_call)
     monkeypatch.setattr(store_mod, "tree_from_doc", counting)
+    monkeypatch.setattr(store_mod, "_SHAPES", {})  # none parsed yet in this process
 
     async def reads() -> list:
         loop_thread = threading.current_thread().name

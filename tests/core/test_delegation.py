@@ -14,8 +14,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from powerbudgetd.core.delegation import (Charges, RaiseCompares, active, delegation_fits, divide_charged,
-                                          fair_leases_w, proposed_w, raise_compares, within_bounds)
+from powerbudgetd.core.delegation import (Charges, LeaseCompares, RaiseCompares, active, delegation_fits,
+                                          divide_charged, fair_leases_w, lease_compares, proposed_w, raise_compares,
+                                          within_bounds)
 from powerbudgetd.core.tree import EPS_W, Host, Node, PowerTree
 from support.examples import examples
 from support.trees import trees
@@ -55,6 +56,15 @@ class Etcd:
 
     def whole_unchanged(self, read: Etcd) -> bool:
         return self.down_mod <= read.rev and all(mod <= read.rev for _, mod in self.kv.values())
+
+    def lease_unchanged(self, read: Etcd, plan: LeaseCompares) -> bool:
+        """A lease change's compares (the store's): every seat and delegation, the feed
+        mark, and the grants of ``plan.hosts`` (every grant where ``whole``)."""
+        if plan.whole:
+            return self.whole_unchanged(read)
+        return self.down_mod <= read.rev and all(
+            mod <= read.rev for (k, h), (_, mod) in self.kv.items()
+            if k in ("seat", "deleg") or (k == "grant" and h in plan.hosts))
 
     def zone_unchanged(self, read: Etcd, plan: RaiseCompares) -> bool:
         if plan.whole:
@@ -146,7 +156,8 @@ def play(tree: PowerTree, wants: dict[str, float], steps) -> Etcd:
                                  dict.fromkeys(marked, 100 * frac), read.lost)[m] if stale % 4 == 1 else None
             w = proposed_w(tree, held, wants, deleg, m, margin_w=100 * frac, lost=read.lost, fair_w=fair) \
                 if stale % 2 else frac * tree.nodes[m].budget_w
-            if delegation_fits(tree, held, deleg, m, w, read.lost) and db.whole_unchanged(read):
+            plan = lease_compares(Charges(tree, active(tree, deleg), read.lost), m)
+            if delegation_fits(tree, held, deleg, m, w, read.lost) and db.lease_unchanged(read, plan):
                 db.put("deleg", m, w)
         elif op == "lose" and db.lost is None and tree.feeds():
             db.rev += 1
@@ -233,6 +244,60 @@ def test_the_model_finds_a_raise_that_ignores_its_lease():
     db.put("grant", "r0h0", room)  # committed anyway: what the compare prevents
     with pytest.raises(AssertionError):
         check(tree, db, True)
+
+
+def lease_and_leaf_tree() -> PowerTree:
+    """A 2 kW site over two delegated PDUs (pa, pb) and a leaf q outside any lease; one
+    100 W host under each."""
+    nodes = {"site": Node("site", 2_000.0), "pa": Node("pa", 2_000.0, "site", "pdu", delegate=True),
+             "pb": Node("pb", 2_000.0, "site", "pdu", delegate=True), "q": Node("q", 2_000.0, "site", "pdu")}
+    hosts = {h: Host(h, {leaf: 1.0}, 100.0) for h, leaf in (("ha", "pa"), ("hb", "pb"), ("hq", "q"))}
+    return PowerTree(nodes, hosts)
+
+
+def seated_with_leases(tree: PowerTree) -> Etcd:
+    db = Etcd()
+    for h in tree.hosts:
+        db.put("seat", h, 100.0)
+    db.put("deleg", "pa", 500.0)
+    db.put("deleg", "pb", 500.0)
+    return db
+
+
+def test_a_lease_change_read_before_a_raise_outside_any_lease_fails_its_compare():
+    """The site counts pa's and pb's leases and hq (no lease above it): 1100 W of 2000.
+    hq raises by 800 W; pa's growth to 800 W computed from the read before fits that
+    read but not the site after the raise: its transaction compares hq's grant."""
+    tree = lease_and_leaf_tree()
+    db = seated_with_leases(tree)
+    stale = db.snapshot()
+    charges = Charges(tree, active(tree, stale.values("deleg")))
+    assert delegation_fits(tree, stale.held(), stale.values("deleg"), "pa", 800.0)
+    plan = lease_compares(charges, "pa")
+    assert not plan.whole and plan.hosts == {"hq", "ha"}
+    db.put("grant", "hq", 800.0)
+    assert not db.lease_unchanged(stale, plan)
+    db.put("deleg", "pa", 800.0)  # committed anyway: what the compare prevents
+    with pytest.raises(AssertionError):
+        check(tree, db, True)
+
+
+def test_a_raise_under_a_sibling_lease_does_not_fail_a_lease_change():
+    """hb raises within pb's lease (100 + 300 <= 500 W): pa's growth computed from the
+    read before commits (the site counts pb's lease, not hb's grant), and every node
+    stays within its budget. (Compared over the whole circuit, as before, it failed.)"""
+    tree = lease_and_leaf_tree()
+    db = seated_with_leases(tree)
+    stale = db.snapshot()
+    charges = Charges(tree, active(tree, stale.values("deleg")))
+    room = charges.room_for_w("hb", stale.held()) - 100.0
+    assert room == pytest.approx(400.0)
+    db.put("grant", "hb", 300.0)
+    assert not db.whole_unchanged(stale)
+    assert delegation_fits(tree, stale.held(), stale.values("deleg"), "pa", 800.0)
+    assert db.lease_unchanged(stale, lease_compares(charges, "pa"))
+    db.put("deleg", "pa", 800.0)
+    check(tree, db, True)
 
 
 def test_a_raise_read_before_its_lease_shrank_fails_its_compare():

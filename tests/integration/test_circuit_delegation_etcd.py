@@ -1,6 +1,6 @@
 """Delegated subtrees in a real etcd (``core.delegation``, ``store.put_delegation``): a
-node's lease of watts is written by a transaction over the whole circuit that checks the
-parent's sum; then raises under different delegated nodes compare disjoint keys and
+node's lease of watts is written by a transaction that checks the parent's sum and
+compares what that depends on (not the raises under other leases); then raises under different delegated nodes compare disjoint keys and
 both land from one revision, while two raises under the same node still conflict.
 
 Tree: a 10 kW root over two 7 kW PDUs, A and B, both ``delegate = true``; hosts a1, a2
@@ -71,6 +71,17 @@ async def _scenario(eps: list[str]) -> None:
         assert rows["root"]["lease_w"] is None and not rows["root"]["delegate"] and rows["A"]["within_budget"]
         # A lease below what its subtree holds is refused; one above it is not.
         assert not await admin.put_delegation(after, "A", 4_999.0, "a1")
+
+        # A lease resize and a raise under the other lease, from one revision: both land
+        # (the resize compares the grants charged outside any lease on A's path: none).
+        await stores["a1"].lower_grant("a1", 2_000.0, leases["a1"])
+        await stores["b1"].lower_grant("b1", 2_000.0, leases["b1"])
+        read = await admin.read()
+        assert await stores["b1"].raise_grant(await stores["b1"].read(), "b1", 2_500.0, leases["b1"])
+        assert await admin.put_delegation(read, "A", 4_500.0, "a1")
+        assert not await admin.put_delegation(read, "A", 4_400.0, "a1")  # its own record changed since
+        after = await admin.read()
+        assert after.delegations["A"] == 4_500.0 and after.view.grants["b1"] == 2_500.0 and after.view.holds()
 
         # The raise path without delegation: both computed from one revision, the second
         # fails (one key range for the whole tree).

@@ -2,8 +2,8 @@
 
 A node marked ``delegate`` holds a lease from its parent, stored persistently
 (``delegations/<node>``). It is written only by a host under it (its role allows no
-other: ``roles``), by ``CircuitStore.put_delegation``'s transaction over the whole
-circuit, which checks the parent's sum:
+other: ``roles``), by ``CircuitStore.put_delegation``'s transaction, which checks the
+parent's sum and compares what that depends on (``core.delegation.lease_compares``):
 
 - *periodic*: every ``rebalance_s`` the first live host under the node (the least name
   among those with a record) resizes it to its hosts' seats and wants plus a margin, no
@@ -15,8 +15,8 @@ circuit, which checks the parent's sum:
   it, at most every ``ask_s``, up to that same figure;
 - a node without a lease: its first host takes one at once.
 
-The slower cadence keeps the whole-circuit transactions rare: the raises under a
-delegated node compare only its zone.
+The slower cadence keeps these transactions rare; the raises under a delegated node
+compare only its zone, and do not fail a resize elsewhere.
 """
 
 from __future__ import annotations
@@ -42,9 +42,17 @@ def delegated_above(tree: PowerTree, host: str) -> list[str]:
 def first_host(read: Read, tree: PowerTree, node: str) -> str | None:
     """The least-named live host (a record under its lease) with a cord under ``node``;
     before any record, the least-named seated one."""
-    under = [h for h in (read.records or read.view.seats)
-             if h in tree.hosts and any(node in tree.path(leaf) for leaf in tree.hosts[h].cords)]
-    return min(under, default=None)
+    key = f"first_hosts:{id(tree)}"
+    if key not in read._memo:  # every node's, in one pass over the hosts (once per read)
+        first: dict[str, str] = {}
+        for h in sorted(read.records or read.view.seats):
+            if h in tree.hosts:
+                for leaf in tree.hosts[h].cords:
+                    for n in tree.path(leaf):
+                        first.setdefault(n, h)
+        read._memo[key] = (tree, first)
+    out: str | None = read._memo[key][1].get(node)
+    return out
 
 
 def margins_w(read: Read, tree: PowerTree, margin_w: float | None) -> dict[str, float]:
@@ -87,8 +95,12 @@ async def resize(store: CircuitStore, read: Read, host: str, *, wants_w: Mapping
         margin = tree.nodes[node].budget_w * MARGIN_FRACTION if margin_w is None else margin_w
         for _ in range(tries if node in read.delegations else 3 * tries):
             current = read.delegations.get(node)
-            target = proposed_w(tree, read.held_w(), wants_w, read.delegations, node, margin_w=margin,
-                                lost=read.view.lost, fair_w=fair_w(read, wants_w, margin_w).get(node))
+            key = f"proposed:{node}:{margin_w}:{id(wants_w)}"  # once per read (hosts in one process share it)
+            if key not in read._memo:
+                read._memo[key] = (wants_w, proposed_w(tree, read.held_w(), wants_w, read.delegations, node,
+                                                       margin_w=margin, lost=read.view.lost,
+                                                       fair_w=fair_w(read, wants_w, margin_w).get(node)))
+            target: float = read._memo[key][1]
             if current is not None and (abs(target - current) < margin / 2 if periodic
                                         else target <= current + step_w):
                 break

@@ -52,7 +52,13 @@ With delegations stored, every check is ``core.delegation``'s (each node's charg
 its bound), and a raise under a delegated node compares only its zone: its neighbours'
 seats, grants and claims (no newer than the read) and the delegation records it depends
 on (at exactly the mod revision read), so raises under different delegated nodes never
-conflict. A delegation is changed only by a transaction comparing the whole circuit.
+conflict. A delegation is changed only by a transaction comparing what the parent's
+check depends on (``core.delegation.lease_compares``: every delegation, seat and claim
+range, the feed marks, the grants charged outside any lease on its path), so a raise
+under another delegated node does not fail it.
+
+Reads: while a watch stands (:meth:`CircuitStore.changes`) a read is built from its
+mirror (``channels.circuit.mirror``), with no key read from etcd; else one range read.
 
 Several endpoints: each call goes to the current one; a call that fails or takes
 longer than ``timeout_s`` raises :class:`StoreUnavailable` and the next call goes to
@@ -64,6 +70,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import math
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field, replace
@@ -78,13 +85,21 @@ import aetcd.watcher
 import grpc
 
 from powerbudgetd.channels.circuit import records
+from powerbudgetd.channels.circuit.mirror import CircuitMirror, Entry
 from powerbudgetd.core.circuit import CircuitView
 from powerbudgetd.core.nodemeter import MeterReport, NodeMeter, check_source, node_meters, unmanaged_by_node
-from powerbudgetd.core.delegation import Charges, active, delegation_fits, raise_compares
+from powerbudgetd.core.delegation import Charges, active, delegation_fits, lease_compares, raise_compares
 from powerbudgetd.core.tree import KINDS, MODES, Host, Node, Pair, PowerTree
 from powerbudgetd.core.units import to_ms
 
 T = TypeVar("T")
+
+# Tree values parsed in this process, and what each gave (a few: one daemon reads one
+# circuit; in-process hosts of one circuit share the shape, and with it its memo).
+_SHAPES: dict[bytes, PowerTree | str] = {}
+
+MIRROR_CONFIRM_S = 1.0  # a read from the watch's mirror checks it against etcd's revision at least this often (s)
+MIRROR_WAIT_S = 0.5  # ... and waits this long for it to get there before reading the range (s)
 
 
 class StoreUnavailable(Exception):
@@ -401,6 +416,14 @@ class CircuitStore:
         self.wall_clock = wall_clock  # a meter report's age: hosts on one circuit keep NTP time
         self.delegations = base + b"delegations/"
         self.calls = 0  # etcd requests sent (for the load test's ops/s)
+        self.range_reads = self.keys_read = 0  # range reads of the circuit sent, and the keys they returned
+        self.mirror_lagged = 0  # reads that found the mirror behind this store's own write (read the range)
+        self.mirror = CircuitMirror()  # kept by the watch (changes); reads are served from it while it stands
+        self._wrote = True  # a write since the last read: the mirror must reach etcd's revision first
+        self.confirm_s = MIRROR_CONFIRM_S
+        self._confirmed_at = -math.inf  # when a read last found the mirror at etcd's revision (monotonic s)
+        self._last_range: dict[bytes, Entry] = {}  # the last range read's keys (their parsed values reused)
+        self._probe_key = base + b"\x00"  # no key: a read of it answers etcd's revision alone
         self._tree_seen: tuple[bytes, PowerTree | str] | None = None  # the tree value last parsed, and what it gave
 
     @property
@@ -414,9 +437,12 @@ class CircuitStore:
                                    password=self._auth[1], timeout=None)
         return self._client
 
-    async def _call(self, fn: Callable[[_Client], Awaitable[T]]) -> T:
+    async def _call(self, fn: Callable[[_Client], Awaitable[T]], *, write: bool = True) -> T:
+        """``fn`` on the current endpoint's client (``write``: it may change the circuit,
+        so that the next read from the mirror waits to see it)."""
         client = self._connect()
         self.calls += 1
+        self._wrote = self._wrote or write
         try:
             async with asyncio.timeout(self.timeout_s):  # not wait_for: on 3.11 it may swallow a cancel
                 return await fn(client)
@@ -431,6 +457,8 @@ class CircuitStore:
             await self._rotate()  # refused too: a new connection authenticates again (an expired token)
             cls = StoreRefused if any(s in text for s in _REFUSED) else StoreUnavailable
             raise cls(f"{failed}: {type(exc).__name__}: {exc}".rstrip(": ")) from None
+        finally:
+            self._wrote = self._wrote or write  # a read begun while it was on its way asks again
 
     async def _rotate(self) -> None:
         client, self._client = self._client, None
@@ -476,10 +504,12 @@ class CircuitStore:
                 (self.claims, "other hosts' claims"), (self.grants, "other hosts' grants")]
 
     async def changes(self, endpoint: str) -> AsyncIterator[bytes | None]:
-        """The circuit's keys as etcd changes them: a watch on its prefix through
-        ``endpoint`` (``host:port``), on a connection of its own (a stream never holds up
-        a read or a keepalive). Yields ``None`` once the watch is in place (changes from
-        then on are all told; a reader reads once after it), then each changed key.
+        """The circuit's keys as etcd changes them: one range read, then a watch on its
+        prefix from the next revision, through ``endpoint`` (``host:port``), on a
+        connection of its own (a stream never holds up a read or a keepalive). Keeps
+        :attr:`mirror` (``channels.circuit.mirror``): every change applied before it is
+        told, live from the read until the watch ends. Yields ``None`` once the watch is
+        in place (changes from then on are all told), then each changed key.
         Raises :class:`StoreUnavailable` when the watch cannot be opened within
         ``timeout_s`` or its stream ends (a member stopped, a partition healed into a
         compacted revision), or a ping is not answered within ``timeout_s`` (a member
@@ -493,26 +523,42 @@ class CircuitStore:
                  "grpc.http2.max_pings_without_data": 0}  # else gRPC stops pinging a quiet stream after 2
         client = _Client(host.strip("[]"), int(port), tls=self._tls, username=self._auth[0], password=self._auth[1],
                          timeout=None, options=pings)
+        mirror = self.mirror
         try:
             try:
                 async with asyncio.timeout(self.timeout_s):
-                    watch = await client.watch_prefix(self.base)
+                    res = await client.get_prefix(self.base)
+                    revision = int(res.header.revision)
+                    self.range_reads += 1
+                    kvs = self._entries(res)
+                    self.keys_read += len(kvs)
+                    watch = await client.watch_prefix(self.base, start_revision=revision + 1)
             except (TimeoutError, aetcd.exceptions.ClientError, grpc.RpcError, OSError) as exc:
                 raise_if_cancelled()
                 raise StoreUnavailable(f"{endpoint}: watch: {type(exc).__name__}: {exc}".rstrip(": ")) from None
+            mirror.load(kvs, revision)
+            mirror.live = True
             yield None
             told: dict[bytes, tuple[float | None, ...]] = {}  # a record's want, seat and grant, as last told
             try:
+                # No await but the stream's between two events: a revision's events are
+                # applied together before any other task looks (``mirror``).
                 async for event in watch:
-                    key = bytes(event.kv.key)
+                    kv = event.kv
+                    key = bytes(kv.key)
+                    if event.kind == "DELETE":
+                        mirror.delete(key, int(kv.mod_revision))
+                    else:
+                        mirror.put(key, bytes(kv.value), int(kv.mod_revision), int(kv.create_revision), int(kv.lease))
                     if key.startswith(self.wants) and not self._metered():
                         # A record's measured draw and caps move with every load swing: told
                         # only with its want, seat or grant (else each host's woken round
                         # publishing its draw woke every other host's: a storm of reads and
                         # writes on a busy circuit). Under a meter, its draw counts: told.
                         try:
-                            r = _record(records.parse(bytes(event.kv.value)), 0)
-                            figures: tuple[float | None, ...] = (round(r.want_w, 1), r.seat_w, r.grant_w)
+                            r = _record(mirror.kvs[key].doc(), 0) if key in mirror.kvs else None
+                            figures: tuple[float | None, ...] = (None,) if r is None else \
+                                (round(r.want_w, 1), r.seat_w, r.grant_w)
                         except records.BadRecord:
                             figures = (None,)
                         if told.get(key) == figures:
@@ -524,6 +570,7 @@ class CircuitStore:
                 raise StoreUnavailable(f"{endpoint}: watch ended: {type(exc).__name__}: {exc}".rstrip(": ")) from None
             raise StoreUnavailable(f"{endpoint}: watch ended")
         finally:
+            mirror.stop()
             with contextlib.suppress(Exception):  # a dead channel may fail to close; it is dropped
                 async with asyncio.timeout(1.0):
                     await client.close()
@@ -548,18 +595,78 @@ class CircuitStore:
             except records.BadRecord as exc:
                 return str(exc)
 
-        shape = await asyncio.to_thread(parse)
+        shape = _SHAPES.get(value)
+        if shape is None:
+            shape = await asyncio.to_thread(parse)
+            if len(_SHAPES) >= 4:
+                _SHAPES.clear()
+            _SHAPES[value] = shape
         self._tree_seen = (value, shape)
         return shape
 
     async def read(self) -> Read:
-        """The circuit at one revision (a single range read over its prefix). A value
-        that cannot be read is left out and named in :attr:`Read.bad`; an unreadable
-        seat or grant is counted at the whole budget and its host marked unknown."""
-        res = await self._call(lambda c: c.get_prefix(self.base))
-        revision = int(res.header.revision)
-        kvs = [(bytes(kv.key), bytes(kv.value), int(kv.mod_revision), int(kv.create_revision), int(kv.lease))
-               for kv in res]
+        """The circuit at one revision: from the watch's mirror while it stands
+        (``channels.circuit.mirror``: nothing read from etcd, but after a write of this
+        store's, etcd's revision, which the mirror must reach), else a single range read
+        over its prefix. A value that cannot be read is left out and named in
+        :attr:`Read.bad`; an unreadable seat or grant is counted at the whole budget and
+        its host marked unknown."""
+        mirror = self.mirror
+        now = time.monotonic()
+        if mirror.live and (self._wrote or now - self._confirmed_at >= self.confirm_s):
+            # This store's own writes seen before its next read, and the watch confirmed
+            # in step with etcd at least every confirm_s (a member cut off may keep a
+            # stream open, telling nothing): etcd's revision asked, the mirror to reach it.
+            self._wrote = False  # a write during the probe asks again at the next read
+            probe = await self._call(lambda c: c.get_prefix(self._probe_key), write=False)
+            revision = int(probe.header.revision)
+            if not await mirror.reached(revision, min(self.timeout_s, MIRROR_WAIT_S)):
+                async with mirror.lock:  # one range read brings it forward (the watch's events then skipped)
+                    if mirror.revision < revision:
+                        self.mirror_lagged += 1
+                        kvs, revision = await self._range()
+                        if not mirror.live:
+                            return await self._build(kvs, revision)
+                        mirror.load(kvs, revision)
+            self._confirmed_at = now
+        if mirror.live:
+            memo = mirror.memo
+            if memo is not None and memo[0] == mirror.revision:
+                out: Read = memo[1]
+                return out
+            revision = mirror.revision
+            read = await self._build(list(mirror.kvs.items()), revision)
+            if mirror.revision == revision and not read.meters:  # a meter's age moves with the clock
+                mirror.memo = (revision, read)
+            return read
+        return await self._range_read()
+
+    async def _range_read(self) -> Read:
+        kvs, revision = await self._range()
+        return await self._build(kvs, revision)
+
+    async def _range(self) -> tuple[list[tuple[bytes, Entry]], int]:
+        """The circuit's keys and revision: one range read over its prefix."""
+        res = await self._call(lambda c: c.get_prefix(self.base), write=False)
+        kvs = self._entries(res)
+        self.range_reads += 1
+        self.keys_read += len(kvs)
+        self._last_range = dict(kvs)
+        return kvs, int(res.header.revision)
+
+    def _entries(self, res: Any) -> list[tuple[bytes, Entry]]:
+        """A range read's keys as entries, those unchanged since the last one kept (parsed once)."""
+        seen = self.mirror.kvs if self.mirror.live else self._last_range
+        out = []
+        for kv in res:
+            key, mod, value = bytes(kv.key), int(kv.mod_revision), bytes(kv.value)
+            old = seen.get(key)
+            out.append((key, old if old is not None and old.mod == mod and old.value == value else
+                        Entry(value, mod, int(kv.create_revision), int(kv.lease))))
+        return out
+
+    async def _build(self, kvs: list[tuple[bytes, Entry]], revision: int) -> Read:
+        """The :class:`Read` of ``kvs``, the circuit's keys at ``revision``."""
         spec: Spec | None = None
         spec_mod = spec_created = tree_mod = 0
         tree_value: bytes | None = None
@@ -576,11 +683,12 @@ class CircuitStore:
         def name(key: bytes) -> str:
             return key.decode(errors="replace")
 
-        for key, value, mod, created, lease in kvs:
+        for key, e in kvs:
+            value, mod, created, lease = e.value, e.mod, e.created, e.lease
             if key == self.spec_key:
                 spec_mod, spec_created = mod, created
                 try:
-                    spec = _spec(records.parse(value))
+                    spec = _spec(e.doc())
                 except records.BadRecord as exc:
                     bad[name(key)] = str(exc)
             elif key == self.tree_key:
@@ -588,7 +696,7 @@ class CircuitStore:
             elif key.startswith(self.down):
                 down.append(key[len(self.down):].decode(errors="replace"))
                 try:
-                    marked[down[-1]] = str(records.parse(value).get("by", ""))
+                    marked[down[-1]] = str(e.doc().get("by", ""))
                 except records.BadRecord:
                     marked[down[-1]] = ""
             elif key.startswith(self.meters):
@@ -597,14 +705,14 @@ class CircuitStore:
                     continue
                 try:
                     reports.append((key, _meter_report(key[len(self.meters):].decode(errors="replace"),
-                                                       records.parse(value))))
+                                                       e.doc())))
                 except records.BadRecord as exc:
                     bad[name(key)] = str(exc)
             elif key.startswith(self.delegations):
                 node = key[len(self.delegations):].decode(errors="replace")
                 delegation_mods[node] = mod  # compared even when unreadable (left out: safe)
                 try:
-                    delegations[node] = records.watts(records.parse(value), "watts_w") or 0.0
+                    delegations[node] = records.watts(e.doc(), "watts_w") or 0.0
                 except records.BadRecord as exc:
                     bad[name(key)] = str(exc)
             elif key.startswith(self.marks):
@@ -612,7 +720,7 @@ class CircuitStore:
                     unleased[name(key)] = mod
                     continue
                 try:
-                    doc = records.parse(value)
+                    doc = e.doc()
                     feed, by = records.text(doc, "feed"), records.text(doc, "by")
                 except records.BadRecord as exc:
                     bad[name(key)] = str(exc)
@@ -629,7 +737,8 @@ class CircuitStore:
         unknown: dict[bytes, set[str]] = {self.seats: set(), self.grants: set()}
         claims: dict[str, Claim] = {}
         recs: dict[str, HostRecord] = {}
-        for key, value, mod, created, lease in kvs:
+        for key, e in kvs:
+            mod, created, lease = e.mod, e.created, e.lease
             kind = next((k for k in (self.seats, self.grants, self.wants, self.pending, self.claims)
                          if key.startswith(k)), None)
             if kind is None:
@@ -641,7 +750,7 @@ class CircuitStore:
                     free_claims[host] = mod
                 continue
             try:
-                doc = records.parse(value)
+                doc = e.doc()
                 if kind == self.seats:
                     seats[host], order[host] = records.watts(doc, "reserve_w") or 0.0, created
                 elif kind == self.grants:
@@ -714,7 +823,7 @@ class CircuitStore:
 
     async def lease_info(self, lease_id: int) -> tuple[int, int]:
         """(seconds left, granted TTL s) of ``lease_id``; seconds left -1: gone."""
-        res = await self._call(lambda c: c.get_lease_info(lease_id, keys=False))
+        res = await self._call(lambda c: c.get_lease_info(lease_id, keys=False), write=False)
         return int(res.TTL), int(res.grantedTTL)
 
     # -- the operator's writes --------------------------------------------------------
@@ -890,8 +999,9 @@ class CircuitStore:
     async def put_delegation(self, read: Read, node: str, watts_w: float, by: str) -> bool:
         """Set ``node``'s lease of watts to ``watts_w`` (W) if it keeps every node of
         ``read`` within its bound (``core.delegation.delegation_fits``: the parent's sum
-        checked, and the subtree's own charge under the new figure) and nothing in the
-        circuit changed since (False otherwise: read again). ``by``: the writer, shown
+        checked, and the subtree's own charge under the new figure) and nothing that check
+        depends on changed since (``core.delegation.lease_compares``: a raise under
+        another lease does not fail it; False otherwise: read again). ``by``: the writer, shown
         by ``circuit status``. Persistent: the watts stay leased until a host under the
         node (or ``circuit init``) changes them."""
         tree = read.view.tree
@@ -901,9 +1011,21 @@ class CircuitStore:
         key = self.key(self.delegations, node)
         body = records.dumps(watts_w=watts_w, by=by)
         ok, _ = await self._call(lambda c: c.transaction(
-            compare=[*self._unchanged(c, read), c.transactions.mod(key) == read.delegation_mods.get(node, 0)],
+            compare=[*self._lease_unchanged(c, read, tree, node),
+                     c.transactions.mod(key) == read.delegation_mods.get(node, 0)],
             success=[c.transactions.put(key, body)], failure=[]))
         return bool(ok)
+
+    def _lease_unchanged(self, c: _Client, read: Read, tree: PowerTree, node: str) -> list[Any]:
+        """The compares of a change to ``node``'s lease (``core.delegation.lease_compares``)."""
+        plan = lease_compares(read.charges() or Charges(tree, {}, read.view.lost), node)
+        if plan.whole:
+            return self._unchanged(c, read)
+        t = c.transactions
+        return [t.mod(self.spec_key) == read.spec_mod, t.mod(self.tree_key) == read.tree_mod] + [
+            t.mod(kind, _range_end(kind)) < read.revision + 1
+            for kind in (self.seats, self.claims, self.down, self.marks, self.delegations)] + [
+            t.mod(self.key(self.grants, h)) < read.revision + 1 for h in sorted(plan.hosts)]
 
     async def lower_grant(self, host: str, grant_w: float, lease_id: int) -> None:
         """Lower ``host``'s grant (no check needed: it only lowers the sum); 0 deletes it."""
@@ -992,13 +1114,13 @@ class CircuitStore:
     # -- leases -----------------------------------------------------------------------
     async def grant_lease(self, ttl_s: int) -> tuple[int, int]:
         """A new lease: (id, TTL s as etcd granted it)."""
-        lease = await self._call(lambda c: c.lease(ttl_s))
+        lease = await self._call(lambda c: c.lease(ttl_s), write=False)
         return int(lease.id), int(lease.ttl)
 
     async def keepalive(self, lease_id: int) -> int:
         """Renew ``lease_id``; returns its TTL (s). Raises LeaseGone when etcd no longer
         has it (its reply's TTL is 0 or less)."""
-        reply = await self._call(lambda c: c.refresh_lease(lease_id))
+        reply = await self._call(lambda c: c.refresh_lease(lease_id), write=False)
         ttl = int(getattr(reply, "TTL", 0)) if reply is not None else 0
         if ttl <= 0:
             raise LeaseGone(f"lease {lease_id:x} expired")

@@ -1,0 +1,139 @@
+"""Reads from the watch's mirror (``channels.circuit.mirror``) in a real etcd: while a
+host's watch stands its reads take no key from etcd, whatever the circuit's size; they
+see the other hosts' changes as the watch tells them and the host's own writes at once;
+a transaction's keys are seen together; a raise from the mirror compares its zone as a
+range read's would.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+
+import pytest
+
+from powerbudgetd.channels.circuit.store import CircuitStore, HostRecord
+from powerbudgetd.core.tree import Host, Node, PowerTree
+from support.circuit import EtcdCluster
+
+pytestmark = pytest.mark.slow  # real etcd members: the full run (CI) covers it
+
+
+PDUS = 6
+
+
+def _tree(hosts: int) -> PowerTree:
+    """A 1 MW root over six delegated PDUs; host i under PDU i mod 6."""
+    nodes = {"root": Node("root", 1_000_000, None, "panel")} | {
+        f"p{k}": Node(f"p{k}", 100_000, "root", "pdu", delegate=True) for k in range(PDUS)}
+    return PowerTree(nodes, {f"h{i:03d}": Host(f"h{i:03d}", {f"p{i % PDUS}": 1.0}, 100.0) for i in range(hosts)})
+
+
+async def _watching(store: CircuitStore) -> asyncio.Task[None]:
+    async def follow() -> None:
+        async for _ in store.changes(store.endpoint):
+            pass
+
+    task = asyncio.create_task(follow())
+    deadline = time.monotonic() + 10
+    while not store.mirror.live:
+        assert time.monotonic() < deadline, "the watch did not open"
+        await asyncio.sleep(0.01)
+    return task
+
+
+async def _stop(task: asyncio.Task[None]) -> None:
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError, Exception):
+        await task
+
+
+async def _woken_reads(eps: list[str]) -> None:
+    n = 120
+    stores = {h: CircuitStore(eps, "hall", timeout_s=5) for h in (f"h{i:03d}" for i in range(n))}
+    admin = stores["h000"]
+    assert await admin.init(1_000_000, 30, tree=_tree(n))
+    leases = {}
+    for h, s in stores.items():
+        leases[h] = (await s.grant_lease(30))[0]
+        assert await s.register_seat(await s.read(), h, 100.0, lease_id=leases[h])
+        await s.put_record(h, HostRecord(200.0), leases[h])
+    for k in range(PDUS):
+        assert await admin.put_delegation(await admin.read(), f"p{k}", 50_000.0, "h000")
+    me, other = stores["h001"], stores["h002"]
+    task = await _watching(me)
+    try:
+        first = await me.read()  # once after the watch opened: a probe, no key
+        assert len(first.view.seats) == n and first.delegations == {f"p{k}": 50_000.0 for k in range(PDUS)}
+        ranges, keys = me.range_reads, me.keys_read
+        # Another host's raise (its own store): told by the watch, read with no key.
+        fresh = await other.read()
+        assert await other.raise_grant(fresh, "h002", 300.0, leases["h002"])
+        deadline = time.monotonic() + 5
+        while (await me.read()).view.grants.get("h002") != 300.0:
+            assert time.monotonic() < deadline, "the other host's raise never seen"
+            await asyncio.sleep(0.01)
+        # Its own raise: seen by its very next read.
+        read = await me.read()
+        assert await me.raise_grant(read, "h001", 250.0, leases["h001"])
+        assert (await me.read()).view.grants["h001"] == 250.0
+        # From a read behind a raise in its zone (h007, under p1 as h001 is) its raise
+        # fails its compare; behind one under another lease (h004, p4), it lands.
+        behind = await me.read()
+        assert await stores["h007"].raise_grant(await stores["h007"].read(), "h007", 50.0, leases["h007"])
+        assert not await me.raise_grant(behind, "h001", 260.0, leases["h001"])
+        behind = await me.read()
+        assert await stores["h004"].raise_grant(await stores["h004"].read(), "h004", 50.0, leases["h004"])
+        assert await me.raise_grant(behind, "h001", 260.0, leases["h001"])
+        # Not one key read from etcd by all of that: probes answer the revision alone.
+        assert (me.range_reads, me.keys_read) == (ranges, keys)
+    finally:
+        await _stop(task)
+        for s in stores.values():
+            await s.close()
+
+
+def test_a_watching_host_reads_no_key_from_etcd(etcd1: EtcdCluster) -> None:
+    """120 seated hosts under six leased PDUs (some 250 keys). A host whose watch stands
+    reads the circuit with no range read (before: every read took them all): it sees another host's raise as
+    told, its own at once, and a raise from a read behind its zone fails."""
+    asyncio.run(_woken_reads(etcd1.endpoints))
+
+
+async def _together(eps: list[str]) -> None:
+    reader, writer = CircuitStore(eps, "pairs", timeout_s=5), CircuitStore(eps, "pairs", timeout_s=5)
+    k1, k2 = reader.base + b"x/one", reader.base + b"x/two"
+    task = await _watching(reader)
+    seen = torn = 0
+    stop = asyncio.Event()
+
+    async def look() -> None:
+        nonlocal seen, torn
+        while not stop.is_set():
+            a, b = reader.mirror.kvs.get(k1), reader.mirror.kvs.get(k2)
+            if a is not None or b is not None:
+                seen += 1
+                torn += (a is None) != (b is None) or (a is not None and b is not None and a.value != b.value)
+            await asyncio.sleep(0)
+
+    looker = asyncio.create_task(look())
+    try:
+        for i in range(200):
+            value = str(i).encode()
+            await writer._call(lambda c, v=value: c.transaction(  # type: ignore[misc]
+                compare=[], success=[c.transactions.put(k1, v), c.transactions.put(k2, v)], failure=[]))
+        await asyncio.sleep(0.2)
+    finally:
+        stop.set()
+        await looker
+        await _stop(task)
+        await reader.close()
+        await writer.close()
+    assert seen > 0 and torn == 0, (seen, torn)
+
+
+def test_a_transaction_s_keys_are_seen_together(etcd1: EtcdCluster) -> None:
+    """Two keys written by each of 200 transactions: a task looking at the mirror
+    between any two steps of the event loop never sees one without the other."""
+    asyncio.run(_together(etcd1.endpoints))
