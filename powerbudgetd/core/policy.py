@@ -36,11 +36,7 @@ Rules (fractions and holds in :class:`~powerbudgetd.core.model.Timings`):
   the watts donors free, water-filled by priority, never above its max, nor above what
   it has shown it can use (a card that has not drawn near its cap for
   :data:`USE_MEMORY_S` gains nothing from a higher one: its raise is held to its
-  highest recent draw / ``pinned_fraction``). A recipient that a tick would lower (a
-  donor woke, a share of the spare moved) and that may lend then (quiet long enough,
-  or busy below its share) goes on down and lends in the same tick: the others keep
-  their raise, where a cut would spend a reversal of theirs and hold them at fair
-  share for the flap window.
+  highest recent draw / ``pinned_fraction``).
 - **reclaim**: a donor whose draw (its instant reading; without one, the larger of
   the estimate and the average) reaches ``wake_fraction`` x the limit it lends down to
   (its floor, or a busy card's lent limit) returns to fair
@@ -55,18 +51,12 @@ Rules (fractions and holds in :class:`~powerbudgetd.core.model.Timings`):
   on it at any moment (a reclaim) would add, still leave at most
   :data:`MAX_REVERSALS` in any such window. Moves toward fair share (reclaim,
   release, a recipient cut to make room) are never held back; two of them in a row
-  go the same way, so they add at most that one reversal. Moves made outside lending
-  (boot and fail-static set fair shares: :meth:`LendingPolicy.held`) count too, as
-  they do on the card's limit.
+  go the same way, so they add at most that one reversal.
 
 Cards without an instant reading (field 186) get one estimated from the average: a
 10-sample mean that rose by d since the last read had a newest sample about 10 d above
 the one it dropped, which on a steady card is the previous mean. So a wake shows in
-100-200 ms instead of the second the average needs. The estimate serves wakes and the
-quiet test only: on a bursty card it swings far outside the card's range (a mean
-moving 30 W a reading gives 300 W steps), so whether such a card sits at its cap, and
-its highest draws (the raise it can use, the limit it may lend at), are read on its
-average.
+100-200 ms instead of the second the average needs.
 
 A card is donor or recipient, never both, and every target is its floor, a lent limit
 between its floor and its fair share, its fair share, or its fair share plus a part of
@@ -345,11 +335,9 @@ class LendingPolicy:
         if tr.cap_seen_mw is not None and c.cap_mw > tr.cap_seen_mw:
             tr.at_cap = 0.0  # time at a lower cap says nothing about the new one
         tr.cap_seen_mw = c.cap_mw
-        # At its cap, and its highest draws, on what was read: the estimate is for wakes.
-        measured = c.power_instant_mw if c.power_instant_mw is not None else avg
-        at_cap_now = measured is not None and measured >= tm.pinned_fraction * c.cap_mw
+        at_cap_now = sample is not None and sample >= tm.pinned_fraction * c.cap_mw
         tr.at_cap += min(1.0, dt / tm.burst_window_s) * (float(at_cap_now) - tr.at_cap)
-        draw = _draw(c, tr) if c.power_instant_mw is not None or avg is None else avg
+        draw = _draw(c, tr)
         # Quiet on the instant reading (the average trails a burst's end by a second);
         # a card without the instant field is quiet only when its average agrees.
         quiet_at = tm.donor_enter_fraction * c.min_mw

@@ -88,24 +88,3 @@ def test_the_boot_move_counts_toward_a_cards_reversals() -> None:
     for u in seen:
         assert _most_reversals(seen[u]) <= MAX_REVERSALS, (u, [(t, mw) for t, mw, _ in seen[u]])
 
-
-def test_a_card_without_the_instant_field_is_judged_at_its_cap_on_its_average_not_the_estimate() -> None:
-    """B has no instant field; its 1 s average moves between 120 and 150 W each reading
-    (a bursty load under its 200 W share). The estimate from the average (prev + 10 x the
-    change: 420 W, then -150 W) finds its wakes in 100-200 ms, but is no draw level: B
-    never sat at its cap, does not borrow, and A, pinned, gets all that C, idle, lends
-    (before, the estimate put B at its cap, and it took half of C's watts)."""
-    policy = LendingPolicy(Timings())
-    caps = {"A": SHARE, "B": SHARE, "C": SHARE}
-    for step in range(1, 150):
-        now = round(step * 0.1, 9)
-        b_avg = 150_000 if step % 2 else 120_000
-        views = [CardView("A", SHARE, LO, HI, caps["A"], caps["A"], caps["A"]),
-                 CardView("B", SHARE, LO, HI, caps["B"], b_avg, None),
-                 CardView("C", SHARE, LO, HI, caps["C"], 30_000, 30_000)]
-        out = policy.decide(now, views, POOL)
-        assert sum(t.limit_mw for t in out.values()) <= POOL, (now, out)
-        caps = {u: t.limit_mw for u, t in out.items()}
-        assert out["B"].role != Role.RECIPIENT and caps["B"] <= SHARE, (now, out)
-        if now >= 8.0:
-            assert caps == {"A": HI, "B": SHARE, "C": LO}, (now, caps)
