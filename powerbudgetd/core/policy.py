@@ -36,7 +36,11 @@ Rules (fractions and holds in :class:`~powerbudgetd.core.model.Timings`):
   the watts donors free, water-filled by priority, never above its max, nor above what
   it has shown it can use (a card that has not drawn near its cap for
   :data:`USE_MEMORY_S` gains nothing from a higher one: its raise is held to its
-  highest recent draw / ``pinned_fraction``).
+  highest recent draw / ``pinned_fraction``). A recipient that a tick would lower (a
+  donor woke, a share of the spare moved) and that may lend then (quiet long enough,
+  or busy below its share) goes on down and lends in the same tick: the others keep
+  their raise, where a cut would spend a reversal of theirs and hold them at fair
+  share for the flap window.
 - **reclaim**: a donor whose draw (its instant reading; without one, the larger of
   the estimate and the average) reaches ``wake_fraction`` x the limit it lends down to
   (its floor, or a busy card's lent limit) returns to fair
@@ -51,7 +55,9 @@ Rules (fractions and holds in :class:`~powerbudgetd.core.model.Timings`):
   on it at any moment (a reclaim) would add, still leave at most
   :data:`MAX_REVERSALS` in any such window. Moves toward fair share (reclaim,
   release, a recipient cut to make room) are never held back; two of them in a row
-  go the same way, so they add at most that one reversal.
+  go the same way, so they add at most that one reversal. Moves made outside lending
+  (boot and fail-static set fair shares: :meth:`LendingPolicy.held`) count too, as
+  they do on the card's limit.
 
 Cards without an instant reading (field 186) get one estimated from the average: a
 10-sample mean that rose by d since the last read had a newest sample about 10 d above
