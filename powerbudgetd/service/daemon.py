@@ -54,6 +54,7 @@ from powerbudgetd.hw.nvmlscope import SHUTDOWN_TIMEOUT_S, shutdown_within
 from powerbudgetd.hw.nvml import init_advice
 from powerbudgetd.hw.persistence import ensure_persistence_mode
 from powerbudgetd.service import signals
+from powerbudgetd.service.heap import size_young_generation
 from powerbudgetd.service.interruptible import Interrupted, until_stopped
 
 log = structlog.get_logger("powerbudgetd")
@@ -287,6 +288,7 @@ class Daemon:
             log.error("nvml_unavailable", error=str(exc), kind=exc.kind)
             return ExitStatus.NVML
         self.controller = ctl
+        size_young_generation(len(ctl.cards))  # the collector's work grows with the bank, not faster
         if self.arbiter is not None and self.settings is not None:
             # Now that the cards are known, their models pick the transient factor.
             self.arbiter.configure(self.settings.effective_budget_w([c.info.name for c in ctl.cards]))
