@@ -11,8 +11,9 @@ bounds would exceed the budget. The plan never asks for one
 Every write goes through ``calls`` (:mod:`powerbudgetd.hw.calls`): in the daemon with a
 deadline in a worker thread. :meth:`Actuator.apply_io` is the same plan sans I/O: it
 yields each write, one at a time and in order, for its caller to make (the daemon's
-event loop hands it to the NVML workers), and decides what comes next from its outcome. A write that does not return in time is *overdue*: it may
-land whenever the call returns, so the controller counts that card at its worst case.
+event loop hands it to the NVML workers), and decides what comes next from its outcome.
+A write that does not return in time is *overdue*: it may land whenever the call
+returns, so the controller counts that card at its worst case.
 Each write is stamped with the time it was sent (``clock``), which starts its
 confirmation deadline.
 """

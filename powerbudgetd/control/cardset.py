@@ -152,12 +152,14 @@ class CardSet:
         return drive(self.follow_io(now, count), self.calls)
 
     def follow_io(self, now: float, count: int | NvmlError) -> Io[set[str]]:
-        """Follow NVML's device set (sans I/O: see :mod:`powerbudgetd.hw.calls`): every ``enumerate_s``, after a lookup error, and at
-        once when the device count changes. ``count``: ``nvmlDeviceGetCount`` as read with
-        the tick's card reads (under :data:`BANK_KEY`), or the NvmlError it raised. A card
-        whose lookup times out is kept (slow or hung, not gone); a device count that
-        cannot be read is logged once. Returns the UUIDs of the cards that appeared,
-        returned or went: what was read of them before is not theirs to keep."""
+        """Follow NVML's device set (sans I/O: see :mod:`powerbudgetd.hw.calls`): every
+        ``enumerate_s``, after a lookup error, and at once when the device count changes.
+        ``count``: ``nvmlDeviceGetCount`` as read with the tick's card reads (under
+        :data:`BANK_KEY`), or the NvmlError it raised. A card whose lookup times out is
+        kept (slow or hung, not gone); a device count that cannot be read is logged once.
+        A card new to the bank is read once, all of them in one batch, for its limits.
+        Returns the UUIDs of the cards that appeared, returned or went: what was read of
+        them before is not theirs to keep."""
         if isinstance(count, NvmlError):
             count = -1
         if now < self._next_enumerate and count == self._count:
