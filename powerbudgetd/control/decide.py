@@ -46,7 +46,6 @@ def targets(cards: Sequence[CardState], active: Sequence[CardState], budget_mw: 
     outside = {c.uuid for c in active if c.ledger.held_below and not c.ledger.busy and c.outside_cap_mw is None}
     if mode != Mode.DYNAMIC:
         policy.reset()
-        policy.held(now, {c.uuid: (c.enforced_mw, c.share_mw) for c in active})  # type: ignore[misc]
         for c in active:
             c.role = Role.FAIR
         reason = MODE_REASON[mode]

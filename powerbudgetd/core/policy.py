@@ -36,11 +36,7 @@ Rules (fractions and holds in :class:`~powerbudgetd.core.model.Timings`):
   the watts donors free, water-filled by priority, never above its max, nor above what
   it has shown it can use (a card that has not drawn near its cap for
   :data:`USE_MEMORY_S` gains nothing from a higher one: its raise is held to its
-  highest recent draw / ``pinned_fraction``). A recipient that a tick would lower (a
-  donor woke, a share of the spare moved) and that may lend then (quiet long enough,
-  or busy below its share) goes on down and lends in the same tick: the others keep
-  their raise, where a cut would spend a reversal of theirs and hold them at fair
-  share for the flap window.
+  highest recent draw / ``pinned_fraction``).
 - **reclaim**: a donor whose draw (its instant reading; without one, the larger of
   the estimate and the average) reaches ``wake_fraction`` x the limit it lends down to
   (its floor, or a busy card's lent limit) returns to fair
@@ -55,9 +51,7 @@ Rules (fractions and holds in :class:`~powerbudgetd.core.model.Timings`):
   on it at any moment (a reclaim) would add, still leave at most
   :data:`MAX_REVERSALS` in any such window. Moves toward fair share (reclaim,
   release, a recipient cut to make room) are never held back; two of them in a row
-  go the same way, so they add at most that one reversal. Moves made outside lending
-  (boot and fail-static set fair shares: :meth:`LendingPolicy.held`) count too, as
-  they do on the card's limit.
+  go the same way, so they add at most that one reversal.
 
 Cards without an instant reading (field 186) get one estimated from the average: a
 10-sample mean that rose by d since the last read had a newest sample about 10 d above
@@ -150,22 +144,9 @@ class LendingPolicy:
     _last_borrow: float | None = None
 
     def reset(self) -> None:
-        """Forget every timer and role (after a fault: start again from fair share). Each
-        card's limit history (its last target, direction and reversals) is kept: the
-        no-flapping rule counts every move of the limit, made here or not."""
-        self._tracks = {u: _Track(limit_mw=t.limit_mw, direction=t.direction, reversals=t.reversals)
-                        for u, t in self._tracks.items()}
+        """Forget every timer and role (after a fault: start again from fair share)."""
+        self._tracks.clear()
         self._last_borrow = None
-
-    def held(self, now: float, limits_mw: dict[str, tuple[int | None, int]]) -> None:
-        """Note the limits set outside lending (boot, fail-static, shutdown: fair
-        shares): ``limits_mw`` maps a UUID to (its limit before, or None, and the
-        target now), so that the moves count toward the card's reversals."""
-        for u, (before, target) in limits_mw.items():
-            tr = self._tracks.get(u)
-            if tr is None:
-                tr = self._tracks[u] = _Track(limit_mw=before)
-            self._moved(tr, target, now)
 
     def role(self, uuid: str) -> Role:
         return self._tracks[uuid].role if uuid in self._tracks else Role.FAIR
@@ -273,39 +254,15 @@ class LendingPolicy:
                 reasons: dict[str, str], recipients: list[str]) -> dict[str, int]:
         """What each recipient gets above its fair share (mW): the pool left once every
         other card has its target, by priority, within what each has shown it can use,
-        and without a raise or a cut that would flap. A recipient this would lower and
-        that may lend now (quiet long enough, or busy below its share) lends instead:
-        the cut goes on down, and the others keep their raise."""
-        extras = self._share_out(now, pool_mw, by_id, tracks, recipients)
-        lenders = {}
-        for u in recipients:
-            t, c = tracks[u], by_id[u]
-            if u in reasons or t.limit_mw is None or t.limit_mw <= c.share_mw + (extras or {}).get(u, 0):
-                continue  # not lowered this tick
-            lent = c.min_mw if self._quiet_lasts(t, now) else self._busy_lends(t, c, now)
-            if lent is not None and lent < c.share_mw and self._may_move(t, c, now, up=False):
-                lenders[u] = lent
-        if lenders:
-            for u, lent in lenders.items():
-                tracks[u].role, tracks[u].lend_mw, reasons[u] = Role.DONOR, lent, "lend"
-            recipients[:] = [u for u in recipients if u not in lenders]
-            extras = self._share_out(now, pool_mw, by_id, tracks, recipients)
-        if extras is None:
+        and without a raise or a cut that would flap."""
+        fixed_mw = sum(_lent(tracks[u], c) if tracks[u].role == Role.DONOR else c.share_mw for u, c in by_id.items())
+        spare = pool_mw - fixed_mw
+        if recipients and spare < budget_mw(self.timings.min_step_w):
             # Nothing worth lending: recipients-to-be stay at fair share.
             for u in recipients:
                 if tracks[u].role == Role.RECIPIENT:
                     tracks[u].role, reasons[u] = Role.FAIR, "nothing_to_lend"
             return {}
-        return extras
-
-    def _share_out(self, now: float, pool_mw: int, by_id: dict[str, CardView], tracks: dict[str, _Track],
-                   recipients: list[str]) -> dict[str, int] | None:
-        """The spare split over ``recipients`` (mW above fair share, by UUID); None:
-        there are recipients and nothing worth lending."""
-        fixed_mw = sum(_lent(tracks[u], c) if tracks[u].role == Role.DONOR else c.share_mw for u, c in by_id.items())
-        spare = pool_mw - fixed_mw
-        if recipients and spare < budget_mw(self.timings.min_step_w):
-            return None
         ceilings = {u: self._ceiling(tracks[u], by_id[u], now) for u in recipients}
         for u in recipients:  # a raise that would flap waits: the card keeps what it has
             t, c = tracks[u], by_id[u]

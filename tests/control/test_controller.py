@@ -111,12 +111,7 @@ def test_fail_static_on_a_read_error_then_lending_resumes():
     assert rig.ctl.mode == Mode.FAILSAFE
     assert {w.reason for rep in rig.reports if 6.0 <= rep.now < 7.5 for w in rep.writes} == {"fail_static"}
     assert [rig.enforced_w(i) for i in range(4)] == [250.0] * 4
-    # Lending resumes failsafe_hold_s after the fault, and each card moves away from its
-    # share again once the fail-static moves (a reversal on every card) leave room for it
-    # and the move back in the flap window: from about 6.1 + 10.5 s.
     rig.run(8.0, check)
-    assert rig.ctl.mode == Mode.DYNAMIC and rig.enforced_w(0) == 250.0
-    rig.run(3.0, check)
     assert rig.ctl.mode == Mode.DYNAMIC and rig.enforced_w(0) == 300.0
 
 
