@@ -922,9 +922,10 @@ def _run_locked(args: argparse.Namespace, settings: Settings, config_path: Path)
     def factory(n: CardBackend) -> Controller:
         timings = settings.control.timings()
         if not args.dry_run:  # before the first write: the limits `restore` gives back
-            from powerbudgetd.service.originals import originals_path, record_found_logged
+            from powerbudgetd.service.originals import RECORD_CALL_TIMEOUT_S, originals_path, record_found_logged
 
-            record_found_logged(n, originals_path(settings, args.backend), DeadlineCalls(timings.call_timeout_s))
+            record_found_logged(n, originals_path(settings, args.backend),
+                                DeadlineCalls(max(timings.call_timeout_s, RECORD_CALL_TIMEOUT_S)))
         # On the wall clock every NVML call runs with a deadline off the loop, and each
         # write is stamped when it is sent.
         return make_controller(

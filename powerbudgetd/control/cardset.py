@@ -105,12 +105,14 @@ class CardSet:
             log.warning("card_override_ignored", detail=text)
         return out
 
-    def check_feasible(self, budget_mw: int) -> None:
+    def check_feasible(self, budget_mw: int, *, fresh: bool = True) -> None:
         """Raise BudgetInfeasible, with each card's floor against its share, when the
         minimum limits of the cards we control plus what the others hold exceed
-        ``budget_mw``."""
+        ``budget_mw``. The others are read afresh (:meth:`counted_mw`), or with
+        ``fresh=False`` counted at their bound as the last tick left it: no NVML call,
+        for a caller that must not wait on one (a budget change on the event loop)."""
         ctl = [c for c in self.cards if c.controllable]
-        fixed_mw = sum(self.counted_mw(c) for c in self.cards if not c.controllable)
+        fixed_mw = sum(self.counted_mw(c) if fresh else c.bound_mw for c in self.cards if not c.controllable)
         floor_mw = sum(c.min_mw for c in ctl) + fixed_mw
         if floor_mw > budget_mw:
             share = to_w((budget_mw - fixed_mw) / max(len(ctl), 1))

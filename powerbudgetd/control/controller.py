@@ -149,10 +149,12 @@ class Controller:
 
     def set_budget(self, budget_w: float, reason: str | None = None) -> None:
         """Change the budget. A lower one is acted on at the next tick, decreases first;
-        raises BudgetInfeasible (keeping the old budget) when the minimums do not fit.
+        raises BudgetInfeasible (keeping the old budget) when the minimums do not fit
+        (the cards we do not control counted as the last tick left them: no NVML call
+        here, the daemon calls this on its event loop).
         ``reason`` (such as ``"reload"``) labels the writes of the next tick."""
         new = budget_mw(budget_w)
-        self.bank.check_feasible(new)
+        self.bank.check_feasible(new, fresh=False)
         self.budget_mw, self._budget_reason = new, reason
 
     def request_stop(self) -> None:

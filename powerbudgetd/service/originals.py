@@ -28,6 +28,10 @@ from powerbudgetd.hw.card import CardBackend, GpuInfo, PowerReading
 
 FILE_NAME = "original-limits.json"
 FORMAT = 1  # the file's "format"; a reader refuses any other
+# One NVML call's deadline while the record is taken (s): once, before any write, with
+# nothing waiting on it, on a host that may be loaded at boot: not the tick's 50 ms, under
+# which a card or the count that misses it is left out (none recorded at all, at worst).
+RECORD_CALL_TIMEOUT_S = 2.0
 
 
 class OriginalsError(Exception):

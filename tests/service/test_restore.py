@@ -38,9 +38,9 @@ def limits_w(state: Path) -> list[float]:
     return [c["requested_mw"] / 1000 for c in json.loads(state.read_text())["cards"]]
 
 
-def config(tmp_path: Path, budget_w: float) -> Path:
+def config(tmp_path: Path, budget_w: float, scenario: str = "workstation-4") -> Path:
     return config_file(tmp_path / f"pb-{budget_w:g}.toml", f"[recorder]\ndir = '{tmp_path / 'rec'}'\n[metrics]\nenabled = false\n",
-                       f"[sim]\nscenario = 'workstation-4'\nlag_s = 0.05\nstate_file = '{tmp_path / 'cards.json'}'\n",
+                       f"[sim]\nscenario = '{scenario}'\nlag_s = 0.05\nstate_file = '{tmp_path / 'cards.json'}'\n",
                        budget_w=budget_w)
 
 
@@ -69,6 +69,19 @@ def test_first_start_records_what_it_found_and_a_restart_keeps_it(tmp_path: Path
     again = boot_and_stop(cfg)  # the cards now hold the daemon's shares: not the operator's limits
     assert record.read_bytes() == before
     assert again.events("original_limits_recorded") == []
+
+
+def test_the_limits_are_recorded_on_a_host_slower_than_a_tick_s_call_deadline(tmp_path: Path, found: list[str]) -> None:
+    """A host loaded at boot: the first NVML calls take 0.3 s, six times the tick's call
+    deadline (50 ms). The record is taken once, before any write, with nothing waiting on
+    it: it is still taken, every card in it, and `restore` can give the limits back."""
+    bank = tmp_path / "slow-boot.toml"
+    bank.write_text('bank = "workstation-4"\nlag_s = 0.05\n'
+                    + "".join(f'[[faults]]\ncall = "{call}"\nerror = "SLOW"\ndelay_s = 0.3\ncount = 1\n'
+                              for call in ("nvmlDeviceGetCount", "nvmlDeviceGetHandleByIndex")))
+    boot_and_stop(config(tmp_path, 1100, scenario=str(bank)))
+    record = json.loads((tmp_path / "rec" / FILE_NAME).read_text())
+    assert sorted(record["cards"]) == sorted(found), record
 
 
 def test_restore_gives_back_exactly_what_was_found_decreases_first(tmp_path: Path, found: list[str]) -> None:
