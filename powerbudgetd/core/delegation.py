@@ -410,8 +410,36 @@ def fair_leases_w(tree: PowerTree, seats_w: Mapping[str, float], wants_w: Mappin
     alloc = divide_charged(tree.with_reserves(seats_w), totals, lost, margins_w)
     margins = frozenset(m for m in margins_w if m in tree.nodes and tree.nodes[m].delegate)
     _, lease = charged_tables(tree, lost, margins)
-    return {m: min(tree.nodes[m].budget_w, sum(c * alloc.get(h, 0.0) for h, c in row.items()))
-            for m, row in lease.items()}
+    figures = {m: min(tree.nodes[m].budget_w, sum(c * alloc.get(h, 0.0) for h, c in row.items()))
+               for m, row in lease.items()}
+    return _nested_fit(tree, figures, alloc, lost)
+
+
+# What a lease over other leases is allowed above its charge as its own check counts it,
+# relative (a few thousand float roundings of the sums; far inside the EPS_W the division
+# leaves at every bound).
+RESIDUE = 1e-12
+
+
+def _nested_fit(tree: PowerTree, figures: dict[str, float], alloc_w: Mapping[str, float],
+                lost: str | None) -> dict[str, float]:
+    """``figures`` with each lease that has leases below it raised to its charge as its
+    transaction's check counts it (W): its children at their figures (``max(D, C)``)
+    and its own hosts at ``alloc_w``, plus :data:`RESIDUE`, within its budget. A
+    parent's figure summed over its hosts and its children's figures summed at its
+    check differ by float residue; without this, children at their figures can exceed
+    their parent's figure by an ulp, and the check (no slack) refuses the last of them
+    for good. Leaves first, one pass per level of nesting."""
+    charges = Charges(tree, figures, lost)
+    level: dict[str, int] = {}
+    for m in sorted(figures, key=lambda n: -len(tree.path(n))):
+        level[m] = 1 + max((level[t] for t in charges.top[m]), default=-1) if charges.top[m] else 0
+    for depth in range(1, max(level.values(), default=0) + 1):
+        loads = Charges(tree, figures, lost).loads_w(alloc_w)
+        for m in (n for n, d in level.items() if d == depth):
+            counted = loads.get(m, 0.0)
+            figures[m] = min(tree.nodes[m].budget_w, max(figures[m], counted + abs(counted) * RESIDUE))
+    return figures
 
 
 # etcd allows 128 operations in a transaction by default; past this many a raise compares

@@ -417,6 +417,16 @@ def _fill(coefficients: Mapping[object, Mapping[str, float]], room: dict[object,
     """Raise each host in ``caps`` towards its cap by equal steps (progressive filling):
     at each round the node whose max-min fair level is lowest is the bottleneck; its
     hosts stop there. Updates ``alloc`` and ``room`` (W) in place."""
+    for h, c in caps.items():
+        # A cap within EPS_W of what the host has (a seat of a microwatt) is given whole
+        # where every bound it is on has room: the filling below stops short of EPS_W
+        # steps, and a seat the division leaves out is one no lease figure counts.
+        rest = c - alloc[h]
+        if 0.0 < rest <= EPS_W and all(room[node] >= hs[h] * rest for node, hs in coefficients.items() if h in hs):
+            alloc[h] = c
+            for node, hs in coefficients.items():
+                if h in hs:
+                    room[node] -= hs[h] * rest
     open_w = {h: c - alloc[h] for h, c in caps.items() if c - alloc[h] > EPS_W}
     while open_w:
         step, bottleneck = math.inf, cast(object, None)  # a node, or a node's flow under the loss

@@ -8,10 +8,11 @@ the ones ``core.delegation.raise_compares`` plans (the store sends the same)."""
 
 from __future__ import annotations
 
+import random
 from dataclasses import dataclass, field, replace
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from powerbudgetd.core.delegation import (Charges, LeaseCompares, RaiseCompares, active, delegation_fits,
@@ -441,8 +442,33 @@ def settle(tree: PowerTree, wants: dict[str, float], lost: str | None, margin: f
     return db, fair, under
 
 
+def _nested_pair(root_w, s0_w, l0_w, l1_w, hosts):
+    """Found by Hypothesis: s0 delegated over two delegated leaves of a redundant pair
+    (s0l0, s0l1), a host corded across them, s0l2 and s1 idle. ``hosts``: name ->
+    (cords, reserve W)."""
+    nodes = {"root": Node("root", root_w), "s0": Node("s0", s0_w, "root", delegate=True),
+             "s0l0": Node("s0l0", l0_w, "s0", delegate=True), "s0l1": Node("s0l1", l1_w, "s0", delegate=True),
+             "s0l2": Node("s0l2", 300.0, "s0"), "s1": Node("s1", 300.0, "root", delegate=True)}
+    return PowerTree(nodes, {h: Host(h, cords, w) for h, (cords, w) in hosts.items()}).with_mode("redundant", 2.0)
+
+
+_L0, _L1, _BOTH = {"s0l0": 1.0}, {"s0l1": 1.0}, {"s0l0": 0.5, "s0l1": 0.5}
+# Children's figures summed at their parent's check came an ulp above the parent's figure
+# summed over its hosts: the last child's lease was refused for good.
+_ULP_TREE = _nested_pair(1916.0, 1916.0, 1386.0, 531.0, {
+    "h0": (_L0, 317.575564026854), "h1": (_BOTH, 434.64404140485556), "h2": (_L1, 96.0), "h3": (_L0, 133.0),
+    "h4": (_L0, 499.9963989857717)})
+_ULP_WANTS = {"h0": 0.0, "h1": 0.0, "h2": 1.0, "h3": 0.0, "h4": 0.0}
+# A seat of EPS_W (1 uW) left out of the division: no lease figure counted it.
+_TINY_SEAT_TREE = _nested_pair(1000.0, 300.0, 300.0, 300.0, {
+    "h0": (_L0, 301.0), "h1": (_L0, 0.0), "h2": (_L0, 0.0), "h3": (_BOTH, 1e-6)})
+_TINY_SEAT_WANTS = {"h0": 0.0, "h1": 0.0, "h2": 300.0, "h3": 0.0}
+
+
 @settings(max_examples=examples(150), deadline=None)
 @given(sibling_trees())
+@example((_ULP_TREE, _ULP_WANTS, None, 20.0, random.Random(3)))
+@example((_TINY_SEAT_TREE, _TINY_SEAT_WANTS, None, 20.0, random.Random(1)))
 def test_leases_settle_on_the_priority_division_among_siblings(case):
     """After the rebalances settle, every lease is its figure in the division within a
     step (half a margin: the resize's dead band), and the leases at those figures carry
