@@ -109,9 +109,8 @@ sys.exit(main(sys.argv[1:]))
 
 def threads_cpu_s(pid: int) -> dict[str, float]:
     """CPU seconds of each of ``pid``'s threads so far (``schedstat``: nanoseconds, not
-    clock ticks), summed by name, the NVML workers (``nvml-worker-N``) as one; the tick's
-    decisions run on the event loop (before the tick was written sans I/O, on a thread of
-    its own, ``powerbudgetd-tick``, shown as ``tick``)."""
+    clock ticks), summed by name, the NVML workers (``nvml-worker-N``) as one; the tick
+    runs on ``powerbudgetd-tick`` (``service.tickthread``)."""
     out: dict[str, float] = {}
     for task in Path(f"/proc/{pid}/task").iterdir():
         try:

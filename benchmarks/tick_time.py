@@ -52,7 +52,6 @@ from powerbudgetd.control.controller import Controller
 from powerbudgetd.core.model import Timings
 from powerbudgetd.errors import NvmlTimeout
 from powerbudgetd.hw.calls import DeadlineCalls, InlineCalls
-from powerbudgetd.service.heap import size_young_generation
 from powerbudgetd.hw.nvml import Nvml
 from powerbudgetd.service.logs import configure_logging
 from powerbudgetd_sim import nulldriver
@@ -140,7 +139,6 @@ def started(nvml: Nvml, budget_w: float, inline: bool) -> tuple[Controller, Time
     calls = TimedCalls(InlineCalls())
     ctl = Controller(nvml, budget_w, timings, calls=calls)  # type: ignore[arg-type]
     ctl.start()  # inline: enumeration is not a tick, and on a busy machine may miss its deadline
-    size_young_generation(len(ctl.cards))  # as the daemon does once its controller has started
     if not inline:
         calls.inner = DeadlineCalls(timings.call_timeout_s)
     return ctl, calls, timings

@@ -1,19 +1,15 @@
 """Benchmark: what the daemon's wake-ups cost with no work in them, on this machine.
 
-The daemon wakes every tick on two threads: the event loop (its timer; the tick's
-decisions) and an NVML worker (``hw.calls.DeadlineCalls``), which the loop hands the
-tick's batch of calls and awaits. Until the tick was written sans I/O it woke three: the
-loop handed the whole tick to a thread of its own (``service.tickthread.TickThread``),
-which handed the batch to the worker. This runs both patterns with nothing to do, in
-four steps, each for ``--duration`` s at ``--tick`` s, and prints the process's CPU
+The daemon wakes every tick on three threads: the event loop (its timer), the tick's
+thread (``service.tickthread.TickThread``) and an NVML worker (``hw.calls.DeadlineCalls``),
+each handing over to the next and back. This runs that pattern with nothing to do, in
+three steps, each for ``--duration`` s at ``--tick`` s, and prints the process's CPU
 (``time.process_time``) as a share of one core:
 
 - **timer**: the event loop sleeping to a fixed cadence (one timer and one future a tick);
-- **tick**: and each tick handed to a tick's thread, a call that returns at once;
+- **tick**: and each tick handed to the tick's thread, a call that returns at once;
 - **nvml**: and in it one batch of ``--cards`` calls that return at once, through the
-  deadline workers (the wake pattern before the tick was written sans I/O);
-- **direct**: the timer, and one batch of ``--cards`` instant calls handed to the
-  deadline workers from the loop and awaited there (the daemon's wake pattern now).
+  deadline workers.
 
 What ``daemon_cost.py --driver null`` prints above the last figure is the daemon's work;
 the last figure itself is the floor no trimming of a tick can go below, set by the
@@ -36,7 +32,7 @@ from powerbudgetd.errors import NvmlTimeout
 from powerbudgetd.hw.calls import DeadlineCalls
 from powerbudgetd.service.tickthread import TickThread
 
-STEPS = ("timer", "tick", "nvml", "direct")
+STEPS = ("timer", "tick", "nvml")
 
 
 def _answer() -> int:
@@ -48,7 +44,7 @@ async def _share(step: str, duration_s: float, tick_s: float, cards: int) -> tup
     and the calls that missed their deadline (a tick with one did less than the others)."""
     loop = asyncio.get_running_loop()
     ticks = TickThread(name="bench-tick")
-    calls = DeadlineCalls(0.05) if step in ("nvml", "direct") else None
+    calls = DeadlineCalls(0.05) if step == "nvml" else None
     batch = {f"card-{i}": (_answer, ()) for i in range(cards)}
     missed = 0
 
@@ -57,24 +53,14 @@ async def _share(step: str, duration_s: float, tick_s: float, cards: int) -> tup
         if calls is not None:
             missed += sum(isinstance(v, NvmlTimeout) for v in calls.many(batch).values())
 
-    async def direct() -> None:
-        nonlocal missed
-        assert calls is not None
-        missed += sum(isinstance(v, NvmlTimeout) for v in (await calls.many_async(batch)).values())
-
     try:
-        if step == "direct":
-            await direct()  # the worker started outside the measured span
-            missed = 0
-        elif step != "timer":
+        if step != "timer":
             await ticks.run(tick)  # the threads started outside the measured span
             missed = 0
         cpu0, t0 = time.process_time(), loop.time()
         due = t0
         while loop.time() - t0 < duration_s:
-            if step == "direct":
-                await direct()
-            elif step != "timer":
+            if step != "timer":
                 await ticks.run(tick)
             due += tick_s
             waiter = loop.create_future()
@@ -92,7 +78,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--duration", type=float, default=30.0, help="seconds per step (default 30)")
     ap.add_argument("--tick", type=float, default=0.1, help="tick, s (default 0.1)")
-    ap.add_argument("--cards", type=int, default=8, help="calls in the nvml and direct steps' batch (default 8)")
+    ap.add_argument("--cards", type=int, default=8, help="calls in the nvml step's batch (default 8)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     if not (0 < args.tick <= args.duration < math.inf) or args.cards < 1:
@@ -101,8 +87,8 @@ def main() -> int:
     for step in STEPS:
         share, missed = asyncio.run(_share(step, args.duration, args.tick, args.cards))
         out[step] = round(share, 3)
-        if step in ("nvml", "direct"):
-            out[f"{step}_deadline_misses"] = missed
+        if step == "nvml":
+            out["nvml_deadline_misses"] = missed
     if args.json:
         print(json.dumps(out))
         return 0
@@ -110,8 +96,6 @@ def main() -> int:
     print(f"  event loop timer only {out['timer']:.3f}; + the tick's thread {out['tick']:.3f}; "
           f"+ a batch of {args.cards} instant calls on the NVML workers {out['nvml']:.3f} "
           f"({out['nvml_deadline_misses']:g} calls past their deadline)")
-    print(f"  the wake pattern now: the timer and the batch awaited from the loop {out['direct']:.3f} "
-          f"({out['direct_deadline_misses']:g} calls past their deadline)")
     return 0
 
 

@@ -9,11 +9,8 @@ bounds would exceed the budget. The plan never asks for one
 (:func:`powerbudgetd.core.plan.plan_writes`), so a refusal is a bug, logged as one.
 
 Every write goes through ``calls`` (:mod:`powerbudgetd.hw.calls`): in the daemon with a
-deadline in a worker thread. :meth:`Actuator.apply_io` is the same plan sans I/O: it
-yields each write, one at a time and in order, for its caller to make (the daemon's
-event loop hands it to the NVML workers), and decides what comes next from its outcome.
-A write that does not return in time is *overdue*: it may land whenever the call
-returns, so the controller counts that card at its worst case.
+deadline in a worker thread. A write that does not return in time is *overdue*: it may
+land whenever the call returns, so the controller counts that card at its worst case.
 Each write is stamped with the time it was sent (``clock``), which starts its
 confirmation deadline.
 """
@@ -27,7 +24,7 @@ import structlog
 
 from powerbudgetd.core.plan import Write
 from powerbudgetd.errors import NvmlError, NvmlTimeout
-from powerbudgetd.hw.calls import InlineCalls, Io, drive
+from powerbudgetd.hw.calls import InlineCalls
 from powerbudgetd.core.units import to_w
 from powerbudgetd.hw.card import CardBackend
 
@@ -72,11 +69,6 @@ class Actuator:
     def _write(self, uuid: str, limit_w: float) -> None:
         self.calls.call(uuid, self.nvml.set_power_limit, uuid, limit_w)
 
-    def _write_io(self, uuid: str, limit_w: float) -> Io[NvmlError | None]:
-        """One write, sans I/O: the NvmlError it raised, else None."""
-        out = (yield {uuid: (self.nvml.set_power_limit, (uuid, limit_w))})[uuid]
-        return out if isinstance(out, NvmlError) else None
-
     def probe(self, uuid: str, limit_w: float) -> None:
         """Write ``limit_w``, the card's current requested limit, back to it: a no-op
         that tells whether limits can be written at all. Raises NvmlNoPermission, NvmlError."""
@@ -96,20 +88,15 @@ class Actuator:
         return out
 
     def _send(self, w: Write) -> Applied:
-        return drive(self._send_io(w), self.calls)
-
-    def _send_io(self, w: Write) -> Io[Applied]:
         sent_at = self.clock() if self.clock else None
-        error = yield from self._write_io(w.uuid, to_w(w.to_mw))
-        return Applied(w, error=error, sent_at=sent_at)
+        try:
+            self._write(w.uuid, to_w(w.to_mw))
+        except NvmlError as exc:
+            return Applied(w, error=exc, sent_at=sent_at)
+        return Applied(w, sent_at=sent_at)
 
     def apply(self, writes: list[Write], *, sum_bound_mw: int, budget_mw: int) -> list[Applied]:
-        """:meth:`apply_io` with its writes made through ``calls``."""
-        return drive(self.apply_io(writes, sum_bound_mw=sum_bound_mw, budget_mw=budget_mw), self.calls)
-
-    def apply_io(self, writes: list[Write], *, sum_bound_mw: int, budget_mw: int) -> Io[list[Applied]]:
-        """Send ``writes`` in order, each once the one before is back (sans I/O: see
-        :mod:`powerbudgetd.hw.calls`); returns what became of each. ``sum_bound_mw``: the
+        """Send ``writes`` in order; returns what became of each. ``sum_bound_mw``: the
         sum over every card of the highest limit that may be in force (mW); an increase
         (``to_mw`` above ``from_mw``, the card's bound) that would take it past
         ``budget_mw`` is refused (skipped, logged ``plan_breaks_budget``). A decrease
@@ -128,7 +115,7 @@ class Actuator:
             if self.dry_run or (failed and w.is_increase):
                 out.append(Applied(w, skipped=True))
                 continue
-            applied = yield from self._send_io(w)
+            applied = self._send(w)
             failed = failed or applied.error is not None
             out.append(applied)
         return out

@@ -8,6 +8,7 @@ whether a card may lend or borrow and what the operator is told.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import structlog
@@ -110,31 +111,21 @@ class CardAudit:
         self.implausible = why
         return PowerReading(None, None, r.requested_limit_w, r.enforced_limit_w)
 
-    def energy_due(self, now: float, r: PowerReading) -> bool:
-        """Whether :meth:`check_frozen` of ``r`` at ``now`` (s) wants the energy counter:
-        the 1 s average unchanged for ``FROZEN_AFTER_S``, and not read in the last
-        ``ENERGY_CHECK_S``."""
-        avg = r.power_avg_w
-        if avg is None or avg != self._same_w or now - self._same_since < FROZEN_AFTER_S:
-            return False
-        mark = self._energy_mark
-        return mark is None or now - mark[0] >= ENERGY_CHECK_S
-
-    def check_frozen(self, now: float, r: PowerReading, joules: float | None,
+    def check_frozen(self, now: float, r: PowerReading, energy_j: Callable[[], float | None],
                      index: int, uuid: str) -> PowerReading:
         """The reading with its power made unknown while it is frozen: the 1 s average
-        unchanged for ``FROZEN_AFTER_S`` while the energy counter (``joules``, J, read
-        at ``now`` only where :meth:`energy_due` asked for it; None: not read, or no
-        counter) says the card drew something else. Logged once per episode."""
+        unchanged for ``FROZEN_AFTER_S`` while the energy counter (``energy_j``, J, read
+        only while suspect) says the card drew something else. Logged once per episode."""
         avg = r.power_avg_w
-        due = self.energy_due(now, r)
         if avg is None or avg != self._same_w:
             if self.frozen:
                 log.info("power_reading_moving_again", index=index, uuid=uuid)
             self._same_w, self._same_since, self._energy_mark, self.frozen = avg, now, None, False
             return r
-        if due:
-            self._energy_sample(now, joules, avg, index, uuid)
+        if now - self._same_since >= FROZEN_AFTER_S:
+            mark = self._energy_mark
+            if mark is None or now - mark[0] >= ENERGY_CHECK_S:
+                self._energy_sample(now, energy_j(), avg, index, uuid)
         if not self.frozen:
             return r
         self.frozen_readings += 1

@@ -23,7 +23,7 @@ from powerbudgetd.core.model import CardOverride, Role, Timings
 from powerbudgetd.core.units import opt_mw, to_mw, to_w
 from powerbudgetd.core.worstcase import limit_bound_mw
 from powerbudgetd.errors import BudgetInfeasible, CardLimitUnknown, NvmlError, NvmlTimeout
-from powerbudgetd.hw.calls import InlineCalls, Io, drive
+from powerbudgetd.hw.calls import InlineCalls
 from powerbudgetd.hw.card import CardBackend, GpuInfo, PowerReading
 
 log = structlog.get_logger("powerbudgetd")
@@ -57,7 +57,7 @@ class CardSet:
         logged as a warning). Raises BudgetInfeasible when there is no card, and
         CardLimitUnknown naming each card with no limit read or stated."""
         found = self.calls.call(BANK_KEY, self.nvml.devices, timeout_s=START_TIMEOUT_S)
-        self.cards = [self.build(info, self.read(info.uuid)) for info in found]
+        self.cards = [self.build(info) for info in found]
         if not self.cards:
             raise BudgetInfeasible("no GPUs found: nothing to keep under a budget")
         warnings = self._override_warnings()
@@ -75,11 +75,10 @@ class CardSet:
         except NvmlError:
             return None
 
-    def build(self, info: GpuInfo, reading: PowerReading | None) -> CardState:
-        """A card as first seen (``reading``: its first read, None where it failed):
-        constraints checked, counted at its worst case."""
+    def build(self, info: GpuInfo) -> CardState:
+        """A card as first seen: constraints checked, counted at its worst case."""
         ov = override_for(self.overrides, info.uuid, info.index, info.bus_id)
-        lim = card_limits(info, ov, reading)
+        lim = card_limits(info, ov, self.read(info.uuid))
         if info.min_limit_w is not None and info.max_limit_w is not None and not lim.valid:
             log.error("invalid_constraints", index=info.index, uuid=info.uuid, min_w=info.min_limit_w,
                       max_w=info.max_limit_w, action="card left alone and counted at its enforced limit")
@@ -137,31 +136,25 @@ class CardSet:
         """A lookup failed: enumerate again at the next :meth:`follow`."""
         self._next_enumerate = min(self._next_enumerate, now)
 
-    def _lookup(self, count: int) -> Io[tuple[list[GpuInfo], set[str]]]:
+    def _lookup(self, count: int) -> tuple[list[GpuInfo], set[str]]:
         """The cards at NVML indices ``0..count-1``, each looked up under its own key (the
         card last seen at that index, else one for the index), so a hung card holds up no
         other's lookup. Returns what answered, and the known cards whose lookup timed out
         (slow or hung: not gone)."""
         at = {c.info.index: c.uuid for c in self.cards if not c.gone}
         keys = {i: at.get(i, f"index {i}") for i in range(count)}
-        answers = yield {keys[i]: (self.nvml.device, (i,)) for i in range(count)}
+        answers = self.calls.many({keys[i]: (self.nvml.device, (i,)) for i in range(count)})
         found = [a for a in answers.values() if isinstance(a, GpuInfo)]
         unanswered = {k for k, a in answers.items() if isinstance(a, NvmlTimeout) and not k.startswith("index ")}
         return found, unanswered
 
     def follow(self, now: float, count: int | NvmlError) -> set[str]:
-        """:meth:`follow_io` with its calls made through ``calls``."""
-        return drive(self.follow_io(now, count), self.calls)
-
-    def follow_io(self, now: float, count: int | NvmlError) -> Io[set[str]]:
-        """Follow NVML's device set (sans I/O: see :mod:`powerbudgetd.hw.calls`): every
-        ``enumerate_s``, after a lookup error, and at once when the device count changes.
-        ``count``: ``nvmlDeviceGetCount`` as read with the tick's card reads (under
-        :data:`BANK_KEY`), or the NvmlError it raised. A card whose lookup times out is
-        kept (slow or hung, not gone); a device count that cannot be read is logged once.
-        A card new to the bank is read once, all of them in one batch, for its limits.
-        Returns the UUIDs of the cards that appeared, returned or went: what was read of
-        them before is not theirs to keep."""
+        """Follow NVML's device set: every ``enumerate_s``, after a lookup error, and at
+        once when the device count changes. ``count``: ``nvmlDeviceGetCount`` as read with
+        the tick's card reads (under :data:`BANK_KEY`), or the NvmlError it raised. A card
+        whose lookup times out is kept (slow or hung, not gone); a device count that
+        cannot be read is logged once. Returns the UUIDs of the cards that appeared,
+        returned or went: what was read of them before is not theirs to keep."""
         if isinstance(count, NvmlError):
             count = -1
         if now < self._next_enumerate and count == self._count:
@@ -175,16 +168,13 @@ class CardSet:
             return set()
         self._count = count
         changed: set[str] = set()
-        found, unanswered = yield from self._lookup(count)
+        found, unanswered = self._lookup(count)
         by_id = {c.uuid: c for c in self.cards}
-        new = {i.uuid: (self.nvml.read, (i.uuid,)) for i in found if i.uuid not in by_id}
-        first = (yield new) if new else {}  # each new card's first read, for its limits
         for info in found:
             c = by_id.get(info.uuid)
             event = None
             if c is None:
-                r = first[info.uuid]
-                c = self.build(info, None if isinstance(r, NvmlError) else r)
+                c = self.build(info)
                 self.cards.append(c)
                 event = "card_appeared"
             elif c.gone:

@@ -22,14 +22,6 @@ only writer) and take what became of them into the ledgers
 (:mod:`~powerbudgetd.control.writes`). NVML calls go through ``calls``
 (:mod:`powerbudgetd.hw.calls`): in the daemon each with a deadline in a worker thread, so
 a hung call costs one card its control (it counts at its worst case), never the loop.
-
-The tick is written sans I/O (:meth:`Controller.tick_io`): it yields each batch of NVML
-calls it needs (the reads, in a tick that finds a card new or suspect a few more, then
-each write in order) and decides from what is sent back. :meth:`Controller.tick` makes
-those calls through ``calls`` in the caller's thread (the simulator and the tests); the
-daemon drives the same steps on its event loop, each batch awaited on the NVML workers,
-so a tick hands work to another thread and back once per batch, and the loop never
-waits on NVML.
 """
 
 from __future__ import annotations
@@ -52,7 +44,7 @@ from powerbudgetd.core.policy import LendingPolicy
 from powerbudgetd.core.snapshot import BankSnapshot
 from powerbudgetd.core.units import budget_mw, to_mw, to_w
 from powerbudgetd.errors import NvmlError, NvmlNoPermission, NvmlTimeout
-from powerbudgetd.hw.calls import InlineCalls, Io, drive
+from powerbudgetd.hw.calls import InlineCalls
 from powerbudgetd.hw.card import CardBackend
 
 __all__ = ["Controller", "TickReport", "WriteEvent"]  # the tick's report types, where the controller is
@@ -163,19 +155,13 @@ class Controller:
 
     # -- one tick -------------------------------------------------------------------
     def tick(self, now: float) -> TickReport:
-        """One tick at ``now`` (s), its NVML calls made through ``calls`` in this thread."""
-        return drive(self.tick_io(now), self.calls)
-
-    def tick_io(self, now: float) -> Io[TickReport]:
-        """One tick at ``now`` (s), sans I/O (see :mod:`powerbudgetd.hw.calls`): yields
-        each batch of NVML calls, is sent their outcomes, returns the tick's report."""
         # The device count rides with the card reads: one hand-off to the NVML workers. A
         # card the enumeration found gone, back or new is read (again) after it.
-        reads = yield {BANK_KEY: (self.nvml.device_count, ()),
-                       **{c.uuid: (self.nvml.read, (c.uuid,)) for c in self.cards}}
-        for uuid in (yield from self.bank.follow_io(now, reads.pop(BANK_KEY))):
+        reads = self.calls.many({BANK_KEY: (self.nvml.device_count, ()),
+                                 **{c.uuid: (self.nvml.read, (c.uuid,)) for c in self.cards}})
+        for uuid in self.bank.follow(now, reads.pop(BANK_KEY)):
             reads.pop(uuid, None)
-        faults = yield from self._observe_all(now, reads)
+        faults = self._observe_all(now, reads)
         # A write that did not take holds its own card (counted at its bound, retried with
         # backoff): the others keep lending among themselves, the bank is not in failsafe.
         held = [f for c in self.cards if (f := observe.expire(c, now))]
@@ -199,8 +185,8 @@ class Controller:
         if self._budget_reason is not None and mode != Mode.STOPPING:
             reasons = dict.fromkeys(reasons, self._budget_reason)
         self._budget_reason = None
-        applied = yield from self.actuator.apply_io(self._plan(now, active, targets, bool(faults)),
-                                                    sum_bound_mw=sum_bound_mw, budget_mw=self.budget_mw)
+        applied = self.actuator.apply(self._plan(now, active, targets, bool(faults)),
+                                      sum_bound_mw=sum_bound_mw, budget_mw=self.budget_mw)
         done = record(applied, {c.uuid: c for c in self.cards}, reasons, sum_bound_mw, now, self.dry_run,
                       self.allow_monitor_only)
         if done.no_permission:
@@ -249,19 +235,25 @@ class Controller:
         if mode == Mode.STOPPING and all(c.ledger.confirmed(now) and c.bound_mw <= (c.share_mw or 0) for c in controlled):
             self.stopped = True
 
-    def _observe_all(self, now: float, results: dict[str, Any]) -> Io[list[str]]:
+    def _observe_all(self, now: float, results: dict[str, Any]) -> list[str]:
         """Every card's read (``results``, by UUID: a PowerReading or the NvmlError; a card
         missing there is read here) into its ledger. Returns the faults found."""
         if new := {c.uuid: (self.nvml.read, (c.uuid,)) for c in self.cards if c.uuid not in results}:
-            results = {**results, **(yield new)}
+            results = {**results, **self.calls.many(new)}
         faults = []
         for c in self.cards:
             r = results[c.uuid]
             if isinstance(r, NvmlError) and not isinstance(r, NvmlTimeout):
                 self.bank.look_again(now)  # a lookup error (not a slow card): enumerate again
-            if fault := (yield from observe.observe(c, r, now, self.nvml.energy_j)):
+            if fault := observe.observe(c, r, now, lambda c=c: self._energy_j(c.uuid)):  # type: ignore[misc]
                 faults.append(fault)
         return faults
+
+    def _energy_j(self, uuid: str) -> float | None:
+        try:
+            return self.calls.call(uuid, self.nvml.energy_j, uuid)
+        except NvmlError:
+            return None
 
     def _report(self, now: float, events: list[WriteEvent], faults: list[str]) -> TickReport:
         snap = self.snapshot(now)

@@ -17,7 +17,6 @@ from powerbudgetd.control.card import CardState
 from powerbudgetd.core.model import Role
 from powerbudgetd.core.units import opt_mw, opt_w, to_w
 from powerbudgetd.errors import NvmlError, NvmlTimeout
-from powerbudgetd.hw.calls import Io
 from powerbudgetd.hw.nvml import PowerReading
 
 log = structlog.get_logger("powerbudgetd")
@@ -26,11 +25,10 @@ OUTSIDE_CAP_CHECK_S = 300.0  # a card capped from outside is offered its share a
 
 
 def observe(c: CardState, r: PowerReading | NvmlError, now: float,
-            energy_j: Callable[[str], float | None]) -> Io[str | None]:
-    """Take one read of ``c`` (or the error reading it) into its ledger and audit
-    (sans I/O: see :mod:`powerbudgetd.hw.calls`); ``energy_j(uuid)`` reads its energy
-    counter (J), a call asked for only while a reading looks frozen. Returns a fault
-    description the first time the card cannot be read, else None.
+            energy_j: Callable[[], float | None]) -> str | None:
+    """Take one read of ``c`` (or the error reading it) into its ledger and audit;
+    ``energy_j`` reads its energy counter (J), asked only while a reading looks frozen.
+    Returns a fault description the first time the card cannot be read, else None.
 
     A read that timed out is a slow card, not a lost one: for ``confirm_timeout_s`` (the
     longest a write of ours is waited for) from the first in a row, it keeps its bound
@@ -63,12 +61,7 @@ def observe(c: CardState, r: PowerReading | NvmlError, now: float,
         if c.controllable:
             c.ledger.appeared(now)  # whatever it came back with is not ours until a write confirms
     r = c.audit.check_power(now, r, c.ledger.worst_mw, c.index, c.uuid)
-    joules = None
-    if c.audit.energy_due(now, r):
-        joules = (yield {c.uuid: (energy_j, (c.uuid,))})[c.uuid]
-        if isinstance(joules, NvmlError):
-            joules = None
-    c.reading = r = c.audit.check_frozen(now, r, joules, c.index, c.uuid)
+    c.reading = r = c.audit.check_frozen(now, r, energy_j, c.index, c.uuid)
     confirmed = c.ledger.observe(now, opt_mw(r.requested_limit_w), opt_mw(r.enforced_limit_w))
     if confirmed is not None:
         c.audit.confirmed(confirmed)

@@ -30,33 +30,20 @@ until an abandoned call returns, every further call on its key raises NvmlTimeou
 once instead of running beside it, so nothing overtakes a limit write that may still
 land. A hung card thus ties up one worker (the one in its call), and the other keys'
 calls go on.
-
-Code that makes calls may be written **sans I/O**: a generator (:data:`Io`) that yields
-each batch it needs (key -> call) and is sent back the batch's results (each call's value
-or the NvmlError it raised, as :meth:`InlineCalls.many` gives them). :func:`drive` runs one
-synchronously through any ``calls``; :meth:`DeadlineCalls.drive_async` runs one on an
-event loop, each batch handed to the workers and awaited without blocking the loop: the
-loop's thread does the generator's work between batches and never waits on NVML.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import math
 import queue
 import threading
 import time
-from collections.abc import Callable, Generator, Mapping
-from typing import Any, TypeVar
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from powerbudgetd.errors import NvmlError, NvmlTimeout
 
 Call = tuple[Callable[..., Any], tuple[Any, ...]]
-T = TypeVar("T")
-# Sans-I/O code: yields each batch of calls it needs, is sent each call's value or NvmlError
-# by key, and returns its outcome.
-Io = Generator[Mapping[str, Call], dict[str, Any], T]
 
 IDLE_EXIT_S = 30.0  # a worker with no work for this long ends
 # What a batch should take (s); one with no call started or returned for this long gets
@@ -85,65 +72,6 @@ class InlineCalls:
     def overdue(self) -> dict[str, float]:
         return {}
 
-    async def drive_async(self, steps: Io[T]) -> T:
-        """:func:`drive` in the loop's own thread (virtual time and tests: no call here
-        can hang in real time)."""
-        return drive(steps, self)
-
-
-def drive(steps: Io[T], calls: InlineCalls) -> T:
-    """Run sans-I/O ``steps`` to their end in the caller's thread, each batch through
-    ``calls.many``; an exception a batch raised is thrown into ``steps`` where it yielded.
-    Returns what ``steps`` returned."""
-    try:
-        batch = next(steps)
-        while True:
-            try:
-                results = calls.many(batch)
-            except BaseException as exc:  # noqa: BLE001 - raised where the batch was asked for
-                batch = steps.throw(exc)
-                continue
-            batch = steps.send(results)
-    except StopIteration as stop:
-        return stop.value
-
-
-class _LoopGate:
-    """A batch's gate for a caller on an event loop: released from any thread (the last
-    worker back), awaited on the loop with a timeout, one wake-up of the loop."""
-
-    __slots__ = ("loop", "opened", "waiter")
-
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self.loop = loop
-        self.opened = False
-        self.waiter: asyncio.Future[None] | None = None
-
-    def release(self) -> None:
-        with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits any more
-            self.loop.call_soon_threadsafe(self._open)
-
-    def _open(self) -> None:
-        self.opened = True
-        _wake(self.waiter)
-
-    async def acquire(self, timeout: float) -> bool:
-        """True once released; False after ``timeout`` (s) without it."""
-        if not self.opened:
-            self.waiter = self.loop.create_future()
-            timer = self.loop.call_later(timeout, _wake, self.waiter)
-            try:
-                await self.waiter
-            finally:
-                timer.cancel()
-                self.waiter = None
-        return self.opened
-
-
-def _wake(waiter: asyncio.Future[None] | None) -> None:
-    if waiter is not None and not waiter.done():
-        waiter.set_result(None)
-
 
 class _Job:
     """One call of a batch: its outcome once ``done``."""
@@ -167,12 +95,13 @@ class _Batch:
 
     __slots__ = ("jobs", "next", "left", "pending", "gate", "opened", "moved")
 
-    def __init__(self, jobs: list[_Job], gate: threading.Lock | _LoopGate) -> None:
+    def __init__(self, jobs: list[_Job]) -> None:
         self.jobs = jobs
         self.next = 0  # the first job no worker has taken
         self.left = len(jobs)  # jobs not back yet (a refused one is back at once)
         self.pending = 0  # workers handed this batch that have not reached it yet
-        self.gate = gate  # a held lock (a caller blocked on it) or a _LoopGate
+        self.gate = threading.Lock()
+        self.gate.acquire()
         self.opened = False  # the gate was released (or is about to be)
         self.moved = time.monotonic()  # when a job was last taken or came back
 
@@ -307,11 +236,10 @@ class DeadlineCalls(InlineCalls):
         return _Worker(self, f"nvml-worker-{self._started}", batch).thread
 
     # -- the caller's side -------------------------------------------------------------
-    def _submit(self, calls: Mapping[str, Call], timeout_s: float,
-                gate: threading.Lock | _LoopGate) -> tuple[dict[str, Any], _Batch, list[threading.Thread]]:
-        """The calls handed to the workers as one batch opening ``gate`` (those refused at
-        once already in the returned outcomes: a busy key, no time left), and the new
-        workers' threads, for the caller to start."""
+    def _run(self, calls: Mapping[str, Call], timeout_s: float) -> dict[str, Any]:
+        """Every call's value, or its exception as a :class:`_Raised`, by key, within
+        ``timeout_s`` (none is started with no time left)."""
+        deadline = time.monotonic() + timeout_s  # starting a worker's thread counts against it
         out: dict[str, Any] = {}
         jobs: list[_Job] = []
         new: list[threading.Thread | None] = []
@@ -323,57 +251,14 @@ class DeadlineCalls(InlineCalls):
                     out[key] = _Raised(NvmlTimeout(f"no time left for an NVML call on {key}", call="deadline"))
                 else:
                     jobs.append(_Job(key, fn, args))
-            batch = _Batch(jobs, gate)
-            if jobs:
-                # Slow calls: as many workers as run the batch in about SPREAD_S at their time.
-                workers = math.ceil(len(jobs) * self._call_s / SPREAD_S) if self._call_s >= SLOW_CALL_S else 1
-                for _ in range(min(len(jobs), workers)):
-                    new.append(self._hand(batch))
-        return out, batch, [t for t in new if t is not None]
-
-    def _run(self, calls: Mapping[str, Call], timeout_s: float) -> dict[str, Any]:
-        """Every call's value, or its exception as a :class:`_Raised`, by key, within
-        ``timeout_s`` (none is started with no time left)."""
-        deadline = time.monotonic() + timeout_s  # starting a worker's thread counts against it
-        gate = threading.Lock()
-        gate.acquire()
-        out, batch, new = self._submit(calls, timeout_s, gate)
-        if batch.jobs:
-            out.update(self._wait(batch, deadline, new))
+            batch = _Batch(jobs)
+            # Slow calls: as many workers as run the batch in about SPREAD_S at their time.
+            workers = math.ceil(len(jobs) * self._call_s / SPREAD_S) if self._call_s >= SLOW_CALL_S else 1
+            for _ in range(min(len(jobs), workers)):
+                new.append(self._hand(batch))
+        if jobs:
+            out.update(self._wait(batch, deadline, [t for t in new if t is not None]))
         return {k: out[k] for k in calls}
-
-    async def _run_async(self, calls: Mapping[str, Call], timeout_s: float) -> dict[str, Any]:
-        """:meth:`_run` for a caller on the running event loop, which it never blocks: the
-        last worker back wakes the loop once."""
-        deadline = time.monotonic() + timeout_s
-        out, batch, new = self._submit(calls, timeout_s, _LoopGate(asyncio.get_running_loop()))
-        if batch.jobs:
-            out.update(await self._wait_async(batch, deadline, new))
-        return {k: out[k] for k in calls}
-
-    def _start(self, batch: _Batch, deadline: float, new: list[threading.Thread]) -> None:
-        """Start the ``new`` workers' threads, none past ``deadline`` (monotonic s)."""
-        for i, thread in enumerate(new):
-            if time.monotonic() >= deadline:  # starting threads takes time too: no more past it
-                with self._lock:
-                    self._alive -= len(new) - i
-                    batch.pending -= len(new) - i
-                break
-            thread.start()
-
-    def _stalled(self, batch: _Batch) -> bool:
-        """One more worker on ``batch`` when it has made no progress for ``SPREAD_S`` and
-        no worker handed over is still on its way. Returns whether a job still waits for
-        a worker (else only calls under way are waited for)."""
-        with self._lock:
-            untaken = batch.next < len(batch.jobs)
-            more = None
-            if untaken and not batch.pending and time.monotonic() - batch.moved >= SPREAD_S:
-                batch.moved = time.monotonic()
-                more = self._hand(batch)
-        if more is not None:
-            more.start()
-        return untaken
 
     def _wait(self, batch: _Batch, deadline: float, new: list[threading.Thread]) -> dict[str, Any]:
         """Start the ``new`` workers' threads, then wait until every job is back or
@@ -382,52 +267,42 @@ class DeadlineCalls(InlineCalls):
         ended the wait, an interrupt too) close the batch and abandon its laggards.
         Returns each job's value or :class:`_Raised`, by key."""
         untaken = True  # wake each SPREAD_S only while a job may still wait for a worker
-        gate = batch.gate
-        assert not isinstance(gate, _LoopGate)
         try:
-            self._start(batch, deadline, new)
+            for i, thread in enumerate(new):
+                if time.monotonic() >= deadline:  # starting threads takes time too: no more past it
+                    with self._lock:
+                        self._alive -= len(new) - i
+                        batch.pending -= len(new) - i
+                    break
+                thread.start()
             while (left_s := deadline - time.monotonic()) > 0:
                 wait_s = min(SPREAD_S, left_s) if untaken else min(left_s, threading.TIMEOUT_MAX)
-                if gate.acquire(timeout=wait_s):
+                if batch.gate.acquire(timeout=wait_s):
                     break
-                untaken = self._stalled(batch)
+                with self._lock:
+                    untaken = batch.next < len(batch.jobs)
+                    more = None
+                    if untaken and not batch.pending and time.monotonic() - batch.moved >= SPREAD_S:
+                        batch.moved = time.monotonic()
+                        more = self._hand(batch)
+                if more is not None:
+                    more.start()
         finally:
-            out = self._close(batch)
-        return out
-
-    async def _wait_async(self, batch: _Batch, deadline: float, new: list[threading.Thread]) -> dict[str, Any]:
-        """:meth:`_wait` awaited on the event loop (a cancellation closes the batch too)."""
-        untaken = True
-        gate = batch.gate
-        assert isinstance(gate, _LoopGate)
-        try:
-            self._start(batch, deadline, new)
-            while (left_s := deadline - time.monotonic()) > 0:
-                if await gate.acquire(min(SPREAD_S, left_s) if untaken else left_s):
-                    break
-                untaken = self._stalled(batch)
-        finally:
-            out = self._close(batch)
-        return out
-
-    def _close(self, batch: _Batch) -> dict[str, Any]:
-        """No job of ``batch`` is taken from now on; each job's value or :class:`_Raised`
-        by key, laggards abandoned (NvmlTimeout)."""
-        out: dict[str, Any] = {}
-        with self._lock:  # a job's outcome is final once it is done (written before, under this lock)
-            for job in batch.close():
-                out[job.key] = _Raised(NvmlTimeout(f"an NVML call on {job.key} was not started in time",
-                                                   call="deadline"))
-            back = [job.took for job in batch.jobs if job.done and job.started is not None]
-            if len(batch.jobs) > 1 and back:  # a batch of several: its fastest call's time
-                self._call_s = min(back)
-            for job in batch.jobs:
-                if job.done:
-                    out[job.key] = job.value if job.error is None else _Raised(job.error)
-                elif job.key not in out:
-                    self._abandoned.add(job.key)
-                    out[job.key] = _Raised(NvmlTimeout(f"an NVML call on {job.key} did not return in time",
+            out: dict[str, Any] = {}
+            with self._lock:  # a job's outcome is final once it is done (written before, under this lock)
+                for job in batch.close():
+                    out[job.key] = _Raised(NvmlTimeout(f"an NVML call on {job.key} was not started in time",
                                                        call="deadline"))
+                back = [job.took for job in batch.jobs if job.done and job.started is not None]
+                if len(batch.jobs) > 1 and back:  # a batch of several: its fastest call's time
+                    self._call_s = min(back)
+                for job in batch.jobs:
+                    if job.done:
+                        out[job.key] = job.value if job.error is None else _Raised(job.error)
+                    elif job.key not in out:
+                        self._abandoned.add(job.key)
+                        out[job.key] = _Raised(NvmlTimeout(f"an NVML call on {job.key} did not return in time",
+                                                           call="deadline"))
         return out
 
     def call(self, key: str, fn: Callable[..., Any], *args: Any, timeout_s: float | None = None) -> Any:
@@ -441,48 +316,10 @@ class DeadlineCalls(InlineCalls):
     def many(self, calls: Mapping[str, Call]) -> dict[str, Any]:
         """All calls under one deadline, by key: each call's result or the NvmlError it
         raised (any other exception is raised)."""
-        return _unwrap(self._run(calls, self.timeout_s))
-
-    async def many_async(self, calls: Mapping[str, Call]) -> dict[str, Any]:
-        """:meth:`many` awaited on the running event loop, which waits on no call."""
-        return _unwrap(await self._run_async(calls, self.timeout_s))
-
-    async def drive_async(self, steps: Io[T]) -> T:
-        """:func:`drive` on the running event loop: each batch through :meth:`many_async`,
-        ``steps``' own work on the loop's thread between them."""
-        try:
-            batch = next(steps)
-            while True:
-                try:
-                    results = await self.many_async(batch)
-                except asyncio.CancelledError:
-                    _finish_unanswered(steps, batch)
-                    raise
-                except BaseException as exc:  # noqa: BLE001 - raised where the batch was asked for
-                    batch = steps.throw(exc)
-                    continue
-                batch = steps.send(results)
-        except StopIteration as stop:
-            return stop.value
-
-
-def _finish_unanswered(steps: Io[Any], batch: Mapping[str, Call]) -> None:
-    """Run ``steps`` to their end with every call, from ``batch`` on, answered NvmlTimeout
-    (not awaited: it may still land), so that what they keep is never left half-taken:
-    an awaiting task cancelled mid-way leaves them as a call that missed its deadline."""
-    try:
-        while True:
-            batch = steps.send({k: NvmlTimeout(f"an NVML call on {k} was not awaited (cancelled)", call="deadline")
-                                for k in batch})
-    except StopIteration:
-        pass
-
-
-def _unwrap(out: dict[str, Any]) -> dict[str, Any]:
-    """Each :class:`_Raised` NvmlError in ``out`` as the error itself; any other raised."""
-    for key, value in out.items():
-        if isinstance(value, _Raised):
-            if not isinstance(value.error, NvmlError):
-                raise value.error
-            out[key] = value.error
-    return out
+        out = self._run(calls, self.timeout_s)
+        for key, value in out.items():
+            if isinstance(value, _Raised):
+                if not isinstance(value.error, NvmlError):
+                    raise value.error
+                out[key] = value.error
+        return out

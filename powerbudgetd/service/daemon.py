@@ -1,10 +1,7 @@
 """The daemon: the controller on the wall clock, with signals and systemd notification.
 
-Each tick's decisions run on the event loop, its NVML calls on the deadline workers
-(:meth:`~powerbudgetd.hw.calls.DeadlineCalls.drive_async` driving
-:meth:`~powerbudgetd.control.controller.Controller.tick_io`): the loop awaits each batch
-and never waits on NVML, so a slow call cannot freeze the loop that serves signals and
-side channels (it costs its card's control, as a call past its deadline).
+Each tick runs on the control loop's own thread (:mod:`~powerbudgetd.service.tickthread`),
+so a slow NVML call cannot freeze the event loop that serves signals and side channels.
 The watchdog is fed only after a tick completes: a stuck control loop stops the pings
 and systemd restarts the service.
 
@@ -54,8 +51,8 @@ from powerbudgetd.hw.nvmlscope import SHUTDOWN_TIMEOUT_S, shutdown_within
 from powerbudgetd.hw.nvml import init_advice
 from powerbudgetd.hw.persistence import ensure_persistence_mode
 from powerbudgetd.service import signals
-from powerbudgetd.service.heap import size_young_generation
 from powerbudgetd.service.interruptible import Interrupted, until_stopped
+from powerbudgetd.service.tickthread import TickThread
 
 log = structlog.get_logger("powerbudgetd")
 
@@ -136,6 +133,7 @@ class Daemon:
         # tick's snapshot, so every channel sees the same account.
         self.circuit_status: Callable[[float], CircuitStatus] | None = None
         self.controller: Controller | None = None
+        self._ticks = TickThread()  # where each tick runs, off the loop
         self._stop = asyncio.Event()
         self._exit_status: int | None = None  # request_exit's
         self._wake = asyncio.Event()  # a signal arrived: end the wait between ticks
@@ -288,7 +286,6 @@ class Daemon:
             log.error("nvml_unavailable", error=str(exc), kind=exc.kind)
             return ExitStatus.NVML
         self.controller = ctl
-        size_young_generation(len(ctl.cards))  # the collector's work grows with the bank, not faster
         if self.arbiter is not None and self.settings is not None:
             # Now that the cards are known, their models pick the transient factor.
             self.arbiter.configure(self.settings.effective_budget_w([c.info.name for c in ctl.cards]))
@@ -316,6 +313,7 @@ class Daemon:
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
+            self._ticks.close()
             self._shutdown_nvml()
 
     def _boot_interrupted(self, step: str) -> int:
@@ -364,12 +362,11 @@ class Daemon:
         return status
 
     async def _tick(self, ctl: Controller, t0: float) -> TickReport:
-        """The budget sources' news taken in, the controller ticked (its NVML calls
-        awaited on the workers), and its report completed with the budget in force and
-        the circuit's state."""
+        """The budget sources' news taken in, the controller ticked (off the loop), and
+        its report completed with the budget in force and the circuit's state."""
         assert self.keeper is not None
         self.keeper.apply(ctl, t0)  # between ticks: what the sources reported since the last one
-        report = await ctl.calls.drive_async(ctl.tick_io(t0))
+        report = await self._ticks.run(ctl.tick, t0)
         snapshot = report.snapshot.with_budget(self.keeper.in_force)
         if self.circuit_status is not None:
             snapshot = dataclasses.replace(snapshot, circuit=self.circuit_status(t0))

@@ -4,35 +4,28 @@ that says so, with that step's exit status."""
 from __future__ import annotations
 
 import asyncio
-import threading
 from pathlib import Path
-from typing import Any
-
-import pytest
 
 from structlog.testing import capture_logs
 
 from powerbudgetd.config import load_config
-from powerbudgetd.control import decide
 from powerbudgetd.control.controller import Controller
 from powerbudgetd.errors import ExitStatus
-from powerbudgetd.hw.calls import DeadlineCalls, InlineCalls
 from powerbudgetd.service.backend import make_nvml
 from powerbudgetd.service.daemon import Daemon
 from powerbudgetd.service.notify import Notifier
-from support.inprocess import OnTick
 from support.scenarios import IDLE_4
 from support.wait import wait_until_async
 
 
-def daemon_on(tmp_path: Path, calls: InlineCalls | None = None) -> Daemon:
+def daemon_on(tmp_path: Path) -> Daemon:
     (tmp_path / "bank.toml").write_text(IDLE_4)
     config = tmp_path / "pb.toml"
     config.write_text(f'budget_w = 1000\n[sim]\nscenario = "{tmp_path / "bank.toml"}"\n')
     settings = load_config(config)
 
     def factory(nvml):  # type: ignore[no-untyped-def]
-        return Controller(nvml, settings.effective_budget_w(), settings.control.timings(), calls=calls)
+        return Controller(nvml, settings.effective_budget_w(), settings.control.timings())
 
     return Daemon(make_nvml("sim", settings.sim.scenario), factory, notifier=Notifier(""), config_path=config,
                   settings=settings)
@@ -80,48 +73,3 @@ async def test_ticks_keep_a_fixed_cadence_instead_of_drifting_by_each_wake_up(tm
     nows = [rep.now for _, rep in r.ticks[first:first + 60]]
     intervals_ms = sorted(1000 * (b - a) for a, b in zip(nows, nows[1:]))
     assert abs(intervals_ms[len(intervals_ms) // 2] - 100.0) < 0.3, [round(x, 2) for x in intervals_ms]
-
-
-
-async def test_a_tick_decides_on_the_event_loop_and_hands_only_its_nvml_calls_to_a_thread(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """One thread hand-off pair a steady tick: the loop's thread decides (no thread of its
-    own for the tick), the NVML workers make the calls, one batch a tick without writes."""
-    deciding: set[str] = set()
-    targets = decide.targets
-
-    def recording(*args: Any, **kw: Any) -> Any:
-        deciding.add(threading.current_thread().name)
-        return targets(*args, **kw)
-
-    monkeypatch.setattr(decide, "targets", recording)
-    calls = DeadlineCalls(0.5)
-    handed: list[set[str]] = []  # each batch handed to the workers: the threads its calls ran on
-    submit = calls._submit
-
-    def counting(batch: Any, *args: Any) -> Any:
-        ran: set[str] = set()
-        handed.append(ran)
-        return submit({k: (_on_thread(fn, ran), a) for k, (fn, a) in batch.items()}, *args)
-
-    monkeypatch.setattr(calls, "_submit", counting)
-    daemon = daemon_on(tmp_path, calls)
-    per_tick: list[tuple[int, bool, set[str]]] = []  # (batches since the tick before, writes?, threads alive)
-    daemon.register(OnTick(lambda rep: per_tick.append(
-        (len(handed), bool(rep.writes), {t.name for t in threading.enumerate()}))))
-    task = asyncio.create_task(daemon.run())
-    await wait_until_async(lambda: len(per_tick) >= 40, 15.0, "40 ticks", step_s=0.01)
-    daemon.request_stop()
-    assert await asyncio.wait_for(task, 15) == ExitStatus.OK
-    assert deciding == {threading.main_thread().name}, deciding
-    steady = [b - a for (a, _, _), (b, w, _) in zip(per_tick, per_tick[1:]) if not w]
-    assert steady and set(steady) == {1}, steady
-    assert {name for h in handed for name in h} and all(n.startswith("nvml-worker") for h in handed for n in h)
-    assert not any(n.startswith("powerbudgetd-tick") for _, _, alive in per_tick for n in alive)
-
-
-def _on_thread(fn: Any, ran: set[str]) -> Any:
-    def call(*args: Any) -> Any:
-        ran.add(threading.current_thread().name)
-        return fn(*args)
-    return call
