@@ -11,6 +11,7 @@ import itertools
 import json
 import math
 import random
+import sys
 from pathlib import Path
 
 import aiomqtt
@@ -241,28 +242,40 @@ def rss_kb() -> int:
         return int(fh.read().split()[1]) * (os.sysconf("SC_PAGE_SIZE") // 1024)
 
 
-async def test_fuzz_every_subscribed_topic(broker: Mosquitto, tmp_path: Path) -> None:
-    rng = random.Random(14)
-    config = write_config(tmp_path, broker.port, BOTH)
-    topics = ["tele/plug/SENSOR", "tele/plug/LWT", f"{BASE}/budget/set", "homeassistant/status", f"{BASE}/instance"]
-    count = 600
-    async def fuzz() -> list[int]:
-        rss = []
-        async with aiomqtt.Client("127.0.0.1", broker.port, identifier="fuzzer", max_queued_outgoing_messages=None) as c:
-            for n in range(count):
-                await c.publish(rng.choice(topics), hostile_payloads(rng), qos=rng.choice([0, 1]), retain=rng.random() < 0.2)
-                if n % 50 == 0:
-                    await asyncio.sleep(0.05)  # let the broker and the receiver keep up
-                if n in (count // 3, count - 1):
-                    await asyncio.sleep(1.0)
-                    rss.append(rss_kb())
-        return rss
+FUZZ_TOPICS = ["tele/plug/SENSOR", "tele/plug/LWT", f"{BASE}/budget/set", "homeassistant/status", f"{BASE}/instance"]
 
+
+async def fuzz(port: int, seed: int, count: int) -> None:
+    """Publish ``count`` hostile payloads on the subscribed topics; prints ``mark`` after
+    the first third and at the end, each after a second's pause (when the receiver's
+    memory is sampled)."""
+    rng = random.Random(seed)
+    async with aiomqtt.Client("127.0.0.1", port, identifier="fuzzer", max_queued_outgoing_messages=None) as c:
+        for n in range(count):
+            await c.publish(rng.choice(FUZZ_TOPICS), hostile_payloads(rng), qos=rng.choice([0, 1]),
+                            retain=rng.random() < 0.2)
+            if n % 50 == 0:
+                await asyncio.sleep(0.05)  # let the broker and the receiver keep up
+            if n in (count // 3, count - 1):
+                await asyncio.sleep(1.0)
+                print("mark", flush=True)
+
+
+async def test_fuzz_every_subscribed_topic(broker: Mosquitto, tmp_path: Path) -> None:
+    config = write_config(tmp_path, broker.port, BOTH)
     async with running(config) as r:
         await r.until(lambda: r.bridge.connected)
-        # The fuzzer on a loop of its own (a thread): the tick gaps below time the daemon's
-        # loop handling the messages, not the fuzzer's own publishing sharing it.
-        rss = await asyncio.to_thread(asyncio.run, fuzz())
+        # The fuzzer in a process of its own: the tick gaps below time the daemon's loop
+        # handling the messages, not the fuzzer's publishing sharing its loop or its GIL.
+        here = Path(__file__).resolve().parent
+        child = await asyncio.create_subprocess_exec(
+            sys.executable, "-c",
+            f"import asyncio, sys; sys.path[:0] = [{str(here)!r}, {str(here.parent)!r}]; "
+            f"from test_mqtt_hostile import fuzz; asyncio.run(fuzz({broker.port}, 14, 600))",
+            stdout=asyncio.subprocess.PIPE)
+        assert child.stdout is not None
+        rss = [rss_kb() async for line in child.stdout if line.strip() == b"mark"]
+        assert await child.wait() == 0
         seen = lambda: sum(
             s.value for m in r.registry.collect() if m.name == "powerbudgetd_mqtt_messages_dropped"
             for s in m.samples if s.name.endswith("_total")
