@@ -23,10 +23,18 @@ each (a redundant pair). Three etcd members on loopback (``circuit_load.start_et
   daemon's) serves the process and keeps the mirror every client's store reads from (a
   daemon keeps its own; the in-process hosts share one Read per revision).
 
+- ``after --outlets``: each host also on an outlet of its own on each PDU (a node of
+  the tree, ``delegate = true``, the host's rating its budget): the outlet leases from
+  its PDU's lease, so a raise compares only the host's own keys and its outlets'
+  leases; the outlets under one PDU contend in their lease changes instead (a lease
+  nested in a lease compares its siblings and its parent only).
+
 Both: each client's want redrawn every ``--churn`` s on average; the etcd leader killed
 halfway, feed A marked lost at ``--feed-down-at`` of the run. Reported: raise
 transactions, conflict rate, time to grant (a want rising above the grant to the next
-raise) p50/p99, etcd requests/s, the audit of every revision (every node's committed
+raise) p50/p99, time to raise (from the first round whose division gives the host more
+than it holds, by a step, to the raise that takes it: the protocol's delay, where the
+time to grant also counts a want waiting for watts the pool does not have) p50/p99, etcd requests/s, the audit of every revision (every node's committed
 load, failover counted, within budget: ``circuit_load._audit_until``) and the modelled
 draw sampled every 100 ms through where it flows, and the benchmark's own CPU time.
 
@@ -77,7 +85,14 @@ def hall_tree(args: argparse.Namespace, delegate: bool) -> PowerTree:
         for side in ("a", "b"):
             nodes[f"r{r}-{side}"] = Node(f"r{r}-{side}", rack_w, f"p{r % args.panels}-{side}", "pdu", delegate=delegate)
         for i in members:
-            hosts[f"c{i:03d}"] = Host(f"c{i:03d}", {f"r{r}-a": 0.5, f"r{r}-b": 0.5}, args.reserve_w)
+            h = f"c{i:03d}"
+            cords = {f"r{r}-a": 0.5, f"r{r}-b": 0.5}
+            if args.outlets:  # the host's own outlet on each PDU, leased from its PDU's lease
+                cords = {f"{h}-{side}": 0.5 for side in ("a", "b")}
+                for side in ("a", "b"):
+                    nodes[f"{h}-{side}"] = Node(f"{h}-{side}", args.reserve_w + args.max_want, f"r{r}-{side}",
+                                                "outlet", delegate=delegate)
+            hosts[h] = Host(h, cords, args.reserve_w)
     return PowerTree(nodes, hosts).with_mode("redundant")
 
 
@@ -89,6 +104,7 @@ class DelegClient(Client):
         super().__init__(i, eps, name, args, rng)
         self.tree = tree
         self.pdus = sorted(tree.hosts[self.host].cords)
+        self.leased = leases.delegated_above(tree, self.host)  # its outlets' and PDUs' leases (--outlets)
         self.wake = asyncio.Event()
         self.zone_hosts: frozenset[str] = frozenset(h for h in tree.hosts if set(tree.hosts[h].cords) & set(self.pdus))
         self.asked_at = 0.0
@@ -96,6 +112,8 @@ class DelegClient(Client):
         self.lease_writes = self.lease_conflicts = self.rounds = 0
         self.retry_at = float("inf")
         self.staggered = False
+        self.more_since: float | None = None  # since when its division has given it more than it holds
+        self.time_to_raise: list[float] = []
         # The PDUs this host resizes periodically (it is their first host): only those
         # hosts wake for the rebalance. Recomputed at each fresh read.
         self.first_of: list[str] = []
@@ -160,7 +178,7 @@ class DelegClient(Client):
             self.dirty = False  # before the read: an event during it marks it again
             self.reads += 1
             self.last_read = await self.store.read()
-            self.first_of = [p for p in self.pdus if leases.first_host(self.last_read, self.tree, p) == self.host]
+            self.first_of = [p for p in self.leased if leases.first_host(self.last_read, self.tree, p) == self.host]
         else:
             self.reads_saved += 1
         return self.last_read
@@ -198,6 +216,10 @@ class DelegClient(Client):
         target = self.policy.target_w(read.view, self.host, self.grant_w, now)
         if now >= self.valid_until:
             target = 0.0
+        if target > self.grant_w + self.args.step_w:  # the division gives it more than it holds: from now on
+            self.more_since = now if self.more_since is None else self.more_since
+        elif target <= self.grant_w:
+            self.more_since = None
         target = min(target, max(self.grant_w, room))
         if target > self.grant_w and raise_allowed(read.view, self.host, target):
             self.raises += 1
@@ -208,6 +230,9 @@ class DelegClient(Client):
                 if self.want_rose_at is not None:
                     self.time_to_grant.append(time.monotonic() - self.want_rose_at)
                     self.want_rose_at = None
+                if self.more_since is not None:
+                    self.time_to_raise.append(time.monotonic() - self.more_since)
+                    self.more_since = None
             else:
                 self.conflicts += 1
                 conflicted = True
@@ -249,7 +274,7 @@ async def _watch(eps: list[str], store: CircuitStore, clients: list[DelegClient]
     for c in clients:
         for h in c.zone_hosts:
             by_host.setdefault(h, []).append(c)
-        for p in c.pdus:
+        for p in c.leased:
             by_pdu.setdefault(p, []).append(c)
     kinds = (store.seats, store.grants, store.claims)
     index = 0
@@ -355,6 +380,7 @@ async def run_mode(args: argparse.Namespace, eps: list[str], procs: list, delega
     charges = final.charges()
     await admin.close()
     ttg = sorted(t for c in clients for t in c.time_to_grant)
+    ttr = sorted(t for c in clients for t in getattr(c, "time_to_raise", []))
     raises = sum(c.raises for c in clients)
     conflicts = sum(c.conflicts for c in clients)
     cpu_s = (cpu1.ru_utime - cpu0.ru_utime) + (cpu1.ru_stime - cpu0.ru_stime)
@@ -364,7 +390,10 @@ async def run_mode(args: argparse.Namespace, eps: list[str], procs: list, delega
         "grants_per_s": round((raises - conflicts) / elapsed, 1),
         "time_to_grant_p50_s": round(statistics.median(ttg), 3) if ttg else None,
         "time_to_grant_p99_s": round(ttg[min(len(ttg) - 1, int(0.99 * len(ttg)))], 3) if ttg else None,
-        "grants_timed": len(ttg), "etcd_ops_per_s": round(calls / elapsed, 1),
+        "grants_timed": len(ttg),
+        "time_to_raise_p50_s": round(statistics.median(ttr), 3) if ttr else None,
+        "time_to_raise_p99_s": round(ttr[min(len(ttr) - 1, int(0.99 * len(ttr)))], 3) if ttr else None,
+        "raises_timed": len(ttr), "etcd_ops_per_s": round(calls / elapsed, 1),
         "bench_cpu_pct": round(100 * cpu_s / elapsed, 1),
         "reads": sum(getattr(c, "reads", 0) for c in clients),
         "range_reads": sum(c.store.range_reads for c in clients) - ranges0,
@@ -392,6 +421,8 @@ def main() -> None:
     p.add_argument("--max-want", type=float, default=800.0)
     p.add_argument("--churn", type=float, default=10.0, help="mean seconds between a client's want changes")
     p.add_argument("--poll-s", type=float, default=0.2, help="before: the daemon's round")
+    p.add_argument("--outlets", action="store_true",
+                   help="after: each host on an outlet of its own on each PDU, delegated too (leased from the PDU's lease)")
     p.add_argument("--rebalance-s", type=float, default=5.0, help="after: each PDU's lease resized this often")
     p.add_argument("--lease-margin-w", type=float, default=1500.0, help="after: a lease's room above its wants")
     p.add_argument("--profile", metavar="FILE", help="cProfile the run's window into FILE.<mode>")
@@ -421,6 +452,7 @@ def main() -> None:
                     proc.wait()
     print(json.dumps(results, indent=2))
     keys = ["raise_txns", "conflict_rate", "time_to_grant_p50_s", "time_to_grant_p99_s", "grants_timed",
+            "time_to_raise_p50_s", "time_to_raise_p99_s", "raises_timed",
             "etcd_ops_per_s", "bench_cpu_pct", "reads", "range_reads", "keys_read", "mirror_lagged", "reads_saved", "lease_writes", "lease_conflicts",
             "leases_in_force"]
     print(f"{'':<22}" + "".join(f"{r['mode']:>12}" for r in results))

@@ -3,7 +3,7 @@
 ::
 
     [nodes.row]                 # the site, or a row's panel: the root has no parent
-    kind = "site"               # site, feed, ups, panel, pdu, circuit (for the reader)
+    kind = "site"               # site, feed, ups, panel, pdu, circuit, outlet (for the reader)
     budget_w = 40000            # stated in wall W ...
 
     [nodes.feed-a]

@@ -32,14 +32,22 @@ cords in their residual.
 Removing a delegation never raises any ancestor's charge (``max(D(m), C(m))`` is replaced
 by what ``C(m)`` counted); creating or changing one is a transaction that checks every
 node (:func:`over_w`) and compares what that check depends on (:func:`lease_compares`):
-every delegation, seat and claim and the feed marks (rare writes: whole ranges), and the
-grant of each host charged at ``m`` or an ancestor of ``m`` *outside* any lease
-(``resid(h, a) > 0`` for ``a`` on ``m``'s path). A host under a sibling lease ``m'`` is
-not compared: its raise keeps ``C(m') <= D(m')`` (its own compares see ``D(m')``
-unchanged), so ``max(D(m'), C(m'))`` at the ancestors stays ``D(m')``; where a feed lost
-has put ``C(m')`` above ``D(m')`` no raise there is allowed (its room is what it holds)
-and a lowering only lowers it. So a lease resize and a raise under another lease never
-conflict.
+every seat and claim and the feed marks (rare writes: whole ranges), the grant of each
+host charged *outside* any lease at ``m`` or an ancestor of ``m`` up to ``p``, the
+nearest ancestor holding a lease (``resid(h, a) > 0``; up to the root where there is
+none), and the records of ``p``, of every delegate-marked node whose nearest leased
+ancestor is ``p`` too and of every one whose nearest leased ancestor is ``m`` (its own
+bound counts them: created, changed or removed, exact mod revisions). A host under a
+sibling lease ``m'`` is not compared: its raise keeps ``C(m') <= D(m')`` (its own
+compares see ``D(m')`` unchanged), so ``max(D(m'), C(m'))`` at the ancestors stays
+``D(m')``; where a feed lost has put ``C(m')`` above ``D(m')`` no raise there is allowed
+(its room is what it holds) and a lowering only lowers it. So a lease resize and a raise
+under another lease never conflict. Nor does anything above ``p`` or under another
+lease: the check keeps ``C(p) <= D(p)`` (``p``'s bound), so every ancestor of ``p``
+counts ``D(p)`` before and after (or, where a feed lost had put ``C(p)`` above ``D(p)``,
+less after), and a lease nested under a sibling lease ``m'`` is hidden behind
+``max(D(m'), C(m'))`` by the same argument. Leases nested under one parent lease (a
+PDU's outlets under its rack's lease) thus resize against their siblings only.
 
 What a raise of host ``h`` depends on (:func:`zone`): the nodes ``R(h)`` where
 ``resid(h, k) > 0`` (its charge moves only there), the hosts charged at any of them,
@@ -303,8 +311,10 @@ def proposed_w(tree: PowerTree, held_w: Mapping[str, float], wants_w: Mapping[st
     others (never below what the subtree holds now: a shrink below that is refused by
     :func:`delegation_fits`)."""
     live = active(tree, delegations_w)
-    live.pop(node, None)
     need = {h: max(held_w.get(h, 0.0), held_w.get(h, 0.0) + wants_w.get(h, 0.0)) for h in tree.hosts}
+    # C(node) is the same whether or not node holds a lease (its lease bounds it and is
+    # counted above it): the read's own tables serve (one shape, where a table with the
+    # node left out would be one more per delegated node in a process's memo).
     inner = Charges(tree, live, lost)
     # Its figure in the division where given: it counts every delegated node below as
     # leased (a lease below not yet taken would otherwise be left no room under this one).
@@ -464,23 +474,50 @@ class RaiseCompares:
 @dataclass(frozen=True)
 class LeaseCompares:
     """What a transaction changing a node's delegation compares (module docstring): the
-    spec, the tree, the feed marks and the whole delegation, seat and claim ranges (no
-    newer than the read), and each of ``hosts``' grant (no newer than the read).
-    ``whole``: every grant too (too many hosts for one transaction)."""
+    spec, the tree, the feed marks and the whole seat and claim ranges (no newer than the
+    read), each of ``hosts``' grant (no newer than the read) and each of ``delegations``'
+    record at exactly the mod revision read (0: absent); ``delegations`` None: the whole
+    delegation range (no newer than the read). ``whole``: every grant and delegation too
+    (too many keys for one transaction)."""
 
     whole: bool
     hosts: frozenset[str] = frozenset()
+    delegations: frozenset[str] | None = None
+
+
+def leased_above(tree: PowerTree, live: Mapping[str, float]) -> dict[str, str | None]:
+    """node -> its nearest strict ancestor holding a lease in ``live`` (None: none). O(nodes)."""
+    out: dict[str, str | None] = {}
+    kids = _children(tree)
+    todo: list[tuple[str, str | None]] = [(n, None) for n, nd in tree.nodes.items() if nd.parent is None]
+    while todo:
+        n, above = todo.pop()
+        out[n] = above
+        todo.extend((k, n if n in live else above) for k in kids[n])
+    return out
 
 
 def lease_compares(charges: Charges, node: str) -> LeaseCompares:
     """The compares of a change to ``node``'s delegation under ``charges`` (the read's
-    delegations in force): the hosts charged at ``node`` or an ancestor outside any
-    lease."""
-    path = charges.tree.path(node)
+    delegations in force; module docstring): with ``p`` the nearest ancestor holding a
+    lease, the hosts charged outside any lease from ``node`` up to ``p`` (to the root
+    where there is none), and ``p`` and the delegate-marked nodes whose nearest leased
+    ancestor is ``p`` (beside ``node``) or ``node`` (below it: its own check counts them)."""
+    tree = charges.tree
+    above = leased_above(tree, charges.live)
+    parent = above[node]
+    path = tree.path(node)
+    if parent is not None:
+        path = path[:path.index(parent) + 1]
     hosts = {h for table in charges.tables() for a in path for h in table.get(a, {})}
+    scope = {m for m, nd in tree.nodes.items() if nd.delegate and above[m] in (parent, node)}
+    if parent is not None:
+        scope.add(parent)
     if len(hosts) + 8 > MAX_ZONE_COMPARES:
         return LeaseCompares(True)
-    return LeaseCompares(False, frozenset(hosts))
+    if len(hosts) + len(scope) + 8 > MAX_ZONE_COMPARES:
+        return LeaseCompares(False, frozenset(hosts))
+    return LeaseCompares(False, frozenset(hosts), frozenset(scope))
 
 
 def raise_compares(charges: Charges, host: str) -> RaiseCompares:

@@ -47,7 +47,7 @@ from typing import cast
 from powerbudgetd.core.fair import max_min_fair
 
 MODES = ("redundant", "oversubscribed")
-KINDS = ("site", "feed", "ups", "panel", "pdu", "circuit")
+KINDS = ("site", "feed", "ups", "panel", "pdu", "circuit", "outlet")
 EPS_W = 1e-6
 # Limits on a tree's size, so that every check is bounded: a hall of 200 racks with an A
 # and a B PDU each, its panels and feeds, is under 500 nodes and a few thousand hosts;
@@ -417,16 +417,20 @@ def _fill(coefficients: Mapping[object, Mapping[str, float]], room: dict[object,
     """Raise each host in ``caps`` towards its cap by equal steps (progressive filling):
     at each round the node whose max-min fair level is lowest is the bottleneck; its
     hosts stop there. Updates ``alloc`` and ``room`` (W) in place."""
+    on: dict[str, list[tuple[object, float]]] = {h: [] for h in caps}  # each host's bounds and its coefficient there
+    for node, hs in coefficients.items():
+        for h, c in hs.items():
+            if h in on:
+                on[h].append((node, c))
     for h, c in caps.items():
         # A cap within EPS_W of what the host has (a seat of a microwatt) is given whole
         # where every bound it is on has room: the filling below stops short of EPS_W
         # steps, and a seat the division leaves out is one no lease figure counts.
         rest = c - alloc[h]
-        if 0.0 < rest <= EPS_W and all(room[node] >= hs[h] * rest for node, hs in coefficients.items() if h in hs):
+        if 0.0 < rest <= EPS_W and all(room[node] >= k * rest for node, k in on[h]):
             alloc[h] = c
-            for node, hs in coefficients.items():
-                if h in hs:
-                    room[node] -= hs[h] * rest
+            for node, k in on[h]:
+                room[node] -= k * rest
     open_w = {h: c - alloc[h] for h, c in caps.items() if c - alloc[h] > EPS_W}
     while open_w:
         step, bottleneck = math.inf, cast(object, None)  # a node, or a node's flow under the loss
@@ -441,9 +445,8 @@ def _fill(coefficients: Mapping[object, Mapping[str, float]], room: dict[object,
         for h in list(open_w):
             inc = min(open_w[h], step)
             alloc[h] += inc
-            for node, hs in coefficients.items():
-                if h in hs:
-                    room[node] -= hs[h] * inc
+            for node, k in on[h]:
+                room[node] -= k * inc
             open_w[h] -= inc
             if open_w[h] <= EPS_W or (bottleneck is not None and h in coefficients[bottleneck]):
                 del open_w[h]

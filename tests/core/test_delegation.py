@@ -59,13 +59,16 @@ class Etcd:
         return self.down_mod <= read.rev and all(mod <= read.rev for _, mod in self.kv.values())
 
     def lease_unchanged(self, read: Etcd, plan: LeaseCompares) -> bool:
-        """A lease change's compares (the store's): every seat and delegation, the feed
-        mark, and the grants of ``plan.hosts`` (every grant where ``whole``)."""
+        """A lease change's compares (the store's): every seat, the feed mark, the grants
+        of ``plan.hosts`` and the delegations of ``plan.delegations`` at their mod
+        revisions read (every delegation where None; every key where ``whole``)."""
         if plan.whole:
             return self.whole_unchanged(read)
+        whole = ("deleg",) if plan.delegations is None else ()
         return self.down_mod <= read.rev and all(
             mod <= read.rev for (k, h), (_, mod) in self.kv.items()
-            if k in ("seat", "deleg") or (k == "grant" and h in plan.hosts))
+            if k == "seat" or k in whole or (k == "grant" and h in plan.hosts)) and all(
+            self.mod("deleg", m) == read.mod("deleg", m) for m in plan.delegations or ())
 
     def zone_unchanged(self, read: Etcd, plan: RaiseCompares) -> bool:
         if plan.whole:
@@ -312,6 +315,68 @@ def test_a_raise_read_before_its_lease_shrank_fails_its_compare():
     # Read afresh, the raise fits the smaller lease.
     db = play(tree, wants, [("delegate", 0, 0, 0.3), ("raise", 0, 0, 1.0)])
     assert db.values("grant")["r0h0"] == pytest.approx(1_500.0 - 600.0)
+
+
+def outlet_tree() -> PowerTree:
+    """A 4 kW site over two delegated 3 kW PDUs, each over delegated 1.5 kW outlets
+    (o0a, o0b under pdu0; o1a under pdu1), one 100 W host on each outlet."""
+    nodes = {"site": Node("site", 4_000.0)}
+    for p in ("pdu0", "pdu1"):
+        nodes[p] = Node(p, 3_000.0, "site", "pdu", delegate=True)
+    for o in ("o0a", "o0b", "o1a"):
+        nodes[o] = Node(o, 1_500.0, f"pdu{o[1]}", "outlet", delegate=True)
+    return PowerTree(nodes, {f"h{o[1:]}": Host(f"h{o[1:]}", {o: 1.0}, 100.0) for o in ("o0a", "o0b", "o1a")})
+
+
+def seated_outlets(tree: PowerTree) -> Etcd:
+    db = Etcd()
+    for h in tree.hosts:
+        db.put("seat", h, 100.0)
+    for node, w in (("pdu0", 1_000.0), ("pdu1", 1_000.0), ("o0a", 400.0), ("o0b", 400.0), ("o1a", 400.0)):
+        db.put("deleg", node, w)
+    return db
+
+
+def test_an_outlet_lease_resizes_against_its_pdu_and_sibling_outlets_only():
+    """An outlet's lease under its PDU's lease compares the PDU's lease, its sibling
+    outlets' and its own host's grant: not the other PDU's outlets, nor the site's
+    other leases. So outlet leases under different PDUs resize from one read without
+    conflict, and every node stays within its budget."""
+    tree = outlet_tree()
+    db = seated_outlets(tree)
+    stale = db.snapshot()
+    charges = Charges(tree, active(tree, stale.values("deleg")))
+    plan = lease_compares(charges, "o0a")
+    assert (plan.whole, plan.hosts, plan.delegations) == (False, {"h0a"}, {"pdu0", "o0a", "o0b"})
+    # A PDU's: the site's leases and its own outlets' (its bound counts them), not the other PDU's.
+    assert lease_compares(charges, "pdu0").delegations == {"pdu0", "pdu1", "o0a", "o0b"}
+    assert delegation_fits(tree, stale.held(), stale.values("deleg"), "o1a", 900.0)
+    db.put("deleg", "o1a", 900.0)
+    assert delegation_fits(tree, stale.held(), stale.values("deleg"), "o0a", 600.0)
+    assert db.lease_unchanged(stale, plan)
+    db.put("deleg", "o0a", 600.0)
+    check(tree, db, True)
+
+
+@pytest.mark.parametrize(("first", "second"), [(("o0b", 600.0), ("o0a", 600.0)), (("pdu0", 800.0), ("o0a", 600.0)),
+                                               (("o0a", 600.0), ("pdu0", 800.0))],
+                         ids=["sibling-outlet", "parent-shrinks-first", "outlet-grows-first"])
+def test_an_outlet_or_pdu_lease_read_before_the_other_changed_fails_its_compare(first, second):
+    """pdu0 leases 1000 W; its outlets 400 W each. From one read, two changes that each
+    fit it: o0a and o0b growing to 600 W, or o0a growing while pdu0 shrinks to 800 W,
+    in either order. The second to commit fails its compare; committed anyway, pdu0's
+    charge is over its lease."""
+    tree = outlet_tree()
+    db = seated_outlets(tree)
+    stale = db.snapshot()
+    deleg = stale.values("deleg")
+    for node, watts in (first, second):
+        assert delegation_fits(tree, stale.held(), deleg, node, watts)
+    db.put("deleg", *first)
+    assert not db.lease_unchanged(stale, lease_compares(Charges(tree, active(tree, deleg)), second[0]))
+    db.put("deleg", *second)  # committed anyway: what the compare prevents
+    with pytest.raises(AssertionError):
+        check(tree, db, True)
 
 
 # -- leases sized by the siblings' priority -------------------------------------------

@@ -138,3 +138,60 @@ def test_a_host_s_role_writes_the_leases_above_it_and_no_other(etcd1: EtcdCluste
             await h0.close()
 
     asyncio.run(go())
+
+
+def _outlet_tree() -> PowerTree:
+    """The root over A and B (delegated), each PDU over an outlet per host (delegated too):
+    oa1 and oa2 under A, ob1 under B; a1, a2 and b1 on them, 1 kW seats."""
+    nodes = {"root": Node("root", 10_000, None, "panel"), "A": Node("A", 7_000, "root", "pdu", delegate=True),
+             "B": Node("B", 7_000, "root", "pdu", delegate=True)}
+    for h in ("a1", "a2", "b1"):
+        nodes[f"o{h}"] = Node(f"o{h}", 3_000, h[0].upper(), "outlet", delegate=True)
+    return PowerTree(nodes, {h: Host(h, {f"o{h}": 1.0}, 1000.0) for h in ("a1", "a2", "b1")})
+
+
+async def _outlets(eps: list[str]) -> None:
+    hosts = ("a1", "a2", "b1")
+    stores = {h: CircuitStore(eps[i % len(eps):] + eps[:i % len(eps)], "hall", timeout_s=5) for i, h in enumerate(hosts)}
+    try:
+        assert await stores["a1"].init(10_000, 30, tree=_outlet_tree())
+        leases = {h: (await s.grant_lease(30))[0] for h, s in stores.items()}
+        for h, s in stores.items():
+            assert await s.register_seat(await s.read(), h, 1000.0)
+        for node, watts, by in (("A", 5_000.0, "a1"), ("B", 5_000.0, "b1"), ("oa1", 2_000.0, "a1"),
+                                ("oa2", 2_000.0, "a2"), ("ob1", 2_000.0, "b1")):
+            assert await stores[by].put_delegation(await stores[by].read(), node, watts, by), node
+
+        # From one revision: outlets under different PDUs grow, both land; a2's outlet
+        # beside a1's fails its compare (from that read it fit: 3000 + 2000 <= A's 5000;
+        # after a1's growth it would be 6000).
+        reads = {h: await stores[h].read() for h in hosts}
+        assert len({r.revision for r in reads.values()}) == 1
+        grown = await asyncio.gather(stores["a1"].put_delegation(reads["a1"], "oa1", 3_000.0, "a1"),
+                                     stores["b1"].put_delegation(reads["b1"], "ob1", 3_000.0, "b1"))
+        assert grown == [True, True]
+        assert not await stores["a2"].put_delegation(reads["a2"], "oa2", 3_000.0, "a2")
+        # Read afresh, it no longer fits A's lease.
+        assert not await stores["a2"].put_delegation(await stores["a2"].read(), "oa2", 3_000.0, "a2")
+
+        # Raises under one PDU, each within its own outlet's lease, from one revision:
+        # disjoint keys, all land (without outlets, a1 and a2 compare each other's grant).
+        reads = {h: await stores[h].read() for h in hosts}
+        assert len({r.revision for r in reads.values()}) == 1
+        landed = await asyncio.gather(*(stores[h].raise_grant(reads[h], h, w, leases[h])
+                                        for h, w in (("a1", 2_000.0), ("a2", 1_000.0), ("b1", 2_000.0))))
+        assert landed == [True, True, True]
+        after = await stores["a1"].read()
+        assert after.view.grants == {"a1": 2_000.0, "a2": 1_000.0, "b1": 2_000.0}
+        charges = after.charges()
+        assert charges is not None and not charges.over_w(after.held_w()) and after.view.holds()
+        # A's lease cannot shrink below what its outlets hold (3000 + 2000 W), nor grow past the root's room.
+        assert not await stores["a1"].put_delegation(after, "A", 4_999.0, "a1")
+        assert await stores["a1"].put_delegation(after, "A", 5_000.0, "a1")  # unchanged figure: lands
+    finally:
+        for s in stores.values():
+            await s.close()
+
+
+def test_outlet_leases_under_a_pdu_lease_grow_and_raise_without_conflict(etcd3: EtcdCluster) -> None:
+    asyncio.run(_outlets(etcd3.endpoints))

@@ -33,10 +33,12 @@ MARGIN_FRACTION = 0.05  # a lease's room above its hosts' seats and wants: this 
 
 
 def delegated_above(tree: PowerTree, host: str) -> list[str]:
-    """The nodes marked ``delegate`` on ``host``'s cords' paths (none off the tree)."""
+    """The nodes marked ``delegate`` on ``host``'s cords' paths (none off the tree), the
+    nearest the root first: a lease nested under another grows once its parent has."""
     if host not in tree.hosts:
         return []
-    return sorted({n for leaf in tree.hosts[host].cords for n in tree.path(leaf) if tree.nodes[n].delegate})
+    marked = {n for leaf in tree.hosts[host].cords for n in tree.path(leaf) if tree.nodes[n].delegate}
+    return sorted(marked, key=lambda n: (len(tree.path(n)), n))
 
 
 def first_host(read: Read, tree: PowerTree, node: str) -> str | None:
@@ -64,17 +66,25 @@ def margins_w(read: Read, tree: PowerTree, margin_w: float | None) -> dict[str, 
             for n, node in tree.nodes.items() if node.delegate and n in under}
 
 
+# The last division computed in this process and what it depends on (the tree's shape,
+# held by its memo, and budgets; the seats, wants, margins and feed lost): reads that
+# differ only in grants and leases (most revisions) divide alike.
+_LAST_FAIR: list[tuple[object, object, dict[str, float]]] = []
+
+
 def fair_w(read: Read, wants_w: Mapping[str, float], margin_w: float | None) -> dict[str, float]:
     """Each delegated node's lease in the tree's priority division
-    (``core.delegation.fair_leases_w``) at this read (W; computed once per read)."""
-    key = f"fair_leases:{margin_w}:{id(wants_w)}"
-    if key not in read._memo:
-        tree = read.view.tree
-        assert tree is not None
-        seats = {h: read.view.seats.get(h, 0.0) + read.view.pending.get(h, 0.0) for h in tree.hosts}
-        read._memo[key] = fair_leases_w(tree, seats, wants_w, margins_w(read, tree, margin_w), read.view.lost)
-    out: dict[str, float] = read._memo[key]
-    return out
+    (``core.delegation.fair_leases_w``) at this read (W), computed again only when what
+    it depends on moved."""
+    tree = read.view.tree
+    assert tree is not None
+    seats = {h: read.view.seats.get(h, 0.0) + read.view.pending.get(h, 0.0) for h in tree.hosts}
+    margins = margins_w(read, tree, margin_w)
+    key = (read.view.lost, tuple(n.budget_w for n in tree.nodes.values()), tuple(seats.items()),
+           tuple(sorted(wants_w.items())), tuple(sorted(margins.items())))
+    if not (_LAST_FAIR and _LAST_FAIR[0][0] is tree._memo and _LAST_FAIR[0][1] == key):
+        _LAST_FAIR[:] = [(tree._memo, key, fair_leases_w(tree, seats, wants_w, margins, read.view.lost))]
+    return _LAST_FAIR[0][2]
 
 
 async def resize(store: CircuitStore, read: Read, host: str, *, wants_w: Mapping[str, float],
@@ -95,11 +105,20 @@ async def resize(store: CircuitStore, read: Read, host: str, *, wants_w: Mapping
         margin = tree.nodes[node].budget_w * MARGIN_FRACTION if margin_w is None else margin_w
         for _ in range(tries if node in read.delegations else 3 * tries):
             current = read.delegations.get(node)
+            fair = fair_w(read, wants_w, margin_w).get(node)
+            if current is not None and fair is not None:
+                # The proposal lies between what the subtree holds and its division's
+                # figure (at most the larger; ``proposed_w``): where both are near the
+                # lease, so is it, and it is not computed (most rounds of most hosts).
+                now = read.charged_w().get(node, 0.0)
+                if (now <= current and abs(fair - current) < margin / 2) if periodic \
+                        else max(now, fair) <= current + step_w:
+                    break
             key = f"proposed:{node}:{margin_w}:{id(wants_w)}"  # once per read (hosts in one process share it)
             if key not in read._memo:
                 read._memo[key] = (wants_w, proposed_w(tree, read.held_w(), wants_w, read.delegations, node,
                                                        margin_w=margin, lost=read.view.lost,
-                                                       fair_w=fair_w(read, wants_w, margin_w).get(node)))
+                                                       fair_w=fair))
             target: float = read._memo[key][1]
             if current is not None and (abs(target - current) < margin / 2 if periodic
                                         else target <= current + step_w):

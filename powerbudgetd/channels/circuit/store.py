@@ -53,9 +53,10 @@ its bound), and a raise under a delegated node compares only its zone: its neigh
 seats, grants and claims (no newer than the read) and the delegation records it depends
 on (at exactly the mod revision read), so raises under different delegated nodes never
 conflict. A delegation is changed only by a transaction comparing what the parent's
-check depends on (``core.delegation.lease_compares``: every delegation, seat and claim
-range, the feed marks, the grants charged outside any lease on its path), so a raise
-under another delegated node does not fail it.
+check depends on (``core.delegation.lease_compares``: every seat and claim range, the
+feed marks, the grants charged outside any lease on its path up to the nearest lease
+above it, and the leases beside it under that one), so a raise under another delegated
+node does not fail it, nor a lease nested under another.
 
 Reads: while a watch stands (:meth:`CircuitStore.changes`) a read is built from its
 mirror (``channels.circuit.mirror``), with no key read from etcd; else one range read.
@@ -214,6 +215,15 @@ class Read:
             live = {} if tree is None or self.view.tree_bad else active(tree, self.delegations)
             self._memo["charges"] = Charges(tree, live, self.view.lost) if tree is not None and live else None
         return self._memo["charges"]
+
+    def charged_w(self) -> dict[str, float]:
+        """Each node's charge under the delegations read (W; ``core.delegation``:
+        ``Charges.loads_w``; empty with none in force; computed once per read)."""
+        if "charged" not in self._memo:
+            charges = self.charges()
+            self._memo["charged"] = {} if charges is None else charges.loads_w(self.held_w())
+        out: dict[str, float] = self._memo["charged"]
+        return out
 
     def held_w(self) -> dict[str, float]:
         """Each host's seat (or pending reserve) plus grant, and each live unseated host's
@@ -1022,10 +1032,11 @@ class CircuitStore:
         if plan.whole:
             return self._unchanged(c, read)
         t = c.transactions
+        ranges = (self.seats, self.claims, self.down, self.marks) + ((self.delegations,) if plan.delegations is None else ())
         return [t.mod(self.spec_key) == read.spec_mod, t.mod(self.tree_key) == read.tree_mod] + [
-            t.mod(kind, _range_end(kind)) < read.revision + 1
-            for kind in (self.seats, self.claims, self.down, self.marks, self.delegations)] + [
-            t.mod(self.key(self.grants, h)) < read.revision + 1 for h in sorted(plan.hosts)]
+            t.mod(kind, _range_end(kind)) < read.revision + 1 for kind in ranges] + [
+            t.mod(self.key(self.grants, h)) < read.revision + 1 for h in sorted(plan.hosts)] + [
+            t.mod(self.key(self.delegations, m)) == read.delegation_mods.get(m, 0) for m in sorted(plan.delegations or ())]
 
     async def lower_grant(self, host: str, grant_w: float, lease_id: int) -> None:
         """Lower ``host``'s grant (no check needed: it only lowers the sum); 0 deletes it."""
