@@ -55,8 +55,8 @@ on (at exactly the mod revision read), so raises under different delegated nodes
 conflict. A delegation is changed only by a transaction comparing what the parent's
 check depends on (``core.delegation.lease_compares``: every seat and claim range, the
 feed marks, the grants charged outside any lease on its path up to the nearest lease
-above it, and the leases beside it under that one), so a raise under another delegated
-node does not fail it, nor a lease nested under another.
+above it, that lease, the leases beside it under that one and those just below it), so
+a raise under another delegated node does not fail it, nor a lease nested under another.
 
 Reads: while a watch stands (:meth:`CircuitStore.changes`) a read is built from its
 mirror (``channels.circuit.mirror``), with no key read from etcd; else one range read.
