@@ -40,7 +40,11 @@ from powerbudgetd.core.delegation import divide_charged
 from powerbudgetd.core.fair import max_min_fair
 from powerbudgetd.core.feed import Feed
 from powerbudgetd.core.snapshot import BankSnapshot
-from powerbudgetd.core.tree import EPS_W, PowerTree, divide
+from powerbudgetd.core.tree import EPS_W, LastDivision, PowerTree, divide
+
+# The tree division of the last view divided in this process (views of successive reads
+# differ mostly in grants, which it does not depend on).
+_LAST_DIVISION: LastDivision[dict[str, float]] = LastDivision()
 
 # A quartz oscillator without NTP drifts by tens of ppm; 1000 ppm is a wide allowance
 # for the host's and the store leader's clocks each.
@@ -271,13 +275,17 @@ class CircuitView:
         # A live host whose seat did not fit counts its reserve as a seat, before any
         # want: the others shed to make room for it, rather than it waiting behind them.
         reserves = {h: self.seats.get(h, 0.0) + self.pending.get(h, 0.0) for h in self.tree.hosts}
-        if any(node.delegate for node in self.tree.nodes.values()):
+        tree, lost = self.tree, self.lost
+        key = (lost, tuple(n.budget_w for n in tree.nodes.values()), tuple(totals.items()), tuple(reserves.items()))
+        if any(node.delegate for node in tree.nodes.values()):
             # Delegated subtrees: the same division over what the leases charge, so what
             # it gives each host is what the leases sized by it carry (core.delegation).
             # No spare room there: the leases are sized to the wants, not the nameplates.
-            return divide_charged(self.tree.with_reserves(reserves), totals, self.lost)
+            return _LAST_DIVISION.get(tree, ("charged", key),
+                                      lambda: divide_charged(tree.with_reserves(reserves), totals, lost))
         ceilings = {h: reserves[h] + w for h, w in self.ceilings.items() if h in totals} or None
-        return divide(self.tree.with_reserves(reserves), totals, self.lost, ceilings)
+        return _LAST_DIVISION.get(tree, (key, None if ceilings is None else tuple(sorted(ceilings.items()))),
+                                  lambda: divide(tree.with_reserves(reserves), totals, lost, ceilings))
 
     def unseated_hold_w(self, host: str, reserve_w: float, floor_w: float) -> float:
         """What a live host whose seat of ``reserve_w`` does not fit holds its cards at

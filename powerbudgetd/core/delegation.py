@@ -332,7 +332,9 @@ def proposed_w(tree: PowerTree, held_w: Mapping[str, float], wants_w: Mapping[st
     best = max(now, min(target, spare))
     if best <= now or delegation_fits(tree, held_w, delegations_w, node, best, lost):
         return best
-    # Float residue (or an ancestor over already): the largest figure the check accepts.
+    if not delegation_fits(tree, held_w, delegations_w, node, now, lost):
+        return now  # a node over already (a feed lost): no figure above fits either
+    # Float residue: the largest figure the check accepts.
     lo, hi = now, best
     for _ in range(60):
         mid = (lo + hi) / 2

@@ -40,9 +40,9 @@ Pure: no I/O, no clock. Figures in wall W, shed times in s.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
-from typing import cast
+from typing import Generic, TypeVar, cast
 
 from powerbudgetd.core.fair import max_min_fair
 
@@ -325,6 +325,27 @@ class PowerTree:
         stays within its budget, failover counted (redundant: the host's whole draw on
         each cord; oversubscribed: its share). 0 when even its reserve does not fit."""
         return max(0.0, self.room_for_w(host, held_w) - self.hosts[host].reserve_w)
+
+
+_T = TypeVar("_T")
+
+
+class LastDivision(Generic[_T]):
+    """The last division a process computed and what it was computed from: the tree's
+    shape (held by its memo: copies of one parsed tree share it) and a key of the
+    figures it depends on. Successive reads of a circuit mostly differ in grants and
+    leases, which no division depends on: they divide alike, once. The value is shared:
+    callers do not change it."""
+
+    def __init__(self) -> None:
+        self._last: tuple[object, object, _T] | None = None
+
+    def get(self, tree: PowerTree, key: object, compute: Callable[[], _T]) -> _T:
+        """The value for ``tree``'s shape and ``key`` (``compute()`` where it moved)."""
+        last = self._last
+        if last is None or last[0] is not tree._memo or last[1] != key:
+            last = self._last = (tree._memo, key, compute())
+        return last[2]
 
 
 def divide(tree: PowerTree, wants_w: Mapping[str, float], lost: str | None = None,

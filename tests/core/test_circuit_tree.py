@@ -161,3 +161,25 @@ def test_a_host_whose_seat_is_unreadable_still_counts_the_grant_that_reads():
     assert GrantPolicy(release_hold_s=60).target_w(v, "a", 1300.0, 0.0) == pytest.approx(1200.0)
     assert GrantPolicy(release_hold_s=60).target_w(v, "x", 1000.0, 0.0) == 0.0
     assert not raise_allowed(v, "a", 1300.0)
+
+
+def test_the_division_is_kept_across_reads_that_differ_only_in_grants_and_redone_when_its_inputs_move(monkeypatch):
+    """A process keeps the last division (``core.tree.LastDivision``): views of
+    successive reads that differ in grants divide once; a want, a seat, a budget (an
+    unmanaged load) or a feed lost moved gives a new division, never the stale one."""
+    import powerbudgetd.core.circuit as circuit
+
+    calls = []
+    real = circuit.divide
+    monkeypatch.setattr(circuit, "divide", lambda *a, **k: calls.append(1) or real(*a, **k))
+    monkeypatch.setattr(circuit, "_LAST_DIVISION", circuit.LastDivision())
+    tree = two_branches(priority_b=1)
+    v = view_of(tree, {"a": 100.0, "b": 100.0}, wants={"a": 900.0, "b": 900.0})
+    assert (v.fair_w("a"), v.fair_w("b")) == pytest.approx((300.0, 500.0))  # b's class first, to its branch
+    assert replace(v, grants={"a": 200.0, "b": 400.0}).fair_w("a") == pytest.approx(300.0)
+    assert len(calls) == 1
+    moved = [replace(v, wants={"a": 900.0, "b": 100.0}),
+             replace(v, seats={"a": 300.0, "b": 100.0}, tree=tree.with_reserves({"a": 300.0, "b": 100.0})),
+             replace(v, tree=v.tree.with_unmanaged({"root": 300.0}))]
+    assert [m.fair_w("a") for m in moved] == pytest.approx([500.0, 100.0, 0.0])
+    assert len(calls) == 4

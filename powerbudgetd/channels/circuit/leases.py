@@ -25,7 +25,7 @@ from collections.abc import Mapping
 
 from powerbudgetd.channels.circuit.store import CircuitStore, Read
 from powerbudgetd.core.delegation import fair_leases_w, proposed_w
-from powerbudgetd.core.tree import PowerTree
+from powerbudgetd.core.tree import LastDivision, PowerTree
 
 REBALANCE_S = 5.0  # the periodic resize (s): slower than a round, so whole-circuit transactions stay rare
 ASK_S = 0.5  # a host held back by a lease asks for more at most this often (s)
@@ -66,10 +66,7 @@ def margins_w(read: Read, tree: PowerTree, margin_w: float | None) -> dict[str, 
             for n, node in tree.nodes.items() if node.delegate and n in under}
 
 
-# The last division computed in this process and what it depends on (the tree's shape,
-# held by its memo, and budgets; the seats, wants, margins and feed lost): reads that
-# differ only in grants and leases (most revisions) divide alike.
-_LAST_FAIR: list[tuple[object, object, dict[str, float]]] = []
+_LAST_FAIR: LastDivision[dict[str, float]] = LastDivision()
 
 
 def fair_w(read: Read, wants_w: Mapping[str, float], margin_w: float | None) -> dict[str, float]:
@@ -82,9 +79,7 @@ def fair_w(read: Read, wants_w: Mapping[str, float], margin_w: float | None) -> 
     margins = margins_w(read, tree, margin_w)
     key = (read.view.lost, tuple(n.budget_w for n in tree.nodes.values()), tuple(seats.items()),
            tuple(sorted(wants_w.items())), tuple(sorted(margins.items())))
-    if not (_LAST_FAIR and _LAST_FAIR[0][0] is tree._memo and _LAST_FAIR[0][1] == key):
-        _LAST_FAIR[:] = [(tree._memo, key, fair_leases_w(tree, seats, wants_w, margins, read.view.lost))]
-    return _LAST_FAIR[0][2]
+    return _LAST_FAIR.get(tree, key, lambda: fair_leases_w(tree, seats, wants_w, margins, read.view.lost))
 
 
 async def resize(store: CircuitStore, read: Read, host: str, *, wants_w: Mapping[str, float],
