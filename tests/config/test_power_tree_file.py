@@ -64,7 +64,7 @@ def test_the_packaged_row_loads_with_its_feeds_racks_and_forty_hosts():
     ({"nodes__b__volts": None}, "nodes.b: breaker_a and volts go together"),
     ({"nodes__b__breaker_a": -3}, "nodes.b.breaker_a: Input should be greater than 0, got -3"),
     ({"nodes__b__budget_w": "5000"}, "nodes.b.budget_w: Input should be a valid number, got '5000'"),
-    ({"nodes__a__kind": "rack"}, "nodes.a: kind: 'rack' is not one of site, feed, ups, panel, pdu, circuit"),
+    ({"nodes__a__kind": "rack"}, "nodes.a: kind: 'rack' is not one of site, feed, ups, panel, pdu, circuit, outlet"),
     ({"nodes__b__parent": "nowhere"}, "nodes.b.parent: no node 'nowhere'"),
     ({"hosts__h1__cords": {"a": 0.5, "site": 0.5}}, "hosts.h1.cords: 'site' has children: a cord goes to a leaf"),
     ({"hosts__h1__cords": {"a": 0.5, "b": 0.4}}, "hosts.h1.cords: shares must be > 0 and sum to 1"),

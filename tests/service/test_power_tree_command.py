@@ -30,7 +30,7 @@ def test_a_bad_tree_file_is_refused_with_each_problem_on_its_line(tmp_path, caps
     assert main(["simulate", "--circuit", "--tree", str(path)]) == ExitStatus.CONFIG
     err = capsys.readouterr().err.splitlines()
     assert err[0] == f"powerbudgetd: --tree: {path}: invalid power tree"
-    assert err[1:] == ["  nodes.a: kind: 'rack' is not one of site, feed, ups, panel, pdu, circuit"]
+    assert err[1:] == ["  nodes.a: kind: 'rack' is not one of site, feed, ups, panel, pdu, circuit, outlet"]
     assert main(["simulate", "--circuit", "--tree", "row-9"]) == ExitStatus.CONFIG
     assert "no tree 'row-9'" in capsys.readouterr().err
 
