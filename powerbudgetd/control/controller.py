@@ -209,22 +209,31 @@ class Controller:
         every other card's bound; none in a tick that ``hold_raises`` (a fault: a card
         just lost may have made way for one NVML lists only at the next enumeration,
         uncounted until then; a contested card), nor while a card is new."""
+        steps = []
         for c in active:
+            target, bound = targets[c.uuid], bounds[c.uuid]
             step = to_mw(c.info.caps.limit_step_w)  # a driver that keeps whole W (amdgpu) reads back only those
-            if step > 1 and targets[c.uuid] % step:
-                targets[c.uuid] = max(c.min_mw, targets[c.uuid] - targets[c.uuid] % step)  # down: within the budget
-            c.target_mw = targets[c.uuid] = c.ledger.avoid_refused(targets[c.uuid], c.min_mw)
-            if targets[c.uuid] in c.refused and targets[c.uuid] < c.bound_mw:
-                # It cannot be lowered to what it was counted at (NVML refused that value,
-                # and every one below): held, it counts at its bound from the next tick and
-                # the others are fitted around it, instead of lending watts it still holds.
-                c.hold(now, "write_refused", target_w=to_w(targets[c.uuid]), counted_w=to_w(c.bound_mw))
-        # A new card is written even at its target: only a confirmed write of ours ends it.
-        # A slow card (its reads time out) keeps its place and takes no write meanwhile.
-        steps = [Step(c.uuid, bounds[c.uuid], targets[c.uuid], c.asked_mw, c.priority,
-                      busy=c.ledger.writing or c.slow_since is not None, force=c.ledger.new)
-                 for c in active if targets[c.uuid] not in c.refused]
-        outside_mw = sum(bounds.values()) - sum(st.bound_mw for st in steps)  # fixed, lost, held
+            if step > 1 and target % step:
+                target = max(c.min_mw, target - target % step)  # down: within the budget
+            c.target_mw = targets[c.uuid] = target = c.ledger.avoid_refused(target, c.min_mw)
+            if target in c.refused:
+                if target < bound:
+                    # It cannot be lowered to what it was counted at (NVML refused that value,
+                    # and every one below): held, it counts at its bound from the next tick and
+                    # the others are fitted around it, instead of lending watts it still holds.
+                    c.hold(now, "write_refused", target_w=to_w(target), counted_w=to_w(bound))
+                continue
+            asked, new = c.asked_mw, c.ledger.new
+            if target == bound == asked and not new:
+                # At rest (most cards, most ticks): no write to plan (plan_writes passes such
+                # a step by), so none is built; it counts outside the plan with the others,
+                # which leaves the plan the same room.
+                continue
+            # A new card is written even at its target: only a confirmed write of ours ends it.
+            # A slow card (its reads time out) keeps its place and takes no write meanwhile.
+            steps.append(Step(c.uuid, bound, target, asked, c.priority,
+                              busy=c.ledger.writing or c.slow_since is not None, force=new))
+        outside_mw = sum(bounds.values()) - sum(st.bound_mw for st in steps)  # fixed, lost, held, at rest
         hold_raises = hold_raises or any(c.ledger.new for c in active)
         return plan_writes(steps, self.budget_mw - outside_mw, allow_increases=not hold_raises)
 
