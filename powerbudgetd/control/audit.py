@@ -42,6 +42,11 @@ FROZEN_TOLERANCE_W = 10.0
 FROZEN_TOLERANCE = 0.1
 
 
+def _impossible(v: float | None, limit_w: float) -> bool:
+    """A power reading (W) no card can draw: negative, overflowed, or far above ``limit_w``."""
+    return v is not None and (v < 0 or v >= OVERFLOW_W or v > IMPOSSIBLE_FACTOR * limit_w)
+
+
 @dataclass
 class CardAudit:
     """Drift, contest, excursions and reading checks of one card (W, mW, s)."""
@@ -61,7 +66,7 @@ class CardAudit:
     frozen: bool = False  # the power reading is stuck while the energy counter moves
     _bad_since: float | None = None  # impossible readings in a row since (s)
     _good_since: float | None = None  # plausible readings in a row since (s), in an episode
-    _plausible: tuple[float | None, float | None] = (None, None)  # last believed (avg W, instant W)
+    _plausible: PowerReading | None = None  # the last reading believed (its power, W, stands in)
     _same_w: float | None = None  # the 1 s average last seen ...
     _same_since: float = 0.0  # ... unchanged since (s)
     _energy_mark: tuple[float, float] | None = None  # (s, J) of the last energy read while suspect
@@ -70,6 +75,8 @@ class CardAudit:
     @property
     def readings_rejected(self) -> tuple[tuple[str, int], ...]:
         """Power readings not believed so far, by reason (exported as a counter)."""
+        if not self.frozen_readings and not self.implausible_readings:
+            return (("frozen", 0), ("impossible", 0))  # a constant: read for every card every tick
         return (("frozen", self.frozen_readings), ("impossible", self.implausible_readings))
 
     def contested(self, now: float) -> bool:
@@ -86,9 +93,11 @@ class CardAudit:
         plausible readings have lasted the window too. Every impossible reading is counted."""
         limit_w = max(to_w(worst_mw), 1.0)
         why = None
-        for name, v in (("power_avg_w", r.power_avg_w), ("power_instant_w", r.power_instant_w)):
-            if v is not None and (v < 0 or v >= OVERFLOW_W or v > IMPOSSIBLE_FACTOR * limit_w):
-                why = f"{name} {v:g} W outside 0..{IMPOSSIBLE_FACTOR * limit_w:g} W"
+        # Every card every tick: the two fields judged without a tuple built to loop over.
+        if _impossible(avg := r.power_avg_w, limit_w):
+            why = f"power_avg_w {avg:g} W outside 0..{IMPOSSIBLE_FACTOR * limit_w:g} W"
+        if _impossible(instant := r.power_instant_w, limit_w):
+            why = f"power_instant_w {instant:g} W outside 0..{IMPOSSIBLE_FACTOR * limit_w:g} W"
         if why is None:
             self._bad_since = None
             if self.implausible is not None:
@@ -97,13 +106,16 @@ class CardAudit:
                     return PowerReading(None, None, r.requested_limit_w, r.enforced_limit_w)
                 log.info("power_reading_plausible_again", index=index, uuid=uuid)
                 self.implausible = None
-            self._plausible = (r.power_avg_w, r.power_instant_w)
+            self._plausible = r
             return r
         self.implausible_readings += 1
         self._good_since = None
         self._bad_since = now if self._bad_since is None else self._bad_since
         if self.implausible is None and now - self._bad_since < IMPLAUSIBLE_WINDOW_S - 1e-9:
-            return PowerReading(*self._plausible, r.requested_limit_w, r.enforced_limit_w)
+            last = self._plausible
+            return PowerReading(None if last is None else last.power_avg_w,
+                                None if last is None else last.power_instant_w,
+                                r.requested_limit_w, r.enforced_limit_w)
         if self.implausible is None:
             log.warning("power_reading_impossible", index=index, uuid=uuid, reason=why,
                         impossible_for_s=round(now - self._bad_since, 3),
@@ -111,11 +123,11 @@ class CardAudit:
         self.implausible = why
         return PowerReading(None, None, r.requested_limit_w, r.enforced_limit_w)
 
-    def check_frozen(self, now: float, r: PowerReading, energy_j: Callable[[], float | None],
+    def check_frozen(self, now: float, r: PowerReading, energy_j: Callable[[str], float | None],
                      index: int, uuid: str) -> PowerReading:
         """The reading with its power made unknown while it is frozen: the 1 s average
-        unchanged for ``FROZEN_AFTER_S`` while the energy counter (``energy_j``, J, read
-        only while suspect) says the card drew something else. Logged once per episode."""
+        unchanged for ``FROZEN_AFTER_S`` while the energy counter (``energy_j(uuid)``, J,
+        read only while suspect) says the card drew something else. Logged once per episode."""
         avg = r.power_avg_w
         if avg is None or avg != self._same_w:
             if self.frozen:
@@ -125,7 +137,7 @@ class CardAudit:
         if now - self._same_since >= FROZEN_AFTER_S:
             mark = self._energy_mark
             if mark is None or now - mark[0] >= ENERGY_CHECK_S:
-                self._energy_sample(now, energy_j(), avg, index, uuid)
+                self._energy_sample(now, energy_j(uuid), avg, index, uuid)
         if not self.frozen:
             return r
         self.frozen_readings += 1
@@ -155,7 +167,7 @@ class CardAudit:
     def audit(self, led: CardLedger, r: PowerReading, target_mw: int | None, now: float, index: int, uuid: str) -> None:
         """Check one read for drift, contest, unknown power and excursions (logs)."""
         requested = led.requested_mw
-        if self.expected_mw is not None and not led.inflight and requested not in (None, self.expected_mw):
+        if self.expected_mw is not None and not led.inflight and requested is not None and requested != self.expected_mw:
             found_w = to_w(requested)
             log.warning("limit_drift", index=index, uuid=uuid, expected_w=to_w(self.expected_mw), found_w=found_w,
                         action="re-applied (a driver reload, a GPU reset or another tool)")

@@ -157,8 +157,7 @@ class Controller:
     def tick(self, now: float) -> TickReport:
         # The device count rides with the card reads: one hand-off to the NVML workers. A
         # card the enumeration found gone, back or new is read (again) after it.
-        reads = self.calls.many({BANK_KEY: (self.nvml.device_count, ()),
-                                 **{c.uuid: (self.nvml.read, (c.uuid,)) for c in self.cards}})
+        reads = self.calls.many(self.bank.read_calls())
         for uuid in self.bank.follow(now, reads.pop(BANK_KEY)):
             reads.pop(uuid, None)
         faults = self._observe_all(now, reads)
@@ -167,16 +166,21 @@ class Controller:
         held = [f for c in self.cards if (f := observe.expire(c, now))]
         if faults and not self.dry_run:
             self._failsafe_until = now + self.timings.failsafe_hold_s
-        sum_bound_mw = self.sum_bound_mw  # unchanged until record() takes the writes in
+        # Each card's bound, taken once: unchanged until record() takes this tick's writes
+        # in (then taken again for the cards written), it is what the plan, the over-budget
+        # episode and the snapshot count.
+        bounds = {c.uuid: c.bound_mw for c in self.cards}
+        sum_bound_mw = sum(bounds.values())
         self._over = sum_bound_mw > self.budget_mw
-        mode = self._mode(now)
+        contested = any(c.contested(now) for c in self.cards)  # the audit's, set by the reads above
+        mode = self._mode(now, contested)
         shown = Mode.DRY_RUN if self.dry_run else Mode.MONITOR if self.monitor_only else mode
         if shown != self.mode:
             log.info("mode_changed", old=str(self.mode), new=str(shown), faults=faults or None)
             self.mode = shown
         if self.monitor_only:
             self.ready, self.stopped = True, self.stopping
-            return self._report(now, [], faults + held)
+            return self._report(now, [], faults + held, bounds)
 
         active = [c for c in self.cards if self._active(c, now)]
         settling = self._over and any(c.ledger.above_requested and not c.ledger.held_above for c in self.cards)
@@ -185,55 +189,70 @@ class Controller:
         if self._budget_reason is not None and mode != Mode.STOPPING:
             reasons = dict.fromkeys(reasons, self._budget_reason)
         self._budget_reason = None
-        applied = self.actuator.apply(self._plan(now, active, targets, bool(faults)),
+        applied = self.actuator.apply(self._plan(now, active, targets, bounds, bool(faults) or contested),
                                       sum_bound_mw=sum_bound_mw, budget_mw=self.budget_mw)
-        done = record(applied, {c.uuid: c for c in self.cards}, reasons, sum_bound_mw, now, self.dry_run,
-                      self.allow_monitor_only)
+        by_uuid = self.bank.by_uuid
+        done = record(applied, by_uuid, reasons, sum_bound_mw, now, self.dry_run, self.allow_monitor_only)
         if done.no_permission:
             self._monitor_only()
-        self.over.track(now, self.cards, self.budget_mw, mode, self.sum_bound_mw)
-        # Done is judged on every card we control, those counted where they are while
-        # their decrease bites (over budget) too: their writes must be confirmed first.
-        self._check_done(now, mode, [c for c in self.cards if self._controlled(c, now)])
-        return self._report(now, done.events, faults + held)
+        for a in applied:  # record() changed these cards' ledgers, and no other's
+            bounds[a.write.uuid] = by_uuid[a.write.uuid].bound_mw
+        sum_bound_mw = sum(bounds.values())
+        self.over.track(now, self.cards, self.budget_mw, mode, sum_bound_mw)
+        self._check_done(now, mode, sum_bound_mw)
+        return self._report(now, done.events, faults + held, bounds)
 
-    def _plan(self, now: float, active: list[CardState], targets: dict[str, int], fault: bool = False) -> list[Write]:
-        """The writes that move the active cards to their targets, decreases first,
-        increases only into the budget left above every other card's bound; none in a
-        tick with a ``fault`` (a card just lost may have made way for one NVML lists
-        only at the next enumeration, uncounted until then)."""
+    def _plan(self, now: float, active: list[CardState], targets: dict[str, int], bounds: Mapping[str, int],
+              hold_raises: bool = False) -> list[Write]:
+        """The writes that move the active cards to their targets (``bounds``: every
+        card's, by UUID), decreases first, increases only into the budget left above
+        every other card's bound; none in a tick that ``hold_raises`` (a fault: a card
+        just lost may have made way for one NVML lists only at the next enumeration,
+        uncounted until then; a contested card), nor while a card is new."""
+        steps = []
         for c in active:
+            target, bound = targets[c.uuid], bounds[c.uuid]
             step = to_mw(c.info.caps.limit_step_w)  # a driver that keeps whole W (amdgpu) reads back only those
-            if step > 1 and targets[c.uuid] % step:
-                targets[c.uuid] = max(c.min_mw, targets[c.uuid] - targets[c.uuid] % step)  # down: within the budget
-            c.target_mw = targets[c.uuid] = c.ledger.avoid_refused(targets[c.uuid], c.min_mw)
-            if targets[c.uuid] in c.refused and targets[c.uuid] < c.bound_mw:
-                # It cannot be lowered to what it was counted at (NVML refused that value,
-                # and every one below): held, it counts at its bound from the next tick and
-                # the others are fitted around it, instead of lending watts it still holds.
-                c.hold(now, "write_refused", target_w=to_w(targets[c.uuid]), counted_w=to_w(c.bound_mw))
-        # A new card is written even at its target: only a confirmed write of ours ends it.
-        # A slow card (its reads time out) keeps its place and takes no write meanwhile.
-        steps = [Step(c.uuid, c.bound_mw, targets[c.uuid], c.asked_mw, c.priority,
-                      busy=c.ledger.writing or c.slow_since is not None, force=c.ledger.new)
-                 for c in active if targets[c.uuid] not in c.refused]
-        planned = {st.uuid for st in steps}
-        outside_mw = sum(c.bound_mw for c in self.cards if c.uuid not in planned)  # fixed, lost, held
-        hold_raises = fault or any(c.contested(now) for c in self.cards) or any(c.ledger.new for c in active)
+            if step > 1 and target % step:
+                target = max(c.min_mw, target - target % step)  # down: within the budget
+            c.target_mw = targets[c.uuid] = target = c.ledger.avoid_refused(target, c.min_mw)
+            if target in c.refused:
+                if target < bound:
+                    # It cannot be lowered to what it was counted at (NVML refused that value,
+                    # and every one below): held, it counts at its bound from the next tick and
+                    # the others are fitted around it, instead of lending watts it still holds.
+                    c.hold(now, "write_refused", target_w=to_w(target), counted_w=to_w(bound))
+                continue
+            asked, new = c.asked_mw, c.ledger.new
+            if target == bound == asked and not new:
+                # At rest (most cards, most ticks): no write to plan (plan_writes passes such
+                # a step by), so none is built; it counts outside the plan with the others,
+                # which leaves the plan the same room.
+                continue
+            # A new card is written even at its target: only a confirmed write of ours ends it.
+            # A slow card (its reads time out) keeps its place and takes no write meanwhile.
+            steps.append(Step(c.uuid, bound, target, asked, c.priority,
+                              busy=c.ledger.writing or c.slow_since is not None, force=new))
+        outside_mw = sum(bounds.values()) - sum(st.bound_mw for st in steps)  # fixed, lost, held, at rest
+        hold_raises = hold_raises or any(c.ledger.new for c in active)
         return plan_writes(steps, self.budget_mw - outside_mw, allow_increases=not hold_raises)
 
-    def _check_done(self, now: float, mode: Mode, controlled: list[CardState]) -> None:
+    def _check_done(self, now: float, mode: Mode, sum_bound_mw: int) -> None:
         """Ready only when provably within budget: every card we control confirmed at its
-        boot limit, and the sum of bounds (cards we cannot lower counted at theirs) fits.
-        Stopped once every card we control is confirmed at or below its fair share
-        (also those counted where they are while a decrease bites)."""
-        if (mode == Mode.BOOTING and self.sum_bound_mw <= self.budget_mw
-                and all(c.ledger.confirmed(now) and c.bound_mw == c.target_mw for c in controlled)):
-            self.ready = True
-            log.info("ready", budget_w=to_w(self.budget_mw), sum_limits_w=to_w(self.sum_bound_mw),
-                     degraded=self.degraded() or None)
-        if mode == Mode.STOPPING and all(c.ledger.confirmed(now) and c.bound_mw <= (c.share_mw or 0) for c in controlled):
-            self.stopped = True
+        boot limit, and the sum of bounds (``sum_bound_mw``, as the tick's writes left it;
+        cards we cannot lower counted at theirs) fits. Stopped once every card we control
+        is confirmed at or below its fair share. Judged on every card we control, those
+        counted where they are while their decrease bites (over budget) too: their writes
+        must be confirmed first."""
+        if mode == Mode.BOOTING and sum_bound_mw <= self.budget_mw:
+            if all(c.ledger.confirmed(now) and c.bound_mw == c.target_mw for c in self.cards if self._controlled(c, now)):
+                self.ready = True
+                log.info("ready", budget_w=to_w(self.budget_mw), sum_limits_w=to_w(sum_bound_mw),
+                         degraded=self.degraded() or None)
+        elif mode == Mode.STOPPING:
+            if all(c.ledger.confirmed(now) and c.bound_mw <= (c.share_mw or 0)
+                   for c in self.cards if self._controlled(c, now)):
+                self.stopped = True
 
     def _observe_all(self, now: float, results: dict[str, Any]) -> list[str]:
         """Every card's read (``results``, by UUID: a PowerReading or the NvmlError; a card
@@ -241,11 +260,12 @@ class Controller:
         if new := {c.uuid: (self.nvml.read, (c.uuid,)) for c in self.cards if c.uuid not in results}:
             results = {**results, **self.calls.many(new)}
         faults = []
+        energy_j = self._energy_j
         for c in self.cards:
             r = results[c.uuid]
             if isinstance(r, NvmlError) and not isinstance(r, NvmlTimeout):
                 self.bank.look_again(now)  # a lookup error (not a slow card): enumerate again
-            if fault := observe.observe(c, r, now, lambda c=c: self._energy_j(c.uuid)):  # type: ignore[misc]
+            if fault := observe.observe(c, r, now, energy_j):
                 faults.append(fault)
         return faults
 
@@ -255,8 +275,8 @@ class Controller:
         except NvmlError:
             return None
 
-    def _report(self, now: float, events: list[WriteEvent], faults: list[str]) -> TickReport:
-        snap = self.snapshot(now)
+    def _report(self, now: float, events: list[WriteEvent], faults: list[str], bounds: Mapping[str, int]) -> TickReport:
+        snap = bank_snapshot(self.cards, now, self.mode, self.ready, self.budget_mw, self.over, bounds)
         return TickReport(now, self.mode, self.ready, to_w(self.budget_mw), snap.sum_limit_bound_w,
                           tuple(events), tuple(faults), snap)
 
@@ -272,12 +292,13 @@ class Controller:
         """Why the bank is not fully under control, one phrase per card (empty: it is)."""
         return degraded(self.cards)
 
-    def _mode(self, now: float) -> Mode:
+    def _mode(self, now: float, contested: bool) -> Mode:
+        """This tick's mode (``contested``: some card's limit is)."""
         if self.stopping:
             return Mode.STOPPING
         if not self.ready:
             return Mode.BOOTING
-        if now < self._failsafe_until or any(c.contested(now) for c in self.cards):
+        if now < self._failsafe_until or contested:
             return Mode.FAILSAFE
         return Mode.DYNAMIC
 

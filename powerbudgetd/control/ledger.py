@@ -83,11 +83,11 @@ class CardLedger:
         """The highest limit that may be in force (mW): requested, enforced, every write
         that may still land (ours in flight or replaced, another tool's raise), and the
         worst case where a limit is unknown, the card is new or a call on it is overdue."""
-        landing: list[int] = []
+        landing: list[int] | tuple[()] = ()  # the common case, every card every tick: no list built
         if self.inflight or self.superseded:
             landing = [mw for mw, _ in self.inflight] + [mw for mw, _ in self.superseded]
         if self.foreign_mw is not None:
-            landing.append(self.foreign_mw)
+            landing = [*landing, self.foreign_mw]
         return limit_bound_mw(self.requested_mw, self.enforced_mw, self.worst_mw, landing,
                               unknown=self.new or self.overdue)
 
@@ -96,7 +96,7 @@ class CardLedger:
         """Take one read-back of the card's limits (None: unknown). Returns the target
         (mW) of the write of ours it confirms, if any (the in-flight list is then cleared)."""
         self._forget_expired(now, self._take(now, requested_mw, enforced_mw))
-        ours = [mw for mw, _ in self.inflight]
+        ours = [mw for mw, _ in self.inflight] if self.inflight else ()  # every card every tick: mostly none
         if requested_mw is not None and requested_mw in ours:
             self.seen_ours = True  # our write reached the card: whatever replaces it is news
         if (self.separate_requested and self.inflight and not self.overdue and requested_mw is not None
@@ -137,9 +137,10 @@ class CardLedger:
         self.replaced_by_ours = False
         moved = enforced_mw is not None and self.enforced_mw is not None and enforced_mw != self.enforced_mw
         self.requested_mw, self.enforced_mw = requested_mw, enforced_mw
-        for v in (requested_mw, enforced_mw):
-            if v is not None and v > self.worst_mw:
-                self.worst_mw = v
+        if requested_mw is not None and requested_mw > self.worst_mw:
+            self.worst_mw = requested_mw
+        if enforced_mw is not None and enforced_mw > self.worst_mw:
+            self.worst_mw = enforced_mw
         return moved
 
     def _forget_expired(self, now: float, moved: bool) -> None:

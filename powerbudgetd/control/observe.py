@@ -25,10 +25,10 @@ OUTSIDE_CAP_CHECK_S = 300.0  # a card capped from outside is offered its share a
 
 
 def observe(c: CardState, r: PowerReading | NvmlError, now: float,
-            energy_j: Callable[[], float | None]) -> str | None:
+            energy_j: Callable[[str], float | None]) -> str | None:
     """Take one read of ``c`` (or the error reading it) into its ledger and audit;
-    ``energy_j`` reads its energy counter (J), asked only while a reading looks frozen.
-    Returns a fault description the first time the card cannot be read, else None.
+    ``energy_j(uuid)`` reads a card's energy counter (J), asked only while a reading
+    looks frozen. Returns a fault description the first time the card cannot be read, else None.
 
     A read that timed out is a slow card, not a lost one: for ``confirm_timeout_s`` (the
     longest a write of ours is waited for) from the first in a row, it keeps its bound

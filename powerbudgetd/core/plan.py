@@ -78,9 +78,10 @@ def plan_writes(steps: Sequence[Step], budget_mw: int, allow_increases: bool = T
     decreases.sort(key=lambda w: w.to_mw - w.from_mw)
     headroom = budget_mw - sum(s.bound_mw for s in steps) if allow_increases else 0
     increases = uncertain if within else []
-    for s in sorted(steps, key=lambda s: (-s.priority, s.target_mw - s.bound_mw)):
+    rising = [s for s in steps if s.target_mw > s.bound_mw and not s.busy]  # sorted alone: few, most ticks
+    for s in sorted(rising, key=lambda s: (-s.priority, s.target_mw - s.bound_mw)):
         delta = s.target_mw - s.bound_mw
-        if 0 < delta <= headroom and not s.busy:
+        if delta <= headroom:
             increases.append(Write(s.uuid, s.bound_mw, s.target_mw))
             headroom -= delta
     return decreases + increases

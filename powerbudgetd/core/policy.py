@@ -334,7 +334,8 @@ class LendingPolicy:
             second = float(int(now))
             if tr.peaks and tr.peaks[-1][0] == second:
                 _, mw, capped = tr.peaks[-1]
-                tr.peaks[-1] = (second, max(mw, draw), capped or at_cap_now)
+                if draw > mw or (at_cap_now and not capped):  # else unchanged: no tuple built
+                    tr.peaks[-1] = (second, max(mw, draw), capped or at_cap_now)
             else:
                 tr.peaks.append((second, draw, at_cap_now))
             while tr.peaks and now - tr.peaks[0][0] > USE_MEMORY_S + 1.0:

@@ -51,6 +51,7 @@ _ERROR_KINDS: dict[int, type[NvmlError]] = {
 
 _FUNCTION_NOT_FOUND = 13  # NVML_ERROR_FUNCTION_NOT_FOUND: a driver older than the call
 FI_DEV_POWER_INSTANT = 186  # NVML_FI_DEV_POWER_INSTANT: instant board power, mW
+_INSTANT_FIELDS = (FI_DEV_POWER_INSTANT,)  # the field ids asked every read: one tuple, not a list a call
 _VALUE_FIELDS = {0: "dVal", 1: "uiVal", 2: "ulVal", 3: "ullVal", 4: "sllVal", 5: "siVal", 6: "usVal"}
 # The bindings' structures pass every attribute read through a Python-level
 # __getattribute__ that decodes bytes; a field value's members are numbers, so the read
@@ -356,7 +357,7 @@ class Nvml:
             "nvmlDeviceGetFieldValues",
             self._lib.nvmlDeviceGetFieldValues,
             handle,
-            [FI_DEV_POWER_INSTANT],
+            _INSTANT_FIELDS,
         )
         value = values[0]
         ret = _member(value, "nvmlReturn")
