@@ -25,7 +25,7 @@ from collections.abc import Mapping
 
 from powerbudgetd.channels.circuit.store import CircuitStore, Read
 from powerbudgetd.core.delegation import fair_leases_w, proposed_w
-from powerbudgetd.core.tree import LastDivision, PowerTree
+from powerbudgetd.core.tree import EPS_W, LastDivision, PowerTree
 
 REBALANCE_S = 5.0  # the periodic resize (s): slower than a round, so whole-circuit transactions stay rare
 ASK_S = 0.5  # a host held back by a lease asks for more at most this often (s)
@@ -82,6 +82,12 @@ def fair_w(read: Read, wants_w: Mapping[str, float], margin_w: float | None) -> 
     return _LAST_FAIR.get(tree, key, lambda: fair_leases_w(tree, seats, wants_w, margins, read.view.lost))
 
 
+def _within(read: Read) -> bool:
+    """Whether every node's charge at ``read`` is within its bound."""
+    charges = read.charges()
+    return charges is not None and all(c <= charges.bound_w(k) + EPS_W for k, c in read.charged_w().items())
+
+
 async def resize(store: CircuitStore, read: Read, host: str, *, wants_w: Mapping[str, float],
                  margin_w: float | None, step_w: float, periodic: bool, tries: int = 3) -> tuple[int, int, bool]:
     """Resize the leases of the delegated nodes above ``host`` (see the module docstring;
@@ -101,10 +107,13 @@ async def resize(store: CircuitStore, read: Read, host: str, *, wants_w: Mapping
         for _ in range(tries if node in read.delegations else 3 * tries):
             current = read.delegations.get(node)
             fair = fair_w(read, wants_w, margin_w).get(node)
-            if current is not None and fair is not None:
+            if current is not None and fair is not None and (not periodic or _within(read)):
                 # The proposal lies between what the subtree holds and its division's
-                # figure (at most the larger; ``proposed_w``): where both are near the
-                # lease, so is it, and it is not computed (most rounds of most hosts).
+                # figure (at most the larger; ``proposed_w``), and, every node within its
+                # bound, the ancestors spare the lease at least what it is: where both
+                # are near the lease, so is it, and it is not computed (most rounds of
+                # most hosts). A node over (an unmanaged load appeared) may need the
+                # lease shrunk below its figure: computed then.
                 now = read.charged_w().get(node, 0.0)
                 if (now <= current and abs(fair - current) < margin / 2) if periodic \
                         else max(now, fair) <= current + step_w:
