@@ -42,9 +42,10 @@ class CardLedger:
     worst_mw: int
     new: bool = False
     # The backend reads a requested limit apart from the enforced one (NVML). Without
-    # (hwmon, AMD SMI: one cap read back), a read that does not show our write yet says
+    # (hwmon, AMD SMI: one cap read back), a read still showing what the card had says
     # nothing of a reset or another tool: the write is waited for (counted in flight)
-    # until read back or confirm_timeout_s, and the card counts at what it read.
+    # until read back or confirm_timeout_s, and the card counts at what it read. A read
+    # above ours showing a third value is another writer's (``observe``).
     separate_requested: bool = True
     requested_mw: int | None = None
     enforced_mw: int | None = None
@@ -99,18 +100,26 @@ class CardLedger:
         ours = [mw for mw, _ in self.inflight] if self.inflight else ()  # every card every tick: mostly none
         if requested_mw is not None and requested_mw in ours:
             self.seen_ours = True  # our write reached the card: whatever replaces it is news
-        if (self.separate_requested and self.inflight and not self.overdue and requested_mw is not None
-                and requested_mw not in ours):
-            # Our writes returned (NVML sets requested before it returns), yet the card
-            # asks for something else: a reset or another tool wrote after us, and the
-            # latest request supersedes ours: waiting for a confirmation would block the
-            # correction (a card that queues writes may still apply ours after the lag:
-            # it stays counted, in superseded). Still reading what it had, and never
-            # ours, it may instead have ignored the write: once is news (resent), twice
-            # in a row a card that ignores us (expire() then holds it).
-            if requested_mw == self.requested_before_mw and not self.seen_ours:
-                self.unread += 1
-            if self.unread < 2:
+        if self.inflight and not self.overdue and requested_mw is not None and requested_mw not in ours:
+            if self.separate_requested:
+                # Our writes returned (NVML sets requested before it returns), yet the card
+                # asks for something else: a reset or another tool wrote after us, and the
+                # latest request supersedes ours: waiting for a confirmation would block the
+                # correction (a card that queues writes may still apply ours after the lag:
+                # it stays counted, in superseded). Still reading what it had, and never
+                # ours, it may instead have ignored the write: once is news (resent), twice
+                # in a row a card that ignores us (expire() then holds it).
+                if requested_mw == self.requested_before_mw and not self.seen_ours:
+                    self.unread += 1
+                if self.unread < 2:
+                    self.superseded += self.inflight
+                    self.inflight.clear()
+            elif requested_mw > self.inflight[-1][0] and requested_mw != self.requested_before_mw:
+                # One cap read back above ours, and not what it had before our write: another
+                # writer (a reset's default, another tool; a limiter only holds it lower).
+                # Ours is no longer waited for, so the card is corrected now rather than
+                # after confirm_timeout_s; it stays counted (superseded) while it may still
+                # land. (What it had may be our write not shown yet: that is waited for.)
                 self.superseded += self.inflight
                 self.inflight.clear()
         confirmed = self.inflight[-1][0] if self.inflight and self.confirmed(now) else None

@@ -348,3 +348,22 @@ def test_one_cap_an_overdue_write_stays_in_flight_when_the_card_comes_back():
     led.observe_unknown(1.5)
     led.appeared(2.0)
     assert led.inflight == [(250_000, 1.0)] and led.bound_mw == 300_000
+
+
+def test_one_cap_a_reset_above_our_write_in_flight_is_corrected_at_once_not_after_the_timeout():
+    """A cap read above our write in flight, other than what it had before it: another
+    writer (here a reset to the default) came after ours, which is no longer waited for
+    (the card would stay over its share until confirm_timeout_s) but stays counted while
+    it may land. Found by the outside-events property test on a single-cap card: 1 W over
+    a 101 W bank for 3 s."""
+    led = CardLedger(T, 52_000, separate_requested=False)
+    led.observe(0.0, 50_000, 50_000)  # another tool set 50 W
+    led.record_write(51_000, 0.1)  # ours, back to its share
+    led.observe(0.2, 52_000, 52_000)  # reset to its default before ours was read back
+    assert not led.writing and (51_000, 0.1) in led.superseded
+    assert led.bound_mw == 52_000
+    led.record_write(51_000, 0.2)  # corrected in this tick
+    assert led.observe(0.3, 51_000, 51_000) == 51_000
+    # Still reading what it had: our write may not show yet, and is waited for.
+    led.record_write(50_000, 1.0)
+    assert led.observe(1.1, 51_000, 51_000) is None and led.inflight == [(50_000, 1.0)]
