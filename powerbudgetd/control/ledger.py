@@ -61,6 +61,7 @@ class CardLedger:
     # whichever is longer, after that time.
     superseded: list[tuple[int, float]] = field(default_factory=list)
     lag_seen_s: float = 0.0  # the longest a write was seen taking to bite on this card (s)
+    shown_s: float | None = None  # one cap read back: the longest a write of ours took to show in it (s)
     unread: int = 0  # writes in a row never read back while the card kept what it had
     foreign_mw: int | None = None  # a raise we did not make, maybe still in flight
     foreign_since: float | None = None
@@ -68,6 +69,7 @@ class CardLedger:
     # at its bound and is left alone until hold_until, the hold doubling each time.
     hold_until: float = float("-inf")
     backoff_s: float = 0.0
+    held_read: tuple[int | None, int | None] = (None, None)  # the limits read when last held
     refused: set[int] = field(default_factory=set)  # values NVML refused: never resent
     requested_since: float = float("-inf")  # when the requested limit read was first seen
     # The requested limit was read in force with nothing of ours in flight and no
@@ -97,6 +99,11 @@ class CardLedger:
         """Take one read-back of the card's limits (None: unknown). Returns the target
         (mW) of the write of ours it confirms, if any (the in-flight list is then cleared)."""
         self._forget_expired(now, self._take(now, requested_mw, enforced_mw))
+        if self.held(now) and self.held_read[0] is not None and (requested_mw, enforced_mw) != self.held_read:
+            # Held with its limits known, it reads others now (a floor lifted, a reset, our
+            # write landing late): what did not take then may now; tried again at once,
+            # and a further miss holds it for twice as long (the backoff is kept).
+            self.hold_until = float("-inf")
         ours = [mw for mw, _ in self.inflight] if self.inflight else ()  # every card every tick: mostly none
         if requested_mw is not None and requested_mw in ours:
             self.seen_ours = True  # our write reached the card: whatever replaces it is news
@@ -119,11 +126,24 @@ class CardLedger:
                 # writer (a reset's default, another tool; a limiter only holds it lower).
                 # Ours is no longer waited for, so the card is corrected now rather than
                 # after confirm_timeout_s; it stays counted (superseded) while it may still
-                # land. (What it had may be our write not shown yet: that is waited for.)
+                # land.
                 self.superseded += self.inflight
                 self.inflight.clear()
+            elif (requested_mw == self.requested_before_mw and not self.seen_ours and self.shown_s is not None
+                    and now - self.inflight[-1][1] > self.shown_s):
+                # What it had, later than any write of ours ever took to show on this card:
+                # ignored, or put back by another writer (a reset to the value it had). As
+                # with a separate request: once is news (resent), twice in a row a card that
+                # ignores us. Before any write has shown, a slow card cannot be told apart:
+                # waited for until confirm_timeout_s.
+                self.unread += 1
+                if self.unread < 2:
+                    self.superseded += self.inflight
+                    self.inflight.clear()
         confirmed = self.inflight[-1][0] if self.inflight and self.confirmed(now) else None
         if confirmed is not None:
+            if not self.separate_requested and requested_mw == confirmed:  # shown in the cap read
+                self.shown_s = max(self.shown_s or 0.0, now - self.inflight[-1][1])
             self.inflight.clear()
             self.new = self.overdue = False
             self.unread = 0
@@ -299,6 +319,7 @@ class CardLedger:
         tm = self.timings
         self.backoff_s = doubled(self.backoff_s, tm.retry_backoff_s, tm.retry_backoff_max_s)
         self.hold_until = now + self.backoff_s
+        self.held_read = (self.requested_mw, self.enforced_mw)
         return first
 
     def release(self) -> bool:

@@ -350,20 +350,52 @@ def test_one_cap_an_overdue_write_stays_in_flight_when_the_card_comes_back():
     assert led.inflight == [(250_000, 1.0)] and led.bound_mw == 300_000
 
 
-def test_one_cap_a_reset_above_our_write_in_flight_is_corrected_at_once_not_after_the_timeout():
+def test_one_cap_another_writer_after_our_write_in_flight_is_corrected_at_once_not_after_the_timeout():
     """A cap read above our write in flight, other than what it had before it: another
     writer (here a reset to the default) came after ours, which is no longer waited for
     (the card would stay over its share until confirm_timeout_s) but stays counted while
-    it may land. Found by the outside-events property test on a single-cap card: 1 W over
-    a 101 W bank for 3 s."""
-    led = CardLedger(T, 52_000, separate_requested=False)
+    it may land. Reading what it had later than any write of ours took to show on it: a
+    reset back to that value, or the write ignored: resent once. Found by the
+    outside-events property test on single-cap cards: 1 W over a 101 W bank, and 42 W
+    over a 100 W one, for 3 s."""
+    led = CardLedger(T, 92_000, separate_requested=False)
     led.observe(0.0, 50_000, 50_000)  # another tool set 50 W
     led.record_write(51_000, 0.1)  # ours, back to its share
-    led.observe(0.2, 52_000, 52_000)  # reset to its default before ours was read back
+    led.observe(0.2, 92_000, 92_000)  # reset to its default before ours was read back
     assert not led.writing and (51_000, 0.1) in led.superseded
-    assert led.bound_mw == 52_000
+    assert led.bound_mw == 92_000
     led.record_write(51_000, 0.2)  # corrected in this tick
-    assert led.observe(0.3, 51_000, 51_000) == 51_000
-    # Still reading what it had: our write may not show yet, and is waited for.
+    assert led.observe(0.3, 51_000, 51_000) == 51_000  # shown 0.1 s after it was sent
+    # Reading what it had no later than our writes have taken to show: waited for.
     led.record_write(50_000, 1.0)
-    assert led.observe(1.1, 51_000, 51_000) is None and led.inflight == [(50_000, 1.0)]
+    assert led.observe(1.05, 51_000, 51_000) is None and led.inflight == [(50_000, 1.0)]
+    # Later than any has taken: resent, still counted (as the reset's 92 W, replaced by
+    # ours at 0.2 s, is while it may land on a card that queues writes).
+    led.observe(1.2, 51_000, 51_000)
+    assert not led.writing and (50_000, 1.0) in led.superseded and led.bound_mw == 92_000
+    led.record_write(50_000, 1.2)
+    assert led.observe(1.3, 50_000, 50_000) == 50_000
+
+
+def test_a_held_card_whose_limits_move_is_tried_again_at_once_and_held_twice_as_long_on_a_further_miss():
+    """A card held after a write that did not take (ignored twice: a floor elsewhere on a
+    single cap) that reads other limits later (the floor lifted) is no longer left
+    alone: the bank may need it lowered now. Found by the outside-events property test
+    on a mixed bank: a floor lifting on the held card as another card's floor began left
+    the bank 1 W over for the rest of the 5 s hold."""
+    led = CardLedger(T, 177_000, separate_requested=False)
+    led.observe(0.0, 165_000, 165_000)
+    led.record_write(164_000, 0.1)
+    led.observe(0.2, 164_000, 164_000)  # shown 0.1 s after it was sent
+    led.record_write(163_000, 1.0)
+    led.observe(1.2, 164_000, 164_000)  # not shown: resent
+    led.record_write(163_000, 1.2)
+    led.observe(1.4, 164_000, 164_000)  # not shown again: a card that ignores us
+    assert led.expire(1.4) == (163_000, 1.2) and led.hold(1.4)
+    assert led.held(1.5)
+    led.observe(1.5, 164_000, 164_000)  # unchanged: still held
+    assert led.held(1.6)
+    led.observe(2.0, 163_000, 163_000)  # it moved: tried again
+    assert not led.held(2.0)
+    led.hold(2.1)  # a further miss: twice the backoff
+    assert led.hold_until == 2.1 + 2 * T.retry_backoff_s
