@@ -32,9 +32,9 @@ each (a redundant pair). Three etcd members on loopback (``circuit_load.start_et
 Both: each client's want redrawn every ``--churn`` s on average; the etcd leader killed
 halfway, feed A marked lost at ``--feed-down-at`` of the run. Reported: raise
 transactions, conflict rate, time to grant (a want rising above the grant to the next
-raise) p50/p99, time to raise (from the first round whose division gives the host more
+raise) p50/p90/p99, time to raise (from the first round whose division gives the host more
 than it holds, by a step, to the raise that takes it: the protocol's delay, where the
-time to grant also counts a want waiting for watts the pool does not have) p50/p99, etcd requests/s, the audit of every revision (every node's committed
+time to grant also counts a want waiting for watts the pool does not have) p50/p90/p99, etcd requests/s, the audit of every revision (every node's committed
 load, failover counted, within budget: ``circuit_load._audit_until``) and the modelled
 draw sampled every 100 ms through where it flows, and the benchmark's own CPU time.
 
@@ -114,6 +114,7 @@ class DelegClient(Client):
         self.staggered = False
         self.more_since: float | None = None  # since when its division has given it more than it holds
         self.time_to_raise: list[float] = []
+        self.raise_waits: list[tuple[float, float]] = []  # (since when, how long), monotonic s
         # The PDUs this host resizes periodically (it is their first host): only those
         # hosts wake for the rebalance. Recomputed at each fresh read.
         self.first_of: list[str] = []
@@ -232,6 +233,7 @@ class DelegClient(Client):
                     self.want_rose_at = None
                 if self.more_since is not None:
                     self.time_to_raise.append(time.monotonic() - self.more_since)
+                    self.raise_waits.append((self.more_since, time.monotonic() - self.more_since))
                     self.more_since = None
             else:
                 self.conflicts += 1
@@ -389,11 +391,17 @@ async def run_mode(args: argparse.Namespace, eps: list[str], procs: list, delega
         "raise_txns": raises, "conflict_rate": round(conflicts / raises, 3) if raises else None,
         "grants_per_s": round((raises - conflicts) / elapsed, 1),
         "time_to_grant_p50_s": round(statistics.median(ttg), 3) if ttg else None,
+        "time_to_grant_p90_s": round(ttg[min(len(ttg) - 1, int(0.90 * len(ttg)))], 3) if ttg else None,
         "time_to_grant_p99_s": round(ttg[min(len(ttg) - 1, int(0.99 * len(ttg)))], 3) if ttg else None,
         "grants_timed": len(ttg),
         "time_to_raise_p50_s": round(statistics.median(ttr), 3) if ttr else None,
+        "time_to_raise_p90_s": round(ttr[min(len(ttr) - 1, int(0.90 * len(ttr)))], 3) if ttr else None,
         "time_to_raise_p99_s": round(ttr[min(len(ttr) - 1, int(0.99 * len(ttr)))], 3) if ttr else None,
         "raises_timed": len(ttr), "etcd_ops_per_s": round(calls / elapsed, 1),
+        # The longest waits and when each began (s into the run): the leader is killed
+        # at half the run, the feed lost at --feed-down-at of it.
+        "longest_raise_waits": [(round(at - t0, 1), round(w, 1)) for at, w in
+                                sorted((x for c in clients for x in getattr(c, "raise_waits", [])), key=lambda x: -x[1])[:5]],
         "bench_cpu_pct": round(100 * cpu_s / elapsed, 1),
         "reads": sum(getattr(c, "reads", 0) for c in clients),
         "range_reads": sum(c.store.range_reads for c in clients) - ranges0,
@@ -451,8 +459,8 @@ def main() -> None:
                     proc.terminate()
                     proc.wait()
     print(json.dumps(results, indent=2))
-    keys = ["raise_txns", "conflict_rate", "time_to_grant_p50_s", "time_to_grant_p99_s", "grants_timed",
-            "time_to_raise_p50_s", "time_to_raise_p99_s", "raises_timed",
+    keys = ["raise_txns", "conflict_rate", "time_to_grant_p50_s", "time_to_grant_p90_s", "time_to_grant_p99_s",
+            "grants_timed", "time_to_raise_p50_s", "time_to_raise_p90_s", "time_to_raise_p99_s", "raises_timed",
             "etcd_ops_per_s", "bench_cpu_pct", "reads", "range_reads", "keys_read", "mirror_lagged", "reads_saved", "lease_writes", "lease_conflicts",
             "leases_in_force"]
     print(f"{'':<22}" + "".join(f"{r['mode']:>12}" for r in results))

@@ -276,7 +276,7 @@ class CircuitView:
         # want: the others shed to make room for it, rather than it waiting behind them.
         reserves = {h: self.seats.get(h, 0.0) + self.pending.get(h, 0.0) for h in self.tree.hosts}
         tree, lost = self.tree, self.lost
-        key = (lost, tuple(n.budget_w for n in tree.nodes.values()), tuple(totals.items()), tuple(reserves.items()))
+        key = (lost, tuple(totals.items()), tuple(reserves.items()))
         if any(node.delegate for node in tree.nodes.values()):
             # Delegated subtrees: the same division over what the leases charge, so what
             # it gives each host is what the leases sized by it carry (core.delegation).

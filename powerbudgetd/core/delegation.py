@@ -78,7 +78,7 @@ Pure: no I/O. Figures in wall W.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import cast
 
@@ -119,9 +119,10 @@ def tops(tree: PowerTree, live: Mapping[str, float]) -> dict[str, list[str]]:
 # sharing one shape (the load test) one for each delegated node of the tree.
 MEMO_ENTRIES = 256
 
-# What Charges keeps per tree shape, leased nodes and feed lost: top, the nodes leaves
-# first, the residual tables.
-_ChargeTables = tuple[dict[str, list[str]], list[str], list[dict[str, dict[str, float]]]]
+# What Charges keeps per tree shape, leased nodes and feed lost: top, the residual
+# tables, each table's walk (``Charges.table_loads_w``).
+_Plan = list[tuple[str, tuple[str, ...], tuple[tuple[str, float], ...]]]
+_ChargeTables = tuple[dict[str, list[str]], list[dict[str, dict[str, float]]], list[_Plan]]
 
 
 @dataclass(frozen=True)
@@ -134,7 +135,7 @@ class Charges:
     lost: str | None = None
     top: dict[str, list[str]] = field(init=False, repr=False, compare=False)
     _tables: list[dict[str, dict[str, float]]] = field(init=False, repr=False, compare=False)
-    _order: list[str] = field(init=False, repr=False, compare=False)
+    _plans: list[_Plan] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         # The tables depend on the tree's shape, which nodes hold a lease and the feed
@@ -143,15 +144,21 @@ class Charges:
         memo = self.tree._memo.get(key)
         if memo is None:
             depth = {n: len(self.tree.path(n)) for n in self.tree.nodes}
-            memo = (tops(self.tree, self.live), sorted(self.tree.nodes, key=lambda n: -depth[n]),
-                    [self._resid(False)] + ([self._resid(True)] if self.lost is not None else []))
+            top = tops(self.tree, self.live)
+            order = sorted(self.tree.nodes, key=lambda n: -depth[n])
+            tables = [self._resid(False)] + ([self._resid(True)] if self.lost is not None else [])
+            # Each table's walk, leaves first: a node, what of top(k) the table counts
+            # (``counted``), its residual row.
+            plans = [[(k, tuple(m for m in top[k] if m in table), tuple(table[k].items())) for k in order if k in table]
+                     for table in tables]
+            memo = (top, tables, plans)
             if len(self.tree._memo) > MEMO_ENTRIES:
                 self.tree._memo.clear()
             self.tree._memo[key] = memo
-        top, order, tables = cast(_ChargeTables, memo)
+        top, tables, plans = cast(_ChargeTables, memo)
         object.__setattr__(self, "top", top)
-        object.__setattr__(self, "_order", order)
         object.__setattr__(self, "_tables", tables)
+        object.__setattr__(self, "_plans", plans)
 
     def _resid(self, flow: bool) -> dict[str, dict[str, float]]:
         # Walked per host along its cords' paths: at each node, top(k) as far as this host
@@ -198,26 +205,18 @@ class Charges:
         lost can move more flow into a subtree than its lease (an oversubscribed host's
         other cord), and its ancestors then carry that (``L(m) <= C(m)`` still holds)."""
         out = []
-        for table in self.tables():
+        live = self.live
+        for plan in self._plans:
             loads: dict[str, float] = {}
-            for k in self._order:  # the leaves first: top(k) done before k
-                if k in table:
-                    loads[k] = self._under_w(table, loads, k) + sum(r * held_w.get(h, 0.0) for h, r in table[k].items())
+            for k, below, row in plan:  # the leaves first: top(k) done before k
+                loads[k] = sum(max(live[m], loads[m]) for m in below) + sum(r * held_w.get(h, 0.0) for h, r in row)
             out.append(loads)
         return out
-
-    def _under_w(self, table: Mapping[str, Mapping[str, float]], loads: Mapping[str, float], node: str) -> float:
-        """What the delegated nodes just below ``node`` count at it in ``table`` (W)."""
-        return sum(max(self.live[m], loads.get(m, 0.0)) for m in self.counted(table, node))
 
     def loads_w(self, held_w: Mapping[str, float]) -> dict[str, float]:
         """Each node's charge ``C(k)`` (W): the larger of committed and, with a feed lost,
         flow (a node dead under the loss: committed only)."""
-        out: dict[str, float] = {}
-        for loads in self.table_loads_w(held_w):
-            for k, c in loads.items():
-                out[k] = max(out.get(k, -math.inf), c)
-        return out
+        return larger_w(self.table_loads_w(held_w))
 
     def over_w(self, held_w: Mapping[str, float], slack_w: float = EPS_W) -> dict[str, float]:
         """The nodes whose charge exceeds their bound by more than ``slack_w``, and by how
@@ -261,6 +260,16 @@ class Charges:
         return Zone(frozenset(nodes), frozenset(hosts), frozenset(marked), root in nodes)
 
 
+def larger_w(table_loads: Sequence[Mapping[str, float]]) -> dict[str, float]:
+    """Each node's larger charge over ``table_loads`` (W; ``Charges.table_loads_w``:
+    committed and, with a feed lost, flow; a node dead under the loss: committed only)."""
+    out: dict[str, float] = {}
+    for loads in table_loads:
+        for k, c in loads.items():
+            out[k] = max(out.get(k, -math.inf), c)
+    return out
+
+
 @dataclass(frozen=True)
 class Zone:
     """``nodes``: where a host's raise moves a charge; ``hosts``: every host charged at
@@ -302,33 +311,47 @@ def delegation_fits(tree: PowerTree, held_w: Mapping[str, float], delegations_w:
 
 def proposed_w(tree: PowerTree, held_w: Mapping[str, float], wants_w: Mapping[str, float],
                delegations_w: Mapping[str, float], node: str, *, margin_w: float = 0.0,
-               lost: str | None = None, fair_w: float | None = None) -> float:
+               lost: str | None = None, fair_w: float | None = None,
+               charged: Sequence[Mapping[str, float]] | None = None) -> float:
     """The delegation ``node`` should hold at the next rebalance (W): its subtree's charge
     at ``node`` with every host there holding its seat plus want (``wants_w``, W above
     the seat; and each host's ``held_w`` if more) plus ``margin_w``, or ``fair_w`` where
     given (its figure in the tree's priority division, :func:`fair_leases_w`: what the
     resizes use), within ``node``'s budget and what its ancestors can spare beside the
     others (never below what the subtree holds now: a shrink below that is refused by
-    :func:`delegation_fits`)."""
+    :func:`delegation_fits`). ``charged``: each node's charge at ``held_w`` per table
+    (``Charges.table_loads_w`` under ``delegations_w``), where the caller has it."""
     live = active(tree, delegations_w)
-    need = {h: max(held_w.get(h, 0.0), held_w.get(h, 0.0) + wants_w.get(h, 0.0)) for h in tree.hosts}
     # C(node) is the same whether or not node holds a lease (its lease bounds it and is
     # counted above it): the read's own tables serve (one shape, where a table with the
     # node left out would be one more per delegated node in a process's memo).
     inner = Charges(tree, live, lost)
+    loads = inner.table_loads_w(held_w) if charged is None else charged
     # Its figure in the division where given: it counts every delegated node below as
     # leased (a lease below not yet taken would otherwise be left no room under this one).
-    wish = inner.loads_w(need).get(node, 0.0) + margin_w if fair_w is None else fair_w
-    now = inner.loads_w(held_w).get(node, 0.0)
+    if fair_w is None:
+        need = {h: max(held_w.get(h, 0.0), held_w.get(h, 0.0) + wants_w.get(h, 0.0)) for h in tree.hosts}
+        wish = inner.loads_w(need).get(node, 0.0) + margin_w
+    else:
+        wish = fair_w
+    now = max((c[node] for c in loads if node in c), default=0.0)
     target = min(max(wish, now), tree.nodes[node].budget_w)
     # With the lease at 0 W, each ancestor whose charge counts it (the node in its top)
     # has that charge grow by exactly the lease: the most it may be is the least room.
     # (Per table: where the node is dead under the lost feed, the flow does not count it.)
-    at_zero = Charges(tree, {**live, node: 0.0}, lost)
-    # (At 0 W the node counts its own charge there, the larger: that is added back.)
-    spare = min((at_zero.bound_w(a) - loads[a] + loads[node]
-                 for table, loads in zip(at_zero.tables(), at_zero.table_loads_w(held_w))
-                 for a in table if node in at_zero.counted(table, a)), default=math.inf)
+    # Held already, the node counts max(D, C(node)) there, so the room at 0 W is this
+    # read's room plus that; not held, its hosts count there as residuals instead: the
+    # charges with a 0 W lease are computed.
+    if node in live:
+        spare = min((inner.bound_w(a) - c[a] + max(live[node], c[node])
+                     for table, c in zip(inner.tables(), loads)
+                     for a in table if node in inner.counted(table, a)), default=math.inf)
+    else:
+        at_zero = Charges(tree, {**live, node: 0.0}, lost)
+        # (At 0 W the node counts its own charge there, the larger: that is added back.)
+        spare = min((at_zero.bound_w(a) - c[a] + c[node]
+                     for table, c in zip(at_zero.tables(), at_zero.table_loads_w(held_w))
+                     for a in table if node in at_zero.counted(table, a)), default=math.inf)
     best = max(now, min(target, spare))
     if best <= now or delegation_fits(tree, held_w, delegations_w, node, best, lost):
         return best

@@ -332,19 +332,22 @@ _T = TypeVar("_T")
 
 class LastDivision(Generic[_T]):
     """The last division a process computed and what it was computed from: the tree's
-    shape (held by its memo: copies of one parsed tree share it) and a key of the
-    figures it depends on. Successive reads of a circuit mostly differ in grants and
-    leases, which no division depends on: they divide alike, once. The value is shared:
-    callers do not change it."""
+    shape (held by its memo: copies of one parsed tree share it), its nodes' budgets
+    (copies of one shape may differ in them) and a key of the other figures it depends
+    on. Successive reads of a circuit mostly differ in grants and leases, which no
+    division depends on: they divide alike, once. The value is shared: callers do not
+    change it."""
 
     def __init__(self) -> None:
         self._last: tuple[object, object, _T] | None = None
 
     def get(self, tree: PowerTree, key: object, compute: Callable[[], _T]) -> _T:
-        """The value for ``tree``'s shape and ``key`` (``compute()`` where it moved)."""
+        """The value for ``tree``'s shape and budgets and ``key`` (``compute()`` where
+        any moved)."""
         last = self._last
-        if last is None or last[0] is not tree._memo or last[1] != key:
-            last = self._last = (tree._memo, key, compute())
+        full = (tuple(n.budget_w for n in tree.nodes.values()), key)
+        if last is None or last[0] is not tree._memo or last[1] != full:
+            last = self._last = (tree._memo, full, compute())
         return last[2]
 
 

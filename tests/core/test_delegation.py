@@ -577,3 +577,30 @@ def test_a_feed_loss_that_overfills_a_lease_is_counted_above_it():
     assert not tree.over_w({**held, "h4": lost.room_for_w("h4", held)}, "B")
     # The lease resized to what its subtree now holds puts things right.
     assert delegation_fits(tree, held, {"pa": 50.0}, "pa", 100.0, "B")
+
+
+@settings(max_examples=examples(300), deadline=None)
+@given(delegated_trees(), st.randoms(use_true_random=False))
+def test_a_proposed_lease_is_the_largest_figure_up_to_its_target_that_the_check_accepts(case, rnd):
+    """What a resize proposes fits (``delegation_fits``, the store's own check) and no
+    figure above it up to its target does: the ancestors' room is found exactly, from the
+    read's charges (not re-computed with the node left out), under a feed lost too."""
+    tree, wants = case
+    marked = [m for m, nd in tree.nodes.items() if nd.delegate and nd.parent is not None]
+    held = {h: rnd.uniform(0, 900) for h in tree.hosts if rnd.random() < 0.8}
+    deleg = {m: rnd.uniform(0, tree.nodes[m].budget_w) for m in marked if rnd.random() < 0.7}
+    lost = rnd.choice([None, *tree.feeds()])
+    live = active(tree, deleg)
+    charges = Charges(tree, live, lost)
+    tables = charges.table_loads_w(held)
+    for m in marked:
+        fair = rnd.uniform(0, tree.nodes[m].budget_w)
+        p = proposed_w(tree, held, wants, deleg, m, lost=lost, fair_w=fair, charged=tables if live else None)
+        assert p == proposed_w(tree, held, wants, deleg, m, lost=lost, fair_w=fair)
+        now = charges.loads_w(held).get(m, 0.0)
+        target = min(max(fair, now), tree.nodes[m].budget_w)
+        assert p >= now - EPS_W
+        if p > now + EPS_W:
+            assert delegation_fits(tree, held, deleg, m, p, lost)
+        if p < target - 0.01:
+            assert not delegation_fits(tree, held, deleg, m, p + 0.01, lost)

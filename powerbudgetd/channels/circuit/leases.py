@@ -21,7 +21,9 @@ compare only its zone, and do not fail a resize elsewhere.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from functools import partial
+from typing import TypeVar
 
 from powerbudgetd.channels.circuit.store import CircuitStore, Read
 from powerbudgetd.core.delegation import fair_leases_w, proposed_w
@@ -30,6 +32,9 @@ from powerbudgetd.core.tree import EPS_W, LastDivision, PowerTree
 REBALANCE_S = 5.0  # the periodic resize (s): slower than a round, so whole-circuit transactions stay rare
 ASK_S = 0.5  # a host held back by a lease asks for more at most this often (s)
 MARGIN_FRACTION = 0.05  # a lease's room above its hosts' seats and wants: this much of the node's budget
+
+
+T = TypeVar("T")
 
 
 def delegated_above(tree: PowerTree, host: str) -> list[str]:
@@ -41,20 +46,28 @@ def delegated_above(tree: PowerTree, host: str) -> list[str]:
     return sorted(marked, key=lambda n: (len(tree.path(n)), n))
 
 
+def _per_read(read: Read, name: tuple[object, ...], of: object, compute: Callable[[], T]) -> T:
+    """``compute()`` once per read and per ``of`` (the object it was computed from: the
+    tree, a hosts' wants mapping; the in-process hosts of the load test share one read)."""
+    hit = read._memo.get(name)
+    if hit is None or hit[0] is not of:
+        hit = read._memo[name] = (of, compute())
+    out: T = hit[1]
+    return out
+
+
 def first_host(read: Read, tree: PowerTree, node: str) -> str | None:
     """The least-named live host (a record under its lease) with a cord under ``node``;
     before any record, the least-named seated one."""
-    key = f"first_hosts:{id(tree)}"
-    if key not in read._memo:  # every node's, in one pass over the hosts (once per read)
+    def first_hosts() -> dict[str, str]:  # every node's, in one pass over the hosts
         first: dict[str, str] = {}
         for h in sorted(read.records or read.view.seats):
             if h in tree.hosts:
                 for leaf in tree.hosts[h].cords:
                     for n in tree.path(leaf):
                         first.setdefault(n, h)
-        read._memo[key] = (tree, first)
-    out: str | None = read._memo[key][1].get(node)
-    return out
+        return first
+    return _per_read(read, ("first_hosts",), tree, first_hosts).get(node)
 
 
 def margins_w(read: Read, tree: PowerTree, margin_w: float | None) -> dict[str, float]:
@@ -75,17 +88,28 @@ def fair_w(read: Read, wants_w: Mapping[str, float], margin_w: float | None) -> 
     it depends on moved."""
     tree = read.view.tree
     assert tree is not None
-    seats = {h: read.view.seats.get(h, 0.0) + read.view.pending.get(h, 0.0) for h in tree.hosts}
-    margins = margins_w(read, tree, margin_w)
-    key = (read.view.lost, tuple(n.budget_w for n in tree.nodes.values()), tuple(seats.items()),
-           tuple(sorted(wants_w.items())), tuple(sorted(margins.items())))
-    return _LAST_FAIR.get(tree, key, lambda: fair_leases_w(tree, seats, wants_w, margins, read.view.lost))
+
+    def divided() -> dict[str, float]:
+        seats = {h: read.view.seats.get(h, 0.0) + read.view.pending.get(h, 0.0) for h in tree.hosts}
+        margins = margins_w(read, tree, margin_w)
+        key = (read.view.lost, tuple(seats.items()), tuple(sorted(wants_w.items())), tuple(sorted(margins.items())))
+        return _LAST_FAIR.get(tree, key, lambda: fair_leases_w(tree, seats, wants_w, margins, read.view.lost))
+    return _per_read(read, ("fair", margin_w), wants_w, divided)
 
 
 def _within(read: Read) -> bool:
     """Whether every node's charge at ``read`` is within its bound."""
     charges = read.charges()
     return charges is not None and all(c <= charges.bound_w(k) + EPS_W for k, c in read.charged_w().items())
+
+
+def _proposed_w(read: Read, node: str, wants_w: Mapping[str, float], margin_w: float,
+                fair: float | None) -> float:
+    """``core.delegation.proposed_w`` at ``read``, from the read's own charges."""
+    assert read.view.tree is not None
+    return proposed_w(read.view.tree, read.held_w(), wants_w, read.delegations, node, margin_w=margin_w,
+                      lost=read.view.lost, fair_w=fair,
+                      charged=read.table_charged_w() if read.charges() is not None else None)
 
 
 async def resize(store: CircuitStore, read: Read, host: str, *, wants_w: Mapping[str, float],
@@ -118,12 +142,8 @@ async def resize(store: CircuitStore, read: Read, host: str, *, wants_w: Mapping
                 if (now <= current and abs(fair - current) < margin / 2) if periodic \
                         else max(now, fair) <= current + step_w:
                     break
-            key = f"proposed:{node}:{margin_w}:{id(wants_w)}"  # once per read (hosts in one process share it)
-            if key not in read._memo:
-                read._memo[key] = (wants_w, proposed_w(tree, read.held_w(), wants_w, read.delegations, node,
-                                                       margin_w=margin, lost=read.view.lost,
-                                                       fair_w=fair))
-            target: float = read._memo[key][1]
+            target = _per_read(read, ("proposed", node, margin_w), wants_w,
+                               partial(_proposed_w, read, node, wants_w, margin, fair))
             if current is not None and (abs(target - current) < margin / 2 if periodic
                                         else target <= current + step_w):
                 break

@@ -89,7 +89,7 @@ from powerbudgetd.channels.circuit import records
 from powerbudgetd.channels.circuit.mirror import CircuitMirror, Entry
 from powerbudgetd.core.circuit import CircuitView
 from powerbudgetd.core.nodemeter import MeterReport, NodeMeter, check_source, node_meters, unmanaged_by_node
-from powerbudgetd.core.delegation import Charges, active, delegation_fits, lease_compares, raise_compares
+from powerbudgetd.core.delegation import Charges, active, delegation_fits, larger_w, lease_compares, raise_compares
 from powerbudgetd.core.tree import KINDS, MODES, Host, Node, Pair, PowerTree
 from powerbudgetd.core.units import to_ms
 
@@ -204,7 +204,7 @@ class Read:
     delegations: dict[str, float] = field(default_factory=dict)  # each node's lease of watts (W)
     delegation_mods: dict[str, int] = field(default_factory=dict)  # each delegation record's mod revision
 
-    _memo: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)  # what one read computes once
+    _memo: dict[object, Any] = field(default_factory=dict, compare=False, repr=False)  # what one read computes once
 
     def charges(self) -> Charges | None:
         """The tree's charges under the delegations read (``core.delegation``), None off a
@@ -216,14 +216,24 @@ class Read:
             self._memo["charges"] = Charges(tree, live, self.view.lost) if tree is not None and live else None
         return self._memo["charges"]
 
-    def charged_w(self) -> dict[str, float]:
-        """Each node's charge under the delegations read (W; ``core.delegation``:
-        ``Charges.loads_w``; empty with none in force; computed once per read)."""
-        if "charged" not in self._memo:
+    def table_charged_w(self) -> list[dict[str, float]]:
+        """Each node's charge under the delegations read, per table (W;
+        ``Charges.table_loads_w`` at :meth:`held_w`; empty with none in force; computed
+        once per read)."""
+        if "table_charged" not in self._memo:
             charges = self.charges()
-            self._memo["charged"] = {} if charges is None else charges.loads_w(self.held_w())
-        out: dict[str, float] = self._memo["charged"]
+            self._memo["table_charged"] = [] if charges is None else charges.table_loads_w(self.held_w())
+        out: list[dict[str, float]] = self._memo["table_charged"]
         return out
+
+    def charged_w(self) -> dict[str, float]:
+        """Each node's charge under the delegations read (W; ``core.delegation``: the
+        larger of committed and flow, ``larger_w``; empty with none in force;
+        computed once per read)."""
+        if "charged" not in self._memo:
+            self._memo["charged"] = larger_w(self.table_charged_w())
+        charged: dict[str, float] = self._memo["charged"]
+        return charged
 
     def held_w(self) -> dict[str, float]:
         """Each host's seat (or pending reserve) plus grant, and each live unseated host's
@@ -434,7 +444,7 @@ class CircuitStore:
         self._confirmed_at = -math.inf  # when a read last found the mirror at etcd's revision (monotonic s)
         self._last_range: dict[bytes, Entry] = {}  # the last range read's keys (their parsed values reused)
         self._probe_key = base + b"\x00"  # no key: a read of it answers etcd's revision alone
-        self._tree_seen: tuple[bytes, PowerTree | str] | None = None  # the tree value last parsed, and what it gave
+        self._tree_last: PowerTree | str | None = None  # what the tree value last read gave
 
     @property
     def endpoint(self) -> str:
@@ -587,18 +597,15 @@ class CircuitStore:
 
     def _metered(self) -> bool:
         """Whether the tree last read has a metered node (the hosts' draw counts)."""
-        tree = None if self._tree_seen is None else self._tree_seen[1]
-        return tree is not None and not isinstance(tree, str) and any(n.meter is not None for n in tree.nodes.values())
+        tree = self._tree_last
+        return isinstance(tree, PowerTree) and any(n.meter is not None for n in tree.nodes.values())
 
     # -- reads ----------------------------------------------------------------------
     async def _tree_shape(self, value: bytes) -> PowerTree | str:
         """The tree key's power tree (no reserves), or why it could not be read: parsed
         and checked only when the value changes, in a worker thread (a large tree's
-        checks must not hold up the event loop, and with it the watchdog's ping)."""
-        seen = self._tree_seen
-        if seen is not None and seen[0] == value:
-            return seen[1]
-
+        checks must not hold up the event loop, and with it the watchdog's ping; the
+        process keeps the few values it parsed, ``_SHAPES``)."""
         def parse() -> PowerTree | str:
             try:
                 return tree_from_doc(records.parse(value, records.MAX_TREE_BYTES), {})
@@ -611,7 +618,7 @@ class CircuitStore:
             if len(_SHAPES) >= 4:
                 _SHAPES.clear()
             _SHAPES[value] = shape
-        self._tree_seen = (value, shape)
+        self._tree_last = shape
         return shape
 
     async def read(self) -> Read:
