@@ -44,8 +44,9 @@ class CardLedger:
     # The backend reads a requested limit apart from the enforced one (NVML). Without
     # (hwmon, AMD SMI: one cap read back), a read still showing what the card had says
     # nothing of a reset or another tool: the write is waited for (counted in flight)
-    # until read back or confirm_timeout_s, and the card counts at what it read. A read
-    # above ours showing a third value is another writer's (``observe``).
+    # until read back or confirm_timeout_s, and the card counts at what it read; except
+    # once a cut of ours is later than any has taken to show on it, and a read above ours
+    # showing a third value: another writer's (``observe``).
     separate_requested: bool = True
     requested_mw: int | None = None
     enforced_mw: int | None = None
@@ -61,15 +62,17 @@ class CardLedger:
     # whichever is longer, after that time.
     superseded: list[tuple[int, float]] = field(default_factory=list)
     lag_seen_s: float = 0.0  # the longest a write was seen taking to bite on this card (s)
-    shown_s: float | None = None  # one cap read back: the longest a write of ours took to show in it (s)
+    cut_shown_s: float | None = None  # one cap read back: the longest a cut of ours took to show in it (s)
     unread: int = 0  # writes in a row never read back while the card kept what it had
     foreign_mw: int | None = None  # a raise we did not make, maybe still in flight
     foreign_since: float | None = None
     # A write that did not take (unconfirmed, refused, overdue) holds the card: it counts
-    # at its bound and is left alone until hold_until, the hold doubling each time.
+    # at its bound and is left alone until hold_until, the hold doubling each time (or
+    # once, until a write of ours is confirmed, until it asks for another limit).
     hold_until: float = float("-inf")
     backoff_s: float = 0.0
-    held_read: tuple[int | None, int | None] = (None, None)  # the limits read when last held
+    held_mw: int | None = None  # the requested limit (one cap: the cap) read when last held
+    lifted: bool = False  # a hold was lifted early since a write of ours was last confirmed
     refused: set[int] = field(default_factory=set)  # values NVML refused: never resent
     requested_since: float = float("-inf")  # when the requested limit read was first seen
     # The requested limit was read in force with nothing of ours in flight and no
@@ -99,11 +102,13 @@ class CardLedger:
         """Take one read-back of the card's limits (None: unknown). Returns the target
         (mW) of the write of ours it confirms, if any (the in-flight list is then cleared)."""
         self._forget_expired(now, self._take(now, requested_mw, enforced_mw))
-        if self.held(now) and self.held_read[0] is not None and (requested_mw, enforced_mw) != self.held_read:
-            # Held with its limits known, it reads others now (a floor lifted, a reset, our
-            # write landing late): what did not take then may now; tried again at once,
-            # and a further miss holds it for twice as long (the backoff is kept).
+        if self.held(now) and not self.lifted and self.held_mw is not None and requested_mw not in (None, self.held_mw):
+            # Held with its request known, it asks for another now (one cap: a floor lifted,
+            # our write landing late; a reset, another tool): the bank may need it moved
+            # now. Tried again at once, once: a further miss holds it for twice as long
+            # (the backoff is kept) until a write of ours is confirmed.
             self.hold_until = float("-inf")
+            self.lifted = True
         ours = [mw for mw, _ in self.inflight] if self.inflight else ()  # every card every tick: mostly none
         if requested_mw is not None and requested_mw in ours:
             self.seen_ours = True  # our write reached the card: whatever replaces it is news
@@ -123,27 +128,33 @@ class CardLedger:
                     self.inflight.clear()
             elif requested_mw > self.inflight[-1][0] and requested_mw != self.requested_before_mw:
                 # One cap read back above ours, and not what it had before our write: another
-                # writer (a reset's default, another tool; a limiter only holds it lower).
-                # Ours is no longer waited for, so the card is corrected now rather than
-                # after confirm_timeout_s; it stays counted (superseded) while it may still
-                # land.
-                self.superseded += self.inflight
-                self.inflight.clear()
-            elif (requested_mw == self.requested_before_mw and not self.seen_ours and self.shown_s is not None
-                    and now - self.inflight[-1][1] > self.shown_s):
-                # What it had, later than any write of ours ever took to show on this card:
-                # ignored, or put back by another writer (a reset to the value it had). As
-                # with a separate request: once is news (resent), twice in a row a card that
-                # ignores us. Before any write has shown, a slow card cannot be told apart:
-                # waited for until confirm_timeout_s.
+                # writer (a reset's default, another tool), or a floor set since. Ours is no
+                # longer waited for, so the card is corrected now rather than after
+                # confirm_timeout_s (a floor then holds the resent write off, as any write
+                # that does not take); it stays counted (superseded) while it may still land.
+                # Twice in a row, not ours: a writer fighting ours (expire() then holds it).
+                self.unread += 1
+                if self.unread < 2:
+                    self.superseded += self.inflight
+                    self.inflight.clear()
+            elif (requested_mw > self.inflight[-1][0] and requested_mw == self.requested_before_mw
+                    and not self.seen_ours and self.cut_shown_s is not None
+                    and now - self.inflight[-1][1] > self.cut_shown_s):
+                # A cut of ours not shown, later than any cut of ours took to show on this card
+                # (a cut shows once it bites, after the card's lag; a raise at once): ignored,
+                # or the value it had put back by another writer (a reset). As with a separate
+                # request: once is news (resent), twice in a row a card that ignores us.
+                # Before any cut has shown, a slow card cannot be told apart: waited for
+                # until confirm_timeout_s.
                 self.unread += 1
                 if self.unread < 2:
                     self.superseded += self.inflight
                     self.inflight.clear()
         confirmed = self.inflight[-1][0] if self.inflight and self.confirmed(now) else None
         if confirmed is not None:
-            if not self.separate_requested and requested_mw == confirmed:  # shown in the cap read
-                self.shown_s = max(self.shown_s or 0.0, now - self.inflight[-1][1])
+            before = self.requested_before_mw
+            if not self.separate_requested and requested_mw == confirmed and before is not None and confirmed < before:
+                self.cut_shown_s = max(self.cut_shown_s or 0.0, now - self.inflight[-1][1])  # a cut, shown
             self.inflight.clear()
             self.new = self.overdue = False
             self.unread = 0
@@ -319,13 +330,14 @@ class CardLedger:
         tm = self.timings
         self.backoff_s = doubled(self.backoff_s, tm.retry_backoff_s, tm.retry_backoff_max_s)
         self.hold_until = now + self.backoff_s
-        self.held_read = (self.requested_mw, self.enforced_mw)
+        self.held_mw = self.requested_mw
         return first
 
     def release(self) -> bool:
         """A write of ours was confirmed after a hold: controllable again. True if it was held."""
         was = bool(self.backoff_s)
         self.hold_until, self.backoff_s = float("-inf"), 0.0
+        self.lifted = False
         return was
 
     def held(self, now: float) -> bool:

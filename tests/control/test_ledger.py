@@ -382,7 +382,9 @@ def test_a_held_card_whose_limits_move_is_tried_again_at_once_and_held_twice_as_
     single cap) that reads other limits later (the floor lifted) is no longer left
     alone: the bank may need it lowered now. Found by the outside-events property test
     on a mixed bank: a floor lifting on the held card as another card's floor began left
-    the bank 1 W over for the rest of the 5 s hold."""
+    the bank 1 W over for the rest of the 5 s hold. Only once until a write of ours is
+    confirmed: a card whose limit another writer moves every tick is not written every
+    tick."""
     led = CardLedger(T, 177_000, separate_requested=False)
     led.observe(0.0, 165_000, 165_000)
     led.record_write(164_000, 0.1)
@@ -399,3 +401,48 @@ def test_a_held_card_whose_limits_move_is_tried_again_at_once_and_held_twice_as_
     assert not led.held(2.0)
     led.hold(2.1)  # a further miss: twice the backoff
     assert led.hold_until == 2.1 + 2 * T.retry_backoff_s
+    led.observe(2.2, 164_000, 164_000)  # moving again: lifted once only, until a write is confirmed
+    assert led.held(2.3)
+
+
+def test_a_held_card_whose_enforced_limit_alone_moves_stays_held():
+    """An enforced limit moving under a request that stays (an outside limiter) says
+    nothing of whether a write would take now: the hold stands, so a limiter that moves
+    every tick does not have the card written every tick."""
+    led = CardLedger(T, 150_000)
+    led.observe(0.0, 100_000, 95_000)
+    led.record_write(80_000, 0.1)
+    assert led.expire(0.2 + T.confirm_timeout_s) == (80_000, 0.1) and led.hold(0.2 + T.confirm_timeout_s)
+    for k in range(10):
+        led.observe(3.4 + 0.1 * k, 100_000, 95_000 + 1_000 * (k % 2))
+        assert led.held(3.4 + 0.1 * k)
+
+
+def test_one_cap_a_cut_that_bites_after_the_lag_is_waited_for_even_where_raises_show_at_once():
+    """A raise shows in the cap at once, a cut once it bites (after the card's lag): how
+    long a raise took to show says nothing of a cut, which is neither resent nor taken for
+    a card that ignores us. Found by review: learned from raises, a 0.3 s cut was resent
+    and its old value counted for 3 s more; a 0.5 s one held the card."""
+    led = CardLedger(T, 200_000, separate_requested=False)
+    led.observe(0.0, 120_000, 120_000)
+    led.record_write(150_000, 0.0)
+    assert led.observe(0.1, 150_000, 150_000) == 150_000  # a raise, shown at once
+    led.record_write(80_000, 1.0)
+    for t in (1.1, 1.2, 1.3, 1.4):  # biting for 0.5 s
+        assert led.observe(t, 150_000, 150_000) is None and led.inflight == [(80_000, 1.0)]
+    assert led.observe(1.5, 80_000, 80_000) == 80_000 and led.unread == 0 and led.bound_mw == 80_000
+    assert led.expire(1.6) is None
+
+
+def test_one_cap_another_writer_moving_it_every_tick_holds_the_card_after_two_reads():
+    """A cap read above ours, other than what it had, is corrected at once; the same
+    twice in a row is a writer fighting ours: held as a write that does not take, not
+    written every tick."""
+    led = CardLedger(T, 200_000, separate_requested=False)
+    led.observe(0.0, 100_000, 100_000)
+    led.record_write(80_000, 0.1)
+    led.observe(0.2, 101_000, 101_000)
+    assert not led.writing  # another writer: resent
+    led.record_write(80_000, 0.2)
+    led.observe(0.3, 100_000, 100_000)
+    assert led.expire(0.3) == (80_000, 0.2)  # again: held
