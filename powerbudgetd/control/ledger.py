@@ -63,16 +63,18 @@ class CardLedger:
     superseded: list[tuple[int, float]] = field(default_factory=list)
     lag_seen_s: float = 0.0  # the longest a write was seen taking to bite on this card (s)
     cut_shown_s: float | None = None  # one cap read back: the longest a cut of ours took to show in it (s)
+    last_sent: tuple[int, float, int | None] | None = None  # our last write until read back: (mW, sent at s, the request before)
     unread: int = 0  # writes in a row never read back while the card kept what it had
+    overwritten: int = 0  # one cap: writes in a row replaced by another writer's above them
     foreign_mw: int | None = None  # a raise we did not make, maybe still in flight
     foreign_since: float | None = None
     # A write that did not take (unconfirmed, refused, overdue) holds the card: it counts
-    # at its bound and is left alone until hold_until, the hold doubling each time (or
-    # once, until a write of ours is confirmed, until it asks for another limit).
+    # at its bound and is left alone until hold_until, the hold doubling each time (or,
+    # once until a write of ours is read back, until it asks for another limit).
     hold_until: float = float("-inf")
     backoff_s: float = 0.0
     held_mw: int | None = None  # the requested limit (one cap: the cap) read when last held
-    lifted: bool = False  # a hold was lifted early since a write of ours was last confirmed
+    lifted: bool = False  # a hold was lifted early since a write of ours was last read back
     refused: set[int] = field(default_factory=set)  # values NVML refused: never resent
     requested_since: float = float("-inf")  # when the requested limit read was first seen
     # The requested limit was read in force with nothing of ours in flight and no
@@ -106,9 +108,10 @@ class CardLedger:
             # Held with its request known, it asks for another now (one cap: a floor lifted,
             # our write landing late; a reset, another tool): the bank may need it moved
             # now. Tried again at once, once: a further miss holds it for twice as long
-            # (the backoff is kept) until a write of ours is confirmed.
+            # (the backoff is kept) until a write of ours is read back.
             self.hold_until = float("-inf")
             self.lifted = True
+        self._shown(now, requested_mw)
         ours = [mw for mw, _ in self.inflight] if self.inflight else ()  # every card every tick: mostly none
         if requested_mw is not None and requested_mw in ours:
             self.seen_ours = True  # our write reached the card: whatever replaces it is news
@@ -133,13 +136,13 @@ class CardLedger:
                 # confirm_timeout_s (a floor then holds the resent write off, as any write
                 # that does not take); it stays counted (superseded) while it may still land.
                 # Twice in a row, not ours: a writer fighting ours (expire() then holds it).
-                self.unread += 1
-                if self.unread < 2:
+                self.overwritten += 1
+                if self.overwritten < 2:
                     self.superseded += self.inflight
                     self.inflight.clear()
             elif (requested_mw > self.inflight[-1][0] and requested_mw == self.requested_before_mw
                     and not self.seen_ours and self.cut_shown_s is not None
-                    and now - self.inflight[-1][1] > self.cut_shown_s):
+                    and now - self.inflight[-1][1] > self.cut_shown_s + self.timings.tick_s / 2):
                 # A cut of ours not shown, later than any cut of ours took to show on this card
                 # (a cut shows once it bites, after the card's lag; a raise at once): ignored,
                 # or the value it had put back by another writer (a reset). As with a separate
@@ -152,9 +155,6 @@ class CardLedger:
                     self.inflight.clear()
         confirmed = self.inflight[-1][0] if self.inflight and self.confirmed(now) else None
         if confirmed is not None:
-            before = self.requested_before_mw
-            if not self.separate_requested and requested_mw == confirmed and before is not None and confirmed < before:
-                self.cut_shown_s = max(self.cut_shown_s or 0.0, now - self.inflight[-1][1])  # a cut, shown
             self.inflight.clear()
             self.new = self.overdue = False
             self.unread = 0
@@ -162,6 +162,20 @@ class CardLedger:
         if requested_mw is not None and enforced_mw == requested_mw and not self.superseded and not self.inflight:
             self.request_settled = True
         return confirmed
+
+    def _shown(self, now: float, requested_mw: int | None) -> None:
+        """Our last write read back, in flight or not (a resent or superseded one landing
+        late): the card does not ignore us, whatever missed before; on one cap, a cut's
+        time to show is learned from it (a cut shows once it bites, after the lag)."""
+        sent = self.last_sent
+        if sent is None or requested_mw != sent[0]:
+            return
+        self.last_sent = None
+        self.unread = self.overwritten = 0
+        self.lifted = False
+        if (not self.separate_requested and sent[2] is not None and sent[0] < sent[2]
+                and now - sent[1] <= self.timings.confirm_timeout_s):  # not a value merely read again later
+            self.cut_shown_s = max(self.cut_shown_s or 0.0, now - sent[1])
 
     def _take(self, now: float, requested_mw: int | None, enforced_mw: int | None) -> bool:
         """Keep the limits read (and the worst case they may raise); True when enforced
@@ -290,6 +304,7 @@ class CardLedger:
             self.request_settled, self.replaced_by_ours = False, True
             self.foreign_mw = self.foreign_since = None
         self.inflight.append((to_mw, sent_at))
+        self.last_sent = (to_mw, sent_at, self.requested_mw)
 
     def record_overdue_write(self, to_mw: int, sent_at: float) -> None:
         """A write that did not return in time may land whenever it returns: worst case."""
@@ -315,12 +330,14 @@ class CardLedger:
         """The last write, if it did not take: still unconfirmed ``confirm_timeout_s``
         after it was sent, or the second in a row the card ignored (the in-flight list is
         then dropped: the card counts at what it reads)."""
-        if self.inflight and (now - self.inflight[-1][1] > self.timings.confirm_timeout_s or self.unread >= 2):
+        if self.inflight and (now - self.inflight[-1][1] > self.timings.confirm_timeout_s or self.unread >= 2
+                              or self.overwritten >= 2):
             last = self.inflight[-1]
             self.superseded += self.inflight  # expired at once (ignored twice): it may still be queued
             self.inflight.clear()
             self.overdue = False
             self.unread = min(self.unread, 1)  # after the hold, one more miss holds it again
+            self.overwritten = 0
             return last
         return None
 

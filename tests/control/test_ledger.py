@@ -397,11 +397,11 @@ def test_a_held_card_whose_limits_move_is_tried_again_at_once_and_held_twice_as_
     assert led.held(1.5)
     led.observe(1.5, 164_000, 164_000)  # unchanged: still held
     assert led.held(1.6)
-    led.observe(2.0, 163_000, 163_000)  # it moved: tried again
+    led.observe(2.0, 160_000, 160_000)  # it moved (another writer): tried again
     assert not led.held(2.0)
     led.hold(2.1)  # a further miss: twice the backoff
     assert led.hold_until == 2.1 + 2 * T.retry_backoff_s
-    led.observe(2.2, 164_000, 164_000)  # moving again: lifted once only, until a write is confirmed
+    led.observe(2.2, 164_000, 164_000)  # moving again: lifted once only, until a write is read back
     assert led.held(2.3)
 
 
@@ -446,3 +446,31 @@ def test_one_cap_another_writer_moving_it_every_tick_holds_the_card_after_two_re
     led.record_write(80_000, 0.2)
     led.observe(0.3, 100_000, 100_000)
     assert led.expire(0.3) == (80_000, 0.2)  # again: held
+
+
+def test_one_cap_a_resent_cut_landing_late_ends_the_misses_and_teaches_the_card_s_lag():
+    """A resent cut that lands after it was given up (the card's lag grew) is ours read
+    back: the misses before it are not carried into the next cut, and the time it took
+    is the card's time to show a cut from then on. Found by review: each later reset
+    held the card at once, 10 s over its target at 200 W."""
+    led = CardLedger(T, 200_000, separate_requested=False)
+    led.observe(0.0, 120_000, 120_000)
+    led.record_write(80_000, 0.0)
+    assert led.observe(0.1, 80_000, 80_000) == 80_000  # a cut shown in 0.1 s
+    led.observe(10.0, 200_000, 200_000)  # a reset
+    led.record_write(80_000, 10.0)
+    led.observe(10.1, 200_000, 200_000)
+    led.observe(10.2, 200_000, 200_000)  # later than cuts take: resent
+    assert not led.writing
+    led.record_write(80_000, 10.2)
+    led.observe(10.3, 200_000, 200_000)
+    led.observe(10.4, 200_000, 200_000)
+    assert led.expire(10.4) == (80_000, 10.2) and led.hold(10.4)
+    led.observe(10.5, 80_000, 80_000)  # it lands, 0.3 s after it was sent
+    assert not led.held(10.5) and led.unread == 0
+    led.observe(20.0, 200_000, 200_000)  # the next reset
+    led.record_write(80_000, 20.0)
+    for t in (20.1, 20.2, 20.3):  # within what a cut takes now
+        led.observe(t, 200_000, 200_000)
+        assert led.inflight == [(80_000, 20.0)] and led.expire(t) is None
+    assert led.observe(20.4, 80_000, 80_000) == 80_000
