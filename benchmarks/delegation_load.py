@@ -113,8 +113,7 @@ class DelegClient(Client):
         self.retry_at = float("inf")
         self.staggered = False
         self.more_since: float | None = None  # since when its division has given it more than it holds
-        self.time_to_raise: list[float] = []
-        self.raise_waits: list[tuple[float, float]] = []  # (since when, how long), monotonic s
+        self.raise_waits: list[tuple[float, float]] = []  # each time to raise: (since when, how long), monotonic s
         # The PDUs this host resizes periodically (it is their first host): only those
         # hosts wake for the rebalance. Recomputed at each fresh read.
         self.first_of: list[str] = []
@@ -232,7 +231,6 @@ class DelegClient(Client):
                     self.time_to_grant.append(time.monotonic() - self.want_rose_at)
                     self.want_rose_at = None
                 if self.more_since is not None:
-                    self.time_to_raise.append(time.monotonic() - self.more_since)
                     self.raise_waits.append((self.more_since, time.monotonic() - self.more_since))
                     self.more_since = None
             else:
@@ -304,6 +302,13 @@ async def _watch(eps: list[str], store: CircuitStore, clients: list[DelegClient]
         except Exception as exc:  # noqa: BLE001 - a killed member: the next one
             print(f"watch {ep}: {type(exc).__name__}", file=sys.stderr)
             await asyncio.sleep(0.1)
+
+
+def _pct(sorted_s: list[float], q: float) -> float | None:
+    """The ``q`` quantile of ``sorted_s`` (s, ascending; the median for 0.5), None if empty."""
+    if not sorted_s:
+        return None
+    return round(statistics.median(sorted_s) if q == 0.5 else sorted_s[min(len(sorted_s) - 1, int(q * len(sorted_s)))], 3)
 
 
 async def run_mode(args: argparse.Namespace, eps: list[str], procs: list, delegate: bool) -> dict:
@@ -382,7 +387,8 @@ async def run_mode(args: argparse.Namespace, eps: list[str], procs: list, delega
     charges = final.charges()
     await admin.close()
     ttg = sorted(t for c in clients for t in c.time_to_grant)
-    ttr = sorted(t for c in clients for t in getattr(c, "time_to_raise", []))
+    waits = [x for c in clients for x in getattr(c, "raise_waits", [])]
+    ttr = sorted(w for _, w in waits)
     raises = sum(c.raises for c in clients)
     conflicts = sum(c.conflicts for c in clients)
     cpu_s = (cpu1.ru_utime - cpu0.ru_utime) + (cpu1.ru_stime - cpu0.ru_stime)
@@ -390,18 +396,18 @@ async def run_mode(args: argparse.Namespace, eps: list[str], procs: list, delega
         "mode": name, "clients": args.clients, "nodes": len(tree.nodes), "duration_s": round(elapsed, 1),
         "raise_txns": raises, "conflict_rate": round(conflicts / raises, 3) if raises else None,
         "grants_per_s": round((raises - conflicts) / elapsed, 1),
-        "time_to_grant_p50_s": round(statistics.median(ttg), 3) if ttg else None,
-        "time_to_grant_p90_s": round(ttg[min(len(ttg) - 1, int(0.90 * len(ttg)))], 3) if ttg else None,
-        "time_to_grant_p99_s": round(ttg[min(len(ttg) - 1, int(0.99 * len(ttg)))], 3) if ttg else None,
+        "time_to_grant_p50_s": _pct(ttg, 0.5),
+        "time_to_grant_p90_s": _pct(ttg, 0.90),
+        "time_to_grant_p99_s": _pct(ttg, 0.99),
         "grants_timed": len(ttg),
-        "time_to_raise_p50_s": round(statistics.median(ttr), 3) if ttr else None,
-        "time_to_raise_p90_s": round(ttr[min(len(ttr) - 1, int(0.90 * len(ttr)))], 3) if ttr else None,
-        "time_to_raise_p99_s": round(ttr[min(len(ttr) - 1, int(0.99 * len(ttr)))], 3) if ttr else None,
+        "time_to_raise_p50_s": _pct(ttr, 0.5),
+        "time_to_raise_p90_s": _pct(ttr, 0.90),
+        "time_to_raise_p99_s": _pct(ttr, 0.99),
         "raises_timed": len(ttr), "etcd_ops_per_s": round(calls / elapsed, 1),
         # The longest waits and when each began (s into the run): the leader is killed
         # at half the run, the feed lost at --feed-down-at of it.
         "longest_raise_waits": [(round(at - t0, 1), round(w, 1)) for at, w in
-                                sorted((x for c in clients for x in getattr(c, "raise_waits", [])), key=lambda x: -x[1])[:5]],
+                                sorted(waits, key=lambda x: -x[1])[:5]],
         "bench_cpu_pct": round(100 * cpu_s / elapsed, 1),
         "reads": sum(getattr(c, "reads", 0) for c in clients),
         "range_reads": sum(c.store.range_reads for c in clients) - ranges0,
