@@ -258,7 +258,7 @@ class DelegClient(Client):
         """The daemon's lease resizing (``channels.circuit.leases.resize``). True when a
         lease changed."""
         sent, failed, changed = await leases.resize(self.store, read, self.host, wants_w=read.view.wants,
-                                                    margin_w=self.args.lease_margin_w, step_w=self.args.step_w,
+                                                    margin_w=self.args.lease_margin_w,
                                                     periodic=first_only)
         self.lease_writes += sent
         self.lease_conflicts += failed

@@ -568,7 +568,7 @@ class CircuitChannel:
         else:
             self._lease_asked_at = now
         sent, failed, changed = await leases.resize(self.store, read, self.host, wants_w=read.view.wants,
-                                                    margin_w=None, step_w=self.cfg.step_w, periodic=periodic)
+                                                    margin_w=None, periodic=periodic)
         if changed:
             log.info("circuit_lease_resized", host=self.host, circuit=self.store.name, tries=sent, failed=failed)
 

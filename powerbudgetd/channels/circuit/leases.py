@@ -3,20 +3,23 @@
 A node marked ``delegate`` holds a lease from its parent, stored persistently
 (``delegations/<node>``). It is written only by a host under it (its role allows no
 other: ``roles``), by ``CircuitStore.put_delegation``'s transaction, which checks the
-parent's sum and compares what that depends on (``core.delegation.lease_compares``):
+parent's sum and compares what that depends on (``core.delegation.lease_compares``).
+A lease moves toward its figure in the tree's priority division among its siblings
+(``core.delegation.fair_leases_w``: its hosts' seats and wants plus a margin), as far
+as its subtree's holdings and the ancestors allow (``core.delegation.proposed_w``):
 
 - *periodic*: every ``rebalance_s`` the first live host under the node (the least name
-  among those with a record) resizes it to its hosts' seats and wants plus a margin, no
-  more than its figure in the tree's priority division among its siblings
-  (``core.delegation.fair_leases_w``), as far as the ancestors spare
-  (``core.delegation.proposed_w``), when that moves it by half the margin or more: a
-  lease shrinks to give watts back to its siblings, a lower class's first;
-- *on demand*: a host whose raise is held by the lease (its room below its want) grows
-  it, at most every ``ask_s``, up to that same figure;
+  among those with a record) moves it to that figure when that moves it by half the
+  margin or more: a lease shrinks to give watts back to its siblings, a lower class's
+  first;
+- *on demand*: a host whose raise is held back by a step or more (its room below its
+  fair share) grows the leases above it, the nearest the root first, at most every
+  ``ask_s``, by whatever each lacks of its figure (with a step's dead band at each, a
+  parent a few watts short of its figure held its child's larger lack back for good);
 - a node without a lease: its first host takes one at once.
 
-The slower cadence keeps these transactions rare; the raises under a delegated node
-compare only its zone, and do not fail a resize elsewhere.
+The raises under a delegated node compare only its zone, and do not fail a resize
+elsewhere.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from powerbudgetd.core.tree import EPS_W, LastDivision, PowerTree
 
 REBALANCE_S = 5.0  # the periodic resize (s): slower than a round, so whole-circuit transactions stay rare
 ASK_S = 0.5  # a host held back by a lease asks for more at most this often (s)
+ASK_MIN_W = 1.0  # an ask moves a lease by this much or more (W): the host asks only when a step short
 MARGIN_FRACTION = 0.05  # a lease's room above its hosts' seats and wants: this much of the node's budget
 
 
@@ -113,7 +117,7 @@ def _proposed_w(read: Read, node: str, wants_w: Mapping[str, float], margin_w: f
 
 
 async def resize(store: CircuitStore, read: Read, host: str, *, wants_w: Mapping[str, float],
-                 margin_w: float | None, step_w: float, periodic: bool, tries: int = 3) -> tuple[int, int, bool]:
+                 margin_w: float | None, periodic: bool, tries: int = 3) -> tuple[int, int, bool]:
     """Resize the leases of the delegated nodes above ``host`` (see the module docstring;
     ``periodic``: only where ``host`` is the node's first host, else only growing;
     ``margin_w`` None: :data:`MARGIN_FRACTION` of each node's budget; W).
@@ -121,12 +125,14 @@ async def resize(store: CircuitStore, read: Read, host: str, *, wants_w: Mapping
     StoreUnavailable."""
     tree = read.view.tree
     sent = failed = 0
-    changed = False
+    changed = stale = False
     if tree is None or read.view.tree_bad:
         return sent, failed, changed
     for node in delegated_above(tree, host):
         if periodic and first_host(read, tree, node) != host:
             continue
+        if stale:  # a lease above changed: this one's transaction compares it
+            read, stale = await store.read(), False
         margin = tree.nodes[node].budget_w * MARGIN_FRACTION if margin_w is None else margin_w
         for _ in range(tries if node in read.delegations else 3 * tries):
             current = read.delegations.get(node)
@@ -134,25 +140,28 @@ async def resize(store: CircuitStore, read: Read, host: str, *, wants_w: Mapping
             if current is not None and fair is not None and (not periodic or _within(read)):
                 # The proposal lies between what the subtree holds and its division's
                 # figure (at most the larger; ``proposed_w``), and, every node within its
-                # bound, the ancestors spare the lease at least what it is: where both
-                # are near the lease, so is it, and it is not computed (most rounds of
+                # bound, the ancestors spare the lease at least what it is: where that
+                # range leaves the lease where it is, it is not computed (most rounds of
                 # most hosts). A node over (an unmanaged load appeared) may need the
                 # lease shrunk below its figure: computed then.
                 now = read.charged_w().get(node, 0.0)
-                if (now <= current and abs(fair - current) < margin / 2) if periodic \
-                        else max(now, fair) <= current + step_w:
+                if now <= current and _settled(periodic, fair - current, margin):
                     break
             target = _per_read(read, ("proposed", node, margin_w), wants_w,
                                partial(_proposed_w, read, node, wants_w, margin, fair))
-            if current is not None and (abs(target - current) < margin / 2 if periodic
-                                        else target <= current + step_w):
+            if current is not None and _settled(periodic, target - current, margin):
                 break
             sent += 1
             if await store.put_delegation(read, node, target, host):
-                changed = True
+                changed = stale = True
                 break
             failed += 1
             read = await store.read()
     return sent, failed, changed
 
 
+def _settled(periodic: bool, move: float, margin: float) -> bool:
+    """Whether a lease that could move by ``move`` (W; < 0: shrink) stays where it is:
+    within half the ``margin`` (W) for the periodic resize, under :data:`ASK_MIN_W` of
+    growth for an ask (module docstring)."""
+    return abs(move) < margin / 2 if periodic else move < ASK_MIN_W
