@@ -320,13 +320,14 @@ def proposed_w(tree: PowerTree, held_w: Mapping[str, float], wants_w: Mapping[st
     resizes use), within ``node``'s budget and what its ancestors can spare beside the
     others (never below what the subtree holds now: a shrink below that is refused by
     :func:`delegation_fits`). ``charged``: each node's charge at ``held_w`` per table
-    (``Charges.table_loads_w`` under ``delegations_w``), where the caller has it."""
+    (``Charges.table_loads_w`` under ``delegations_w``), where the caller has it (empty
+    or None: computed)."""
     live = active(tree, delegations_w)
     # C(node) is the same whether or not node holds a lease (its lease bounds it and is
     # counted above it): the read's own tables serve (one shape, where a table with the
     # node left out would be one more per delegated node in a process's memo).
     inner = Charges(tree, live, lost)
-    loads = inner.table_loads_w(held_w) if charged is None else charged
+    loads = charged or inner.table_loads_w(held_w)  # (a read's, with none in force: empty)
     # Its figure in the division where given: it counts every delegated node below as
     # leased (a lease below not yet taken would otherwise be left no room under this one).
     if fair_w is None:

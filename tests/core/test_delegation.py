@@ -595,7 +595,8 @@ def test_a_proposed_lease_is_the_largest_figure_up_to_its_target_that_the_check_
     tables = charges.table_loads_w(held)
     for m in marked:
         fair = rnd.uniform(0, tree.nodes[m].budget_w)
-        p = proposed_w(tree, held, wants, deleg, m, lost=lost, fair_w=fair, charged=tables if live else None)
+        # (The tables as a read gives them: empty with no lease in force.)
+        p = proposed_w(tree, held, wants, deleg, m, lost=lost, fair_w=fair, charged=tables if live else [])
         assert p == proposed_w(tree, held, wants, deleg, m, lost=lost, fair_w=fair)
         now = charges.loads_w(held).get(m, 0.0)
         target = min(max(fair, now), tree.nodes[m].budget_w)

@@ -112,8 +112,7 @@ def _proposed_w(read: Read, node: str, wants_w: Mapping[str, float], margin_w: f
     """``core.delegation.proposed_w`` at ``read``, from the read's own charges."""
     assert read.view.tree is not None
     return proposed_w(read.view.tree, read.held_w(), wants_w, read.delegations, node, margin_w=margin_w,
-                      lost=read.view.lost, fair_w=fair,
-                      charged=read.table_charged_w() if read.charges() is not None else None)
+                      lost=read.view.lost, fair_w=fair, charged=read.table_charged_w())
 
 
 async def resize(store: CircuitStore, read: Read, host: str, *, wants_w: Mapping[str, float],
