@@ -78,6 +78,8 @@ class NestedStore:
         return self.make(self.leases_w, self.mods, self.revision)
 
     async def put_delegation(self, read: Read, node: str, watts_w: float, by: str) -> bool:
+        assert read.view.tree is not None
+        assert delegation_fits(read.view.tree, read.held_w(), read.delegations, node, watts_w)  # the store's check
         if any(read.delegation_mods.get(n) != m for n, m in self.mods.items()):
             self.failed += 1
             return False
@@ -101,8 +103,8 @@ def _nested(leases_w: dict[str, float], mods: dict[str, int], revision: int) -> 
 
 def test_an_ask_grows_each_lease_above_by_what_it_lacks_even_where_each_lack_is_under_a_step():
     """ha is held at its outlet's 220 W lease, 30 W short of the outlet's figure; the PDU
-    is 7 W short of its own figure, and b keeps 16 W above its figure (inside the
-    periodic dead band), so the PDU has 7 W of room for a. One ask grows the PDU to its
+    is 7 W short of its own figure, and b keeps 16 W above its figure (a sibling's
+    periodic resize leaves that: inside its dead band), so the PDU has 7 W of room for a. One ask grows the PDU to its
     figure and then a by all the PDU can spare, 14 W, on a read that shows the PDU's
     new lease (no transaction computed from the read before it). (With a step's dead
     band at each lease, neither moved: 7 W and 7 W, each under the 20 W step, held ha's
@@ -113,3 +115,14 @@ def test_an_ask_grows_each_lease_above_by_what_it_lacks_even_where_each_lack_is_
     asyncio.run(leases.resize(store, read, "ha", wants_w=read.view.wants, margin_w=0.0, periodic=False))
     assert store.landed == [("p", 400.0), ("a", 234.0)]
     assert store.failed == 0
+
+
+def test_an_ask_stops_where_the_circuit_was_wiped_after_a_lease_it_changed():
+    """The PDU's lease lands, and the read after it finds the circuit wiped (no spec, no
+    tree): the ask ends there (a lease for a tree that is gone is not proposed; before,
+    the division of no tree failed the round)."""
+    store = NestedStore(_nested, {"p": 393.0, "a": 220.0, "b": 166.0})
+    read = asyncio.run(store.read())
+    store.make = lambda leases_w, mods, revision: Read(None, CircuitView(0.0, {}, {}, {}, revision=revision), revision)
+    asyncio.run(leases.resize(store, read, "ha", wants_w=read.view.wants, margin_w=0.0, periodic=False))
+    assert store.landed == [("p", 400.0)]

@@ -14,8 +14,9 @@ as its subtree's holdings and the ancestors allow (``core.delegation.proposed_w`
   first;
 - *on demand*: a host whose raise is held back by a step or more (its room below its
   fair share) grows the leases above it, the nearest the root first, at most every
-  ``ask_s``, by whatever each lacks of its figure (with a step's dead band at each, a
-  parent a few watts short of its figure held its child's larger lack back for good);
+  ``ask_s``, by whatever each lacks of its figure as far as the ancestors spare, a watt
+  or more (with a step's dead band at each, a parent a few watts short of its figure
+  held its child's larger lack back until the wants moved);
 - a node without a lease: its first host takes one at once.
 
 The raises under a delegated node compare only its zone, and do not fail a resize
@@ -132,6 +133,8 @@ async def resize(store: CircuitStore, read: Read, host: str, *, wants_w: Mapping
             continue
         if stale:  # a lease above changed: this one's transaction compares it
             read, stale = await store.read(), False
+            if not _resizable(read, node):
+                break
         margin = tree.nodes[node].budget_w * MARGIN_FRACTION if margin_w is None else margin_w
         for _ in range(tries if node in read.delegations else 3 * tries):
             current = read.delegations.get(node)
@@ -156,7 +159,16 @@ async def resize(store: CircuitStore, read: Read, host: str, *, wants_w: Mapping
                 break
             failed += 1
             read = await store.read()
+            if not _resizable(read, node):
+                return sent, failed, changed
     return sent, failed, changed
+
+
+def _resizable(read: Read, node: str) -> bool:
+    """Whether ``node``'s lease can still be resized at ``read`` (read again: the circuit
+    may have been wiped, or its tree changed or marked bad, since the first read)."""
+    tree = read.view.tree
+    return tree is not None and not read.view.tree_bad and node in tree.nodes and tree.nodes[node].delegate
 
 
 def _settled(periodic: bool, move: float, margin: float) -> bool:
