@@ -223,13 +223,15 @@ def test_running_hosts_hold_their_records_against_drift(etcd1: EtcdCluster, tmp_
             etcd_edit(etcd1.endpoints, "lab", delete=("claims/ghost",))
 
             # 2. a seat removed under a running host
-            removed = time.time()  # the daemons' log timestamps are wall-clock
             r = circuit_cli(etcd1.endpoints, "leave", "--name", "lab", "--host", "h1", "--force")
+            # Removed by then (timed from the command's end: its own start-up, a second or two
+            # on a loaded machine, is not the daemon's; the daemons' log timestamps are wall-clock).
+            removed = time.time()
             assert r.returncode == 0, r.stderr
             wait_until(lambda: _seat_w(etcd1, "h1") == RESERVE_W, 10, "h1 seated again", step_s=0.05)
             seated = [e for e in hosts[1].events() if e.get("event") == "circuit_seated"]
             reseated_s = _wall(seated[-1]["timestamp"]) - removed
-            assert reseated_s <= TWO_ROUNDS_S + 1.0, reseated_s  # the command's own start-up, then a round
+            assert reseated_s <= TWO_ROUNDS_S, reseated_s  # at the next round
             vanished = [e for e in hosts[1].events() if e.get("event") == "circuit_seat_vanished"]
             same_round_s = _wall(seated[-1]["timestamp"]) - _wall(vanished[-1]["timestamp"])
             assert 0 <= same_round_s <= ROUND_S, same_round_s  # seen gone and seated again in one round
