@@ -184,8 +184,9 @@ class Controller:
 
         active = [c for c in self.cards if self._active(c, now)]
         settling = self._over and any(c.ledger.above_requested and not c.ledger.held_above for c in self.cards)
+        doubted = frozenset(c.uuid for c in active if c.ledger.doubted) if self._over else frozenset()
         targets, reasons = decide.targets(self.cards, active, self.budget_mw, mode, self.policy, self.over, now,
-                                          self.dry_run, settling)
+                                          self.dry_run, settling, doubted)
         if self._budget_reason is not None and mode != Mode.STOPPING:
             reasons = dict.fromkeys(reasons, self._budget_reason)
         self._budget_reason = None

@@ -23,10 +23,15 @@ Targets = tuple[dict[str, int], dict[str, str]]  # (mW, reason) by UUID
 
 def targets(cards: Sequence[CardState], active: Sequence[CardState], budget_mw: int, mode: Mode,
             policy: LendingPolicy, over: OverBudget, now: float, dry_run: bool = False,
-            settling: bool = False) -> Targets:
+            settling: bool = False, doubted: frozenset[str] = frozenset()) -> Targets:
     """Targets (mW) and reasons, by UUID, for the ``active`` cards among ``cards``; sets
     each card's fair share and role, and tells ``over`` whether the shares fit (not while
-    ``settling``: a card reserved only until its decrease bites is not outside our control)."""
+    ``settling``: a card reserved only until its decrease bites is not outside our control).
+
+    The ``doubted`` cards (UUIDs, among ``active``: the bank over budget, their writes not
+    taking lately) are sent their fair share, but the others are sized with each counted
+    at its bound: the bank is brought within budget even if the doubted write does not
+    take either, and a cut that does take leaves room the next tick hands back."""
     # By UUID: ``c in active`` over a list compares dataclasses, N x N per tick.
     active_ids = {c.uuid for c in active}
     outside_mw = 0
@@ -36,10 +41,31 @@ def targets(cards: Sequence[CardState], active: Sequence[CardState], budget_mw: 
             if c.readable:
                 c.role = Role.FIXED
     pool = budget_mw - outside_mw
-    shares = cached_fair_shares(pool, tuple(c.min_mw for c in active), tuple(c.usable_max_mw for c in active))
+    shares = _shares(pool, active)
     over.infeasible(pool, active, shares is None and not settling)
     for c, share in zip(active, shares or [c.min_mw for c in active]):
         c.share_mw = share
+    retried = {c.uuid: min(c.share_mw or c.min_mw, c.bound_mw) for c in active if c.uuid in doubted}
+    if retried:
+        for c in active:
+            if c.uuid in retried:
+                c.role = Role.FAIR
+        active = [c for c in active if c.uuid not in retried]
+        pool -= sum(c.bound_mw for c in cards if c.uuid in retried)
+        for c, share in zip(active, _shares(pool, active) or [c.min_mw for c in active]):
+            c.share_mw = min(share, c.share_mw or share)
+    chosen, reasons = _targets(active, pool, mode, policy, now, dry_run)
+    return {**chosen, **retried}, {**reasons, **dict.fromkeys(retried, MODE_REASON.get(mode, "reclaim"))}
+
+
+def _shares(pool_mw: int, cards: Sequence[CardState]) -> Sequence[int] | None:
+    return cached_fair_shares(pool_mw, tuple(c.min_mw for c in cards), tuple(c.usable_max_mw for c in cards))
+
+
+def _targets(active: Sequence[CardState], pool: int, mode: Mode, policy: LendingPolicy, now: float,
+             dry_run: bool) -> Targets:
+    """The targets and reasons of the ``active`` cards sharing ``pool`` (mW), their fair
+    shares set: the shares themselves outside dynamic mode, the policy's targets in it."""
     drift = {c.uuid: "drift" for c in active if c.requested_mw != c.expected_mw and c.audit.drifted_at(now)}
     # Held below its requested limit from outside: it cannot use what it is counted at
     # (once the cap is known, it is planned at it: see observe.outside_cap).

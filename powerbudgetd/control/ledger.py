@@ -373,6 +373,13 @@ class CardLedger:
         return candidate
 
     @property
+    def doubted(self) -> bool:
+        """Its writes have not been taking: held since one did not take, with none of ours
+        read back since (the hold may have run out: it is retried), or one ignored and
+        resent. Its next write may not take either."""
+        return bool(self.backoff_s) or self.unread > 0
+
+    @property
     def writing(self) -> bool:
         """A write of ours is not confirmed yet: send nothing more (an enforced limit that
         has not moved could read equal to a newer target and "confirm" it early)."""

@@ -176,6 +176,43 @@ def test_a_card_lost_just_after_our_raise_is_corrected_when_it_comes_back_at_its
             assert truth <= 1_420_000, f"t={rig.t}: {truth} mW"
 
 
+@pytest.mark.parametrize("backend", ["nvml", "hwmon", "mixed"])
+def test_a_card_back_at_its_default_beside_one_ignoring_writes_is_cut_around_it_within_a_tick(backend):
+    """Found by the hidden-fault property test on a mixed bank: card 0 ignores writes
+    (held, then retried), card 1 off the bus at 3.5 s and back at 5.125 s at its 150 W
+    default. Fail-static split the 251 W as if card 0's retried cut would take (125.5
+    W each): card 1 was cut to 125 W only, the bank 275 W, 24 W over, until card 0's
+    write was given up. Over budget, a card whose writes have not been taking is counted
+    at its bound and the others are cut around it (card 1 to 101 W)."""
+    specs = [card(0, busy(0.0, 50.0), min_w=100.0, max_w=150.0, ignores_writes=True),
+             card(1, busy(0.0, 50.0), min_w=100.0, max_w=150.0)]
+    events = [BankEvent(3.5, 1, "disappear"), BankEvent(5.125, 1, "appear")]
+    rig = make_rig(specs, 251.0, timings=FAST, lag_s=0.0, seed=3, events=events, backend=backend)
+    while rig.t < 8.0:
+        rig.step()
+        truth = rig.bank.sum_limit_bound_mw()
+        assert rig.ctl.sum_bound_mw >= truth
+        if rig.ctl.ready and not 0 <= rig.t - 5.125 <= FAST.tick_s + 1e-6:
+            assert truth <= 251_000, f"t={rig.t}: {truth} mW"
+
+
+def test_a_lower_budget_beside_a_card_ignoring_writes_is_met_within_a_tick_plus_the_lag():
+    """The same kind in dynamic mode: the budget lowered while a card that ignores writes
+    is being retried. Its cut is sent, but the others are cut as if it will not take."""
+    specs = [card(0, busy(0.0, 50.0), min_w=100.0, max_w=300.0, ignores_writes=True),
+             card(1, busy(0.0, 50.0), min_w=100.0, max_w=300.0)]
+    rig = make_rig(specs, 500.0, timings=FAST, lag_s=0.1, seed=3)
+    ledger, lowered = rig.ctl.cards[0].ledger, []
+    while rig.t < 10.0:
+        rig.step()  # rig.t: the next tick's
+        if not lowered and rig.ctl.ready and ledger.doubted and not ledger.writing and not ledger.held(rig.t):
+            rig.ctl.set_budget(450.0)  # card 0's hold has run out: the next tick retries it
+            lowered.append(rig.t)
+        if lowered and rig.t - lowered[0] >= FAST.tick_s + 0.1 - 1e-6:
+            assert rig.bank.sum_limit_bound_mw() <= 450_000, f"t={rig.t}"
+    assert lowered, "card 0 was never retried"
+
+
 # -- hidden faults, on hwmon and on a mixed bank -------------------------------------------
 @st.composite
 def faulty_banks(draw):
