@@ -321,8 +321,11 @@ async def _unmanaged_load(eps: list[str]) -> dict:
         extra["w"] = 2000.0
         out["lowered_s"] = await rounds(lambda r: r.view.grants.get("a1") == r.view.grants.get("a2") == 1500.0
                                         and r.view.grants.get("b1") == r.view.grants.get("b2") == 2500.0, 15.0)
-        await publish()  # the draws and the meter after the lowering
+        # the draws and the meter after the lowering, published again before each read: a
+        # status command's start-up on a loaded machine can outlast the reading's 10 s
+        await publish()
         out["status"] = json.loads(circuit_cli(eps, "status", "--name", "row", "--json").stdout)
+        await publish()
         out["text"] = circuit_cli(eps, "status", "--name", "row").stdout
         stale_by["s"] = 3600.0  # published with a stamp an hour past: stale
         out["back_s"] = await rounds(lambda r: r.view.grants.get("a1") == r.view.grants.get("a2") == 2500.0, 15.0)
