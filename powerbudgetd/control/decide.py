@@ -28,10 +28,11 @@ def targets(cards: Sequence[CardState], active: Sequence[CardState], budget_mw: 
     each card's fair share and role, and tells ``over`` whether the shares fit (not while
     ``settling``: a card reserved only until its decrease bites is not outside our control).
 
-    The ``doubted`` cards (UUIDs, among ``active``: the bank over budget, their writes not
-    taking lately) are sent their fair share, but the others are sized with each counted
-    at its bound: the bank is brought within budget even if the doubted write does not
-    take either, and a cut that does take leaves room the next tick hands back."""
+    The ``doubted`` cards (UUIDs among ``active``, named while the bank is over budget:
+    ``CardLedger.doubted``) are sent their fair share, but the others are sized with
+    each counted at its bound: the bank is brought within budget even if the doubted
+    write does not take either, and a cut that does take leaves room the next tick
+    hands back."""
     # By UUID: ``c in active`` over a list compares dataclasses, N x N per tick.
     active_ids = {c.uuid for c in active}
     outside_mw = 0
@@ -45,6 +46,7 @@ def targets(cards: Sequence[CardState], active: Sequence[CardState], budget_mw: 
     over.infeasible(pool, active, shares is None and not settling)
     for c, share in zip(active, shares or [c.min_mw for c in active]):
         c.share_mw = share
+    drift = {c.uuid: "drift" for c in active if c.requested_mw != c.expected_mw and c.audit.drifted_at(now)}
     retried = {c.uuid: min(c.share_mw or c.min_mw, c.bound_mw) for c in active if c.uuid in doubted}
     if retried:
         for c in active:
@@ -54,8 +56,9 @@ def targets(cards: Sequence[CardState], active: Sequence[CardState], budget_mw: 
         pool -= sum(c.bound_mw for c in cards if c.uuid in retried)
         for c, share in zip(active, _shares(pool, active) or [c.min_mw for c in active]):
             c.share_mw = min(share, c.share_mw or share)
-    chosen, reasons = _targets(active, pool, mode, policy, now, dry_run)
-    return {**chosen, **retried}, {**reasons, **dict.fromkeys(retried, MODE_REASON.get(mode, "reclaim"))}
+    chosen, reasons = _targets(active, pool, mode, policy, now, drift, dry_run)
+    retry_reason = MODE_REASON.get(mode, "reclaim")
+    return {**chosen, **retried}, {**reasons, **{u: drift.get(u, retry_reason) for u in retried}}
 
 
 def _shares(pool_mw: int, cards: Sequence[CardState]) -> Sequence[int] | None:
@@ -63,10 +66,10 @@ def _shares(pool_mw: int, cards: Sequence[CardState]) -> Sequence[int] | None:
 
 
 def _targets(active: Sequence[CardState], pool: int, mode: Mode, policy: LendingPolicy, now: float,
-             dry_run: bool) -> Targets:
+             drift: dict[str, str], dry_run: bool) -> Targets:
     """The targets and reasons of the ``active`` cards sharing ``pool`` (mW), their fair
-    shares set: the shares themselves outside dynamic mode, the policy's targets in it."""
-    drift = {c.uuid: "drift" for c in active if c.requested_mw != c.expected_mw and c.audit.drifted_at(now)}
+    shares set: the shares themselves outside dynamic mode, the policy's targets in it;
+    ``drift``'s reason where a card's limit drifted."""
     # Held below its requested limit from outside: it cannot use what it is counted at
     # (once the cap is known, it is planned at it: see observe.outside_cap).
     outside = {c.uuid for c in active if c.ledger.held_below and not c.ledger.busy and c.outside_cap_mw is None}

@@ -65,6 +65,7 @@ class CardLedger:
     cut_shown_s: float | None = None  # one cap read back: the longest a cut of ours took to show in it (s)
     last_sent: tuple[int, float, int | None] | None = None  # our last write until read back: (mW, sent at s, the request before)
     unread: int = 0  # writes in a row never read back while the card kept what it had
+    missed: bool = False  # our last write was given up unshown (expire()): until one is read back
     overwritten: int = 0  # one cap: writes in a row replaced by another writer's above them
     foreign_mw: int | None = None  # a raise we did not make, maybe still in flight
     foreign_since: float | None = None
@@ -156,7 +157,7 @@ class CardLedger:
         confirmed = self.inflight[-1][0] if self.inflight and self.confirmed(now) else None
         if confirmed is not None:
             self.inflight.clear()
-            self.new = self.overdue = False
+            self.new = self.overdue = self.missed = False
             self.unread = 0
         self._foreign(now)
         if requested_mw is not None and enforced_mw == requested_mw and not self.superseded and not self.inflight:
@@ -172,7 +173,7 @@ class CardLedger:
             return
         self.last_sent = None
         self.unread = self.overwritten = 0
-        self.lifted = False
+        self.lifted = self.missed = False
         if (not self.separate_requested and sent[2] is not None and sent[0] < sent[2]
                 and now - sent[1] <= self.timings.confirm_timeout_s):  # not a value merely read again later
             self.cut_shown_s = max(self.cut_shown_s or 0.0, now - sent[1])
@@ -338,6 +339,7 @@ class CardLedger:
             self.overdue = False
             self.unread = min(self.unread, 1)  # after the hold, one more miss holds it again
             self.overwritten = 0
+            self.missed = True
             return last
         return None
 
@@ -374,10 +376,11 @@ class CardLedger:
 
     @property
     def doubted(self) -> bool:
-        """Its writes have not been taking: held since one did not take, with none of ours
-        read back since (the hold may have run out: it is retried), or one ignored and
-        resent. Its next write may not take either."""
-        return bool(self.backoff_s) or self.unread > 0
+        """A write of ours was accepted and did not show, none read back since: given up
+        unshown (the card held, its hold perhaps run out: it is retried), or ignored once
+        and resent. Its next write may not take either. A write the call itself failed
+        (an error, a refused value, a timeout) says nothing of the next: not doubted."""
+        return self.missed or self.unread > 0
 
     @property
     def writing(self) -> bool:

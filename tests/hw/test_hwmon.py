@@ -18,7 +18,7 @@ from powerbudgetd.hw.hwmon import Hwmon
 from powerbudgetd_sim.hwmon import HwmonFault, SimHwmonTree
 from powerbudgetd_sim.physics import BankEvent, SimBank
 from support.examples import examples
-from support.rig import FAST, busy, card, make_rig
+from support.rig import FAST, Fault, busy, card, make_rig
 
 
 def tree(*specs, faults=(), lag_s=0.0):
@@ -194,6 +194,40 @@ def test_a_card_back_at_its_default_beside_one_ignoring_writes_is_cut_around_it_
         assert rig.ctl.sum_bound_mw >= truth
         if rig.ctl.ready and not 0 <= rig.t - 5.125 <= FAST.tick_s + 1e-6:
             assert truth <= 251_000, f"t={rig.t}: {truth} mW"
+
+
+def test_a_card_back_beside_one_held_once_for_a_write_never_shown_is_cut_around_it_within_a_tick():
+    """The same on hwmon, found on the first version of the fix (a card doubted only once
+    held twice): card 2 ignores writes, held once (its boot cut unshown after
+    confirm_timeout_s), its hold over at 8.1 s; card 0 back at 8.0625 s at its 185 W
+    default was cut to 162 W beside card 2's retried cut, the bank 500 W of 474 W."""
+    specs = [card(0, busy(0.0, 50.0), min_w=135.0, max_w=185.0), card(1, busy(0.0, 50.0), min_w=100.0, max_w=150.0),
+             card(2, busy(0.0, 50.0), min_w=100.0, max_w=238.0, ignores_writes=True)]
+    events = [BankEvent(7.1875, 0, "disappear"), BankEvent(8.0625, 0, "appear")]
+    rig = make_rig(specs, 474.0, timings=FAST, lag_s=0.0, seed=3, events=events, backend="hwmon")
+    while rig.t < 10.0:
+        rig.step()
+        if rig.ctl.ready and not 0 <= rig.t - 8.0625 <= FAST.tick_s + 1e-6:
+            assert rig.bank.sum_limit_bound_mw() <= 474_000, f"t={rig.t}"
+
+
+def test_a_write_the_call_failed_is_retried_without_cutting_the_others_around_it():
+    """Found by review: a write that failed with an error (UNKNOWN) is no record of writes
+    that do not take. Card 1's cut fails at 3 s (the budget lowered to 540 W), then a reset
+    puts its 300 W default back at 5 s: its cut is retried and takes, and the others,
+    at 170 W, are not cut to 120 W for a tick as if it would not."""
+    specs = [card(i, busy(0.0, 300.0), min_w=100.0, max_w=300.0) for i in range(3)]
+    faults = [Fault("nvmlDeviceSetPowerManagementLimit", "UNKNOWN", card=1, from_s=2.95, count=1)]
+    rig = make_rig(specs, 600.0, timings=FAST, lag_s=0.1, seed=3, faults=faults, events=[BankEvent(5.0, 1, "reset")])
+    rig.run_until(3.0)
+    rig.ctl.set_budget(540.0)
+    lowest = {0: 300_000, 2: 300_000}
+    while rig.t < 7.0:
+        rig.step()
+        for i in lowest:
+            lowest[i] = min(lowest[i], rig.bank.cards[i].requested_mw)
+    assert lowest == {0: 170_000, 2: 170_000}, lowest
+    assert [c.requested_mw for c in rig.bank.cards] == [180_000] * 3
 
 
 def test_a_lower_budget_beside_a_card_ignoring_writes_is_met_within_a_tick_plus_the_lag():
