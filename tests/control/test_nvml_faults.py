@@ -296,8 +296,9 @@ def test_another_tool_fighting_over_a_limit_is_marked_contested():
 # Also ----------------------------------------------------------------------------------
 def run_daemon(tmp_path, scenario_extra, budget=1000, stop_after=None, extra_config="", timeout=30, **daemon_kw):
     """Run ``powerbudgetd run --backend sim`` on a 2-card bank with ``scenario_extra``
-    (TOML: faults, events), stopped (SIGTERM) ``stop_after`` s in or once "ready" is
-    logged, if given; return (exit status, JSON log events, stderr)."""
+    (TOML: faults, events), stopped (SIGTERM) once "ready" is logged, or ``stop_after``
+    s after (timed from READY: a start-up slowed by a loaded machine does not eat into
+    it), if given; return (exit status, JSON log events, stderr)."""
     scenario = tmp_path / "bank.toml"
     scenario.write_text(
         'bank = "ada-2"\n[[cards]]\nphases = [{ at_s = 0, kind = "constant", power_w = 300 }]\n' + scenario_extra
@@ -309,9 +310,9 @@ def run_daemon(tmp_path, scenario_extra, budget=1000, stop_after=None, extra_con
     )
     cfg.chmod(0o600)
     with DaemonProcess(cfg, **daemon_kw) as daemon:
-        if stop_after == "ready":
+        if stop_after is not None:
             daemon.wait_for(lambda: daemon.events("ready"), "ready", timeout_s=timeout)
-        elif stop_after is not None:
+        if isinstance(stop_after, float):
             time.sleep(stop_after)
         if stop_after is not None:
             daemon.send(signal.SIGTERM)
@@ -323,7 +324,8 @@ def run_daemon(tmp_path, scenario_extra, budget=1000, stop_after=None, extra_con
 def test_slow_nvml_does_not_freeze_the_watchdog(tmp_path):
     faults = '[[faults]]\ncall = "nvmlDeviceGetPowerUsage"\nerror = "SLOW"\ndelay_s = 2.5\nfrom_s = 2.0\ncount = 1\n'
     with NotifySocket() as notify:
-        rc, logs, _ = run_daemon(tmp_path, faults, stop_after=10.0, notify=notify, watchdog_s=6.0)
+        # 8 s past READY: the slow call (2 s into the bank's run, 2.5 s long) and a ping either side
+        rc, logs, _ = run_daemon(tmp_path, faults, stop_after=8.0, notify=notify, watchdog_s=6.0)
     assert rc == 0
     pings = [t for t, m in notify.messages if m.get("WATCHDOG") == "1"]
     gaps = [b - a for a, b in zip(pings, pings[1:])]
