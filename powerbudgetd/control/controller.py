@@ -229,6 +229,7 @@ class Controller:
                 # At rest (most cards, most ticks): no write to plan (plan_writes passes such
                 # a step by), so none is built; it counts outside the plan with the others,
                 # which leaves the plan the same room.
+                c.ledger.at_rest()
                 continue
             # A new card is written even at its target: only a confirmed write of ours ends it.
             # A slow card (its reads time out) keeps its place and takes no write meanwhile.

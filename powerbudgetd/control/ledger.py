@@ -382,6 +382,13 @@ class CardLedger:
         (an error, a refused value, a timeout) says nothing of the next: not doubted."""
         return self.missed or self.unread > 0
 
+    def at_rest(self) -> None:
+        """The card reads the limit we would send, nothing of ours in flight: no write is
+        outstanding, so none is doubted (a card that takes writes again is trusted at its
+        next; one that still ignores them is found out by it, as any card)."""
+        if not self.inflight:
+            self.missed, self.unread = False, 0
+
     @property
     def writing(self) -> bool:
         """A write of ours is not confirmed yet: send nothing more (an enforced limit that

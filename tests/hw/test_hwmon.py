@@ -230,6 +230,35 @@ def test_a_write_the_call_failed_is_retried_without_cutting_the_others_around_it
     assert [c.requested_mw for c in rig.bank.cards] == [180_000] * 3
 
 
+@pytest.mark.parametrize("backend", ["nvml", "hwmon"])
+def test_a_card_that_took_up_writes_again_at_its_target_is_not_doubted_in_a_later_episode(backend):
+    """Found by review: card 0 ignores writes from 2 s until its cut for the 600 W budget
+    is given up unshown, then takes them again; back at 900 W its target is what it
+    reads, so no write of ours is read back. At the next lowering (15 s) the others were
+    cut to 150 W, not 200 W, as if its cut would not take: a card at rest at its target
+    is no longer doubted."""
+    specs = [card(i, busy(0.0, 300.0), min_w=100.0, max_w=300.0) for i in range(3)]
+    rig = make_rig(specs, 900.0, timings=FAST, lag_s=0.1, seed=3, backend=backend)
+    sim0, ledger = rig.bank.cards[0], rig.ctl.cards[0].ledger
+    rig.run_until(2.0)
+    sim0.spec = dataclasses.replace(sim0.spec, ignores_writes=True)
+    rig.ctl.set_budget(600.0)
+    while not ledger.missed:
+        assert rig.t < 6.0, "the ignored cut was never given up"
+        rig.step()
+    sim0.spec = dataclasses.replace(sim0.spec, ignores_writes=False)
+    rig.run_until(6.0)
+    rig.ctl.set_budget(900.0)
+    rig.run_until(15.0)
+    rig.ctl.set_budget(600.0)
+    lowest = 300_000
+    while rig.t < 17.0:
+        rig.step()
+        lowest = min(lowest, *(c.requested_mw for c in rig.bank.cards[1:]))
+    assert lowest == 200_000
+    assert [c.requested_mw for c in rig.bank.cards] == [200_000] * 3
+
+
 def test_a_lower_budget_beside_a_card_ignoring_writes_is_met_within_a_tick_plus_the_lag():
     """The same kind in dynamic mode: the budget lowered while a card that ignores writes
     is being retried. Its cut is sent, but the others are cut as if it will not take."""
