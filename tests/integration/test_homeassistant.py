@@ -147,12 +147,16 @@ def run_four_cards(hass: HomeAssistant, broker: Mosquitto, daemon: DaemonProcess
         assert daemon.returncode is None, daemon.tail(4000)
         states = ours(hass)
         wanted = [f"sensor.{E}_gpu{i}_{k}" for i in range(4) for k in ("power", "limit", "energy")]
+        # The bank's state (the mode) is published before its cards': Home Assistant can
+        # show "dynamic" beside a card's boot limit for a moment (a loaded machine
+        # widens it), so the fair-share limits are waited for, then asserted below.
         if all(e in states and states[e]["state"] not in ("unknown", "unavailable") for e in wanted) and \
-                states.get(f"sensor.{E}_mode", {}).get("state") == "dynamic":
+                states.get(f"sensor.{E}_mode", {}).get("state") == "dynamic" and \
+                all(float(states[f"sensor.{E}_gpu{i}_limit"]["state"]) == 250 for i in range(4)):
             return states
         return None
 
-    states = hass.wait("four cards discovered with live values", ready, timeout=60)
+    states = hass.wait("four cards discovered with live values at their fair share", ready, timeout=60)
 
     # -- what was discovered, with which units and classes -----------------------------
     def attrs(entity_id: str) -> dict[str, Any]:
