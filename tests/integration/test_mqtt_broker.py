@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import io
-import itertools
 import json
 import os
 import shutil
@@ -218,10 +217,10 @@ async def test_broker_down_at_start_then_killed_and_restarted_mid_run(stopped_br
             await asyncio.sleep(0.3)
 
     # The ticks kept their cadence through all of it (0.1 s; a blocked event loop would
-    # show gaps of seconds: a connect attempt may take up to 5 s).
+    # show gaps of seconds: a connect attempt may take up to 5 s), the machine's load
+    # apart (``Running.stalls``).
     times = [t for t, _ in r.ticks]
-    gaps = [b - a for a, b in itertools.pairwise(times)]
-    assert max(gaps) < 0.5, max(gaps)
+    assert max(r.stalls()) < 0.5, max(r.stalls())
     during = [t for t in times if t_cut <= t <= t_back]
     assert len(during) >= 0.7 * (t_back - t_cut) / 0.1
     events = [e["event"] for e in logs if e["event"].startswith("mqtt_")]

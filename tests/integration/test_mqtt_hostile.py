@@ -7,7 +7,6 @@ the budget never goes above the configured one."""
 from __future__ import annotations
 
 import asyncio
-import itertools
 import json
 import math
 import random
@@ -287,8 +286,9 @@ async def test_fuzz_every_subscribed_topic(broker: Mosquitto, tmp_path: Path) ->
         await publish(broker.port, "tele/plug/SENSOR", tasmota(1500))
         await r.until(lambda: r.bridge.meter is not None and r.bridge.meter.wall_w == 1500)
     times = [t for t, _ in r.ticks]
-    gaps = [b - a for a, b in itertools.pairwise(times)]
-    assert max(gaps) < 0.35, max(gaps)  # 10 Hz: no message stalled the loop
+    # 10 Hz: no message stalled the loop (each gap less the time the machine's other
+    # jobs kept the daemon's threads waiting for a CPU).
+    assert max(r.stalls()) < 0.35, max(r.stalls())
     assert len(times) >= 0.8 * (times[-1] - times[0]) / 0.1
     assert all(rep.budget_w <= 1000 for _, rep in r.ticks)
     assert rss[1] - rss[0] < 8 * 1024, rss  # flat: the second two thirds added < 8 MB

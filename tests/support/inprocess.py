@@ -36,6 +36,17 @@ class OnTick:
         pass
 
 
+def cpu_waited_s() -> float:
+    """Seconds this process's threads have spent runnable but waiting for a CPU (the
+    kernel's run-queue wait, ``/proc/self/task/*/schedstat``'s second field, ns): the
+    machine's load, not anything the process did. 0 where the kernel does not keep it."""
+    total = 0
+    for stat in Path("/proc/self/task").glob("*/schedstat"):
+        with contextlib.suppress(OSError, IndexError, ValueError):  # a thread gone meanwhile
+            total += int(stat.read_text().split()[1])
+    return total / 1e9
+
+
 class Running:
     """A running daemon: its ``ticks`` as (time.monotonic, TickReport), its side channels
     by the names they were given (``r.bridge``), their metrics in ``registry``.
@@ -46,6 +57,7 @@ class Running:
         self.daemon, self.registry = daemon, registry
         self.channels: dict[str, Any] = {}
         self.ticks: list[tuple[float, TickReport]] = []
+        self.waited: list[float] = []  # cpu_waited_s() at each tick
         self.set_budget_w: float | None = None
         self.budget_set_at = 0
 
@@ -71,8 +83,17 @@ class Running:
         ctl = self.daemon.controller
         return "no controller yet" if ctl is None else f"budget {ctl.budget_mw / 1000} W, {len(self.ticks)} ticks"
 
+    def stalls(self) -> list[float]:
+        """Each tick-to-tick gap (s) less the time the process's threads waited for a CPU
+        within it (:func:`cpu_waited_s`): what the daemon's own work and waits took, on a
+        loaded machine as on an idle one (a thread gone between two ticks takes its wait
+        with it: less is then taken off that gap, never more)."""
+        return [(b - a) - max(0.0, wb - wa) for (a, _), (b, _), wa, wb in
+                zip(self.ticks, self.ticks[1:], self.waited, self.waited[1:], strict=False)]
+
     def _record(self, report: TickReport) -> None:
         self.ticks.append((time.monotonic(), report))
+        self.waited.append(cpu_waited_s())
         if self.set_budget_w is not None:
             self.daemon.arbiter.configure(self.set_budget_w)  # type: ignore[union-attr]
             self.set_budget_w, self.budget_set_at = None, len(self.ticks)
