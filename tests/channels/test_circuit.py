@@ -530,6 +530,40 @@ def test_a_seat_removed_under_a_running_host_comes_back_with_a_grant_covering_it
     assert store.seats == [(800.0, 0.0)] and ch.seated and ch.held_w == ch.in_use_w == 0.0
 
 
+def test_a_grant_given_back_reaches_etcd_once_the_cards_are_down_and_a_raise_due_follows(tmp_path: Path) -> None:
+    """Its want fell: 300 W offered, etcd still at 700 W while the cards come down. The
+    tick that shows them down wakes a round at once (a host waiting for these watts is
+    held until etcd has them; a settled circuit's next round is the keepalive's); its
+    want rose again meanwhile: the round lowers etcd, then wakes the next for the raise
+    that waited for it. A raise whose compare fails reads again at once."""
+    import asyncio
+    from types import SimpleNamespace
+
+    from powerbudgetd.channels.circuit.store import Read, Spec
+    from powerbudgetd.core.circuit import CircuitView
+
+    store = _SeatStore()
+    ch = _running(tmp_path, store, 700.0, 700.0)
+    ch.in_use_w, ch.reachable = 300.0, True
+    board = ch.power.board_budget_w
+    ch.on_tick(SimpleNamespace(snapshot=SimpleNamespace(  # type: ignore[arg-type]
+        now=2.0, budget_w=board(300), sum_limit_bound_w=board(500), mode="dynamic", cards=())))
+    assert not ch.urgent  # a card still above: nothing for etcd yet
+    ch.on_tick(SimpleNamespace(snapshot=SimpleNamespace(  # type: ignore[arg-type]
+        now=3.0, budget_w=board(300), sum_limit_bound_w=board(300), mode="dynamic", cards=())))
+    assert ch.urgent
+    ch.urgent = False
+    view = CircuitView(3000, {"vm": 800, "b": 1000}, {"vm": 700, "b": 300}, {"vm": 1000, "b": 300}, revision=7)
+    asyncio.run(ch._move_grant(Read(Spec(3000, 5), view, 7)))
+    assert ch.held_w == ch.in_use_w == 300.0 and store.raised == [] and ch.urgent
+
+    store = _SeatStore(raise_ok=False)
+    ch = _running(tmp_path, store, 300.0, 300.0)
+    view = CircuitView(3000, {"vm": 800, "b": 1000}, {"vm": 300, "b": 300}, {"vm": 1000, "b": 300}, revision=8)
+    asyncio.run(ch._move_grant(Read(Spec(3000, 5), view, 8)))
+    assert store.raised == [900.0] and ch.held_w == ch.in_use_w == 300.0 and ch.urgent
+
+
 def test_a_grant_removed_under_a_running_host_is_put_back_while_its_cards_come_down(tmp_path: Path) -> None:
     """The grant alone removed under a seated host whose cards may draw 800 W + 200 W:
     the offer drops at once, and the grant covering the cards is put back (by
@@ -908,6 +942,48 @@ def test_the_cards_wake_a_round_at_once_for_a_rise_and_at_the_poll_s_pace_for_a_
         pinned = rig.step()
     ch.on_tick(pinned)
     assert ch.want_w > ch._want_at_round + 20 and ch.urgent  # no read yet: a raise may be due at once
+
+
+def test_a_grant_lowered_elsewhere_wakes_a_round_at_once_only_on_a_host_held_back(tmp_path: Path) -> None:
+    """Watts freed (told only when a grant is lowered) are taken at once by a host that
+    wants a step more than it holds, or waits for its seat; a host with what it wants
+    reads them at the poll's pace."""
+    import asyncio
+
+    class Store:
+        name, endpoint, endpoints = "lab", "m0:1", ["m0:1"]
+        grants, wants = b"lab/grants/", b"lab/wants/"
+
+        def host_keys(self, host: str) -> list[bytes]:
+            return [self.grants + host.encode(), self.wants + host.encode()]
+
+        def meter_prefix(self, host: str) -> bytes:
+            return b"lab/meters/" + host.encode()
+
+        async def changes(self, endpoint: str):  # noqa: ANN201
+            yield None
+            await asyncio.sleep(0.05)  # after the test has looked at the opening's wake
+            yield self.grants + b"b"
+            await asyncio.Event().wait()
+
+    async def woken(want_w: float, seated: bool) -> tuple[bool, bool]:
+        s = _cfg(tmp_path, CIRCUIT.replace('name = "lab"', 'name = "lab"\nhost = "vm"'))
+        assert s.circuit is not None
+        ch = CircuitChannel(s.circuit, s.circuit.host_power(s.feed), BudgetArbiter(s.effective_budget_w()),
+                            lower_s=1.0, store=Store(), registry=CollectorRegistry())  # type: ignore[arg-type]
+        ch.want_w, ch.held_w, ch.seated = want_w, 200.0, seated
+        task = asyncio.create_task(ch._watch())
+        while not ch.watching:
+            await asyncio.sleep(0)
+        ch.urgent = ch.nudged = False  # the watch's opening woke a round: not what is asked
+        await asyncio.sleep(0.2)
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        return ch.nudged, ch.urgent
+
+    assert asyncio.run(woken(400.0, True)) == (True, True)  # wants 200 W more than it holds
+    assert asyncio.run(woken(0.0, False)) == (True, True)  # waits for its seat
+    assert asyncio.run(woken(200.0, True)) == (True, False)  # holds what it wants: the poll's pace
 
 
 def test_the_watch_moves_to_the_member_the_reads_moved_to(tmp_path: Path) -> None:

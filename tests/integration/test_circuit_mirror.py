@@ -137,3 +137,40 @@ def test_a_transaction_s_keys_are_seen_together(etcd1: EtcdCluster) -> None:
     """Two keys written by each of 200 transactions: a task looking at the mirror
     between any two steps of the event loop never sees one without the other."""
     asyncio.run(_together(etcd1.endpoints))
+
+
+async def _grants_told(eps: list[str]) -> tuple[list[bytes], bytes]:
+    watcher, other = CircuitStore(eps, "told", timeout_s=5), CircuitStore(eps, "told", timeout_s=5)
+    assert await watcher.init(3000, 30)
+    lease = (await other.grant_lease(30))[0]
+    assert await other.register_seat(await other.read(), "b", 800.0, lease_id=lease)
+    told: list[bytes] = []
+
+    async def follow() -> None:
+        async for key in watcher.changes(watcher.endpoint):
+            if key is not None:
+                told.append(key)
+
+    task = asyncio.create_task(follow())
+    try:
+        while not watcher.mirror.live:
+            await asyncio.sleep(0.01)
+        for grant_w in (300.0, 500.0, 500.0):  # raised twice, then written again unchanged
+            assert await other.raise_grant(await other.read(), "b", grant_w, lease)
+        await other.lower_grant("b", 200.0, lease)
+        await other.lower_grant("b", 0.0, lease)  # given back whole: the key deleted
+        last = (await other.read()).revision
+        assert await watcher.mirror.reached(last, 5.0)
+    finally:
+        await _stop(task)
+        await watcher.close()
+        await other.close()
+    return told, watcher.key(watcher.grants, "b")
+
+
+def test_a_grant_raised_is_not_told_and_one_lowered_or_removed_is(etcd1: EtcdCluster) -> None:
+    """Another host's grant raised takes watts: nothing for a watching host to do at once
+    (told, each raise on a busy circuit woke every host's round). Lowered or removed, it
+    frees watts a host held back may take: told."""
+    told, grant = asyncio.run(_grants_told(etcd1.endpoints))
+    assert told.count(grant) == 2, told

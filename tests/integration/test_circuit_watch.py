@@ -42,6 +42,10 @@ def _grant(h: Host) -> float:
     return h.metric("powerbudgetd_circuit_grant_watts") or 0.0
 
 
+def _want(h: Host) -> float:
+    return h.metric("powerbudgetd_circuit_want_watts") or 0.0
+
+
 def _etcd_requests(cluster: EtcdCluster) -> dict[str, float]:
     """etcd's own count of the gRPC requests it handled, by method (all members)."""
     out: dict[str, float] = {}
@@ -71,7 +75,11 @@ def test_a_budget_raised_by_the_operator_is_taken_up_on_the_watch_not_at_the_nex
         with Checker(hosts, BUDGET_W + 800) as checker:
             start_hosts(hosts)
             wait_until(lambda: granted(hosts, 2), 30, "a grant on both hosts")
-            wait_until(lambda: all(380 <= _grant(h) <= 400 for h in hosts), 30, "the pool split fairly")
+            # A want that rises with nothing free is read at the poll's pace, here the
+            # keepalive's (10 s): h0's want published, read by h1, whose grant then
+            # follows its cards down at its next round: three keepalive periods at most.
+            wait_until(lambda: all(380 <= _grant(h) <= 400 and _want(h) >= 600 for h in hosts), 3 * TTL_S / 6 + 30,
+                       "the pool split fairly between busy hosts")
             time.sleep(1.0)  # settled: nothing to do until a change or the keepalive
             raised_at = time.time()
             etcd_edit(etcd1.endpoints, "lab", put={"spec": json.dumps({"budget_w": BUDGET_W + 800,

@@ -4,21 +4,26 @@ source behind the arbiter (lowering only).
 Each round: renew the lease when due, read the circuit, publish the want, and move the
 grant toward this host's fair share. A round follows a change at once: a watch on the
 circuit's prefix (on the member the reads use) wakes the channel on any other host's
-seat, grant, claim or meter, a feed mark, the spec or the tree, and the cards wake it
-when this host's want rises by a step with free watts to take. Another host's record
+seat, claim or meter, a grant lowered where this host is held back (watts freed; a
+raise takes watts: read at the poll's pace), a feed mark, the spec or the tree; the
+cards wake it when this host's want rises by a step with free watts to take, and when
+they are down to a grant given back (etcd follows them, below). Another host's record
 (its want), this host's want falling, or rising with none free, are read at the pace
-of ``poll_s``. Woken rounds are spaced by :func:`wake_gap_s` (0.1 s on a small circuit,
-longer on a large one: the circuit's hosts together read at most ``WOKEN_READS_PER_S``
-times a second). Between changes a round comes every ``poll_s`` while anything is in
+of ``poll_s``; a transaction that finds the circuit moved reads it again at once.
+Woken rounds are spaced by :func:`wake_gap_s` (0.1 s on a small circuit, longer on a
+large one: the circuit's hosts together read at most ``WOKEN_READS_PER_S`` times a
+second). Between changes a round comes every ``poll_s`` while anything is in
 motion or the watch is down, and only at the keepalive when this host is settled
 (:meth:`CircuitChannel._settled`): an idle host reads nothing between renewals.
 
 - **raise**: a transaction on the read (see ``store``) first, then the offer to the
-  arbiter; a failed compare simply reads again next round;
+  arbiter; a failed compare reads again in a round woken at once;
 - **lower**: the offer first; the grant in etcd follows the cards down, to the least
   grant covering what the last tick snapshot says they may draw (their bounds and the
   budget in force: ``HostPower.lowered_grant_w``), never on a snapshot from a tick that
-  began before the last raise.
+  began before the last raise; the tick that shows them down to the offer wakes the
+  round that gives the rest back (and, wanted again meanwhile, that round wakes the
+  raise that waited for it).
 
 The offer is ``board(reserve + grant)`` valid until the fence's deadline from the last
 acknowledged keepalive (``core.circuit.Fence``), and ``board(reserve)`` after it: the
@@ -284,6 +289,13 @@ class CircuitChannel:
             # the last read saw it, the want is published at the poll's pace.
             read = self.last_read
             self._wake(urgent=read is None or read.view.free_w >= self.cfg.step_w)
+        if self.in_use_w < self.held_w and self.lease_id is not None and self.reachable and not self.urgent:
+            # Our grant given back to the offer first: the cards are down to it now, so
+            # etcd follows at once (a host waiting for these watts, or this one's raise
+            # if it wants them again, is held until then), not at the next poll.
+            cards = self._cards_board_w()
+            if cards is not None and self.power.lowered_grant_w(self.held_w, self.in_use_w, cards) <= self.in_use_w:
+                self._wake(urgent=True)
         left = self.valid_until - self.lease_clock()
         self.metrics.lease_left.set(max(0.0, left) if self.in_use_w > 0 else 0.0)
         if left <= 0 and self.in_use_w > 0:
@@ -381,6 +393,10 @@ class CircuitChannel:
                         self.watching, self._watching_at, retry_s = True, endpoint, 1.0
                         log.info("circuit_watching", endpoint=endpoint, circuit=self.store.name, host=self.host)
                         self._wake(urgent=True)
+                    elif key.startswith(self.store.grants) and key not in own:
+                        # Another host's grant lowered (a raise is not told): the watts freed
+                        # matter now only to a host held back from what it wants.
+                        self._wake(urgent=self._held_back())
                     elif key not in own and not key.startswith(mine):
                         # Another host's record (its want) moves with its load: read at the
                         # poll's pace, not at once (a busy circuit's records woke every host
@@ -403,6 +419,16 @@ class CircuitChannel:
                         detail=f"reading the circuit every {self.cfg.poll_s:g} s until it is back")
         self.watching, self._watching_at = False, None
         self._wake(urgent=False)  # from a settled wait back to polling
+
+    def _reread(self) -> None:
+        """A transaction failed its compare: the circuit moved under the read (another
+        host's raise, which is not told), so a round reads it again now."""
+        self._wake(urgent=True)
+
+    def _held_back(self) -> bool:
+        """Whether watts freed on the circuit are this host's to take at once: it waits
+        for a seat, or wants a step or more above its grant."""
+        return not self.seated or self.want_w >= self.held_w + max(self.cfg.step_w, 5.0)
 
     def _settled(self) -> bool:
         """Nothing for this host's rounds to do until a change is told: the watch is in
@@ -799,8 +825,8 @@ class CircuitChannel:
         assert self.lease_id is not None
         if board is not None:
             cover = self.power.grant_covering_w(board)
-            if read.view.seat_fits(reserve + cover, self.host) and await self.store.register_seat(
-                    read, self.host, reserve, grant_w=cover, lease_id=self.lease_id):
+            fits = read.view.seat_fits(reserve + cover, self.host)
+            if fits and await self.store.register_seat(read, self.host, reserve, grant_w=cover, lease_id=self.lease_id):
                 self.seated = self.had_seat = True
                 self._unhold()
                 self.held_w = cover
@@ -814,6 +840,8 @@ class CircuitChannel:
                 log.info("circuit_seated", host=self.host, reserve_w=reserve, covering_grant_w=round(cover, 1),
                          circuit=self.store.name)
                 return False
+            if fits:
+                self._reread()
             if read.view.seat_fits(reserve, self.host) and cover > 0:
                 self._say("circuit_seat_waits_for_cards", True, log.warning, host=self.host, reserve_w=reserve,
                           cards_above_reserve_w=round(cover, 1), circuit=self.store.name,
@@ -956,6 +984,7 @@ class CircuitChannel:
                 log.info("circuit_grant_raised", grant_w=target, want_w=round(self.want_w, 1), host=self.host)
             else:
                 self.metrics.conflicts.inc()
+                self._reread()
             return
         if target < self.in_use_w:
             # The offer first (a lapsed fence or a stop gives the whole grant back); etcd
@@ -966,6 +995,8 @@ class CircuitChannel:
             await self.store.lower_grant(self.host, lowered, self.lease_id)
             log.info("circuit_grant_lowered", from_w=self.held_w, to_w=lowered, host=self.host)
             self.held_w = lowered
+            if target > lowered and self.in_use_w == lowered:
+                self._wake(urgent=True)  # wanted again meanwhile: the raise that waited for the lowering, now
         else:
             self._grant_settled = target == self.held_w
 

@@ -385,6 +385,17 @@ def stored_fields(record: HostRecord) -> dict[str, float]:
             ("max_w", record.max_w)) if v is not None}
 
 
+def _grant_w(entry: Entry | None) -> float | None:
+    """The grant (W) a grant key's entry holds: 0 where there is none, None where it
+    cannot be read."""
+    if entry is None:
+        return 0.0
+    try:
+        return records.watts(entry.doc(), "grant_w")
+    except records.BadRecord:
+        return None
+
+
 def _record(doc: dict[str, Any], lease: int) -> HostRecord:
     def w(key: str) -> float | None:
         return records.watts(doc, key, optional=True)
@@ -529,7 +540,8 @@ class CircuitStore:
         connection of its own (a stream never holds up a read or a keepalive). Keeps
         :attr:`mirror` (``channels.circuit.mirror``): every change applied before it is
         told, live from the read until the watch ends. Yields ``None`` once the watch is
-        in place (changes from then on are all told), then each changed key.
+        in place (changes from then on are all told), then each changed key (a record
+        whose draw or caps alone moved, and a grant raised, are not told).
         Raises :class:`StoreUnavailable` when the watch cannot be opened within
         ``timeout_s`` or its stream ends (a member stopped, a partition healed into a
         compacted revision), or a ping is not answered within ``timeout_s`` (a member
@@ -566,10 +578,18 @@ class CircuitStore:
                 async for event in watch:
                     kv = event.kv
                     key = bytes(kv.key)
+                    was = _grant_w(mirror.kvs.get(key)) if key.startswith(self.grants) else None
                     if event.kind == "DELETE":
                         mirror.delete(key, int(kv.mod_revision))
                     else:
                         mirror.put(key, bytes(kv.value), int(kv.mod_revision), int(kv.create_revision), int(kv.lease))
+                        now = _grant_w(mirror.kvs.get(key)) if was is not None else None
+                        if now is not None and was is not None and now >= was:
+                            # A grant raised takes watts (its transaction checked it beside
+                            # every seat and grant): no other host has anything to do at
+                            # once, and its record tells the new grant at the poll's pace.
+                            # Told, each raise on a busy circuit woke every other host.
+                            continue
                     if key.startswith(self.wants) and not self._metered():
                         # A record's measured draw and caps move with every load swing: told
                         # only with its want, seat or grant (else each host's woken round
