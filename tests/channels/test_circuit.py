@@ -535,7 +535,7 @@ def test_a_grant_given_back_reaches_etcd_once_the_cards_are_down_and_a_raise_due
     tick that shows them down wakes a round at once (a host waiting for these watts is
     held until etcd has them; a settled circuit's next round is the keepalive's); its
     want rose again meanwhile: the round lowers etcd, then wakes the next for the raise
-    that waited for it. A raise whose compare fails reads again at once."""
+    that waited for it. A raise whose compare fails reads again at once, once a read."""
     import asyncio
     from types import SimpleNamespace
 
@@ -549,10 +549,13 @@ def test_a_grant_given_back_reaches_etcd_once_the_cards_are_down_and_a_raise_due
     ch.on_tick(SimpleNamespace(snapshot=SimpleNamespace(  # type: ignore[arg-type]
         now=2.0, budget_w=board(300), sum_limit_bound_w=board(500), mode="dynamic", cards=())))
     assert not ch.urgent  # a card still above: nothing for etcd yet
-    ch.on_tick(SimpleNamespace(snapshot=SimpleNamespace(  # type: ignore[arg-type]
-        now=3.0, budget_w=board(300), sum_limit_bound_w=board(300), mode="dynamic", cards=())))
+    down = SimpleNamespace(snapshot=SimpleNamespace(now=3.0, budget_w=board(300), sum_limit_bound_w=board(300),
+                                                    mode="dynamic", cards=()))
+    ch.on_tick(down)  # type: ignore[arg-type]
     assert ch.urgent
     ch.urgent = False
+    ch.on_tick(down)  # type: ignore[arg-type]
+    assert not ch.urgent  # once for each grant given back: a round that could not lower it is not woken each tick
     view = CircuitView(3000, {"vm": 800, "b": 1000}, {"vm": 700, "b": 300}, {"vm": 1000, "b": 300}, revision=7)
     asyncio.run(ch._move_grant(Read(Spec(3000, 5), view, 7)))
     assert ch.held_w == ch.in_use_w == 300.0 and store.raised == [] and ch.urgent
@@ -562,6 +565,9 @@ def test_a_grant_given_back_reaches_etcd_once_the_cards_are_down_and_a_raise_due
     view = CircuitView(3000, {"vm": 800, "b": 1000}, {"vm": 300, "b": 300}, {"vm": 1000, "b": 300}, revision=8)
     asyncio.run(ch._move_grant(Read(Spec(3000, 5), view, 8)))
     assert store.raised == [900.0] and ch.held_w == ch.in_use_w == 300.0 and ch.urgent
+    ch.urgent = False
+    asyncio.run(ch._move_grant(Read(Spec(3000, 5), view, 8)))
+    assert not ch.urgent  # refused again on the same read (before etcd was asked): not a round every 0.1 s
 
 
 def test_a_grant_removed_under_a_running_host_is_put_back_while_its_cards_come_down(tmp_path: Path) -> None:

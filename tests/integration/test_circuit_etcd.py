@@ -64,13 +64,16 @@ def test_hosts_share_the_pool_and_stay_within_the_circuit(etcd1: EtcdCluster, tm
             # Settled: every host's grant at its fair share (within a step), as it reads it.
             wait_until(lambda: all(190 <= (h.metric("powerbudgetd_circuit_grant_watts") or 0) <= 200 for h in hosts),
                        20, "the pool split max-min fair")
-            # The records' draw (1 s averages, each published at its host's round) agree
-            # within a keepalive period: one published before its host's cards came down
-            # beside the others' after their raise sums over the budget until then.
-            status = wait_until(lambda: (s := circuit_status(etcd1.endpoints, "lab"))["within_budget"] and s,
-                                2 * TTL_S, "the records within the circuit")
+            status = circuit_status(etcd1.endpoints, "lab")
+            assert status["committed_w"] <= BUDGET_W and status["seats_w"] == 3 * RESERVE_W
+            assert not status["flags"]["no_seat"] and not status["flags"]["duplicate"], status["flags"]
+            # The records' measured draw (1 s averages, each published at its host's
+            # round) agree within a keepalive period: one published before its host's
+            # cards came down, beside the others' after their raises, sums over the
+            # budget until then.
+            wait_until(lambda: circuit_status(etcd1.endpoints, "lab")["within_budget"], 2 * TTL_S,
+                       "the records' draw within the circuit")
         margin = checker.assert_within()
-        assert status["within_budget"] and status["seats_w"] == 3 * RESERVE_W
         grants = [r["grant_w"] for r in status["hosts"]]
         # Three equal wants over a 600 W pool: max-min fair, 200 W each (within a step).
         assert all(190 <= g <= 200 for g in grants), grants

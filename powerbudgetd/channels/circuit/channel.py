@@ -9,7 +9,7 @@ raise takes watts: read at the poll's pace), a feed mark, the spec or the tree; 
 cards wake it when this host's want rises by a step with free watts to take, and when
 they are down to a grant given back (etcd follows them, below). Another host's record
 (its want), this host's want falling, or rising with none free, are read at the pace
-of ``poll_s``; a transaction that finds the circuit moved reads it again at once.
+of ``poll_s``; a raise whose compare finds the circuit moved reads it again at once.
 Woken rounds are spaced by :func:`wake_gap_s` (0.1 s on a small circuit, longer on a
 large one: the circuit's hosts together read at most ``WOKEN_READS_PER_S`` times a
 second). Between changes a round comes every ``poll_s`` while anything is in
@@ -254,6 +254,8 @@ class CircuitChannel:
         self._watch_task: asyncio.Task[None] | None = None
         self._round_at = float("-inf")  # the last round's start (lease clock s)
         self._want_at_round = 0.0  # the want (W) as the last round saw it
+        self._reread_at = 0  # the revision of the read whose raise last failed its compare
+        self._given_back: tuple[float, float] | None = None  # (held, in use) W the cards' wake was for
         self._grant_settled = False  # the last round found the grant at its target and wrote nothing
         self.metrics.reserve.set(power.reserve_w)
         self.metrics.info.labels(circuit=cfg.name).set(1)
@@ -289,12 +291,16 @@ class CircuitChannel:
             # the last read saw it, the want is published at the poll's pace.
             read = self.last_read
             self._wake(urgent=read is None or read.view.free_w >= self.cfg.step_w)
-        if self.in_use_w < self.held_w and self.lease_id is not None and self.reachable and not self.urgent:
+        if self.in_use_w < self.held_w and self.lease_id is not None and self.reachable \
+                and self._given_back != (self.held_w, self.in_use_w):
             # Our grant given back to the offer first: the cards are down to it now, so
             # etcd follows at once (a host waiting for these watts, or this one's raise
-            # if it wants them again, is held until then), not at the next poll.
+            # if it wants them again, is held until then), not at the next poll. Once for
+            # each grant given back: a round that does not lower it (the circuit wiped,
+            # the claim lost, etcd refusing writes) is not woken again every tick.
             cards = self._cards_board_w()
             if cards is not None and self.power.lowered_grant_w(self.held_w, self.in_use_w, cards) <= self.in_use_w:
+                self._given_back = (self.held_w, self.in_use_w)
                 self._wake(urgent=True)
         left = self.valid_until - self.lease_clock()
         self.metrics.lease_left.set(max(0.0, left) if self.in_use_w > 0 else 0.0)
@@ -420,10 +426,13 @@ class CircuitChannel:
         self.watching, self._watching_at = False, None
         self._wake(urgent=False)  # from a settled wait back to polling
 
-    def _reread(self) -> None:
-        """A transaction failed its compare: the circuit moved under the read (another
-        host's raise, which is not told), so a round reads it again now."""
-        self._wake(urgent=True)
+    def _reread(self, read: Read) -> None:
+        """A raise failed its compare: the circuit moved under ``read`` (another host's
+        raise, which is not told), so a round reads it again now; once for each read (one
+        refused before etcd was asked finds the same read next time)."""
+        if read.revision != self._reread_at:
+            self._reread_at = read.revision
+            self._wake(urgent=True)
 
     def _held_back(self) -> bool:
         """Whether watts freed on the circuit are this host's to take at once: it waits
@@ -825,8 +834,8 @@ class CircuitChannel:
         assert self.lease_id is not None
         if board is not None:
             cover = self.power.grant_covering_w(board)
-            fits = read.view.seat_fits(reserve + cover, self.host)
-            if fits and await self.store.register_seat(read, self.host, reserve, grant_w=cover, lease_id=self.lease_id):
+            if read.view.seat_fits(reserve + cover, self.host) and await self.store.register_seat(
+                    read, self.host, reserve, grant_w=cover, lease_id=self.lease_id):
                 self.seated = self.had_seat = True
                 self._unhold()
                 self.held_w = cover
@@ -840,8 +849,6 @@ class CircuitChannel:
                 log.info("circuit_seated", host=self.host, reserve_w=reserve, covering_grant_w=round(cover, 1),
                          circuit=self.store.name)
                 return False
-            if fits:
-                self._reread()
             if read.view.seat_fits(reserve, self.host) and cover > 0:
                 self._say("circuit_seat_waits_for_cards", True, log.warning, host=self.host, reserve_w=reserve,
                           cards_above_reserve_w=round(cover, 1), circuit=self.store.name,
@@ -984,7 +991,7 @@ class CircuitChannel:
                 log.info("circuit_grant_raised", grant_w=target, want_w=round(self.want_w, 1), host=self.host)
             else:
                 self.metrics.conflicts.inc()
-                self._reread()
+                self._reread(read)
             return
         if target < self.in_use_w:
             # The offer first (a lapsed fence or a stop gives the whole grant back); etcd
