@@ -229,6 +229,8 @@ def _parser() -> argparse.ArgumentParser:
         "file", nargs="?", type=Path, default=None,
         help="config file (default: $POWERBUDGETD_CONFIG or /etc/powerbudgetd/powerbudgetd.toml)",
     )
+    c.add_argument("--config", type=Path, default=None, dest="config_file", metavar="FILE",
+                   help="the config file, as run takes it (instead of FILE; default: as FILE's)")
     c.add_argument(
         "--backend", choices=BACKENDS, default=None,
         help="also read the cards (read-only) and check the budget against their floors, as run does "
@@ -354,6 +356,8 @@ def _validate(args: argparse.Namespace) -> None:
         require(_SUBPARSERS["probe"], args, (("--scenario", "--backend sim", lambda a: a.backend == "sim"),))
     elif args.command == "check-config":
         require(_SUBPARSERS["check_config"], args, (("--scenario", "--backend sim", lambda a: a.backend == "sim"),))
+        if args.file is not None and args.config_file is not None:
+            _SUBPARSERS["check_config"].error("give the config file once: FILE or --config FILE")
     elif args.command == "circuit" and args.circuit_command == "init":
         ini = _SUBPARSERS["circuit_init"]
         if [args.budget_w, args.breaker_a, args.tree].count(None) != 2:
@@ -440,7 +444,7 @@ def _check_config(args: argparse.Namespace) -> int:
     from powerbudgetd.service.checkconfig import describe
     from powerbudgetd.config import default_config_path, load_config
 
-    path = args.file or default_config_path()
+    path = args.file or args.config_file or default_config_path()
     try:
         settings = load_config(path)
     except ConfigError as exc:

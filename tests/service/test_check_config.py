@@ -35,6 +35,16 @@ def write(tmp_path: Path, text: str, name: str = "powerbudgetd.toml") -> Path:
     return path
 
 
+def test_the_config_file_may_be_named_as_run_names_it(capsys: pytest.CaptureFixture[str]) -> None:
+    """``run --config FILE`` is what the README shows first: ``check-config --config FILE``
+    reads the same file; named twice, the command says so rather than pick one."""
+    rc, out, _ = check(EXAMPLE, capsys)
+    assert main(["check-config", "--config", str(EXAMPLE)]) == rc == 0
+    assert capsys.readouterr().out == out
+    assert main(["check-config", str(EXAMPLE), "--config", str(EXAMPLE)]) == 2
+    assert "give the config file once" in capsys.readouterr().err
+
+
 def test_the_example_config_is_valid(capsys: pytest.CaptureFixture[str]) -> None:
     rc, out, err = check(EXAMPLE, capsys)
     assert (rc, err) == (0, "")
