@@ -284,9 +284,9 @@ class CircuitChannel:
             self._wake(urgent=True)  # the grant given back now, not at the next poll
         self.want_w = self.power.want_w(snap)
         self.metrics.want.set(self.want_w)
-        if self.want_w <= self._want_at_round - max(self.cfg.step_w, 5.0):
+        if self.want_w <= self._want_at_round - self._want_step_w:
             self._wake(urgent=False)  # watts to give back: published at the poll's pace, not the keepalive's
-        elif self.want_w >= max(self.held_w, self._want_at_round) + max(self.cfg.step_w, 5.0):
+        elif self.want_w >= max(self.held_w, self._want_at_round) + self._want_step_w:
             # A raise may be due now, not at the next poll; with no free watts to take as
             # the last read saw it, the want is published at the poll's pace.
             read = self.last_read
@@ -437,7 +437,12 @@ class CircuitChannel:
     def _held_back(self) -> bool:
         """Whether watts freed on the circuit are this host's to take at once: it waits
         for a seat, or wants a step or more above its grant."""
-        return not self.seated or self.want_w >= self.held_w + max(self.cfg.step_w, 5.0)
+        return not self.seated or self.want_w >= self.held_w + self._want_step_w
+
+    @property
+    def _want_step_w(self) -> float:
+        """The least move of the want (W) that is news to a round: a step, 5 W at least."""
+        return max(self.cfg.step_w, 5.0)
 
     def _settled(self) -> bool:
         """Nothing for this host's rounds to do until a change is told: the watch is in
