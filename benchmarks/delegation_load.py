@@ -108,7 +108,7 @@ class DelegClient(Client):
         self.wake = asyncio.Event()
         self.zone_hosts: frozenset[str] = frozenset(h for h in tree.hosts if set(tree.hosts[h].cords) & set(self.pdus))
         self.asked_at = 0.0
-        self.rebalanced_at = 0.0
+        self.rebalance_due = 0.0
         self.lease_writes = self.lease_conflicts = self.rounds = 0
         self.retry_at = float("inf")
         self.staggered = False
@@ -156,7 +156,7 @@ class DelegClient(Client):
                 await asyncio.sleep(0.1)
             # Sleep until woken, the next keepalive, want change or rebalance, whichever first.
             deadline = min(last_ka + ttl_s / 6, next_churn, self.retry_at, until,
-                           self.rebalanced_at + self.args.rebalance_s if self.first_of else until)
+                           self.rebalance_due if self.first_of else until)
             try:
                 await asyncio.wait_for(self.wake.wait(), max(0.0, deadline - time.monotonic()))
             except TimeoutError:
@@ -168,7 +168,10 @@ class DelegClient(Client):
         await self.store.close()
 
     def _rebalance_due(self, now: float) -> bool:
-        return bool(self.first_of) and now - self.rebalanced_at >= self.args.rebalance_s
+        return bool(self.first_of) and now >= self.rebalance_due
+
+    def _rebalanced(self, now: float) -> None:
+        self.rebalance_due = now + leases.rebalance_wait_s(self.rng, self.args.rebalance_s)  # the daemon's jitter
 
     async def _read(self, fresh: bool) -> Read:
         """The circuit, read again only where the watch saw a change in this host's zone
@@ -191,13 +194,13 @@ class DelegClient(Client):
         if held < self.grant_w:
             self.grant_w, self.in_use_w = held, min(self.in_use_w, held)
         if self._rebalance_due(now):
-            self.rebalanced_at = now
+            self._rebalanced(now)
             if await self._rebalance(await self._read(fresh=True), first_only=True):
                 self.dirty = True
             read = await self._read(fresh=False)
         charges = read.charges()
         seat = read.view.seats.get(self.host, 0.0)
-        room = (charges.room_for_w(self.host, read.held_w()) if charges is not None
+        room = (read.room_for_w(self.host) if charges is not None
                 else self.tree.room_for_w(self.host, read.held_w())) - seat
         conflicted = False
         # Raises in one zone are staggered by how much each host lacks (as read), most first:
@@ -332,7 +335,7 @@ async def run_mode(args: argparse.Namespace, eps: list[str], procs: list, delega
             if not args.no_mirror:
                 c.store.mirror = admin.mirror  # one watch serves the process (each daemon keeps its own)
             await c._rebalance(await c._read(fresh=True), first_only=True)
-            c.rebalanced_at = time.monotonic()
+            c._rebalanced(time.monotonic())
     prof = None
     if args.profile:
         import cProfile

@@ -223,9 +223,11 @@ class Charges:
         much (W)."""
         return {k: c - self.bound_w(k) for k, c in self.loads_w(held_w).items() if c > self.bound_w(k) + slack_w}
 
-    def room_for_w(self, host: str, held_w: Mapping[str, float]) -> float:
+    def room_for_w(self, host: str, held_w: Mapping[str, float],
+                   table_loads: Sequence[Mapping[str, float]] | None = None) -> float:
         """The most ``host`` may hold in all (W, seat + grant) beside the others' ``held_w``
-        so every node where it is charged stays within its bound (inf: charged nowhere).
+        so every node where it is charged stays within its bound (inf: charged nowhere);
+        ``table_loads``: :meth:`table_loads_w` at ``held_w`` where the caller has it.
 
         No more than it holds while any node on its cords' paths is over its bound: a feed
         lost puts a lease's ancestors over in the flow (the lease counted where the flow
@@ -234,7 +236,7 @@ class Charges:
         paths = {k for leaf in self.tree.hosts[host].cords for k in self.tree.path(leaf)} \
             if host in self.tree.hosts else set()
         best = math.inf
-        for table, loads in zip(self.tables(), self.table_loads_w(held_w)):
+        for table, loads in zip(self.tables(), table_loads or self.table_loads_w(held_w)):
             for k in paths & loads.keys():
                 if loads[k] > self.bound_w(k) + EPS_W:
                     best = min(best, held_w.get(host, 0.0))

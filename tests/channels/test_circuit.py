@@ -758,6 +758,37 @@ def test_a_host_under_a_delegated_node_raises_within_its_lease_and_asks_for_more
             assert store.leases == []
 
 
+def test_hosts_started_together_resize_their_leases_out_of_step(tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """Twenty hosts under delegated nodes whose periodic resize falls due at one instant
+    (a hall's power restored) have their next ones spread over ``REBALANCE_S`` give or
+    take a fifth: in step, the transactions of sibling leases, which compare each other,
+    would all fail but one."""
+    import asyncio
+    import random
+
+    from powerbudgetd.channels.circuit import channel as circuit_channel
+    from powerbudgetd.channels.circuit import leases
+    from powerbudgetd.channels.circuit.store import Read, Spec
+    from powerbudgetd.core.circuit import CircuitView
+    from powerbudgetd.core.tree import Host, Node, PowerTree
+
+    monkeypatch.setattr(circuit_channel, "_JITTER", random.Random(7))
+    tree = PowerTree({"site": Node("site", 10_000), "p": Node("p", 3_000, "site", "pdu", delegate=True)},
+                     {"vm": Host("vm", {"p": 1.0}, 800.0)})
+    view = CircuitView(10_000, {"vm": 800.0}, {}, {"vm": 0.0}, revision=7, tree=tree.with_reserves({"vm": 800.0}))
+    read = Read(Spec(10_000, 5), view, 7, delegations={"p": 950.0}, delegation_mods={"p": 5})  # at its figure
+    due = []
+    for _ in range(20):
+        ch = _running(tmp_path, _SeatStore(), 0.0, 0.0)
+        ch.clock = lambda: 100.0
+        asyncio.run(ch._resize_leases(read))
+        due.append(ch._leases_due - 100.0)
+    lo, hi = leases.REBALANCE_S * (1 - leases.REBALANCE_JITTER), leases.REBALANCE_S * (1 + leases.REBALANCE_JITTER)
+    assert all(lo <= d <= hi for d in due)
+    assert max(due) - min(due) > leases.REBALANCE_S * leases.REBALANCE_JITTER  # spread over half the window or more
+
+
 def test_a_broken_watch_leaves_the_rounds_polling_and_is_said_once(tmp_path: Path) -> None:
     """The watch is only a wake-up: a store whose watch cannot open (each try refused)
     still gets a round every ``poll_s``, and the break is one log line, not one a try."""

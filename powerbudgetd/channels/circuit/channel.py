@@ -49,6 +49,7 @@ import contextlib
 import dataclasses
 import math
 import os
+import random
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
@@ -83,6 +84,7 @@ if TYPE_CHECKING:
     from powerbudgetd.config import CircuitConfig, Settings
 
 log = structlog.get_logger("powerbudgetd.circuit")
+_JITTER = random.Random()  # spreads periodic work between hosts (not security)
 
 SOURCE = "circuit"  # the arbiter's name for this budget source
 KEEPALIVES_PER_TTL = 6  # renew six times per TTL: five may be lost before the fence
@@ -212,7 +214,7 @@ class CircuitChannel:
         self.had_seat = False  # seated once: a seat lost with no room again sends the cards to their floors
         self.hold_w: float | None = None  # unseated: what the cards are held at (wall W) instead of the reserve
         self.raises_after = float("-inf")  # no raise before (lease clock): a circuit just (re-)created
-        self._leases_at = float("-inf")  # the last periodic resize of the leases of watts above us (clock s)
+        self._leases_due = float("-inf")  # the next periodic resize of the leases of watts above us (clock s)
         self._lease_asked_at = float("-inf")  # the last time a lease held a raise back and we asked for more
         self.lease_id: int | None = None
         self.ttl_s: int | None = None
@@ -588,23 +590,23 @@ class CircuitChannel:
         if charges is None or self.host not in charges.tree.hosts:
             return math.inf
         seat = read.view.seats.get(self.host, 0.0) + read.view.pending.get(self.host, 0.0)
-        return charges.room_for_w(self.host, read.held_w()) - seat
+        return read.room_for_w(self.host) - seat
 
     async def _resize_leases(self, read: Read) -> None:
-        """The leases of watts above this host: resized every ``leases.REBALANCE_S`` where
+        """The leases of watts above this host: resized every ``leases.REBALANCE_S`` (jittered) where
         this host is a node's first, and grown at once (at most every ``leases.ASK_S``)
         where one holds this host's raise back (``channels.circuit.leases``)."""
         tree = read.view.tree
         if tree is None or not self.grants_ok or not leases.delegated_above(tree, self.host):
             return
         now = self.clock()
-        periodic = now - self._leases_at >= leases.REBALANCE_S
+        periodic = now >= self._leases_due
         # Held back from what it asked for: its fair share of the wants (spare room is no ask).
         held_back = self._lease_room_w(read) < dataclasses.replace(read.view, ceilings={}).fair_w(self.host) - self.cfg.step_w
         if not periodic and not (held_back and now - self._lease_asked_at >= leases.ASK_S):
             return
         if periodic:
-            self._leases_at = now
+            self._leases_due = now + leases.rebalance_wait_s(_JITTER)
         else:
             self._lease_asked_at = now
         sent, failed, changed = await leases.resize(self.store, read, self.host, wants_w=read.view.wants,

@@ -8,7 +8,7 @@ A lease moves toward its figure in the tree's priority division among its siblin
 (``core.delegation.fair_leases_w``: its hosts' seats and wants plus a margin), as far
 as its subtree's holdings and the ancestors allow (``core.delegation.proposed_w``):
 
-- *periodic*: every ``rebalance_s`` the first live host under the node (the least name
+- *periodic*: every ``rebalance_s`` (give or take :data:`REBALANCE_JITTER`) the first live host under the node (the least name
   among those with a record) moves it to that figure when that moves it by half the
   margin or more: a lease shrinks to give watts back to its siblings, a lower class's
   first;
@@ -25,6 +25,7 @@ elsewhere.
 
 from __future__ import annotations
 
+import random
 from collections.abc import Callable, Mapping
 from functools import partial
 from typing import TypeVar
@@ -34,12 +35,22 @@ from powerbudgetd.core.delegation import fair_leases_w, proposed_w
 from powerbudgetd.core.tree import EPS_W, LastDivision, PowerTree
 
 REBALANCE_S = 5.0  # the periodic resize (s): slower than a round, so whole-circuit transactions stay rare
+# Each wait until the next periodic resize is REBALANCE_S x (1 +/- this): hosts started
+# together (power restored to a hall) do not resize in step, where sibling leases'
+# transactions, comparing each other, would fail all but one.
+REBALANCE_JITTER = 0.2
 ASK_S = 0.5  # a host held back by a lease asks for more at most this often (s)
 ASK_MIN_W = 1.0  # an ask moves a lease by this much or more (W): the host asks only when a step short
 MARGIN_FRACTION = 0.05  # a lease's room above its hosts' seats and wants: this much of the node's budget
 
 
 T = TypeVar("T")
+
+
+def rebalance_wait_s(rng: random.Random, every_s: float = REBALANCE_S) -> float:
+    """The wait until a host's next periodic resize (s): ``every_s`` give or take
+    :data:`REBALANCE_JITTER` of it."""
+    return every_s * rng.uniform(1 - REBALANCE_JITTER, 1 + REBALANCE_JITTER)
 
 
 def delegated_above(tree: PowerTree, host: str) -> list[str]:

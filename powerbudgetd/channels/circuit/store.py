@@ -237,8 +237,20 @@ class Read:
 
     def held_w(self) -> dict[str, float]:
         """Each host's seat (or pending reserve) plus grant, and each live unseated host's
-        claimed reserve (W): what a check counts."""
-        return self.view.carried_by_host_w()
+        claimed reserve (W): what a check counts (computed once per read; not to be
+        changed)."""
+        if "held" not in self._memo:
+            self._memo["held"] = self.view.carried_by_host_w()
+        held: dict[str, float] = self._memo["held"]
+        return held
+
+    def room_for_w(self, host: str) -> float:
+        """The most ``host`` may hold in all (W, seat + grant) under the delegations read
+        (``Charges.room_for_w`` from the read's own charges; inf with none in force)."""
+        charges = self.charges()
+        if charges is None:
+            return math.inf
+        return charges.room_for_w(host, self.held_w(), self.table_charged_w())
 
 
 @dataclass(frozen=True)
@@ -1176,7 +1188,7 @@ def _fits_delegations(read: Read, host: str, total_w: float) -> bool:
         return True
     if host not in charges.tree.hosts:
         return False
-    return total_w <= charges.room_for_w(host, read.held_w()) + 1e-9
+    return total_w <= read.room_for_w(host) + 1e-9
 
 
 def _lease_not_found(exc: BaseException) -> bool:
