@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import dataclasses
 import json
+import math
 import sys
 from pathlib import Path
 from typing import Any
@@ -334,7 +335,9 @@ async def _status(store: Any, as_json: bool) -> int:
               + ("" if total is None else f" ({'within' if total <= v.budget_w else 'OVER'} budget)"))
     for flag, text in (("no_seat", "LIVE WITHOUT A SEAT (their reserves are not counted)"),
                        ("duplicate", "TWO DAEMONS BEHIND ONE NAME"), ("stale", "STALE (missed renewals: frozen or cut off?)"),
-                       ("unreadable", "UNREADABLE RECORDS (counted at the whole budget)")):
+                       ("unreadable", "UNREADABLE RECORDS (counted at the whole budget)"),
+                       ("lowered", "gave a grant back since they last published (caps and draw counted at seat + "
+                                   "grant until they publish again)")):
         if doc["flags"][flag]:
             print(f"  {text}: {', '.join(printable(h) for h in doc['flags'][flag])}")
     if v.pending:
@@ -390,8 +393,14 @@ def status_doc(name: str, read: Any, lease_info: dict[int, tuple[int, int]]) -> 
     grant, caps and measured draw at the wall (W, as the host published them), lease
     seconds left, flags (``no_seat``: live without a seat; ``duplicate``: a record under
     another lease than the claim's; ``stale``: its lease missed two renewals;
-    ``unreadable``: a record that could not be read). ``lease_info``: lease id ->
-    (seconds left, granted TTL)."""
+    ``unreadable``: a record that could not be read; ``lowered``: its record was
+    published before its grant was lowered). ``lease_info``: lease id -> (seconds left,
+    granted TTL).
+
+    A host gives a grant back only once its cards are confirmed below what it keeps, so
+    a ``lowered`` host's caps and draw, read under the grant it had, are counted in the
+    totals and the nodes at no more than its seat plus grant until it publishes again
+    (a settled host does so at its next keepalive)."""
     from powerbudgetd.channels.circuit.channel import KEEPALIVES_PER_TTL
 
     v = read.view
@@ -400,7 +409,9 @@ def status_doc(name: str, read: Any, lease_info: dict[int, tuple[int, int]]) -> 
                  if k.count("/") >= 2 and not k.endswith(("/spec", "/tree", "/down/"))}
     hosts = sorted(set(v.seats) | set(v.grants) | set(v.wants) | set(v.pending) | set(read.claims) | bad_hosts)
     rows = []
-    flags: dict[str, list[str]] = {"no_seat": [], "duplicate": [], "stale": [], "unreadable": []}
+    flags: dict[str, list[str]] = {"no_seat": [], "duplicate": [], "stale": [], "unreadable": [], "lowered": []}
+    held = v.held_w()
+    counted: dict[str, dict[str, Any]] = {}
     for h in hosts:
         lease = read.leases.get(h)
         left, granted = lease_info.get(lease, (-1, 0)) if lease else (-1, 0)
@@ -416,6 +427,9 @@ def status_doc(name: str, read: Any, lease_info: dict[int, tuple[int, int]]) -> 
             mine.append("stale")
         if h in bad_hosts:
             mine.append("unreadable")
+        lowered = rec is not None and rec.grant_w is not None and rec.grant_w > v.grants.get(h, 0.0) + 1e-6
+        if lowered:
+            mine.append("lowered")
         for flag in mine:
             flags[flag].append(h)
         rows.append({
@@ -424,15 +438,17 @@ def status_doc(name: str, read: Any, lease_info: dict[int, tuple[int, int]]) -> 
             "draw_w": rec.draw_w if rec else None, "alive": alive, "lease_left_s": left if alive else None,
             "identity": claim.identity() if claim else None, "flags": mine,
         })
-    live = [r for r in rows if r["alive"]]
+        bound = held.get(h, 0.0) if lowered else math.inf
+        counted[h] = {k: None if rows[-1][k] is None else min(rows[-1][k], bound) for k in ("caps_w", "draw_w")}
+    live = {r["host"]: counted[r["host"]] for r in rows if r["alive"]}
 
     def total(key: str) -> float | None:
-        vals = [r[key] for r in live]
+        vals = [r[key] for r in live.values()]
         return None if not live or any(x is None for x in vals) else round(sum(vals), 1)
 
     caps, draw = total("caps_w"), total("draw_w")
     budget = read.spec.budget_w if read.spec else None
-    nodes = _nodes(v, {r["host"]: r for r in live}, read.meters, read.delegations)
+    nodes = _nodes(v, live, read.meters, read.delegations)
     nodes_within = all(n["within_budget"] is not False for n in nodes)
     spec_key = next((k for k in read.bad if k.endswith("/spec")), None)
     return {
