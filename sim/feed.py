@@ -77,12 +77,14 @@ class Breaker:
     def __init__(self, rating_a: float) -> None:
         self.rating_a = rating_a
         self.heat = 0.0  # 1.0 = trip
+        self.closest = 0.0  # the most heat seen: how near it came to a trip (1.0 = tripped)
         self.tripped_at: float | None = None
 
     def step(self, t_s: float, current_a: float, dt_s: float) -> bool:
         """Account ``current_a`` held for ``dt_s`` ending at ``t_s``; True once tripped."""
         x = current_a / self.rating_a
         self.heat = max(0.0, self.heat + dt_s * (x * x - 1.0) / BREAKER_K)
+        self.closest = max(self.closest, min(1.0, self.heat))
         if self.tripped_at is None and (x >= BREAKER_MAGNETIC_X or self.heat >= 1.0):
             self.tripped_at = t_s
         return self.tripped_at is not None
@@ -105,6 +107,7 @@ class Ups:
     def __init__(self, rating_w: float) -> None:
         self.rating_w = rating_w
         self.overload = 0.0  # 1.0 = trip
+        self.closest = 0.0  # the most overload seen: how near it came to a trip (1.0 = tripped)
         self.tripped_at: float | None = None
 
     def step(self, t_s: float, load_w: float, dt_s: float) -> bool:
@@ -115,6 +118,7 @@ class Ups:
             self.overload += dt_s / trip_s
         elif x <= 1.0:
             self.overload = max(0.0, self.overload - dt_s / UPS_DRAIN_S)
+        self.closest = max(self.closest, min(1.0, self.overload))
         if self.tripped_at is None and self.overload >= 1.0 - 1e-9:
             self.tripped_at = t_s
         return self.tripped_at is not None

@@ -158,6 +158,20 @@ class BankMeters:
             "ups": None if self.ups is None else self.ups.tripped_at is not None,
         }
 
+    def trip_margins(self) -> dict[str, dict[str, float]]:
+        """For each device stated: ``peak_of_rating``, the highest load seen over its
+        rating (wall current over the breaker's amps, wall power over the UPS's watts), and
+        ``closest``, how near its overload model came to a trip (0-1: the breaker's
+        heat, the UPS's overload; 1 = tripped). A UPS carries up to 110 % of its rating
+        indefinitely (``UPS_BANDS``): a peak above 100 % is not by itself a trip."""
+        out: dict[str, dict[str, float]] = {}
+        if self.breaker is not None and self.feed is not None:
+            out["breaker"] = {"peak_of_rating": self.max_wall_w / self.feed.volts / self.breaker.rating_a,
+                              "closest": self.breaker.closest}
+        if self.ups is not None:
+            out["ups"] = {"peak_of_rating": self.max_wall_w / self.ups.rating_w, "closest": self.ups.closest}
+        return out
+
     def trip_times(self) -> dict[str, float | None]:
         return {
             "breaker": self.breaker.tripped_at if self.breaker else None,

@@ -34,7 +34,7 @@ from powerbudgetd.control.budgetkeeper import BudgetKeeper
 from powerbudgetd_sim.baselines import (
     CausalOraclePolicy, OraclePolicy, ReactivePolicy, RuledCausalOraclePolicy, SlurmPolicy, StaticPolicy,
 )
-from powerbudgetd_sim.feed import feed_from_dict
+from powerbudgetd_sim.feed import UPS_BANDS, feed_from_dict
 from powerbudgetd_sim.libnvml import check_interrupt
 from powerbudgetd_sim.mains import SimUps
 from powerbudgetd_sim.meters import BankMeters
@@ -340,6 +340,7 @@ def run_scenario(
         "draw_over_budget_s": round(meters.over_budget_s, 1),
         "trips": meters.trips(),
         "trip_at_s": meters.trip_times(),
+        "trip_margins": {d: {k: round(x, 3) for k, x in m.items()} for d, m in meters.trip_margins().items()},
         "max_wall_power_w": round(meters.max_wall_w, 1) if sc.feed else None,
         "battery": None if meters.battery is None else meters.battery.summary(),
         "work_before_mains_loss": None if meters.first_loss_s is None else round(meters.work_before_loss, 3),
@@ -390,7 +391,10 @@ def format_report(r: dict[str, Any]) -> str:
     ]
     if "work" in r:
         rec = r["reclaim_latency_s"]
+        margins = r.get("trip_margins", {})
         trips = ", ".join(f"{d} {'TRIPPED at ' + str(r['trip_at_s'][d]) + ' s' if v else 'held'}"
+                          + (f" (peak {100 * margins[d]['peak_of_rating']:.0f} % of its rating, "
+                             f"{100 * margins[d]['closest']:.0f} % of the way to a trip)" if d in margins else "")
                           for d, v in r["trips"].items() if v is not None)
         wvo = "-" if r["work_vs_oracle"] is None else f"{r['work_vs_oracle']:.3f}"
         wvc = "-" if r.get("work_vs_causal") is None else f"{r['work_vs_causal']:.3f}"
@@ -404,7 +408,8 @@ def format_report(r: dict[str, Any]) -> str:
              else f"  limit writes         {sum(c['limit_writes'] for c in r['cards'])} in all (under {RATE_MIN_S:g} s "
              "simulated: too short for a per-minute rate); ")
             + f"at most {flap['max_reversals']} reversals of a card's limit in {flap['window_s']:g} s",
-            f"  limits over budget   {r['over_budget_s']:g} s in {r['over_budget_episodes']} episodes (boot included)",
+            f"  limits over budget   {r['over_budget_s']:g} s in {r['over_budget_episodes']} episodes "
+            "(boot included: the cards' limits as found, before its first writes)",
             f"  draw over budget     {r['draw_over_budget_s']:g} s (summed 1 s average draw above the budget)",
             "  reclaim latency      " + (
                 f"p50 {rec['p50']:g} s, p99 {rec['p99']:g} s, max {rec['max']:g} s over {rec['events']} reclaims"
@@ -503,7 +508,8 @@ def plot_figure(result: SimResult, budget_w: float, title: str) -> Any:
         ax = axes[n + 1]
         handles["wall power (summed instant, through the PSU)"], = ax.plot(s.t, s.wall_w, color="tab:olive", lw=0.5)
         if s.ups_rating_w:
-            handles[f"UPS rating {s.ups_rating_w:g} W"] = ax.axhline(s.ups_rating_w, color="tab:red", ls="-.")
+            handles[f"UPS rating {s.ups_rating_w:g} W (trips past {100 * UPS_BANDS[-1][0]:.0f} % "
+                    f"held {UPS_BANDS[-1][1]:g} s, sooner above)"] = ax.axhline(s.ups_rating_w, color="tab:red", ls="-.")
         ax.set_ylabel("at the plug (W)")
     for a in axes:
         if boot_s is not None:

@@ -6,7 +6,7 @@ import pytest
 
 from powerbudgetd.cli import main
 from powerbudgetd_sim.scoreboard import DEMAND_OFFSETS_S, FEED_RUN, TARGETS, check_targets, feed_budget_w, idle_neighbour_s, score_scenario
-from powerbudgetd_sim.simulate import POLICIES, run_policies, run_scenario
+from powerbudgetd_sim.simulate import POLICIES, format_report, run_policies, run_scenario
 from powerbudgetd_sim.scenario import list_scenarios, load_scenario
 
 SLICE_KEYS = {
@@ -46,6 +46,12 @@ def test_incident_trips_the_ups_when_both_busy_cards_run_at_max():
     reactive = results["reactive"].report
     assert reactive["trips"] == {"breaker": False, "ups": True}
     assert 89 <= reactive["trip_at_s"]["ups"] <= 91  # 30 s at 112 % after the benchmark starts
+    # How near each device came, beside its verdict: the reactive run's UPS all the way
+    # (its peak over 110 % of the rating); static's under 110 %, which a UPS carries.
+    assert reactive["trip_margins"]["ups"]["closest"] == 1.0 and reactive["trip_margins"]["ups"]["peak_of_rating"] > 1.1
+    ups = results["static"].report["trip_margins"]["ups"]
+    assert ups["closest"] == 0.0 and ups["peak_of_rating"] <= 1.1
+    assert "ups TRIPPED at" in format_report(reactive) and "% of the way to a trip" in format_report(reactive)
 
 
 def test_over_budget_seconds():
