@@ -459,8 +459,15 @@ def _fill(coefficients: Mapping[object, Mapping[str, float]], room: dict[object,
     while open_w:
         step, bottleneck = math.inf, cast(object, None)  # a node, or a node's flow under the loss
         for node, hs in coefficients.items():
-            members = {h: open_w[h] for h in hs if h in open_w}
-            if not members:
+            # A bound whose open hosts' whole rest fits its room stops nobody this round
+            # (the water-fill would give each its rest): most bounds, most rounds.
+            need, members = 0.0, {}
+            for h, k in hs.items():
+                left = open_w.get(h)
+                if left is not None:
+                    members[h] = left
+                    need += k * left
+            if not members or need <= room[node]:
                 continue
             fair = max_min_fair(room[node], members, {h: hs[h] for h in members})
             short = [fair[h] for h in members if fair[h] < members[h] - EPS_W]
