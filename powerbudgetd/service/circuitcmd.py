@@ -6,7 +6,6 @@ import argparse
 import asyncio
 import dataclasses
 import json
-import math
 import sys
 from pathlib import Path
 from typing import Any
@@ -336,8 +335,7 @@ async def _status(store: Any, as_json: bool) -> int:
     for flag, text in (("no_seat", "LIVE WITHOUT A SEAT (their reserves are not counted)"),
                        ("duplicate", "TWO DAEMONS BEHIND ONE NAME"), ("stale", "STALE (missed renewals: frozen or cut off?)"),
                        ("unreadable", "UNREADABLE RECORDS (counted at the whole budget)"),
-                       ("lowered", "gave a grant back since they last published (caps and draw counted at seat + "
-                                   "grant until they publish again)")):
+                       ("lowered", "GRANT LOWERED BY ANOTHER WRITER (their cards may not be down yet)")):
         if doc["flags"][flag]:
             print(f"  {text}: {', '.join(printable(h) for h in doc['flags'][flag])}")
     if v.pending:
@@ -393,14 +391,14 @@ def status_doc(name: str, read: Any, lease_info: dict[int, tuple[int, int]]) -> 
     grant, caps and measured draw at the wall (W, as the host published them), lease
     seconds left, flags (``no_seat``: live without a seat; ``duplicate``: a record under
     another lease than the claim's; ``stale``: its lease missed two renewals;
-    ``unreadable``: a record that could not be read; ``lowered``: its record was
-    published before its grant was lowered). ``lease_info``: lease id -> (seconds left,
+    ``unreadable``: a record that could not be read; ``lowered``: its grant is below
+    the one its record was published under). ``lease_info``: lease id -> (seconds left,
     granted TTL).
 
-    A host gives a grant back only once its cards are confirmed below what it keeps, so
-    a ``lowered`` host's caps and draw, read under the grant it had, are counted in the
-    totals and the nodes at no more than its seat plus grant until it publishes again
-    (a settled host does so at its next keepalive)."""
+    A host lowers its grant and publishes its record under it in one transaction, so
+    ``lowered`` means another writer lowered or removed the grant (an operator, a wipe)
+    and the host has not acted on it yet: its caps and draw are counted as published,
+    since its cards may still be where they were."""
     from powerbudgetd.channels.circuit.channel import KEEPALIVES_PER_TTL
 
     v = read.view
@@ -410,8 +408,6 @@ def status_doc(name: str, read: Any, lease_info: dict[int, tuple[int, int]]) -> 
     hosts = sorted(set(v.seats) | set(v.grants) | set(v.wants) | set(v.pending) | set(read.claims) | bad_hosts)
     rows = []
     flags: dict[str, list[str]] = {"no_seat": [], "duplicate": [], "stale": [], "unreadable": [], "lowered": []}
-    held = v.held_w()
-    counted: dict[str, dict[str, Any]] = {}
     for h in hosts:
         lease = read.leases.get(h)
         left, granted = lease_info.get(lease, (-1, 0)) if lease else (-1, 0)
@@ -438,9 +434,7 @@ def status_doc(name: str, read: Any, lease_info: dict[int, tuple[int, int]]) -> 
             "draw_w": rec.draw_w if rec else None, "alive": alive, "lease_left_s": left if alive else None,
             "identity": claim.identity() if claim else None, "flags": mine,
         })
-        bound = held.get(h, 0.0) if lowered else math.inf
-        counted[h] = {k: None if rows[-1][k] is None else min(rows[-1][k], bound) for k in ("caps_w", "draw_w")}
-    live = {r["host"]: counted[r["host"]] for r in rows if r["alive"]}
+    live = {r["host"]: r for r in rows if r["alive"]}
 
     def total(key: str) -> float | None:
         vals = [r[key] for r in live.values()]

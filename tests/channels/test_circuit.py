@@ -403,7 +403,7 @@ def test_the_store_follows_the_cards_down_and_never_below_what_they_may_draw(tmp
     class Store:
         name, endpoint = "lab", "fake:1"
 
-        async def lower_grant(self, host: str, grant_w: float, lease_id: int) -> None:
+        async def lower_grant(self, host: str, grant_w: float, lease_id: int, record: object = None) -> None:
             lowered.append(round(grant_w, 6))
 
     s = _cfg(tmp_path, CIRCUIT.replace('name = "lab"', 'name = "lab"\nhost = "vm"'))
@@ -420,7 +420,7 @@ def test_the_store_follows_the_cards_down_and_never_below_what_they_may_draw(tmp
 
     def round_with(now: float | None, budget_w: float = 0.0, bound_w: float = 0.0) -> None:
         ch.snapshot = None if now is None else SimpleNamespace(  # type: ignore[assignment]
-            now=now, budget_w=budget_w, sum_limit_bound_w=bound_w)
+            now=now, budget_w=budget_w, sum_limit_bound_w=bound_w, sum_power_known_w=None, cards=())
         asyncio.run(ch._move_grant(read))
 
     round_with(None)  # no snapshot yet: offered to the cards, etcd unchanged
@@ -450,6 +450,7 @@ class _SeatStore:
         self.seats: list[tuple[float, float]] = []
         self.raised: list[float] = []
         self.pending: list[float] = []
+        self.lowered: list[tuple[float, object]] = []  # (grant W, the record put with it)
 
     async def register_seat(self, read, host: str, reserve_w: float, *, grant_w: float = 0.0,  # noqa: ANN001
                             lease_id: int | None = None) -> bool:
@@ -466,8 +467,8 @@ class _SeatStore:
         self.raised.append(round(grant_w, 6))
         return self.raise_ok
 
-    async def lower_grant(self, host: str, grant_w: float, lease_id: int) -> None:
-        pass
+    async def lower_grant(self, host: str, grant_w: float, lease_id: int, record: object = None) -> None:
+        self.lowered.append((round(grant_w, 6), record))
 
 
 def _running(tmp_path: Path, store: _SeatStore, grant_w: float, cards_grant_w: float | None) -> CircuitChannel:
@@ -485,7 +486,8 @@ def _running(tmp_path: Path, store: _SeatStore, grant_w: float, cards_grant_w: f
     ch.held_w = ch.in_use_w = grant_w
     if cards_grant_w is not None:
         board = ch.power.board_budget_w(cards_grant_w)
-        ch.snapshot = SimpleNamespace(now=1.0, budget_w=board, sum_limit_bound_w=board, cards=())  # type: ignore[assignment]
+        ch.snapshot = SimpleNamespace(now=1.0, budget_w=board, sum_limit_bound_w=board, sum_power_known_w=None,  # type: ignore[assignment]
+                                      cards=())
     return ch
 
 
@@ -547,10 +549,10 @@ def test_a_grant_given_back_reaches_etcd_once_the_cards_are_down_and_a_raise_due
     ch.in_use_w, ch.reachable = 300.0, True
     board = ch.power.board_budget_w
     ch.on_tick(SimpleNamespace(snapshot=SimpleNamespace(  # type: ignore[arg-type]
-        now=2.0, budget_w=board(300), sum_limit_bound_w=board(500), mode="dynamic", cards=())))
+        now=2.0, budget_w=board(300), sum_limit_bound_w=board(500), sum_power_known_w=None, mode="dynamic", cards=())))
     assert not ch.urgent  # a card still above: nothing for etcd yet
     down = SimpleNamespace(snapshot=SimpleNamespace(now=3.0, budget_w=board(300), sum_limit_bound_w=board(300),
-                                                    mode="dynamic", cards=()))
+                                                    sum_power_known_w=None, mode="dynamic", cards=()))
     ch.on_tick(down)  # type: ignore[arg-type]
     assert ch.urgent
     ch.urgent = False
@@ -605,6 +607,27 @@ def test_a_grant_removed_under_a_running_host_is_put_back_while_its_cards_come_d
     ch = _running(tmp_path, store, 200.0, 200.0)  # no seat either: _check_seat's to cover
     asyncio.run(ch._move_grant(_read({"b": 1000}, {"b": 800})))
     assert store.raised == [] and ch.held_w == 0.0 and ch.metrics.vanished_grant._value.get() in (None, 0.0)
+
+
+def test_a_grant_lowered_is_written_with_the_record_of_the_cards_under_it(tmp_path: Path) -> None:
+    """A host whose cards are down to 50 W of its 200 W grant lowers the grant in etcd
+    with its record in the same transaction, the record under the lowered grant (its
+    caps within its 800 W seat plus 50 W): ``circuit status`` never sees the lowered
+    grant beside figures read under the old one, which, beside the raises the watts go
+    to, would sum over the circuit until the host's next round."""
+    import asyncio
+
+    from powerbudgetd.channels.circuit.store import HostRecord
+
+    store = _SeatStore()
+    ch = _running(tmp_path, store, 200.0, 50.0)
+    ch.in_use_w = 50.0
+    asyncio.run(ch._move_grant(_read({"vm": 800, "b": 1000}, {"b": 800, "vm": 200})))
+    ((grant, rec),) = store.lowered
+    assert grant == 50.0 and ch.held_w == 50.0
+    assert isinstance(rec, HostRecord) and rec.grant_w == 50.0 and rec.seat_w == 800.0
+    assert rec.caps_w is not None and rec.caps_w <= 800.0 + 50.0 + 1e-6
+    assert ch.published == rec  # not put again by the next round's publish
 
 
 def test_a_record_removed_or_changed_under_a_running_host_is_published_again(tmp_path: Path) -> None:

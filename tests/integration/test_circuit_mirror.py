@@ -158,8 +158,12 @@ async def _grants_told(eps: list[str]) -> tuple[list[bytes], bytes]:
         for grant_w in (300.0, 500.0, 500.0):  # raised twice, then written again unchanged
             assert await other.raise_grant(await other.read(), "b", grant_w, lease)
         await other.lower_grant("b", 200.0, lease)
-        await other.lower_grant("b", 0.0, lease)  # given back whole: the key deleted
-        last = (await other.read()).revision
+        # Given back whole (the key deleted), with the record under it in one transaction.
+        await other.lower_grant("b", 0.0, lease, record=HostRecord(0.0, caps_w=790.0, seat_w=800.0, grant_w=0.0))
+        read = await other.read()
+        last = read.revision
+        assert "b" not in read.view.grants and read.records["b"].grant_w == 0.0 and read.records["b"].caps_w == 790.0
+        assert read.records["b"].lease == lease  # under the host's lease: gone with it
         assert await watcher.mirror.reached(last, 5.0)
     finally:
         await _stop(task)

@@ -915,18 +915,23 @@ class CircuitChannel:
         if on:
             self._to_reserve()
 
-    async def _publish(self, read: Read) -> None:
-        """This host's record: want, caps and measured draw (at the wall, through the
-        feed model), seat and grant; again each round any of them moved (5 W or more)."""
-        assert self.lease_id is not None
+    def _record(self, read: Read, grant_w: float) -> HostRecord:
+        """This host's record under ``grant_w`` (W): want, caps and measured draw (at the
+        wall, through the feed model), seat and grant, nameplate."""
         snap = self.snapshot
-        rec = HostRecord(
+        return HostRecord(
             want_w=round(self.want_w / 5) * 5.0,
             caps_w=None if snap is None else self.power.feed.wall_w(snap.sum_limit_bound_w),
             draw_w=None if snap is None or snap.sum_power_known_w is None else self.power.feed.wall_w(snap.sum_power_known_w),
-            seat_w=read.view.seats.get(self.host), grant_w=self.held_w,
+            seat_w=read.view.seats.get(self.host), grant_w=grant_w,
             max_w=None if snap is None else self.power.nameplate_w(snap),
         )
+
+    async def _publish(self, read: Read) -> None:
+        """This host's record (:meth:`_record`); again each round any of its figures moved
+        (5 W or more), and with each lowering of the grant (``_move_grant``)."""
+        assert self.lease_id is not None
+        rec = self._record(read, self.held_w)
         self.metrics.caps.set(rec.caps_w or 0.0)
         self.metrics.draw.set(rec.draw_w or 0.0)
         stored = read.records.get(self.host)
@@ -1006,7 +1011,12 @@ class CircuitChannel:
             self.in_use_w = target
         lowered = self.power.lowered_grant_w(self.held_w, self.in_use_w, self._cards_board_w())
         if lowered < self.held_w:
-            await self.store.lower_grant(self.host, lowered, self.lease_id)
+            # The record with it, in one transaction: the cards are down to what the
+            # lowered grant carries (lowered_grant_w), and a reader must not see the
+            # figures read under the old grant beside the others' raises that follow.
+            rec = self._record(read, lowered)
+            await self.store.lower_grant(self.host, lowered, self.lease_id, record=rec)
+            self.published = rec
             log.info("circuit_grant_lowered", from_w=self.held_w, to_w=lowered, host=self.host)
             self.held_w = lowered
             if target > lowered and self.in_use_w == lowered:

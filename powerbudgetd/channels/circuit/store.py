@@ -1077,13 +1077,25 @@ class CircuitStore:
             t.mod(self.key(self.grants, h)) < read.revision + 1 for h in sorted(plan.hosts)] + [
             t.mod(self.key(self.delegations, m)) == read.delegation_mods.get(m, 0) for m in sorted(plan.delegations or ())]
 
-    async def lower_grant(self, host: str, grant_w: float, lease_id: int) -> None:
-        """Lower ``host``'s grant (no check needed: it only lowers the sum); 0 deletes it."""
+    async def lower_grant(self, host: str, grant_w: float, lease_id: int, record: HostRecord | None = None) -> None:
+        """Lower ``host``'s grant (no check needed: it only lowers the sum); 0 deletes it.
+        ``record``: ``host``'s record under the lowered grant, put in the same transaction,
+        so that no reader sees the grant lowered beside figures read under the old one."""
         key = self.key(self.grants, host)
-        if grant_w <= 0:
-            await self._call(lambda c: c.delete(key))
-        else:
-            await self._call(lambda c: c.put(key, records.dumps(grant_w=grant_w), lease=lease_id))
+        if record is None:
+            if grant_w <= 0:
+                await self._call(lambda c: c.delete(key))
+            else:
+                await self._call(lambda c: c.put(key, records.dumps(grant_w=grant_w), lease=lease_id))
+            return
+        body = records.dumps(**stored_fields(record))
+
+        def both(c: _Client) -> Any:
+            t = c.transactions
+            grant = t.delete(key) if grant_w <= 0 else t.put(key, records.dumps(grant_w=grant_w), lease=lease_id)
+            return c.transaction(compare=[], success=[grant, t.put(self.key(self.wants, host), body, lease=lease_id)],
+                                 failure=[])
+        await self._call(both)
 
     async def give_back(self, host: str, machine_id: str, boot_id: str) -> Claim | None:
         """Delete ``host``'s grant and record (a daemon that is gone: lowering, no check),
