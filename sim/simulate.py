@@ -19,6 +19,7 @@ card's limit reverses direction (flapping).
 
 from __future__ import annotations
 
+import math
 import textwrap
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -394,7 +395,7 @@ def format_report(r: dict[str, Any]) -> str:
         margins = r.get("trip_margins", {})
         trips = ", ".join(f"{d} {'TRIPPED at ' + str(r['trip_at_s'][d]) + ' s' if v else 'held'}"
                           + (f" (peak {100 * margins[d]['peak_of_rating']:.0f} % of its rating, "
-                             f"{100 * margins[d]['closest']:.0f} % of the way to a trip)" if d in margins else "")
+                             f"{math.floor(100 * margins[d]['closest']):.0f} % of the way to a trip)" if d in margins else "")
                           for d, v in r["trips"].items() if v is not None)
         wvo = "-" if r["work_vs_oracle"] is None else f"{r['work_vs_oracle']:.3f}"
         wvc = "-" if r.get("work_vs_causal") is None else f"{r['work_vs_causal']:.3f}"
