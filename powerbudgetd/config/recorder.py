@@ -15,10 +15,19 @@ from powerbudgetd.config.base import _Section
 SIM_RECORDER_SUBDIR = "sim"  # run --backend sim records here, under the default recorder dir
 
 
+SYSTEM_STATE_DIR = Path("/var/lib/powerbudgetd")
+
+
 def _state_dir() -> Path:
     # systemd's StateDirectory=powerbudgetd sets $STATE_DIRECTORY (colon-separated).
     env = os.environ.get("STATE_DIRECTORY", "")
-    return Path(env.split(":")[0]) if env else Path("/var/lib/powerbudgetd")
+    return Path(env.split(":")[0]) if env else SYSTEM_STATE_DIR
+
+
+def _user_state_dir() -> Path:
+    """A user's own state directory for powerbudgetd: ``$XDG_STATE_HOME``, else
+    ``~/.local/state``, then ``powerbudgetd``."""
+    return Path(os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state") / "powerbudgetd"
 
 
 class RecorderConfig(_Section):
@@ -29,7 +38,7 @@ class RecorderConfig(_Section):
     """
 
     enabled: bool = True
-    dir: Path = Field(default_factory=_state_dir)  # $STATE_DIRECTORY, else /var/lib/powerbudgetd
+    dir: Path = Field(default_factory=_state_dir)  # $STATE_DIRECTORY, else SYSTEM_STATE_DIR
     interval_s: float = Field(1.0, ge=0.1, le=3600)  # one record per interval
     fsync_interval_s: float = Field(1.0, ge=0, le=3600)  # 0: fsync every record
     max_file_bytes: int = Field(16 << 20, ge=4096, le=1 << 34)
@@ -47,7 +56,11 @@ class RecorderConfig(_Section):
     def dir_for(self, backend: str) -> Path:
         """Where a run on ``backend`` records: ``dir``, except that a simulated run with
         the default ``dir`` records under ``dir/sim``, apart from the real history
-        (``log report`` on the default directory never sees it)."""
+        (``log report`` on the default directory never sees it); by a user other than
+        root, with the system's default, under the user's own state directory
+        (``$XDG_STATE_HOME`` or ``~/.local/state``, then ``powerbudgetd/sim``): trying
+        the simulated bank needs no root."""
         if backend == "sim" and "dir" not in self.model_fields_set:
-            return self.dir / SIM_RECORDER_SUBDIR
+            base = _user_state_dir() if self.dir == SYSTEM_STATE_DIR and os.geteuid() != 0 else self.dir
+            return base / SIM_RECORDER_SUBDIR
         return self.dir

@@ -40,6 +40,17 @@ def test_sim_runs_record_apart_and_the_report_tells_them_from_real_runs(tmp_path
     assert default.dir_for("nvml") == tmp_path and default.dir_for("sim") == tmp_path / "sim"
     chosen = RecorderConfig(dir=tmp_path / "mine")  # an explicit dir is the operator's choice
     assert chosen.dir_for("sim") == tmp_path / "mine"
+    # Tried by a user who is not root, with the system's default: the user's own state
+    # directory (/var/lib is root's); real runs keep the system's.
+    monkeypatch.delenv("STATE_DIRECTORY")
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    monkeypatch.setattr("os.geteuid", lambda: 1000)
+    user = RecorderConfig()
+    assert user.dir_for("sim") == tmp_path / "state" / "powerbudgetd" / "sim"
+    assert user.dir_for("nvml") == Path("/var/lib/powerbudgetd")
+    monkeypatch.setattr("os.geteuid", lambda: 0)
+    assert RecorderConfig().dir_for("sim") == Path("/var/lib/powerbudgetd/sim")
+    monkeypatch.setenv("STATE_DIRECTORY", str(tmp_path))
 
     # A log with a real run that was cut and two later simulated runs that were cut too.
     write_run(tmp_path, "real", T0, 120, seq=1)
