@@ -38,7 +38,7 @@ class RecorderConfig(_Section):
     """
 
     enabled: bool = True
-    dir: Path = Field(default_factory=_state_dir)  # $STATE_DIRECTORY, else SYSTEM_STATE_DIR
+    dir: Path = Field(default_factory=_state_dir)  # $STATE_DIRECTORY, else /var/lib/powerbudgetd
     interval_s: float = Field(1.0, ge=0.1, le=3600)  # one record per interval
     fsync_interval_s: float = Field(1.0, ge=0, le=3600)  # 0: fsync every record
     max_file_bytes: int = Field(16 << 20, ge=4096, le=1 << 34)
