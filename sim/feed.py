@@ -87,6 +87,8 @@ class Breaker:
         self.closest = max(self.closest, min(1.0, self.heat))
         if self.tripped_at is None and (x >= BREAKER_MAGNETIC_X or self.heat >= 1.0):
             self.tripped_at = t_s
+        if self.tripped_at is not None:
+            self.closest = 1.0  # the magnetic trip too, however little heat
         return self.tripped_at is not None
 
     @staticmethod
@@ -121,6 +123,8 @@ class Ups:
         self.closest = max(self.closest, min(1.0, self.overload))
         if self.tripped_at is None and self.overload >= 1.0 - 1e-9:
             self.tripped_at = t_s
+        if self.tripped_at is not None:
+            self.closest = 1.0
         return self.tripped_at is not None
 
     @staticmethod

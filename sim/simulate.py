@@ -341,7 +341,9 @@ def run_scenario(
         "draw_over_budget_s": round(meters.over_budget_s, 1),
         "trips": meters.trips(),
         "trip_at_s": meters.trip_times(),
-        "trip_margins": {d: {k: round(x, 3) for k, x in m.items()} for d, m in meters.trip_margins().items()},
+        # Rounded down: a device that held never reads as all the way to a trip.
+        "trip_margins": {d: {k: math.floor(1000 * x) / 1000 for k, x in m.items()}
+                         for d, m in meters.trip_margins().items()},
         "max_wall_power_w": round(meters.max_wall_w, 1) if sc.feed else None,
         "battery": None if meters.battery is None else meters.battery.summary(),
         "work_before_mains_loss": None if meters.first_loss_s is None else round(meters.work_before_loss, 3),

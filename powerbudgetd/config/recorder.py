@@ -25,9 +25,11 @@ def _state_dir() -> Path:
 
 
 def _user_state_dir() -> Path:
-    """A user's own state directory for powerbudgetd: ``$XDG_STATE_HOME``, else
-    ``~/.local/state``, then ``powerbudgetd``."""
-    return Path(os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state") / "powerbudgetd"
+    """A user's own state directory for powerbudgetd: ``$XDG_STATE_HOME`` where it is
+    an absolute path (the XDG rule: a relative one is ignored), else ``~/.local/state``,
+    then ``powerbudgetd``."""
+    env = Path(os.environ.get("XDG_STATE_HOME", ""))
+    return (env if env.is_absolute() else Path.home() / ".local" / "state") / "powerbudgetd"
 
 
 class RecorderConfig(_Section):

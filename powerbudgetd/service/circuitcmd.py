@@ -423,7 +423,8 @@ def status_doc(name: str, read: Any, lease_info: dict[int, tuple[int, int]]) -> 
             mine.append("stale")
         if h in bad_hosts:
             mine.append("unreadable")
-        lowered = rec is not None and rec.grant_w is not None and rec.grant_w > v.grants.get(h, 0.0) + 1e-6
+        # At the record's precision (0.1 W: ``stored_fields``); the grant is stored whole.
+        lowered = rec is not None and rec.grant_w is not None and rec.grant_w > round(v.grants.get(h, 0.0), 1) + 1e-6
         if lowered:
             mine.append("lowered")
         for flag in mine:

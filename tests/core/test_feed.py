@@ -95,3 +95,19 @@ def test_ups_forgets_an_overload_after_a_rest_under_its_rating():
         t = round(t + 0.1, 9)
         ups.step(t, 1200, 0.1)
     assert ups.tripped_at is not None
+
+
+def test_how_near_a_device_came_to_a_trip_is_whole_once_tripped_and_short_of_it_while_it_holds():
+    """``closest`` (the simulator's "% of the way to a trip"): the breaker's heat or the
+    UPS's overload at its most, 1 once the device tripped, by heat or magnetically."""
+    b = Breaker(15)
+    b.step(0.1, 6 * 15.0, 0.1)  # 6x: the magnetic trip, with next to no heat
+    assert b.tripped_at == pytest.approx(0.1) and b.closest == 1.0
+    ups, t = Ups(1000), 0.0
+    for _ in range(299):  # 120 % for 29.9 s of its 30 s, then back under its rating
+        t = round(t + 0.1, 9)
+        ups.step(t, 1200, 0.1)
+    ups.step(t + 0.1, 900, 0.1)
+    assert ups.tripped_at is None and 0.99 < ups.closest < 1.0
+    ups.step(t + 0.2, 1200, 0.2)
+    assert ups.tripped_at is not None and ups.closest == 1.0

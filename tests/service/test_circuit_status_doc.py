@@ -8,11 +8,11 @@ from powerbudgetd.core.circuit import CircuitView
 from powerbudgetd.core.tree import Host, Node, PowerTree
 
 
-def _read(a_record_grant_w: float, a_caps_w: float) -> Read:
-    """A 1000 W circuit and PDU; host a (seat 200 W) holds a 100 W grant, host b (seat
+def _read(a_record_grant_w: float, a_caps_w: float, a_grant_w: float = 100.0) -> Read:
+    """A 1000 W circuit and PDU; host a (seat 200 W) holds ``a_grant_w``, host b (seat
     200 W) 450 W. a's record was published under ``a_record_grant_w`` with caps
     ``a_caps_w`` (draw 20 W below); b's under its grant (caps 650 W)."""
-    seats, grants = {"a": 200.0, "b": 200.0}, {"a": 100.0, "b": 450.0}
+    seats, grants = {"a": 200.0, "b": 200.0}, {"a": a_grant_w, "b": 450.0}
     tree = PowerTree({"pdu": Node("pdu", 1_000.0)}, {h: Host(h, {"pdu": 1.0}, 200.0) for h in seats})
     view = CircuitView(1_000.0, seats, grants, {"a": 100.0, "b": 450.0}, revision=9, tree=tree.with_reserves(seats))
     records = {"a": HostRecord(100.0, caps_w=a_caps_w, draw_w=a_caps_w - 20, seat_w=200.0, grant_w=a_record_grant_w,
@@ -41,3 +41,6 @@ def test_a_host_that_lowered_its_own_grant_is_not_flagged():
 
     doc = status_doc("lab", _read(100.0, 300.0), {1: (5, 6), 2: (5, 6)})
     assert doc["flags"]["lowered"] == [] and doc["caps_w"] == 950.0 and doc["within_budget"] is True
+    # A grant is stored whole, a record to 0.1 W: 100.06 W published as 100.1 W is the same.
+    doc = status_doc("lab", _read(round(100.06, 1), 300.0, a_grant_w=100.06), {1: (5, 6), 2: (5, 6)})
+    assert doc["flags"]["lowered"] == []

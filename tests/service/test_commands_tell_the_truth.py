@@ -48,6 +48,9 @@ def test_sim_runs_record_apart_and_the_report_tells_them_from_real_runs(tmp_path
     user = RecorderConfig()
     assert user.dir_for("sim") == tmp_path / "state" / "powerbudgetd" / "sim"
     assert user.dir_for("nvml") == Path("/var/lib/powerbudgetd")
+    monkeypatch.setenv("XDG_STATE_HOME", "relative")  # not absolute: ignored, as XDG says
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert RecorderConfig().dir_for("sim") == tmp_path / "home" / ".local" / "state" / "powerbudgetd" / "sim"
     monkeypatch.setattr("os.geteuid", lambda: 0)
     assert RecorderConfig().dir_for("sim") == Path("/var/lib/powerbudgetd/sim")
     monkeypatch.setenv("STATE_DIRECTORY", str(tmp_path))
