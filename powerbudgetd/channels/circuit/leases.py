@@ -8,10 +8,10 @@ A lease moves toward its figure in the tree's priority division among its siblin
 (``core.delegation.fair_leases_w``: its hosts' seats and wants plus a margin), as far
 as its subtree's holdings and the ancestors allow (``core.delegation.proposed_w``):
 
-- *periodic*: every ``rebalance_s`` (give or take :data:`REBALANCE_JITTER`) the first live host under the node (the least name
-  among those with a record) moves it to that figure when that moves it by half the
-  margin or more: a lease shrinks to give watts back to its siblings, a lower class's
-  first;
+- *periodic*: every ``rebalance_s`` (give or take :data:`REBALANCE_JITTER`) the first
+  live host under the node (the least name among those with a record) moves it to that
+  figure when that moves it by half the margin or more: a lease shrinks to give watts
+  back to its siblings, a lower class's first;
 - *on demand*: a host whose raise is held back by a step or more (its room below its
   fair share) grows the leases above it, the nearest the root first, at most every
   ``ask_s``, by whatever each lacks of its figure as far as the ancestors spare, a watt
