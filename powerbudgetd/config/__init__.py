@@ -42,7 +42,9 @@ from powerbudgetd.config.bank import (
 )
 from powerbudgetd.config.recorder import (
     SIM_RECORDER_SUBDIR,
+    SYSTEM_STATE_DIR,
     _state_dir,
+    _user_state_dir,
     RecorderConfig,
 )
 from powerbudgetd.config.metrics import (
@@ -157,7 +159,9 @@ __all__ = [
     "ControlConfig",
     "SimConfig",
     "SIM_RECORDER_SUBDIR",
+    "SYSTEM_STATE_DIR",
     "_state_dir",
+    "_user_state_dir",
     "RecorderConfig",
     "DEFAULT_METRICS_PORT",
     "MetricsConfig",
