@@ -1082,20 +1082,15 @@ class CircuitStore:
         ``record``: ``host``'s record under the lowered grant, put in the same transaction,
         so that no reader sees the grant lowered beside figures read under the old one."""
         key = self.key(self.grants, host)
-        if record is None:
-            if grant_w <= 0:
-                await self._call(lambda c: c.delete(key))
-            else:
-                await self._call(lambda c: c.put(key, records.dumps(grant_w=grant_w), lease=lease_id))
-            return
-        body = records.dumps(**stored_fields(record))
+        body = None if record is None else records.dumps(**stored_fields(record))
 
-        def both(c: _Client) -> Any:
+        def lower(c: _Client) -> Any:
             t = c.transactions
-            grant = t.delete(key) if grant_w <= 0 else t.put(key, records.dumps(grant_w=grant_w), lease=lease_id)
-            return c.transaction(compare=[], success=[grant, t.put(self.key(self.wants, host), body, lease=lease_id)],
-                                 failure=[])
-        await self._call(both)
+            ops = [t.delete(key) if grant_w <= 0 else t.put(key, records.dumps(grant_w=grant_w), lease=lease_id)]
+            if body is not None:
+                ops.append(t.put(self.key(self.wants, host), body, lease=lease_id))
+            return c.transaction(compare=[], success=ops, failure=[])
+        await self._call(lower)
 
     async def give_back(self, host: str, machine_id: str, boot_id: str) -> Claim | None:
         """Delete ``host``'s grant and record (a daemon that is gone: lowering, no check),
