@@ -19,7 +19,9 @@ real controller (as in ``circuit.py``), corded to its leaves. Five ways to split
   more and within what every ancestor leaves, lowered after ``release_hold_s`` unless
   a node is over, then at once: the shed); a raise only where ``raise_allowed`` (the
   transaction's check) and once the last lowering is confirmed; a lowering to the
-  cards first and to the store as the cards' bound comes down (``HostPower.lowered_grant_w``);
+  cards first and to the store as the cards' bound comes down (``HostPower.lowered_grant_w``):
+  at the host's round, and at the tick that finds the cards all the way down (the
+  daemon's channel wakes a round then);
 - ``oracle``: every tick, the division of the declared tree over the hosts' true wants,
   the room left handed out up to each host's nameplate as the store's division does
   (clairvoyant, no rounds, no hold, writes that land at once): the upper bound of the
@@ -253,6 +255,7 @@ def run_tree(
                 h.keeper.arbiter.offer("circuit", h.power.board_w(c.in_use_w), t)
             h.keeper.apply(h.ctl, t)
             h.ctl.tick(t)
+            follow_cards(c)
         above_fair_ws += timings.tick_s * sum(max(0.0, c.in_use_w - fair[n]) for n, c in clients.items() if n in live)
         limits = {n: _wall(c, "limit") for n, c in clients.items() if n in live and c.host.ctl.ready}
         draw = {n: _wall(c, "avg") for n, c in clients.items() if n in live}
@@ -315,10 +318,23 @@ def _round(tree: PowerTree, clients: dict[str, Client], c: Client, t: float, los
         return
     if target < c.in_use_w:
         c.in_use_w = target  # the cards first
-    # The store follows the cards down (held and in use are seat plus grant here).
+    follow_cards(c, partway=True)
+
+
+def follow_cards(c: Client, *, partway: bool = False) -> None:
+    """The store follows the cards down (held and in use are seat plus grant here): at
+    a round as far as their bound has come (``partway``), and at any tick once they are
+    all the way down to what is in use, as the daemon's channel wakes a round then
+    (``CircuitChannel.on_tick``), not at its next poll."""
+    if c.in_use_w >= c.held_w:
+        return
+    h = c.host
+    seat = h.power.reserve_w
     lowered = seat + h.power.lowered_grant_w(c.held_w - seat, c.in_use_w - seat, h.bank.sum_limit_bound_mw() / 1000)
-    if lowered < c.held_w - 1e-9:
-        c.held_w = c.in_use_w if lowered <= c.in_use_w + 1e-6 else lowered
+    if lowered <= c.in_use_w + 1e-6:
+        c.held_w = c.in_use_w
+    elif partway and lowered < c.held_w - 1e-9:
+        c.held_w = lowered
 
 
 def _survivors(meters: dict[str, NodeMeter], worst_limits_w: dict[str, float], worst_instant_w: dict[str, float],
