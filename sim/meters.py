@@ -3,6 +3,8 @@
 What the scoreboard reports beyond the limits: the work done (``work.py``), seconds
 the summed 1 s average draw spent above the budget, the wall power and whether the
 feed's breaker or UPS would have tripped (``feed.py``), reclaim latencies, and flapping.
+From a trip on the bank is dark: no work, no wall power, nothing more measured (the
+cards' own figures after it are what they would have drawn with power).
 
 A *reclaim* starts when a card whose enforced limit sits below its fair share wakes —
 its demand rises above its floor (its minimum limit) — and ends when its enforced limit
@@ -69,8 +71,18 @@ class BankMeters:
         self.bank.observers.append(self.observe)
         return self
 
+    @property
+    def dark(self) -> bool:
+        """The feed's breaker or UPS has tripped: the bank is without power from then on
+        (a tripped device stays off until someone resets it), so it does no work and
+        draws nothing at the wall."""
+        return any(d is not None and d.tripped_at is not None for d in (self.breaker, self.ups))
+
     def observe(self, t: float) -> None:
         self._last_t = t
+        if self.dark:
+            self.wall_w = 0.0
+            return
         sum_avg = sum_instant = 0.0
         for i, card in enumerate(self.bank.cards):
             spec = card.spec

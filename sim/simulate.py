@@ -395,7 +395,7 @@ def format_report(r: dict[str, Any]) -> str:
     if "work" in r:
         rec = r["reclaim_latency_s"]
         margins = r.get("trip_margins", {})
-        trips = ", ".join(f"{d} {'TRIPPED at ' + str(r['trip_at_s'][d]) + ' s' if v else 'held'}"
+        trips = ", ".join(f"{d} {'TRIPPED at ' + str(r['trip_at_s'][d]) + ' s, the bank dark from then on' if v else 'held'}"
                           + (f" (peak {100 * margins[d]['peak_of_rating']:.0f} % of its rating, "
                              f"{math.floor(100 * margins[d]['closest']):.0f} % of the way to a trip)" if d in margins else "")
                           for d, v in r["trips"].items() if v is not None)

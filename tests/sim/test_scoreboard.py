@@ -54,6 +54,19 @@ def test_incident_trips_the_ups_when_both_busy_cards_run_at_max():
     assert "ups TRIPPED at" in format_report(reactive) and "% of the way to a trip" in format_report(reactive)
 
 
+
+def test_a_tripped_feed_leaves_the_bank_dark_and_doing_no_work():
+    """A tripped UPS stays off until someone resets it: no work is counted after the
+    trip (the run to 120 s does what the run to the trip did), and nothing at the wall."""
+    incident = load_scenario("incident")
+    long = run_scenario(incident, duration_s=120, policy="reactive", compare=False, keep_series=True)
+    at = long.report["trip_at_s"]["ups"]
+    assert at is not None and at < 100
+    short = run_scenario(incident, duration_s=at, policy="reactive", compare=False).report
+    assert long.report["work"] == pytest.approx(short["work"], abs=0.05)
+    after = [w for t, w in zip(long.series.t, long.series.wall_w) if t > at + 0.1]
+    assert after and max(after) == 0.0
+
 def test_over_budget_seconds():
     r = run_scenario(load_scenario("power-event"), duration_s=20, policy="reactive", compare=False).report
     assert 0 < r["draw_over_budget_s"] < 3  # boots high; cuts once the 1 s average shows the ramp
