@@ -62,6 +62,8 @@ class BankMeters:
         # Work up to the first mains loss: where every policy still has the same budget.
         self.first_loss_s = self.mains.outages[0][0] if self.mains is not None and self.mains.outages else None
         self.work_before_loss = 0.0
+        self.dark_at: float | None = None  # the first refresh that found the bank dark (s)
+        self.energy_at_dark_mj: list[float] | None = None  # each card's energy counter then
         self._last_t = 0.0
         self._limit_mw: list[int | None] = [None] * n
         self._direction = [0] * n  # sign of the last change of each card's enforced limit
@@ -73,16 +75,21 @@ class BankMeters:
 
     @property
     def dark(self) -> bool:
-        """The feed's breaker or UPS has tripped: the bank is without power from then on
-        (a tripped device stays off until someone resets it), so it does no work and
+        """The feed's breaker or UPS has tripped, or the battery ran empty in an outage:
+        the bank is without power from then on (a tripped device stays off until someone
+        resets it; a box cut off does not boot again by itself), so it does no work and
         draws nothing at the wall."""
-        return any(d is not None and d.tripped_at is not None for d in (self.breaker, self.ups))
+        return (any(d is not None and d.tripped_at is not None for d in (self.breaker, self.ups))
+                or (self.battery is not None and self.battery.empty_at_s is not None))
 
     def observe(self, t: float) -> None:
-        self._last_t = t
-        if self.dark:
+        if self.dark:  # nothing more measured: a reclaim still open ends here, unresolved
+            if self.dark_at is None:
+                self.dark_at = t
+                self.energy_at_dark_mj = [c.energy_mj for c in self.bank.cards]
             self.wall_w = 0.0
             return
+        self._last_t = t
         sum_avg = sum_instant = 0.0
         for i, card in enumerate(self.bank.cards):
             spec = card.spec

@@ -279,6 +279,8 @@ def run_scenario(
     series.ups_rating_w = meters.feed.ups_w if meters.feed is not None else None
 
     span = bank.now  # s simulated; 0 only for a run too short to have ticked past boot
+    # A dark bank (a trip, an empty battery) draws nothing from then on.
+    energy_end = meters.energy_at_dark_mj or [c.energy_mj for c in bank.cards]
     cards = []
     for c in bank.cards:
         cards.append(
@@ -288,7 +290,7 @@ def run_scenario(
                 "name": c.spec.name,
                 "min_w": c.min_mw / 1000,
                 "max_w": c.max_mw / 1000,
-                "mean_power_w": round((c.energy_mj - energy_start[c.index]) / 1000 / span, 1) if span > 0 else None,
+                "mean_power_w": round((energy_end[c.index] - energy_start[c.index]) / 1000 / span, 1) if span > 0 else None,
                 "final_limit_w": c.enforced_mw(bank.now) / 1000,
                 "final_role": pol.role(c.index),
                 "limit_writes": c.writes,
