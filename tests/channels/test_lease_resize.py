@@ -126,3 +126,25 @@ def test_an_ask_stops_where_the_circuit_was_wiped_after_a_lease_it_changed():
     store.make = lambda leases_w, mods, revision: Read(None, CircuitView(0.0, {}, {}, {}, revision=revision), revision)
     asyncio.run(leases.resize(store, read, "ha", wants_w=read.view.wants, margin_w=0.0, periodic=False))
     assert store.landed == [("p", 400.0)]
+
+
+def test_a_lease_inside_its_dead_band_gives_back_what_its_siblings_wait_for():
+    """b holds 16 W above its figure (150 W: hb's seat and grant), inside its 20 W dead
+    band (a 40 W margin), and its parent p has nothing left beside it (a 234 W + b
+    166 W = p's 400 W, the feed's whole budget): a waits for exactly those watts, so
+    b's periodic resize gives them back. (Left inside the dead band, the watts stayed
+    there until the wants moved: hosts under a sibling waited 20-27 s at 100 hosts.)"""
+    store = NestedStore(_nested, {"p": 400.0, "a": 234.0, "b": 166.0})
+    read = asyncio.run(store.read())
+    asyncio.run(leases.resize(store, read, "hb", wants_w=read.view.wants, margin_w=40.0, periodic=True))
+    assert store.landed == [("b", 150.0)]
+
+
+def test_a_lease_inside_its_dead_band_is_left_alone_while_its_parent_has_room():
+    """a at its 220 W charge and b 5 W above its figure: p has 25 W free beside them, more
+    than half b's margin, so a can grow without b, and b's 5 W stay (no write for a
+    few watts)."""
+    store = NestedStore(_nested, {"p": 400.0, "a": 220.0, "b": 155.0})
+    read = asyncio.run(store.read())
+    asyncio.run(leases.resize(store, read, "hb", wants_w=read.view.wants, margin_w=40.0, periodic=True))
+    assert store.landed == []

@@ -11,7 +11,10 @@ as its subtree's holdings and the ancestors allow (``core.delegation.proposed_w`
 - *periodic*: every ``rebalance_s`` (give or take :data:`REBALANCE_JITTER`) the first
   live host under the node (the least name among those with a record) moves it to that
   figure when that moves it by half the margin or more: a lease shrinks to give watts
-  back to its siblings, a lower class's first;
+  back to its siblings, a lower class's first; and gives back by a watt or more where
+  its ancestors spare it less than half its margin (:func:`_pressed`: its siblings can
+  grow only by what the others give back, and watts kept inside the dead band stalled
+  their hosts until the wants moved);
 - *on demand*: a host whose raise is held back by a step or more (its room below its
   fair share) grows the leases above it, the nearest the root first, at most every
   ``ask_s``, by whatever each lacks of its figure as far as the ancestors spare, a watt
@@ -25,6 +28,7 @@ elsewhere.
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Callable, Mapping
 from functools import partial
@@ -158,11 +162,13 @@ async def resize(store: CircuitStore, read: Read, host: str, *, wants_w: Mapping
                 # most hosts). A node over (an unmanaged load appeared) may need the
                 # lease shrunk below its figure: computed then.
                 now = read.charged_w().get(node, 0.0)
-                if now <= current and _settled(periodic, fair - current, margin):
+                spare = periodic and max(fair, now) <= current - ASK_MIN_W  # watts to give back, if pressed
+                if now <= current and _settled(periodic, fair - current, margin) and not spare:
                     break
             target = _per_read(read, ("proposed", node, margin_w), wants_w,
                                partial(_proposed_w, read, node, wants_w, margin, fair))
-            if current is not None and _settled(periodic, target - current, margin):
+            if current is not None and _settled(periodic, target - current, margin) and not (
+                    periodic and target <= current - ASK_MIN_W and _pressed(read, node, wants_w, margin, current)):
                 break
             sent += 1
             if await store.put_delegation(read, node, target, host):
@@ -173,6 +179,14 @@ async def resize(store: CircuitStore, read: Read, host: str, *, wants_w: Mapping
             if not _resizable(read, node):
                 return sent, failed, changed
     return sent, failed, changed
+
+
+def _pressed(read: Read, node: str, wants_w: Mapping[str, float], margin: float, current: float) -> bool:
+    """Whether the ancestors of ``node`` spare less than half its ``margin`` (W) above
+    its ``current`` lease: its siblings can grow only by what the others give back, so
+    watts it leases above its figure, inside its dead band, are watts they wait for."""
+    most = _per_read(read, ("most", node), wants_w, partial(_proposed_w, read, node, wants_w, margin, math.inf))
+    return most - current < margin / 2
 
 
 def _resizable(read: Read, node: str) -> bool:
