@@ -148,3 +148,43 @@ def test_a_lease_inside_its_dead_band_is_left_alone_while_its_parent_has_room():
     read = asyncio.run(store.read())
     asyncio.run(leases.resize(store, read, "hb", wants_w=read.view.wants, margin_w=40.0, periodic=True))
     assert store.landed == []
+
+
+def _hb_granted(grant_w: float):
+    """``_nested`` with hb's grant at ``grant_w`` (its want still 50 W)."""
+    def make(leases_w: dict[str, float], mods: dict[str, int], revision: int) -> Read:
+        base = _nested(leases_w, mods, revision).view
+        view = CircuitView(400.0, dict(base.seats), {"ha": 120.0, "hb": grant_w}, dict(base.wants),
+                           revision=revision, tree=base.tree)
+        return Read(Spec(400.0, 5), view, revision, delegations=dict(leases_w), delegation_mods=dict(mods))
+    return make
+
+
+def test_a_lease_giving_back_keeps_what_its_subtree_holds():
+    """As above, but hb holds 60 W of grant (160 W with its seat) above its 150 W figure:
+    b gives back only down to the 160 W its host holds."""
+    store = NestedStore(_hb_granted(60.0), {"p": 400.0, "a": 234.0, "b": 166.0})
+    asyncio.run(leases.resize(store, asyncio.run(store.read()), "hb", wants_w={"ha": 300.0, "hb": 50.0},
+                              margin_w=40.0, periodic=True))
+    assert store.landed == [("b", 160.0)]
+
+
+def test_watts_given_back_are_taken_once_and_then_nothing_moves():
+    """b gives its 16 W back, its own host's asks and resizes leave it there, a's ask
+    takes them, and then no host's ask or resize moves any lease (no ping-pong)."""
+    store = NestedStore(_nested, {"p": 400.0, "a": 234.0, "b": 166.0})
+    wants = {"ha": 300.0, "hb": 50.0}
+
+    def resize(host: str, periodic: bool) -> None:
+        asyncio.run(leases.resize(store, asyncio.run(store.read()), host, wants_w=wants, margin_w=40.0,
+                                  periodic=periodic))
+
+    resize("hb", True)
+    for periodic in (False, True, False):
+        resize("hb", periodic)
+    assert store.landed == [("b", 150.0)]
+    resize("ha", False)
+    for host in ("ha", "hb", "ha", "hb"):
+        for periodic in (True, False):
+            resize(host, periodic)
+    assert store.landed == [("b", 150.0), ("a", 250.0)]
