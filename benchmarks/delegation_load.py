@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import random
 import resource
@@ -251,7 +252,8 @@ class DelegClient(Client):
         if self.policy.releasing:  # a grant above the share, released after the hold: look again then
             self.retry_at = min(self.retry_at, now + self.args.release_hold_s / 4)
         # Held back by a lease below its share of the division: ask (channel._resize_leases).
-        if not conflicted and room < read.view.fair_w(self.host) - self.args.step_w \
+        # (as the daemon: its fair share of the wants; spare room is no ask)
+        if not conflicted and room < dataclasses.replace(read.view, ceilings={}).fair_w(self.host) - self.args.step_w \
                 and now - self.asked_at >= leases.ASK_S:
             self.asked_at = now
             if await self._rebalance(await self._read(fresh=True), first_only=False):

@@ -28,6 +28,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from powerbudgetd.channels.circuit.channel import WAKE_GAP_S
 from powerbudgetd.control.controller import Controller
 from powerbudgetd.core.arbiter import BudgetArbiter
 from powerbudgetd.core.circuit import CircuitView, Fence, GrantPolicy, HostPower, raise_allowed
@@ -269,6 +270,11 @@ def run_circuit(
             _track_reserve(h, t, grant, outage_at_s)
             h.keeper.apply(h.ctl, t)
             h.ctl.tick(t)
+            if policy == "circuit" and h.in_use_w < h.held_w and h.power.lowered_grant_w(
+                    h.held_w, h.in_use_w, h.bank.sum_limit_bound_mw() / 1000) <= h.in_use_w + 1e-6:
+                # The cards are down to the grant in use: as the daemon's channel, a round
+                # woken a wake gap later lowers the store's (not the next poll).
+                h.next_poll = min(h.next_poll, t + WAKE_GAP_S)
         wall = sum(h.power.feed.wall_w(h.bank.sum_limit_bound_mw() / 1000) for h in hosts if h.ctl.ready)
         worst_wall = max(worst_wall, wall)
         k += 1

@@ -63,7 +63,7 @@ from powerbudgetd.core.tree import PowerTree, divide
 from powerbudgetd_sim.circuit import floor_wall_w, host_feed, make_host
 from powerbudgetd_sim.scenario import Scenario, ScenarioError, load_scenario
 from powerbudgetd_sim.feed import UPS_DRAIN_S, Ups
-from powerbudgetd_sim.tree import DEFAULT_SHED_S, Client, NodeMeter, _meters, _round, _wall, follow_cards, tree_path
+from powerbudgetd_sim.tree import DEFAULT_SHED_S, Client, NodeMeter, _meters, _round, _wall, tree_path, wake_for_cards
 
 STEPS = (1.0, 1.1, 1.2, 1.3, 1.4, 1.5)
 BEYOND = (1.6, 1.7, 1.8, 1.9, 2.0)  # played on only until nameplate trips (``simulate --sweep``)
@@ -264,7 +264,8 @@ def run_layout(lay: Layout, scenario_of: dict[str, Scenario], policy: str, *, du
             h.keeper.arbiter.offer("circuit", h.power.board_w(c.in_use_w), t)
             h.keeper.apply(h.ctl, t)
             h.ctl.tick(t)
-            follow_cards(c)
+            if policy != "oracle":
+                wake_for_cards(store_tree, clients, c, t, gone)
         instant = tree.loads_w({n: _wall(c, "instant") for n, c in clients.items() if n in live}, gone, flow=True)
         for node, load in instant.items():
             m = meters[node]

@@ -19,9 +19,9 @@ real controller (as in ``circuit.py``), corded to its leaves. Five ways to split
   more and within what every ancestor leaves, lowered after ``release_hold_s`` unless
   a node is over, then at once: the shed); a raise only where ``raise_allowed`` (the
   transaction's check) and once the last lowering is confirmed; a lowering to the
-  cards first and to the store as the cards' bound comes down (``HostPower.lowered_grant_w``):
-  at the host's round, and at the tick that finds the cards all the way down (the
-  daemon's channel wakes a round then);
+  cards first and to the store as the cards' bound comes down (``HostPower.lowered_grant_w``)
+  at the host's rounds, one of them woken a wake gap after the tick that finds the cards
+  all the way down (the daemon's channel wakes a round then);
 - ``oracle``: every tick, the division of the declared tree over the hosts' true wants,
   the room left handed out up to each host's nameplate as the store's division does
   (clairvoyant, no rounds, no hold, writes that land at once): the upper bound of the
@@ -52,6 +52,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from powerbudgetd.channels.circuit.channel import WAKE_GAP_S
 from powerbudgetd.config.tree import TreeFile, load_tree
 from powerbudgetd.core.circuit import CircuitView, GrantPolicy, raise_allowed
 from powerbudgetd.core.model import Timings
@@ -137,6 +138,7 @@ class Client:
     next_poll: float
     published_w: float  # its last published want (reserve + want, wall W)
     policy: GrantPolicy
+    woken_at: float | None = None  # a round woken for the cards coming down is due then (s)
 
 
 @dataclass
@@ -255,7 +257,8 @@ def run_tree(
                 h.keeper.arbiter.offer("circuit", h.power.board_w(c.in_use_w), t)
             h.keeper.apply(h.ctl, t)
             h.ctl.tick(t)
-            follow_cards(c)
+            if policy not in ("static", "oracle"):
+                wake_for_cards(store_tree, clients, c, t, lost)
         above_fair_ws += timings.tick_s * sum(max(0.0, c.in_use_w - fair[n]) for n, c in clients.items() if n in live)
         limits = {n: _wall(c, "limit") for n, c in clients.items() if n in live and c.host.ctl.ready}
         draw = {n: _wall(c, "avg") for n, c in clients.items() if n in live}
@@ -318,23 +321,36 @@ def _round(tree: PowerTree, clients: dict[str, Client], c: Client, t: float, los
         return
     if target < c.in_use_w:
         c.in_use_w = target  # the cards first
-    follow_cards(c, partway=True)
+    _lower_record(c)
 
 
-def follow_cards(c: Client, *, partway: bool = False) -> None:
-    """The store follows the cards down (held and in use are seat plus grant here): at
-    a round as far as their bound has come (``partway``), and at any tick once they are
-    all the way down to what is in use, as the daemon's channel wakes a round then
-    (``CircuitChannel.on_tick``), not at its next poll."""
-    if c.in_use_w >= c.held_w:
-        return
+def _lower_record(c: Client) -> None:
+    """At a round, the store follows the cards down (held and in use are seat plus grant
+    here) as far as their bound has come (``HostPower.lowered_grant_w``)."""
     h = c.host
     seat = h.power.reserve_w
     lowered = seat + h.power.lowered_grant_w(c.held_w - seat, c.in_use_w - seat, h.bank.sum_limit_bound_mw() / 1000)
     if lowered <= c.in_use_w + 1e-6:
         c.held_w = c.in_use_w
-    elif partway and lowered < c.held_w - 1e-9:
+    elif lowered < c.held_w - 1e-9:
         c.held_w = lowered
+
+
+def wake_for_cards(tree: PowerTree, clients: dict[str, Client], c: Client, t: float, lost: str | None) -> None:
+    """After a host's tick: once its cards are all the way down to the grant in use, a
+    round, ``WAKE_GAP_S`` later (a woken round's least gap), as the daemon's channel
+    wakes one then (``CircuitChannel.on_tick``) instead of waiting for its next poll."""
+    if c.woken_at is not None:
+        if t >= c.woken_at - 1e-9:
+            c.woken_at = None
+            _round(tree, clients, c, t, lost)
+        return
+    if c.in_use_w < c.held_w:
+        h = c.host
+        seat = h.power.reserve_w
+        cards_w = h.bank.sum_limit_bound_mw() / 1000
+        if seat + h.power.lowered_grant_w(c.held_w - seat, c.in_use_w - seat, cards_w) <= c.in_use_w + 1e-6:
+            c.woken_at = t + WAKE_GAP_S
 
 
 def _survivors(meters: dict[str, NodeMeter], worst_limits_w: dict[str, float], worst_instant_w: dict[str, float],

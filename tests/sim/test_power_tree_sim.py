@@ -51,9 +51,9 @@ def test_the_row_holds_every_node_through_a_feed_loss_and_sheds_within_the_state
 @pytest.mark.slow
 def test_the_records_follow_the_cards_down_within_the_stated_shed_time() -> None:
     """Lost at 20 s, the hosts hold grants well above their seats: each record is lowered
-    at the tick its cards are down (as the daemon's channel wakes a round then), not at
-    its next poll, so the records are back within budget when the limits are (a record
-    lagging its cards by a poll was 181 W over feed B after the stated 2 s)."""
+    by a round woken once its cards are down (as the daemon's channel wakes one then),
+    not at its next poll, so the records too are back within budget inside the stated
+    shed time (a record lagging its cards by a poll was 181 W over feed B after 2 s)."""
     r = run_tree("row-4", policy="oversubscribed", duration_s=24.0, lost_at_s=20.0)
     assert 0 < r["shed_s"] <= r["shed_s_stated"] == 2.0
     assert r["trips"] == {} and r["records_over_w"] == 0 and r["limits_over_w"] == 0, r
