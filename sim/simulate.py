@@ -343,6 +343,7 @@ def run_scenario(
         "draw_over_budget_s": round(meters.over_budget_s, 1),
         "trips": meters.trips(),
         "trip_at_s": meters.trip_times(),
+        "dark_at_s": meters.dark_at,  # a trip or an empty battery: no power from then on
         # Rounded down: a device that held never reads as all the way to a trip.
         "trip_margins": {d: {k: math.floor(1000 * x) / 1000 for k, x in m.items()}
                          for d, m in meters.trip_margins().items()},
@@ -527,6 +528,9 @@ def plot_figure(result: SimResult, budget_w: float, title: str) -> Any:
         for device, at in (result.report.get("trip_at_s") or {}).items():
             if at is not None:
                 handles[f"{device} trip"] = a.axvline(at, color="tab:red", lw=2.0)
+        if result.report.get("dark_at_s") is not None and s.t:
+            handles["bank dark (the cards' traces: what they would draw with power)"] = a.axvspan(
+                result.report["dark_at_s"], s.t[-1], color="0.2", alpha=0.12, lw=0)
     for device, at in (result.report.get("trip_at_s") or {}).items():
         if at is not None:
             axes[n].annotate(f"{device} trips", (at, axes[n].get_ylim()[1]), xytext=(3, -12),

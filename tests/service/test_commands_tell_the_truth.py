@@ -561,8 +561,12 @@ def test_the_plot_tells_the_power_story_budget_in_force_battery_and_trips():
     fig = plot_figure(res, 1000.0, "incident")
     labels = [t.get_text() for t in fig.legends[0].get_texts()]
     assert "ups trip" in labels and any(lbl.startswith("UPS rating") for lbl in labels)
+    assert any(lbl.startswith("bank dark") for lbl in labels)
+    dark = res.report["dark_at_s"]
+    assert trip <= dark <= trip + 0.2  # the refresh that found it tripped
     for ax in fig.axes:
         assert any(list(line.get_xdata()) == [trip, trip] for line in ax.get_lines())
+        assert any(p.get_x() == pytest.approx(dark) for p in ax.patches)  # shaded from then on
     assert fig.axes[-1].get_ylabel() == "at the plug (W)"
 
 
