@@ -28,10 +28,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from powerbudgetd.channels.circuit.channel import WAKE_GAP_S
 from powerbudgetd.control.controller import Controller
 from powerbudgetd.core.arbiter import BudgetArbiter
-from powerbudgetd.core.circuit import CircuitView, Fence, GrantPolicy, HostPower, raise_allowed
+from powerbudgetd.core.circuit import WAKE_GAP_S, CircuitView, Fence, GrantPolicy, HostPower, raise_allowed
 from powerbudgetd.core.fair import max_min_fair
 from powerbudgetd.core.fairshare import fair_shares
 from powerbudgetd.core.feed import Feed

@@ -52,9 +52,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from powerbudgetd.channels.circuit.channel import WAKE_GAP_S
 from powerbudgetd.config.tree import TreeFile, load_tree
-from powerbudgetd.core.circuit import CircuitView, GrantPolicy, raise_allowed
+from powerbudgetd.core.circuit import WAKE_GAP_S, CircuitView, GrantPolicy, raise_allowed
 from powerbudgetd.core.model import Timings
 from powerbudgetd.core.tree import PowerTree, divide
 from powerbudgetd_sim.circuit import SimHost, floor_wall_w, make_host

@@ -46,6 +46,10 @@ from powerbudgetd.core.tree import EPS_W, LastDivision, PowerTree, divide
 # differ mostly in grants, which it does not depend on).
 _LAST_DIVISION: LastDivision[dict[str, float]] = LastDivision()
 
+# A host's rounds woken by a change come at least this far apart (s): one change's events
+# are read once (``channels.circuit.channel.wake_gap_s``; the simulator's store model too).
+WAKE_GAP_S = 0.1
+
 # A quartz oscillator without NTP drifts by tens of ppm; 1000 ppm is a wide allowance
 # for the host's and the store leader's clocks each.
 DEFAULT_CLOCK_RATE_ALLOWANCE = 1e-3

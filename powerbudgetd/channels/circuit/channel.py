@@ -73,7 +73,7 @@ from powerbudgetd.channels.circuit.store import (
 )
 from powerbudgetd.channels.circuit import leases
 from powerbudgetd.core.arbiter import BudgetArbiter
-from powerbudgetd.core.circuit import Fence, GrantPolicy, HostPower, fenced_lease_ttl_s, raise_allowed
+from powerbudgetd.core.circuit import WAKE_GAP_S, Fence, GrantPolicy, HostPower, fenced_lease_ttl_s, raise_allowed
 from powerbudgetd.core.nodemeter import MeterReport, Sample, report_of, stale_after_s
 from powerbudgetd.core.snapshot import CircuitStatus
 from powerbudgetd.errors import ExitStatus
@@ -88,7 +88,6 @@ _JITTER = random.Random()  # spreads periodic work between hosts (not security)
 
 SOURCE = "circuit"  # the arbiter's name for this budget source
 KEEPALIVES_PER_TTL = 6  # renew six times per TTL: five may be lost before the fence
-WAKE_GAP_S = 0.1  # woken rounds at least this far apart (s): one change's events read once
 WOKEN_READS_PER_S = 500  # the whole circuit's woken reads a second, at most (etcd's load on a large circuit)
 WATCH_RETRY_MAX_S = 30.0  # a broken watch is opened again after 1 s, doubling up to this (s)
 
