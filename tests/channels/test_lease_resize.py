@@ -188,3 +188,42 @@ def test_watts_given_back_are_taken_once_and_then_nothing_moves():
         for periodic in (True, False):
             resize(host, periodic)
     assert store.landed == [("b", 150.0), ("a", 250.0)]
+
+
+def _pair(leases_w: dict[str, float], mods: dict[str, int], revision: int) -> Read:
+    """h dual-corded on delegated PDUs pa (feed A) and pb (feed B), redundant: it counts
+    whole on each. Feed A has room; feed B is full: pb's 300 W (h's 100 W seat and 200 W
+    grant) beside g's 700 W on a plain leaf q. h wants 400 W more."""
+    nodes = {"site": Node("site", 2_000.0), "fa": Node("fa", 1_000.0, "site", "ups"),
+             "fb": Node("fb", 1_000.0, "site", "ups"),
+             "pa": Node("pa", 1_000.0, "fa", "pdu", delegate=True), "pb": Node("pb", 1_000.0, "fb", "pdu", delegate=True),
+             "q": Node("q", 1_000.0, "fb", "pdu")}
+    seats = {"h": 100.0, "g": 100.0}
+    hosts = {"h": Host("h", {"pa": 0.5, "pb": 0.5}, 100.0), "g": Host("g", {"q": 1.0}, 100.0)}
+    tree = PowerTree(nodes, hosts).with_mode("redundant").with_reserves(seats)
+    view = CircuitView(2_000.0, seats, {"h": 200.0, "g": 600.0}, {"h": 600.0, "g": 600.0}, revision=revision, tree=tree)
+    return Read(Spec(2_000.0, 5), view, revision, delegations=dict(leases_w), delegation_mods=dict(mods))
+
+
+def test_an_ask_that_cannot_grow_every_cord_grows_none():
+    """pa could grow (feed A has room), pb cannot (feed B is full): grown alone, pa would
+    give h no room (it counts whole on pb too) and keep those watts from pa's siblings
+    until a resize; so the ask writes nothing."""
+    store = NestedStore(_pair, {"pa": 300.0, "pb": 300.0})
+    read = asyncio.run(store.read())
+    assert read.room_for_w("h") == pytest.approx(300.0)
+    asyncio.run(leases.resize(store, read, "h", wants_w=read.view.wants, margin_w=0.0, periodic=False))
+    assert store.landed == []
+
+
+def test_an_ask_grows_both_cords_where_both_can():
+    """With feed B's other load gone (g at its seat), both PDUs grow and h gains room."""
+    def roomy(leases_w: dict[str, float], mods: dict[str, int], revision: int) -> Read:
+        r = _pair(leases_w, mods, revision)
+        view = CircuitView(2_000.0, dict(r.view.seats), {"h": 200.0}, {"h": 600.0, "g": 0.0},
+                           revision=revision, tree=r.view.tree)
+        return Read(Spec(2_000.0, 5), view, revision, delegations=dict(leases_w), delegation_mods=dict(mods))
+    store = NestedStore(roomy, {"pa": 300.0, "pb": 300.0})
+    asyncio.run(leases.resize(store, asyncio.run(store.read()), "h", wants_w={"h": 600.0, "g": 0.0},
+                              margin_w=0.0, periodic=False))
+    assert [n for n, _ in store.landed] == ["pa", "pb"] and all(w > 300.0 for _, w in store.landed)

@@ -19,7 +19,9 @@ as its subtree's holdings and the ancestors allow (``core.delegation.proposed_w`
   fair share) grows the leases above it, the nearest the root first, at most every
   ``ask_s``, by whatever each lacks of its figure as far as the ancestors spare, a watt
   or more (with a step's dead band at each, a parent a few watts short of its figure
-  held its child's larger lack back until the wants moved);
+  held its child's larger lack back until the wants moved); and only where those
+  growths together give the host a watt or more of room (:func:`_ask_helps`: a lease
+  grown on one cord of a redundant pair while the other cannot grow is no room);
 - a node without a lease: its first host takes one at once.
 
 The raises under a delegated node compare only its zone, and do not fail a resize
@@ -28,6 +30,7 @@ elsewhere.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import random
 from collections.abc import Callable, Mapping
@@ -141,7 +144,7 @@ async def resize(store: CircuitStore, read: Read, host: str, *, wants_w: Mapping
     tree = read.view.tree
     sent = failed = 0
     changed = stale = False
-    if tree is None or read.view.tree_bad:
+    if tree is None or read.view.tree_bad or not (periodic or _ask_helps(read, host, wants_w, margin_w)):
         return sent, failed, changed
     for node in delegated_above(tree, host):
         if periodic and first_host(read, tree, node) != host:
@@ -179,6 +182,25 @@ async def resize(store: CircuitStore, read: Read, host: str, *, wants_w: Mapping
             if not _resizable(read, node):
                 return sent, failed, changed
     return sent, failed, changed
+
+
+def _ask_helps(read: Read, host: str, wants_w: Mapping[str, float], margin_w: float | None) -> bool:
+    """Whether the ask's growths, each landing (on the one before it, the nearest the
+    root first), leave ``host`` a watt or more of room it does not have now. A lease
+    grown on one cord of a redundant pair while the other's cannot grow (its parent
+    full) is no room for the host, only watts locked away from its siblings."""
+    tree = read.view.tree
+    assert tree is not None
+    after = read
+    for node in delegated_above(tree, host):
+        current = after.delegations.get(node)
+        if current is None:
+            return True  # a node without a lease takes one at once
+        margin = tree.nodes[node].budget_w * MARGIN_FRACTION if margin_w is None else margin_w
+        target = _proposed_w(after, node, wants_w, margin, fair_w(after, wants_w, margin_w).get(node))
+        if target - current >= ASK_MIN_W:
+            after = dataclasses.replace(after, delegations={**after.delegations, node: target}, _memo={})
+    return after.room_for_w(host) - read.room_for_w(host) >= ASK_MIN_W
 
 
 def _pressed(read: Read, node: str, wants_w: Mapping[str, float], margin: float, current: float) -> bool:
