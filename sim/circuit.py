@@ -269,8 +269,7 @@ def run_circuit(
             _track_reserve(h, t, grant, outage_at_s)
             h.keeper.apply(h.ctl, t)
             h.ctl.tick(t)
-            if policy == "circuit" and h.in_use_w < h.held_w and h.power.lowered_grant_w(
-                    h.held_w, h.in_use_w, h.bank.sum_limit_bound_mw() / 1000) <= h.in_use_w + 1e-6:
+            if policy == "circuit" and h.power.given_back(h.held_w, h.in_use_w, h.bank.sum_limit_bound_mw() / 1000):
                 # The cards are down to the grant in use: as the daemon's channel, a round
                 # woken a wake gap later lowers the store's (not the next poll).
                 h.next_poll = min(h.next_poll, t + WAKE_GAP_S)

@@ -323,17 +323,12 @@ def _round(tree: PowerTree, clients: dict[str, Client], c: Client, t: float, los
     _lower_record(c)
 
 
-def _lowered_w(c: Client) -> float:
-    """What the store may hold for ``c`` as its cards come down to what is in use (held
+def _lower_record(c: Client) -> None:
+    """At a round, the store follows the cards down as far as their bound has come (held
     and in use are seat plus grant here; ``HostPower.lowered_grant_w``)."""
     h = c.host
     seat = h.power.reserve_w
-    return seat + h.power.lowered_grant_w(c.held_w - seat, c.in_use_w - seat, h.bank.sum_limit_bound_mw() / 1000)
-
-
-def _lower_record(c: Client) -> None:
-    """At a round, the store follows the cards down as far as their bound has come."""
-    lowered = _lowered_w(c)
+    lowered = seat + h.power.lowered_grant_w(c.held_w - seat, c.in_use_w - seat, h.bank.sum_limit_bound_mw() / 1000)
     if lowered <= c.in_use_w + 1e-6:
         c.held_w = c.in_use_w
     elif lowered < c.held_w - 1e-9:
@@ -349,7 +344,8 @@ def wake_for_cards(tree: PowerTree, clients: dict[str, Client], c: Client, t: fl
             c.woken_at = None
             _round(tree, clients, c, t, lost)
         return
-    if c.in_use_w < c.held_w and _lowered_w(c) <= c.in_use_w + 1e-6:
+    seat = c.host.power.reserve_w
+    if c.host.power.given_back(c.held_w - seat, c.in_use_w - seat, c.host.bank.sum_limit_bound_mw() / 1000):
         c.woken_at = t + WAKE_GAP_S
 
 

@@ -509,6 +509,12 @@ class HostPower:
         covering = self.grant_covering_w(cards_board_w)
         return min(held_w, in_use_w if covering <= in_use_w + 1e-6 else covering)
 
+    def given_back(self, held_w: float, in_use_w: float, cards_board_w: float | None) -> bool:
+        """Whether a grant above what is in use (W) may go down to it in the store now:
+        the cards (``cards_board_w``, board W, None when not known) are all the way down
+        to ``in_use_w``. The daemon wakes a round for it then, not at its next poll."""
+        return in_use_w < held_w and self.lowered_grant_w(held_w, in_use_w, cards_board_w) <= in_use_w
+
     def nameplate_w(self, snapshot: BankSnapshot) -> float | None:
         """This host's nameplate at the wall (W): every card at its maximum limit (a card
         that is not controllable at its bound), through the feed model; None while a

@@ -300,7 +300,7 @@ class CircuitChannel:
             # each grant given back: a round that does not lower it (the circuit wiped,
             # the claim lost, etcd refusing writes) is not woken again every tick.
             cards = self._cards_board_w()
-            if cards is not None and self.power.lowered_grant_w(self.held_w, self.in_use_w, cards) <= self.in_use_w:
+            if cards is not None and self.power.given_back(self.held_w, self.in_use_w, cards):
                 self._given_back = (self.held_w, self.in_use_w)
                 self._wake(urgent=True)
         left = self.valid_until - self.lease_clock()

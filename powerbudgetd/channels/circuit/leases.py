@@ -98,8 +98,13 @@ def margins_w(read: Read, tree: PowerTree, margin_w: float | None) -> dict[str, 
     None: :data:`MARGIN_FRACTION` of its budget). A node with none is given no margin."""
     live = set(read.records or read.view.seats)
     under = {n for h in live if h in tree.hosts for leaf in tree.hosts[h].cords for n in tree.path(leaf)}
-    return {n: tree.nodes[n].budget_w * MARGIN_FRACTION if margin_w is None else margin_w
+    return {n: _margin_w(tree, n, margin_w)
             for n, node in tree.nodes.items() if node.delegate and n in under}
+
+
+def _margin_w(tree: PowerTree, node: str, margin_w: float | None) -> float:
+    """``node``'s lease margin (W): ``margin_w``, or :data:`MARGIN_FRACTION` of its budget."""
+    return tree.nodes[node].budget_w * MARGIN_FRACTION if margin_w is None else margin_w
 
 
 _LAST_FAIR: LastDivision[dict[str, float]] = LastDivision()
@@ -153,7 +158,7 @@ async def resize(store: CircuitStore, read: Read, host: str, *, wants_w: Mapping
             read, stale = await store.read(), False
             if not _resizable(read, node):
                 break
-        margin = tree.nodes[node].budget_w * MARGIN_FRACTION if margin_w is None else margin_w
+        margin = _margin_w(tree, node, margin_w)
         for _ in range(tries if node in read.delegations else 3 * tries):
             current = read.delegations.get(node)
             fair = fair_w(read, wants_w, margin_w).get(node)
@@ -196,7 +201,7 @@ def _ask_helps(read: Read, host: str, wants_w: Mapping[str, float], margin_w: fl
         current = after.delegations.get(node)
         if current is None:
             return True  # a node without a lease takes one at once
-        margin = tree.nodes[node].budget_w * MARGIN_FRACTION if margin_w is None else margin_w
+        margin = _margin_w(tree, node, margin_w)
         target = _proposed_w(after, node, wants_w, margin, fair_w(after, wants_w, margin_w).get(node))
         if target - current >= ASK_MIN_W:
             after = dataclasses.replace(after, delegations={**after.delegations, node: target}, _memo={})
