@@ -8,7 +8,9 @@ Timed per call on the process's CPU clock, over ``--reads`` sets of random wants
 built once per shape): the host's share (``core.delegation.divide_charged``: what
 ``CircuitView.fair_w`` divides on a tree with delegated nodes) and the leases' figures
 (``core.delegation.fair_leases_w``, each with a 300 W margin: what each periodic resize
-and ask compares against). A digest of every result is printed, so two versions of the
+and ask compares against); and a lease's check (``core.delegation.delegation_fits``,
+every delegated node to its figure or a random one: along its ancestors from the read's charges,
+and over the whole circuit). A digest of every result is printed, so two versions of the
 code can be shown to divide alike (run both with the same ``PYTHONHASHSEED``: float sums
 over sets follow the hash order).
 
@@ -29,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from delegation_load import hall_tree  # noqa: E402
 
-from powerbudgetd.core.delegation import divide_charged, fair_leases_w  # noqa: E402
+from powerbudgetd.core.delegation import Charges, active, delegation_fits, divide_charged, fair_leases_w  # noqa: E402
 
 
 def run(hosts_n: int, reads: int, outlets: bool, max_want_w: float, seed: int) -> dict[str, object]:
@@ -52,8 +54,25 @@ def run(hosts_n: int, reads: int, outlets: bool, max_want_w: float, seed: int) -
     for w in wants:
         digest.update(json.dumps(fair_leases_w(tree, seats, w, margins), sort_keys=True).encode())
     t2 = time.process_time()
+    # A lease's check (``delegation_fits``: what each resize's proposal and the store's
+    # transaction test), every delegated node in turn to its figure or a random one within 10 %, with each
+    # host holding its share and each lease at its figure: along the ancestors from the
+    # read's charges, and over the whole circuit (the same verdicts).
+    held = {h: w for h, w in divide_charged(seated, {h: seats[h] + wants[0][h] for h in hosts}).items() if h in hosts}
+    leased = fair_leases_w(tree, seats, wants[0], margins)
+    charged = Charges(tree, active(tree, leased)).table_loads_w(held)
+    tries = [(n, w * (1.0 if rng.random() < 0.5 else rng.uniform(0.9, 1.1))) for n, w in leased.items()]
+    t3 = time.process_time()
+    fast = [delegation_fits(tree, held, leased, n, w, None, charged) for n, w in tries]
+    t4 = time.process_time()
+    whole = [delegation_fits(tree, held, leased, n, w) for n, w in tries]
+    t5 = time.process_time()
+    assert fast == whole, "the check along the ancestors disagrees with the whole check"
     return {"hosts": hosts_n, "leases": len(margins), "share_ms": round(1000 * (t1 - t0) / reads, 2),
-            "lease_figures_ms": round(1000 * (t2 - t1) / reads, 2), "digest": digest.hexdigest()[:16]}
+            "lease_figures_ms": round(1000 * (t2 - t1) / reads, 2),
+            "lease_check_ms": round(1000 * (t4 - t3) / len(tries), 3),
+            "lease_check_whole_ms": round(1000 * (t5 - t4) / len(tries), 3), "fits": sum(fast),
+            "digest": digest.hexdigest()[:16]}
 
 
 def main() -> None:

@@ -80,6 +80,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property, partial
 from typing import cast
 
 from powerbudgetd.core.tree import EPS_W, PowerTree, divide_over
@@ -188,9 +189,14 @@ class Charges:
         """The residual coefficients to check: committed, and the flow with a feed lost."""
         return self._tables
 
+    @cached_property
+    def bounds_w(self) -> dict[str, float]:
+        """Each node's bound (W): its budget, and its lease where it holds one."""
+        live = self.live
+        return {n: min(nd.budget_w, live[n]) if n in live else nd.budget_w for n, nd in self.tree.nodes.items()}
+
     def bound_w(self, node: str) -> float:
-        budget = self.tree.nodes[node].budget_w
-        return min(budget, self.live[node]) if node in self.live else budget
+        return self.bounds_w[node]
 
     def counted(self, table: Mapping[str, Mapping[str, float]], node: str) -> list[str]:
         """``top(node)`` as ``table`` counts it: a delegated node dead under the lost feed
@@ -212,6 +218,36 @@ class Charges:
                 loads[k] = sum(max(live[m], loads[m]) for m in below) + sum(r * held_w.get(h, 0.0) for h, r in row)
             out.append(loads)
         return out
+
+    def fits_resized(self, held_w: Mapping[str, float], table_loads: Sequence[Mapping[str, float]],
+                     node: str, watts: float) -> bool:
+        """Whether every node stays within its bound with ``node``'s lease (live here) at
+        ``watts`` (W), given :meth:`table_loads_w` at ``held_w`` under these leases: the
+        check of :func:`within_bounds`, bit for bit, but only ``node``'s ancestors
+        counted again (no other charge depends on its lease), O(depth) sums."""
+        live = {**self.live, node: watts}
+        ancestors = self.tree.path(node)[1:]  # the nearest first: the leaves-first order
+        for steps, loads in zip(self._steps(), table_loads):
+            moved: dict[str, float] = {}
+            for k in ancestors:
+                if k in steps:
+                    below, row = steps[k]
+                    moved[k] = sum(max(live[m], moved.get(m, loads[m])) for m in below) + \
+                        sum(r * held_w.get(h, 0.0) for h, r in row)
+            bounds = self.bounds_w
+            if any(c > bounds[k] for k, c in loads.items() if k != node and k not in moved) \
+                    or any(c > bounds[k] for k, c in moved.items()) \
+                    or (node in loads and loads[node] > min(self.tree.nodes[node].budget_w, watts)):
+                return False
+        return True
+
+    def _steps(self) -> list[dict[str, tuple[tuple[str, ...], tuple[tuple[str, float], ...]]]]:
+        """Each table's walk (:meth:`table_loads_w`) by node (shared by the copies of one shape)."""
+        key = ("steps", frozenset(self.live), self.lost)
+        steps = self.tree._memo.get(key)
+        if steps is None:
+            steps = self.tree._memo[key] = [{k: (below, row) for k, below, row in plan} for plan in self._plans]
+        return cast(list[dict[str, tuple[tuple[str, ...], tuple[tuple[str, float], ...]]]], steps)
 
     def loads_w(self, held_w: Mapping[str, float]) -> dict[str, float]:
         """Each node's charge ``C(k)`` (W): the larger of committed and, with a feed lost,
@@ -293,12 +329,16 @@ def within_bounds(tree: PowerTree, held_w: Mapping[str, float], delegations_w: M
 
 
 def delegation_fits(tree: PowerTree, held_w: Mapping[str, float], delegations_w: Mapping[str, float],
-                    node: str, watts: float | None, lost: str | None = None) -> bool:
+                    node: str, watts: float | None, lost: str | None = None,
+                    charged: Sequence[Mapping[str, float]] | None = None) -> bool:
     """Whether setting ``node``'s delegation to ``watts`` (W; None removes it) keeps every
     node within its bound: the check of the parent's transaction (which compares the
     whole circuit). ``node`` must be marked ``delegate`` (else False), ``watts`` within its
     own budget. No rounding slack:
-    a lease is itself a bound, and slacks would add up down a chain of them."""
+    a lease is itself a bound, and slacks would add up down a chain of them.
+    ``charged``: ``Charges.table_loads_w`` at ``held_w`` under ``delegations_w``, where the
+    caller has it: a lease resized in place is then checked along its ancestors only
+    (``Charges.fits_resized``, the same verdict)."""
     if node not in tree.nodes or not tree.nodes[node].delegate:
         return False
     after = dict(delegations_w)
@@ -308,6 +348,9 @@ def delegation_fits(tree: PowerTree, held_w: Mapping[str, float], delegations_w:
         return False  # above its own budget: watts the parent lends that nobody could use
     else:
         after[node] = watts
+        live = active(tree, delegations_w)
+        if charged and node in live:
+            return Charges(tree, live, lost).fits_resized(held_w, charged, node, watts)
     return within_bounds(tree, held_w, after, lost, 0.0)
 
 
@@ -356,15 +399,16 @@ def proposed_w(tree: PowerTree, held_w: Mapping[str, float], wants_w: Mapping[st
                      for table, c in zip(at_zero.tables(), at_zero.table_loads_w(held_w))
                      for a in table if node in at_zero.counted(table, a)), default=math.inf)
     best = max(now, min(target, spare))
-    if best <= now or delegation_fits(tree, held_w, delegations_w, node, best, lost):
+    fits = partial(delegation_fits, tree, held_w, delegations_w, node, lost=lost, charged=loads)
+    if best <= now or fits(best):
         return best
-    if not delegation_fits(tree, held_w, delegations_w, node, now, lost):
+    if not fits(now):
         return now  # a node over already (a feed lost): no figure above fits either
     # Float residue: the largest figure the check accepts.
     lo, hi = now, best
     for _ in range(60):
         mid = (lo + hi) / 2
-        lo, hi = (mid, hi) if delegation_fits(tree, held_w, delegations_w, node, mid, lost) else (lo, mid)
+        lo, hi = (mid, hi) if fits(mid) else (lo, mid)
     return lo
 
 

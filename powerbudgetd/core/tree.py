@@ -331,24 +331,30 @@ _T = TypeVar("_T")
 
 
 class LastDivision(Generic[_T]):
-    """The last division a process computed and what it was computed from: the tree's
-    shape (held by its memo: copies of one parsed tree share it), its nodes' budgets
-    (copies of one shape may differ in them) and a key of the other figures it depends
-    on. Successive reads of a circuit mostly differ in grants and leases, which no
-    division depends on: they divide alike, once. The value is shared: callers do not
-    change it."""
+    """The last few divisions a process computed and what each was computed from: the
+    tree's shape (held by its memo: copies of one parsed tree share it), its nodes'
+    budgets (copies of one shape may differ in them) and a key of the other figures it
+    depends on. Successive reads of a circuit mostly differ in grants and leases, which
+    no division depends on: they divide alike, once; and a few are kept, as the hosts
+    of one process (the load test's) may hold reads a revision or two apart, which one
+    entry would compute again turn by turn. The value is shared: callers do not change
+    it."""
 
-    def __init__(self) -> None:
-        self._last: tuple[object, object, _T] | None = None
+    def __init__(self, size: int = 4) -> None:
+        self._size = size
+        self._last: list[tuple[object, object, _T]] = []  # the most recent last
 
     def get(self, tree: PowerTree, key: object, compute: Callable[[], _T]) -> _T:
         """The value for ``tree``'s shape and budgets and ``key`` (``compute()`` where
-        any moved)."""
-        last = self._last
+        none kept matches)."""
         full = (tuple(n.budget_w for n in tree.nodes.values()), key)
-        if last is None or last[0] is not tree._memo or last[1] != full:
-            last = self._last = (tree._memo, full, compute())
-        return last[2]
+        for i in range(len(self._last) - 1, -1, -1):
+            memo, was, value = self._last[i]
+            if memo is tree._memo and was == full:
+                return value
+        value = compute()
+        self._last = [*self._last, (tree._memo, full, value)][-self._size:]
+        return value
 
 
 def divide(tree: PowerTree, wants_w: Mapping[str, float], lost: str | None = None,

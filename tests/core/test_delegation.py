@@ -605,3 +605,30 @@ def test_a_proposed_lease_is_the_largest_figure_up_to_its_target_that_the_check_
             assert delegation_fits(tree, held, deleg, m, p, lost)
         if p < target - 0.01:
             assert not delegation_fits(tree, held, deleg, m, p + 0.01, lost)
+
+
+@given(delegated_trees(), st.data())
+def test_a_lease_resized_in_place_is_checked_as_the_whole_circuit_would_be(case, data):
+    """``delegation_fits`` with the read's charges (the check along the ancestors only)
+    gives the verdict of the whole check (``within_bounds`` over every node), on random
+    trees, holdings, leases, feed losses and new figures, those at a bound included."""
+    tree, _ = case
+    marked = sorted(n for n, nd in tree.nodes.items() if nd.delegate)
+    if not marked:
+        return
+    held = {h: data.draw(st.floats(0, 2_000)) for h in tree.hosts}
+    leases = {m: data.draw(st.floats(0, tree.nodes[m].budget_w)) for m in marked if data.draw(st.booleans())}
+    if not leases:
+        return
+    lost = data.draw(st.sampled_from([None, *tree.feeds()]))
+    charges = Charges(tree, active(tree, leases), lost)
+    loads = charges.table_loads_w(held)
+    node = data.draw(st.sampled_from(sorted(leases)))
+    budget = tree.nodes[node].budget_w
+    at_bound = {  # figures where a parent's sum meets its bound exactly, and the ends
+        0.0, budget, leases[node],
+        *(charges.bound_w(a) - c[a] + leases[node] for c in loads for a in tree.path(node)[1:] if a in c)}
+    for watts in sorted({*at_bound, data.draw(st.floats(0, budget))}):
+        if 0.0 <= watts <= budget:
+            assert delegation_fits(tree, held, leases, node, watts, lost, loads) == \
+                within_bounds(tree, held, {**leases, node: watts}, lost, 0.0), (node, watts)

@@ -1055,7 +1055,7 @@ class CircuitStore:
         node (or ``circuit init``) changes them."""
         tree = read.view.tree
         if tree is None or read.view.tree_bad or not delegation_fits(
-                tree, read.held_w(), read.delegations, node, watts_w, read.view.lost):
+                tree, read.held_w(), read.delegations, node, watts_w, read.view.lost, read.table_charged_w()):
             return False
         key = self.key(self.delegations, node)
         body = records.dumps(watts_w=watts_w, by=by)
