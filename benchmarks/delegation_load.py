@@ -9,7 +9,9 @@ each (a redundant pair). Three etcd members on loopback (``circuit_load.start_et
   compares the whole circuit (any two raises conflict).
 - ``after``: every PDU is ``delegate = true``. A host wakes on an etcd watch event that
   touches its zone (``core.delegation``: its rack's hosts and its PDUs' leases, or the
-  spec, tree or feed marks), on its own want changing, and for its lease keepalive; it
+  spec, tree or feed marks; any lease's change while a lease holds its raise back), on
+  its own want changing, for its lease keepalive, and every ``--idle-poll-s`` (the
+  daemon's ``poll_s``: a host under a lease is never settled); it
   moves its grant as the daemon does (``core.circuit.GrantPolicy``: the tree's
   division, a grant above the share released after the hold) within what its PDUs'
   leases leave (a raise: a transaction on its zone's keys only). Its reads are the
@@ -112,7 +114,9 @@ class DelegClient(Client):
         self.asked_at = 0.0
         self.rebalance_due = 0.0
         self.lease_writes = self.lease_conflicts = self.rounds = 0
+        self.round_at = float("-inf")
         self.retry_at = float("inf")
+        self.held_back = False  # its last round found a lease holding its raise back
         self.staggered = False
         self.more_since: float | None = None  # since when its division has given it more than it holds
         self.more_seen = 0.0  # the last round that found it so (monotonic s)
@@ -144,7 +148,8 @@ class DelegClient(Client):
                         self.want_rose_at = now
                     next_churn = now + self.rng.expovariate(1 / self.args.churn)
                     self.wake.set()
-                if self.wake.is_set() or now >= self.retry_at or self._rebalance_due(now):
+                if self.wake.is_set() or now >= self.retry_at or self._rebalance_due(now) \
+                        or now >= self.round_at + self.args.idle_poll_s:
                     if self.wake.is_set():  # woken by the watch: a few ms for the events of one change to arrive
                         await asyncio.sleep(self.rng.uniform(0.0, 0.03))
                     self.wake.clear()
@@ -157,8 +162,9 @@ class DelegClient(Client):
             except StoreUnavailable as exc:
                 print(f"{self.host}: {exc}", file=sys.stderr)
                 await asyncio.sleep(0.1)
-            # Sleep until woken, the next keepalive, want change or rebalance, whichever first.
-            deadline = min(last_ka + ttl_s / 6, next_churn, self.retry_at, until,
+            # Sleep until woken, the next keepalive, want change, rebalance or poll (the
+            # daemon's: a host under a lease is never settled), whichever first.
+            deadline = min(last_ka + ttl_s / 6, next_churn, self.retry_at, until, self.round_at + self.args.idle_poll_s,
                            self.rebalance_due if self.first_of else until)
             try:
                 await asyncio.wait_for(self.wake.wait(), max(0.0, deadline - time.monotonic()))
@@ -191,7 +197,7 @@ class DelegClient(Client):
 
     async def _round(self, lease: int) -> None:
         self.rounds += 1
-        now = time.monotonic()
+        now = self.round_at = time.monotonic()
         read = await self._read(fresh=False)
         held = read.view.grants.get(self.host, 0.0)
         if held < self.grant_w:
@@ -253,8 +259,8 @@ class DelegClient(Client):
             self.retry_at = min(self.retry_at, now + self.args.release_hold_s / 4)
         # Held back by a lease below its share of the division: ask (channel._resize_leases).
         # (as the daemon: its fair share of the wants; spare room is no ask)
-        if not conflicted and room < dataclasses.replace(read.view, ceilings={}).fair_w(self.host) - self.args.step_w \
-                and now - self.asked_at >= leases.ASK_S:
+        self.held_back = room < dataclasses.replace(read.view, ceilings={}).fair_w(self.host) - self.args.step_w
+        if not conflicted and self.held_back and now - self.asked_at >= leases.ASK_S:
             self.asked_at = now
             if await self._rebalance(await self._read(fresh=True), first_only=False):
                 self.dirty = True
@@ -296,8 +302,8 @@ async def _watch(eps: list[str], store: CircuitStore, clients: list[DelegClient]
                     woken: list[DelegClient] = clients  # in place: every host looks once
                 elif kind is not None:
                     woken = by_host.get(key[len(kind):].decode(), [])
-                elif key.startswith(store.delegations):
-                    woken = by_pdu.get(key[len(store.delegations):].decode(), [])
+                elif key.startswith(store.delegations):  # and the hosts a lease holds back (a daemon wakes on any)
+                    woken = by_pdu.get(key[len(store.delegations):].decode(), []) + [c for c in clients if c.held_back]
                 elif key.startswith(store.wants):
                     woken = []  # a want moves no room: the host itself acts on its own
                 else:
@@ -451,6 +457,8 @@ def main() -> None:
     p.add_argument("--outlets", action="store_true",
                    help="after: each host on an outlet of its own on each PDU, delegated too (leased from the PDU's lease)")
     p.add_argument("--rebalance-s", type=float, default=5.0, help="after: each PDU's lease resized this often")
+    p.add_argument("--idle-poll-s", type=float, default=1.0,
+                   help="after: a round at least this often (the daemon's poll_s: a host under a lease is never settled)")
     p.add_argument("--lease-margin-w", type=float, default=None,
                    help="after: a lease's room above its wants, W (default: the daemon's, 5 %% of each node's budget)")
     p.add_argument("--profile", metavar="FILE", help="cProfile the run's window into FILE.<mode>")

@@ -224,7 +224,10 @@ class Charges:
         """Whether every node stays within its bound with ``node``'s lease (live here) at
         ``watts`` (W), given :meth:`table_loads_w` at ``held_w`` under these leases: the
         check of :func:`within_bounds`, bit for bit, but only ``node``'s ancestors
-        counted again (no other charge depends on its lease), O(depth) sums."""
+        counted again (no other charge depends on its lease), O(depth) sums. A figure not
+        within [0, its budget] does not fit (:func:`delegation_fits`)."""
+        if not _figure_allowed(self.tree, node, watts):
+            return False
         live = {**self.live, node: watts}
         ancestors = self.tree.path(node)[1:]  # the nearest first: the leaves-first order
         for steps, loads in zip(self._steps(), table_loads):
@@ -344,14 +347,20 @@ def delegation_fits(tree: PowerTree, held_w: Mapping[str, float], delegations_w:
     after = dict(delegations_w)
     if watts is None:
         after.pop(node, None)
-    elif not (math.isfinite(watts) and 0 <= watts <= tree.nodes[node].budget_w):
-        return False  # above its own budget: watts the parent lends that nobody could use
+    elif not _figure_allowed(tree, node, watts):
+        return False
     else:
         after[node] = watts
         live = active(tree, delegations_w)
         if charged and node in live:
             return Charges(tree, live, lost).fits_resized(held_w, charged, node, watts)
     return within_bounds(tree, held_w, after, lost, 0.0)
+
+
+def _figure_allowed(tree: PowerTree, node: str, watts: float) -> bool:
+    """A lease figure is finite, >= 0 and within the node's own budget (above it: watts
+    the parent lends that nobody could use)."""
+    return math.isfinite(watts) and 0 <= watts <= tree.nodes[node].budget_w
 
 
 def proposed_w(tree: PowerTree, held_w: Mapping[str, float], wants_w: Mapping[str, float],
@@ -391,15 +400,18 @@ def proposed_w(tree: PowerTree, held_w: Mapping[str, float], wants_w: Mapping[st
     if node in live:
         spare = min((inner.bound_w(a) - c[a] + max(live[node], c[node])
                      for table, c in zip(inner.tables(), loads)
-                     for a in table if node in inner.counted(table, a)), default=math.inf)
+                     for a in tree.path(node)[1:] if a in table and node in inner.counted(table, a)), default=math.inf)
     else:
         at_zero = Charges(tree, {**live, node: 0.0}, lost)
         # (At 0 W the node counts its own charge there, the larger: that is added back.)
         spare = min((at_zero.bound_w(a) - c[a] + c[node]
                      for table, c in zip(at_zero.tables(), at_zero.table_loads_w(held_w))
-                     for a in table if node in at_zero.counted(table, a)), default=math.inf)
+                     for a in tree.path(node)[1:] if a in table and node in at_zero.counted(table, a)),
+                    default=math.inf)
     best = max(now, min(target, spare))
-    fits = partial(delegation_fits, tree, held_w, delegations_w, node, lost=lost, charged=loads)
+    # (A lease held: checked along its ancestors from these charges, as delegation_fits would.)
+    fits = partial(inner.fits_resized, held_w, loads, node) if node in live and loads else \
+        partial(delegation_fits, tree, held_w, delegations_w, node, lost=lost, charged=loads)
     if best <= now or fits(best):
         return best
     if not fits(now):
