@@ -21,7 +21,9 @@ each (a redundant pair). Three etcd members on loopback (``circuit_load.start_et
   lease asks for a larger one (``store.put_delegation``: a transaction comparing what
   the parent's check depends on, ``core.delegation.lease_compares``), and the first host
   of each PDU resizes its lease to its figure in the tree's priority division every
-  ``--rebalance-s`` (only that host wakes for it). One watch (``store.changes``, the
+  ``--rebalance-s`` (only that host wakes for it), and at once where a host waits for
+  watts it holds above that figure (``leases.gives_back``; ``--no-give-back``: only
+  periodically, as before). One watch (``store.changes``, the
   daemon's) serves the process and keeps the mirror every client's store reads from (a
   daemon keeps its own; the in-process hosts share one Read per revision).
 
@@ -113,7 +115,8 @@ class DelegClient(Client):
         self.zone_hosts: frozenset[str] = frozenset(h for h in tree.hosts if set(tree.hosts[h].cords) & set(self.pdus))
         self.asked_at = 0.0
         self.rebalance_due = 0.0
-        self.lease_writes = self.lease_conflicts = self.rounds = 0
+        self.lease_writes = self.lease_conflicts = self.rounds = self.give_backs = 0
+        self.given_at = float("-inf")  # the last give-back to a host waiting (leases.gives_back)
         self.round_at = float("-inf")
         self.retry_at = float("inf")
         self.held_back = False  # its last round found a lease holding its raise back
@@ -202,8 +205,16 @@ class DelegClient(Client):
         held = read.view.grants.get(self.host, 0.0)
         if held < self.grant_w:
             self.grant_w, self.in_use_w = held, min(self.in_use_w, held)
-        if self._rebalance_due(now):
+        # The periodic resize, or the same at once to give back watts a host waits for
+        # (channel._resize_leases).
+        periodic = self._rebalance_due(now)
+        give = not periodic and not self.args.no_give_back and now - self.given_at >= leases.ASK_S \
+            and leases.gives_back(read, self.host, read.view.wants, self.args.lease_margin_w)
+        if periodic:
             self._rebalanced(now)
+        if give:
+            self.given_at, self.give_backs = now, self.give_backs + 1
+        if periodic or give:
             if await self._rebalance(await self._read(fresh=True), first_only=True):
                 self.dirty = True
             read = await self._read(fresh=False)
@@ -434,6 +445,7 @@ async def run_mode(args: argparse.Namespace, eps: list[str], procs: list, delega
         "mirror_lagged": sum(c.store.mirror_lagged for c in clients),
         "reads_saved": sum(getattr(c, "reads_saved", 0) for c in clients),
         "lease_writes": sum(getattr(c, "lease_writes", 0) for c in clients),
+        "give_backs": sum(getattr(c, "give_backs", 0) for c in clients),
         "lease_conflicts": sum(getattr(c, "lease_conflicts", 0) for c in clients),
         "leases_in_force": len(final.delegations),
         "charges_within_bounds_at_end": None if charges is None else not charges.over_w(final.held_w()),
@@ -457,6 +469,8 @@ def main() -> None:
     p.add_argument("--outlets", action="store_true",
                    help="after: each host on an outlet of its own on each PDU, delegated too (leased from the PDU's lease)")
     p.add_argument("--rebalance-s", type=float, default=5.0, help="after: each PDU's lease resized this often")
+    p.add_argument("--no-give-back", action="store_true",
+                   help="after: a lease gives watts back to a host waiting only at its periodic resize (as before)")
     p.add_argument("--idle-poll-s", type=float, default=1.0,
                    help="after: a round at least this often (the daemon's poll_s: a host under a lease is never settled)")
     p.add_argument("--lease-margin-w", type=float, default=None,
@@ -489,7 +503,7 @@ def main() -> None:
     print(json.dumps(results, indent=2))
     keys = ["raise_txns", "conflict_rate", "time_to_grant_p50_s", "time_to_grant_p90_s", "time_to_grant_p99_s",
             "grants_timed", "time_to_raise_p50_s", "time_to_raise_p90_s", "time_to_raise_p99_s", "raises_timed", "raise_waits_open",
-            "etcd_ops_per_s", "bench_cpu_pct", "reads", "range_reads", "keys_read", "mirror_lagged", "reads_saved", "lease_writes", "lease_conflicts",
+            "etcd_ops_per_s", "bench_cpu_pct", "reads", "range_reads", "keys_read", "mirror_lagged", "reads_saved", "lease_writes", "lease_conflicts", "give_backs",
             "leases_in_force"]
     print(f"{'':<22}" + "".join(f"{r['mode']:>12}" for r in results))
     for k in keys:

@@ -736,6 +736,18 @@ def test_a_host_publishes_the_meter_its_tree_node_names_and_exports_measured_bes
     assert len(ignored) == 1 and ignored[0]["log_level"] == "warning" and "stale" in ignored[0]["detail"]
 
 
+class _LeaseStore(_SeatStore):
+    """A seat store that records each lease of watts put (node, W)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.leases: list[tuple[str, float]] = []
+
+    async def put_delegation(self, read, node: str, watts_w: float, by: str) -> bool:  # noqa: ANN001
+        self.leases.append((node, round(watts_w, 1)))
+        return True
+
+
 def test_a_host_under_a_delegated_node_raises_within_its_lease_and_asks_for_more(tmp_path: Path) -> None:
     """Host vm under PDU p (delegate), its lease 1200 W beside vm's 800 W seat: its raise
     stops at 400 W however much the division gives it, and, held back, it asks for a
@@ -747,15 +759,6 @@ def test_a_host_under_a_delegated_node_raises_within_its_lease_and_asks_for_more
     from powerbudgetd.core.circuit import CircuitView
     from powerbudgetd.core.tree import Host, Node, PowerTree
 
-    class LeaseStore(_SeatStore):
-        def __init__(self) -> None:
-            super().__init__()
-            self.leases: list[tuple[str, float]] = []
-
-        async def put_delegation(self, read, node: str, watts_w: float, by: str) -> bool:  # noqa: ANN001
-            self.leases.append((node, round(watts_w, 1)))
-            return True
-
     def read_with(delegate: bool, lease_w: float | None) -> Read:
         tree = PowerTree({"site": Node("site", 10_000), "p": Node("p", 3_000, "site", "pdu", delegate=delegate)},
                          {"vm": Host("vm", {"p": 1.0}, 800.0)})
@@ -763,7 +766,7 @@ def test_a_host_under_a_delegated_node_raises_within_its_lease_and_asks_for_more
         return Read(Spec(10_000, 5), view, 7, delegations={} if lease_w is None else {"p": lease_w},
                     delegation_mods={} if lease_w is None else {"p": 5})
 
-    store = LeaseStore()
+    store = _LeaseStore()
     ch = _running(tmp_path, store, 0.0, 0.0)
     read = read_with(True, 1_200.0)
     asyncio.run(ch._move_grant(read))
@@ -772,13 +775,50 @@ def test_a_host_under_a_delegated_node_raises_within_its_lease_and_asks_for_more
     assert store.leases == [("p", 2_950.0)]  # its seat 800 + want 2000 + the margin (5 % of 3000 W)
 
     for delegate, lease in ((False, 1_200.0), (True, None)):
-        store = LeaseStore()
+        store = _LeaseStore()
         ch = _running(tmp_path, store, 0.0, 0.0)
         asyncio.run(ch._move_grant(read_with(delegate, lease)))
         assert store.raised == [2_000.0]
         if not delegate:
             asyncio.run(ch._resize_leases(read_with(delegate, lease)))
             assert store.leases == []
+
+
+def test_a_host_gives_back_at_once_the_watts_a_host_elsewhere_waits_for(tmp_path: Path) -> None:
+    """vm's outlet a holds 20 W above its figure, inside its dead band, its PDU p full
+    beside q, where hq waits (its room 160 W, its share 200 W): vm's round gives a's
+    watts back now, with its periodic resize 5 s off; the next round within
+    ``ASK_S`` writes nothing more. With nobody waiting, its rounds leave a alone."""
+    import asyncio
+
+    from powerbudgetd.channels.circuit import leases
+    from powerbudgetd.channels.circuit.store import Read, Spec
+    from powerbudgetd.core.circuit import CircuitView
+    from powerbudgetd.core.tree import Host, Node, PowerTree
+
+    def read_with(want_q: float) -> Read:
+        nodes = {"feed": Node("feed", 600.0), "p": Node("p", 1_000.0, "feed", "pdu", delegate=True),
+                 "q": Node("q", 1_000.0, "feed", "pdu", delegate=True),
+                 "a": Node("a", 1_000.0, "p", "outlet", delegate=True),
+                 "b": Node("b", 1_000.0, "p", "outlet", delegate=True)}
+        seats = {"vm": 100.0, "hb": 100.0, "hq": 100.0}
+        cords = {"vm": "a", "hb": "b", "hq": "q"}
+        tree = PowerTree(nodes, {h: Host(h, {cords[h]: 1.0}, 100.0) for h in seats}).with_reserves(seats)
+        view = CircuitView(600.0, seats, {"vm": 50.0, "hb": 50.0, "hq": 160.0}, {"vm": 50.0, "hb": 50.0, "hq": want_q},
+                           revision=7, tree=tree)
+        return Read(Spec(600.0, 5), view, 7, delegations={"p": 340.0, "a": 170.0, "b": 170.0, "q": 260.0},
+                    delegation_mods=dict.fromkeys(("p", "a", "b", "q"), 5))
+
+    for want_q, given in ((300.0, [("a", 150.0)]), (160.0, [])):
+        store = _LeaseStore()
+        ch = _running(tmp_path, store, 50.0, None)
+        ch.clock = lambda: 100.0
+        ch._leases_due = 105.0
+        asyncio.run(ch._resize_leases(read_with(want_q)))
+        assert store.leases == given
+        ch.clock = lambda: 100.0 + leases.ASK_S / 2
+        asyncio.run(ch._resize_leases(read_with(want_q)))
+        assert store.leases == given and ch._leases_due == 105.0
 
 
 def test_hosts_started_together_resize_their_leases_out_of_step(tmp_path: Path,

@@ -227,3 +227,62 @@ def test_an_ask_grows_both_cords_where_both_can():
     asyncio.run(leases.resize(store, asyncio.run(store.read()), "h", wants_w={"h": 600.0, "g": 0.0},
                               margin_w=0.0, periodic=False))
     assert [n for n, _ in store.landed] == ["pa", "pb"] and all(w > 300.0 for _, w in store.landed)
+
+
+def _two_pdus(leases_w: dict[str, float], mods: dict[str, int], revision: int, want_q: float = 300.0) -> Read:
+    """A 600 W feed over two delegated PDUs: p, over delegated outlets a (ha) and b (hb),
+    and q (hq); each host a 100 W seat. ha and hb hold and want 50 W, hq holds 160 W and
+    wants ``want_q``: the division gives hq 200 W, so the figures are q 300 W, a and b
+    150 W each, p 300 W."""
+    nodes = {"feed": Node("feed", 600.0), "p": Node("p", 1_000.0, "feed", "pdu", delegate=True),
+             "q": Node("q", 1_000.0, "feed", "pdu", delegate=True),
+             "a": Node("a", 1_000.0, "p", "outlet", delegate=True), "b": Node("b", 1_000.0, "p", "outlet", delegate=True)}
+    seats = {"ha": 100.0, "hb": 100.0, "hq": 100.0}
+    tree = PowerTree(nodes, {h: Host(h, {h[1]: 1.0}, 100.0) for h in seats}).with_reserves(seats)
+    view = CircuitView(600.0, seats, {"ha": 50.0, "hb": 50.0, "hq": 160.0}, {"ha": 50.0, "hb": 50.0, "hq": want_q},
+                       revision=revision, tree=tree)
+    return Read(Spec(600.0, 5), view, revision, delegations=dict(leases_w), delegation_mods=dict(mods))
+
+
+# Each lease inside its dead band (a 50 W margin: 25 W), the feed full (p 340 + q 260 W).
+_ABOVE = {"p": 340.0, "a": 170.0, "b": 170.0, "q": 260.0}
+
+
+def test_leases_above_their_figures_give_back_at_once_to_a_host_that_waits():
+    """hq waits on q (its room 160 W, its share 200 W). p and its outlets hold 40 W above
+    their figures, each inside its dead band, the feed full beside q: the periodic
+    resizes gave nothing back (hosts under a sibling waited up to 10 s at 50 hosts).
+    Now each host runs its rounds (a give-back where ``gives_back`` says so, an ask
+    where a lease holds it back), no periodic resize at all: the outlets give back
+    first (p can shrink only once they have), then p, then hq's ask takes the watts;
+    in three rounds, and then nothing moves."""
+    store = NestedStore(_two_pdus, _ABOVE)
+    read = asyncio.run(store.read())
+    assert leases.waiting(read) == {"hq"}
+    assert leases.giving(read, read.view.wants, 50.0) == {"p", "a", "b"}
+    assert [h for h in ("ha", "hb", "hq") if leases.gives_back(read, h, read.view.wants, 50.0)] == ["ha", "hb"]
+
+    def rounds(n: int) -> None:
+        for _ in range(n):
+            for h in ("ha", "hb", "hq"):
+                r = asyncio.run(store.read())
+                if leases.gives_back(r, h, r.view.wants, 50.0):
+                    asyncio.run(leases.resize(store, r, h, wants_w=r.view.wants, margin_w=50.0, periodic=True))
+                elif h in leases.waiting(r):
+                    asyncio.run(leases.resize(store, r, h, wants_w=r.view.wants, margin_w=50.0, periodic=False))
+
+    rounds(3)
+    assert store.leases_w == pytest.approx({"p": 300.0, "a": 150.0, "b": 150.0, "q": 300.0})
+    assert not leases.waiting(asyncio.run(store.read()))
+    landed = list(store.landed)
+    rounds(3)
+    assert store.landed == landed
+
+
+def test_leases_above_their_figures_stay_while_nobody_waits():
+    """As above with hq wanting only its 160 W: nobody waits, so nothing is given back
+    before the periodic resizes (no write for watts nobody is short of)."""
+    store = NestedStore(lambda leases_w, mods, revision: _two_pdus(leases_w, mods, revision, want_q=160.0), _ABOVE)
+    read = asyncio.run(store.read())
+    assert not leases.waiting(read) and not leases.giving(read, read.view.wants, 50.0)
+    assert not any(leases.gives_back(read, h, read.view.wants, 50.0) for h in ("ha", "hb", "hq"))

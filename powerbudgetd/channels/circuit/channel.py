@@ -215,6 +215,7 @@ class CircuitChannel:
         self.raises_after = float("-inf")  # no raise before (lease clock): a circuit just (re-)created
         self._leases_due = float("-inf")  # the next periodic resize of the leases of watts above us (clock s)
         self._lease_asked_at = float("-inf")  # the last time a lease held a raise back and we asked for more
+        self._lease_given_at = float("-inf")  # the last time we gave a lease's watts back to a host waiting
         self.lease_id: int | None = None
         self.ttl_s: int | None = None
         self.valid_until = float("-inf")
@@ -593,20 +594,25 @@ class CircuitChannel:
 
     async def _resize_leases(self, read: Read) -> None:
         """The leases of watts above this host: resized every ``leases.REBALANCE_S`` (jittered) where
-        this host is a node's first, and grown at once (at most every ``leases.ASK_S``)
-        where one holds this host's raise back (``channels.circuit.leases``)."""
+        this host is a node's first, and so at once where such a lease holds watts another
+        host waits for (``leases.gives_back``); grown at once where one holds this host's
+        raise back; each at most every ``leases.ASK_S`` (``channels.circuit.leases``)."""
         tree = read.view.tree
         if tree is None or not self.grants_ok or not leases.delegated_above(tree, self.host):
             return
         now = self.clock()
         periodic = now >= self._leases_due
-        # Held back from what it asked for: its fair share of the wants (spare room is no ask).
-        held_back = self._lease_room_w(read) < dataclasses.replace(read.view, ceilings={}).fair_w(self.host) - self.cfg.step_w
-        if not periodic and not (held_back and now - self._lease_asked_at >= leases.ASK_S):
-            return
         if periodic:
             self._leases_due = now + leases.rebalance_wait_s(_JITTER)
+        elif now - self._lease_given_at >= leases.ASK_S and leases.gives_back(read, self.host, read.view.wants, None):
+            # Watts another host waits for, leased above this one's figure where it is
+            # the writer: given back now, as the periodic resize would.
+            periodic, self._lease_given_at = True, now
         else:
+            # Held back from what it asked for: its fair share of the wants (spare room is no ask).
+            fair = dataclasses.replace(read.view, ceilings={}).fair_w(self.host)
+            if self._lease_room_w(read) >= fair - self.cfg.step_w or now - self._lease_asked_at < leases.ASK_S:
+                return
             self._lease_asked_at = now
         sent, failed, changed = await leases.resize(self.store, read, self.host, wants_w=read.view.wants,
                                                     margin_w=None, periodic=periodic)

@@ -22,6 +22,12 @@ as its subtree's holdings and the ancestors allow (``core.delegation.proposed_w`
   held its child's larger lack back until the wants moved); and only where those
   growths together give the host a watt or more of room (:func:`_ask_helps`: a lease
   grown on one cord of a redundant pair while the other cannot grow is no room);
+- *given back*: where a host waits on a lease (:func:`waiting`: its room a few watts
+  or more below its fair share), a lease above its figure outside that host's but
+  under the same nearest leased ancestor (anywhere, where none) is resized at once, as
+  periodically, by its first host, at most every ``ask_s``; and so are the leases below
+  such a lease (it can shrink only once they have: :func:`giving`). The watts waited
+  for come back in a round or two, not at the next periodic resize of each level;
 - a node without a lease: its first host takes one at once.
 
 The raises under a delegated node compare only its zone, and do not fail a resize
@@ -38,7 +44,7 @@ from functools import partial
 from typing import TypeVar
 
 from powerbudgetd.channels.circuit.store import CircuitStore, Read
-from powerbudgetd.core.delegation import fair_leases_w, proposed_w
+from powerbudgetd.core.delegation import fair_leases_w, leased_above, proposed_w
 from powerbudgetd.core.tree import EPS_W, LastDivision, PowerTree
 
 REBALANCE_S = 5.0  # the periodic resize (s): slower than a round, so whole-circuit transactions stay rare
@@ -49,6 +55,9 @@ REBALANCE_JITTER = 0.2
 ASK_S = 0.5  # a host held back by a lease asks for more at most this often (s)
 ASK_MIN_W = 1.0  # an ask moves a lease by this much or more (W): the host asks only when a step short
 MARGIN_FRACTION = 0.05  # a lease's room above its hosts' seats and wants: this much of the node's budget
+# A host whose room under the leases above it is this much (W) or more below its fair
+# share waits on a lease (the leases above those of hosts that wait give back at once).
+WAITING_W = 5.0
 
 
 T = TypeVar("T")
@@ -187,6 +196,83 @@ async def resize(store: CircuitStore, read: Read, host: str, *, wants_w: Mapping
             if not _resizable(read, node):
                 return sent, failed, changed
     return sent, failed, changed
+
+
+def waiting(read: Read) -> frozenset[str]:
+    """The live hosts a lease of watts holds back at ``read``: their room under the
+    leases above them (their seat aside) below their fair share of the wants
+    (``CircuitView.fair_w``, what each one's own ask tests) by :data:`WAITING_W` or
+    more. Computed once per read."""
+    def compute() -> frozenset[str]:
+        view, held = read.view, read.held_w()
+        out = set()
+        for h in read.records or view.seats:
+            seat = view.seats.get(h, 0.0) + view.pending.get(h, 0.0)
+            fair = view.fair_w(h)
+            # (the cheap test first: most hosts hold their share, none of them is held back)
+            if held.get(h, 0.0) - seat < fair - WAITING_W and read.room_for_w(h) - seat < fair - WAITING_W:
+                out.add(h)
+        return frozenset(out)
+    return _per_read(read, ("waiting",), read.view, compute)
+
+
+def _hosts_under(tree: PowerTree) -> dict[str, frozenset[str]]:
+    """Each node's hosts: those with a cord below it (the tree's memo)."""
+    memo = tree._memo.get(("hosts_under",))
+    if memo is None:
+        under: dict[str, set[str]] = {n: set() for n in tree.nodes}
+        for h, host in tree.hosts.items():
+            for leaf in host.cords:
+                for n in tree.path(leaf):
+                    under[n].add(h)
+        memo = tree._memo[("hosts_under",)] = {n: frozenset(hs) for n, hs in under.items()}
+    return memo  # type: ignore[return-value]
+
+
+def giving(read: Read, wants_w: Mapping[str, float], margin_w: float | None) -> frozenset[str]:
+    """The delegated nodes whose lease is to give watts back now, not at the next
+    periodic resize: leased :data:`ASK_MIN_W` or more above their figure
+    (:func:`fair_w`) while a host waits (:func:`waiting`) outside them but under their
+    nearest leased ancestor (anywhere, where none), or while that ancestor is to give
+    back itself (it can shrink only as far as its children have). A lease's figure is
+    its share of the division its siblings' are too, so watts given back down to it are
+    watts those waiting are due. Computed once per read."""
+    def compute() -> frozenset[str]:
+        tree = read.view.tree
+        assert tree is not None
+        waits = waiting(read)
+        if not waits:
+            return frozenset()
+        fair = fair_w(read, wants_w, margin_w)
+        under = _hosts_under(tree)
+        charges = read.charges()
+        live = {} if charges is None else charges.live
+        above = leased_above(tree, live)
+        out: set[str] = set()
+        for n in sorted(live, key=lambda m: len(tree.path(m))):  # the root's side first
+            if n not in fair or live[n] - fair[n] < ASK_MIN_W:
+                continue
+            p = above.get(n)
+            scope = waits if p is None else waits & under[p]
+            if p in out or scope - under[n]:
+                out.add(n)
+        return frozenset(out)
+    return _per_read(read, ("giving", margin_w), wants_w, compute)
+
+
+def gives_back(read: Read, host: str, wants_w: Mapping[str, float], margin_w: float | None) -> bool:
+    """Whether ``host`` is to resize now (as periodically) to give watts back: it is the
+    first host of a node above it that is :func:`giving` and holds a watt or more above
+    what its subtree is charged (it can shrink)."""
+    tree = read.view.tree
+    if tree is None or read.view.tree_bad or not read.delegations:
+        return False
+    give = giving(read, wants_w, margin_w)
+    if not give:
+        return False
+    charged = read.charged_w()
+    return any(n in give and first_host(read, tree, n) == host
+               and read.delegations[n] - charged.get(n, 0.0) >= ASK_MIN_W for n in delegated_above(tree, host))
 
 
 def _ask_helps(read: Read, host: str, wants_w: Mapping[str, float], margin_w: float | None) -> bool:
