@@ -414,7 +414,8 @@ def format_report(r: dict[str, Any]) -> str:
              else f"  limit writes         {sum(c['limit_writes'] for c in r['cards'])} in all (under {RATE_MIN_S:g} s "
              "simulated: too short for a per-minute rate); ")
             + f"at most {flap['max_reversals']} reversals of a card's limit in {flap['window_s']:g} s",
-            f"  limits over budget   {r['over_budget_s']:g} s in {r['over_budget_episodes']} episodes "
+            f"  limits over budget   {r['over_budget_s']:g} s in {r['over_budget_episodes']} "
+            f"episode{'' if r['over_budget_episodes'] == 1 else 's'} "
             "(boot included: the cards' limits as found, before its first writes)",
             f"  draw over budget     {r['draw_over_budget_s']:g} s (summed 1 s average draw above the budget)",
             "  reclaim latency      " + (
