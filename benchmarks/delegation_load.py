@@ -50,7 +50,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import dataclasses
 import json
 import random
 import resource
@@ -209,7 +208,7 @@ class DelegClient(Client):
         # (channel._resize_leases).
         periodic = self._rebalance_due(now)
         give = not periodic and not self.args.no_give_back and now - self.given_at >= leases.ASK_S \
-            and leases.gives_back(read, self.host, read.view.wants, self.args.lease_margin_w)
+            and leases.gives_back(read, self.host, read.view.wants, self.args.lease_margin_w, self.args.step_w)
         if periodic:
             self._rebalanced(now)
         if give:
@@ -270,7 +269,7 @@ class DelegClient(Client):
             self.retry_at = min(self.retry_at, now + self.args.release_hold_s / 4)
         # Held back by a lease below its share of the division: ask (channel._resize_leases).
         # (as the daemon: its fair share of the wants; spare room is no ask)
-        self.held_back = room < dataclasses.replace(read.view, ceilings={}).fair_w(self.host) - self.args.step_w
+        self.held_back = leases.held_back(read, self.host, self.args.step_w)
         if not conflicted and self.held_back and now - self.asked_at >= leases.ASK_S:
             self.asked_at = now
             if await self._rebalance(await self._read(fresh=True), first_only=False):

@@ -105,7 +105,7 @@ def _children(tree: PowerTree) -> dict[str, list[str]]:
 def tops(tree: PowerTree, live: Mapping[str, float]) -> dict[str, list[str]]:
     """node -> its delegated nodes strictly below with no delegated node between (``top``)."""
     out: dict[str, list[str]] = {n: [] for n in tree.nodes}
-    for m in live:
+    for m in sorted(live):  # one order whatever the mapping's: a charge's sum is one float
         at = tree.nodes[m].parent
         while at is not None:
             out[at].append(m)
@@ -224,13 +224,14 @@ class Charges:
         """Whether every node stays within its bound with ``node``'s lease (live here) at
         ``watts`` (W), given :meth:`table_loads_w` at ``held_w`` under these leases: the
         check of :func:`within_bounds`, bit for bit, but only ``node``'s ancestors
-        counted again (no other charge depends on its lease), O(depth) sums. A figure not
-        within [0, its budget] does not fit (:func:`delegation_fits`)."""
+        counted again (no other charge depends on its lease): O(depth) sums and one pass
+        over the bounds. A figure not within [0, its budget] does not fit
+        (:func:`delegation_fits`)."""
         if not _figure_allowed(self.tree, node, watts):
             return False
         live = {**self.live, node: watts}
         ancestors = self.tree.path(node)[1:]  # the nearest first: the leaves-first order
-        for steps, loads in zip(self._steps(), table_loads):
+        for steps, loads in zip(self._steps(), table_loads, strict=True):
             moved: dict[str, float] = {}
             for k in ancestors:
                 if k in steps:
@@ -279,8 +280,9 @@ class Charges:
             for k in paths & loads.keys():
                 if loads[k] > self.bound_w(k) + EPS_W:
                     best = min(best, held_w.get(host, 0.0))
-            for k, row in table.items():
-                if host in row:
+            for k in paths:  # (a host is charged only on its cords' paths)
+                row = table.get(k)
+                if row is not None and host in row:
                     others = loads[k] - row[host] * held_w.get(host, 0.0)
                     best = min(best, (self.bound_w(k) - others) / row[host])
         return best

@@ -244,36 +244,38 @@ def _two_pdus(leases_w: dict[str, float], mods: dict[str, int], revision: int, w
     return Read(Spec(600.0, 5), view, revision, delegations=dict(leases_w), delegation_mods=dict(mods))
 
 
-# Each lease inside its dead band (a 50 W margin: 25 W), the feed full (p 340 + q 260 W).
+# a and b 20 W above their figures, inside their dead band (a 50 W margin: 25 W); p 40 W
+# above its own, all of it held by its outlets; the feed full (p 340 + q 260 W).
 _ABOVE = {"p": 340.0, "a": 170.0, "b": 170.0, "q": 260.0}
+STEP_W = 20.0
 
 
 def test_leases_above_their_figures_give_back_at_once_to_a_host_that_waits():
-    """hq waits on q (its room 160 W, its share 200 W). p and its outlets hold 40 W above
-    their figures, each inside its dead band, the feed full beside q: the periodic
-    resizes gave nothing back (hosts under a sibling waited up to 10 s at 50 hosts).
-    Now each host runs its rounds (a give-back where ``gives_back`` says so, an ask
-    where a lease holds it back), no periodic resize at all: the outlets give back
-    first (p can shrink only once they have), then p, then hq's ask takes the watts;
-    in three rounds, and then nothing moves."""
+    """hq waits on q (its room 160 W, its share 200 W, a step short or more). p and its
+    outlets hold 40 W above their figures, the feed full beside q: the periodic resizes
+    gave them back one level per resize, 5 s apart (hosts under a sibling waited up to
+    10 s at 50 hosts). Now each host runs its rounds (a give-back where ``gives_back``
+    says so, an ask where a lease holds it back), no periodic resize at all: the outlets
+    give back first (p can shrink only once they have), then p, then hq's ask takes the
+    watts; in three rounds, and then nothing moves."""
     store = NestedStore(_two_pdus, _ABOVE)
     read = asyncio.run(store.read())
-    assert leases.waiting(read) == {"hq"}
-    assert leases.giving(read, read.view.wants, 50.0) == {"p", "a", "b"}
-    assert [h for h in ("ha", "hb", "hq") if leases.gives_back(read, h, read.view.wants, 50.0)] == ["ha", "hb"]
+    assert leases.waiting(read, STEP_W) == {"hq"}
+    assert leases.giving(read, read.view.wants, 50.0, STEP_W) == {"p", "a", "b"}
+    assert [h for h in ("ha", "hb", "hq") if leases.gives_back(read, h, read.view.wants, 50.0, STEP_W)] == ["ha", "hb"]
 
     def rounds(n: int) -> None:
         for _ in range(n):
             for h in ("ha", "hb", "hq"):
                 r = asyncio.run(store.read())
-                if leases.gives_back(r, h, r.view.wants, 50.0):
+                if leases.gives_back(r, h, r.view.wants, 50.0, STEP_W):
                     asyncio.run(leases.resize(store, r, h, wants_w=r.view.wants, margin_w=50.0, periodic=True))
-                elif h in leases.waiting(r):
+                elif leases.held_back(r, h, STEP_W):
                     asyncio.run(leases.resize(store, r, h, wants_w=r.view.wants, margin_w=50.0, periodic=False))
 
     rounds(3)
     assert store.leases_w == pytest.approx({"p": 300.0, "a": 150.0, "b": 150.0, "q": 300.0})
-    assert not leases.waiting(asyncio.run(store.read()))
+    assert not leases.waiting(asyncio.run(store.read()), STEP_W)
     landed = list(store.landed)
     rounds(3)
     assert store.landed == landed
@@ -284,5 +286,18 @@ def test_leases_above_their_figures_stay_while_nobody_waits():
     before the periodic resizes (no write for watts nobody is short of)."""
     store = NestedStore(lambda leases_w, mods, revision: _two_pdus(leases_w, mods, revision, want_q=160.0), _ABOVE)
     read = asyncio.run(store.read())
-    assert not leases.waiting(read) and not leases.giving(read, read.view.wants, 50.0)
-    assert not any(leases.gives_back(read, h, read.view.wants, 50.0) for h in ("ha", "hb", "hq"))
+    assert not leases.waiting(read, STEP_W) and not leases.giving(read, read.view.wants, 50.0, STEP_W)
+    assert not any(leases.gives_back(read, h, read.view.wants, 50.0, STEP_W) for h in ("ha", "hb", "hq"))
+
+
+def test_a_lease_above_its_figure_with_room_above_it_leaves_the_host_that_waits_to_ask():
+    """p 10 W above its figure (under half its margin) while the feed still has room
+    beside it: a periodic resize would not move it (not pressed), so its first host is
+    not told to give back (it would reread and write nothing at every round while hq
+    waits); hq's own ask grows q into the room."""
+    store = NestedStore(_two_pdus, {"p": 310.0, "a": 150.0, "b": 150.0, "q": 260.0})
+    read = asyncio.run(store.read())
+    assert leases.waiting(read, STEP_W) == {"hq"} and "p" in leases.giving(read, read.view.wants, 50.0, STEP_W)
+    assert not any(leases.gives_back(read, h, read.view.wants, 50.0, STEP_W) for h in ("ha", "hb"))
+    asyncio.run(leases.resize(store, read, "hq", wants_w=read.view.wants, margin_w=50.0, periodic=False))
+    assert store.landed == [("q", 290.0)]

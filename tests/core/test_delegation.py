@@ -632,3 +632,18 @@ def test_a_lease_resized_in_place_is_checked_as_the_whole_circuit_would_be(case,
         if 0.0 <= watts <= budget:
             assert delegation_fits(tree, held, leases, node, watts, lost, loads) == \
                 within_bounds(tree, held, {**leases, node: watts}, lost, 0.0), (node, watts)
+
+
+def test_a_lease_shrunk_under_a_parent_over_its_own_lease_counts_the_parent_again():
+    """p (leased 100 W) is over its lease, its lease n 80 W beside ho's 30 W (a feed lost
+    can leave it so); shrinking n to 60 W brings p to 90 W, so the site (105 W) counts p's
+    lease, 100 W, not its old 110 W charge: the check along the ancestors counts p again
+    from n's new figure and agrees with the whole check (both: it fits)."""
+    nodes = {"site": Node("site", 105.0), "p": Node("p", 1_000.0, "site", delegate=True),
+             "n": Node("n", 1_000.0, "p", delegate=True), "o": Node("o", 1_000.0, "p")}
+    tree = PowerTree(nodes, {"hn": Host("hn", {"n": 1.0}, 0.0), "ho": Host("ho", {"o": 1.0}, 0.0)})
+    held, leases = {"hn": 50.0, "ho": 30.0}, {"p": 100.0, "n": 80.0}
+    charged = Charges(tree, active(tree, leases)).table_loads_w(held)
+    assert charged[0]["p"] == pytest.approx(110.0)
+    assert delegation_fits(tree, held, leases, "n", 60.0, None, charged)
+    assert within_bounds(tree, held, {**leases, "n": 60.0}, None, 0.0)

@@ -604,18 +604,23 @@ class CircuitChannel:
         periodic = now >= self._leases_due
         if periodic:
             self._leases_due = now + leases.rebalance_wait_s(_JITTER)
-        elif now - self._lease_given_at >= leases.ASK_S and leases.gives_back(read, self.host, read.view.wants, None):
+        elif now - self._lease_given_at >= leases.ASK_S \
+                and leases.gives_back(read, self.host, read.view.wants, None, self.cfg.step_w):
             # Watts another host waits for, leased above this one's figure where it is
             # the writer: given back now, as the periodic resize would.
             periodic, self._lease_given_at = True, now
-        else:
-            # Held back from what it asked for: its fair share of the wants (spare room is no ask).
-            fair = dataclasses.replace(read.view, ceilings={}).fair_w(self.host)
-            if self._lease_room_w(read) >= fair - self.cfg.step_w or now - self._lease_asked_at < leases.ASK_S:
-                return
+        # Held back from what it asked for: it asks (after a give-back of its own, too).
+        ask = leases.held_back(read, self.host, self.cfg.step_w) and now - self._lease_asked_at >= leases.ASK_S
+        if ask:
             self._lease_asked_at = now
-        sent, failed, changed = await leases.resize(self.store, read, self.host, wants_w=read.view.wants,
-                                                    margin_w=None, periodic=periodic)
+        sent = failed = 0
+        changed = False
+        for mode in ([True] if periodic else []) + ([False] if ask else []):
+            s, f, c = await leases.resize(self.store, read, self.host, wants_w=read.view.wants, margin_w=None,
+                                          periodic=mode)
+            sent, failed, changed = sent + s, failed + f, changed or c
+            if c:
+                break  # an ask waits for the round this change wakes (its read shows the lease moved)
         if changed:
             log.info("circuit_lease_resized", host=self.host, circuit=self.store.name, tries=sent, failed=failed)
 

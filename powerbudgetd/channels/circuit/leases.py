@@ -22,8 +22,8 @@ as its subtree's holdings and the ancestors allow (``core.delegation.proposed_w`
   held its child's larger lack back until the wants moved); and only where those
   growths together give the host a watt or more of room (:func:`_ask_helps`: a lease
   grown on one cord of a redundant pair while the other cannot grow is no room);
-- *given back*: where a host waits on a lease (:func:`waiting`: its room a few watts
-  or more below its fair share), a lease above its figure outside that host's but
+- *given back*: where a host waits on a lease (:func:`waiting`: its room a step or more
+  below its fair share, as its ask tests), a lease above its figure outside that host's but
   under the same nearest leased ancestor (anywhere, where none) is resized at once, as
   periodically, by its first host, at most every ``ask_s``; and so are the leases below
   such a lease (it can shrink only once they have: :func:`giving`). The watts waited
@@ -44,6 +44,7 @@ from functools import partial
 from typing import TypeVar
 
 from powerbudgetd.channels.circuit.store import CircuitStore, Read
+from powerbudgetd.core.circuit import CircuitView
 from powerbudgetd.core.delegation import fair_leases_w, leased_above, proposed_w
 from powerbudgetd.core.tree import EPS_W, LastDivision, PowerTree
 
@@ -55,9 +56,6 @@ REBALANCE_JITTER = 0.2
 ASK_S = 0.5  # a host held back by a lease asks for more at most this often (s)
 ASK_MIN_W = 1.0  # an ask moves a lease by this much or more (W): the host asks only when a step short
 MARGIN_FRACTION = 0.05  # a lease's room above its hosts' seats and wants: this much of the node's budget
-# A host whose room under the leases above it is this much (W) or more below its fair
-# share waits on a lease (the leases above those of hosts that wait give back at once).
-WAITING_W = 5.0
 
 
 T = TypeVar("T")
@@ -198,22 +196,30 @@ async def resize(store: CircuitStore, read: Read, host: str, *, wants_w: Mapping
     return sent, failed, changed
 
 
-def waiting(read: Read) -> frozenset[str]:
-    """The live hosts a lease of watts holds back at ``read``: their room under the
-    leases above them (their seat aside) below their fair share of the wants
-    (``CircuitView.fair_w``, what each one's own ask tests) by :data:`WAITING_W` or
-    more. Computed once per read."""
+def held_back(read: Read, host: str, step_w: float, view: CircuitView | None = None) -> bool:
+    """Whether the leases of watts above ``host`` hold its raise back at ``read``: its room
+    under them (its seat aside) below its fair share of the wants (``CircuitView.fair_w``;
+    spare room is no ask) by ``step_w`` (W) or more. What a host asks on. ``view``:
+    ``read.view`` without ceilings, where the caller has it."""
+    view = view or dataclasses.replace(read.view, ceilings={})
+    seat = view.seats.get(host, 0.0) + view.pending.get(host, 0.0)
+    return read.room_for_w(host) - seat < view.fair_w(host) - step_w
+
+
+def waiting(read: Read, step_w: float) -> frozenset[str]:
+    """The live hosts the leases hold back at ``read`` (:func:`held_back`, with this
+    host's ``step_w``: every host's ask tests the same, with its own). Computed once per
+    read."""
     def compute() -> frozenset[str]:
-        view, held = read.view, read.held_w()
+        view, held = dataclasses.replace(read.view, ceilings={}), read.held_w()
         out = set()
         for h in read.records or view.seats:
+            # (the cheap test first: a host holding its share is held back by nothing)
             seat = view.seats.get(h, 0.0) + view.pending.get(h, 0.0)
-            fair = view.fair_w(h)
-            # (the cheap test first: most hosts hold their share, none of them is held back)
-            if held.get(h, 0.0) - seat < fair - WAITING_W and read.room_for_w(h) - seat < fair - WAITING_W:
+            if held.get(h, 0.0) - seat < view.fair_w(h) - step_w and held_back(read, h, step_w, view):
                 out.add(h)
         return frozenset(out)
-    return _per_read(read, ("waiting",), read.view, compute)
+    return _per_read(read, ("waiting", step_w), read.view, compute)
 
 
 def _hosts_under(tree: PowerTree) -> dict[str, frozenset[str]]:
@@ -229,10 +235,10 @@ def _hosts_under(tree: PowerTree) -> dict[str, frozenset[str]]:
     return memo  # type: ignore[return-value]
 
 
-def giving(read: Read, wants_w: Mapping[str, float], margin_w: float | None) -> frozenset[str]:
+def giving(read: Read, wants_w: Mapping[str, float], margin_w: float | None, step_w: float) -> frozenset[str]:
     """The delegated nodes whose lease is to give watts back now, not at the next
     periodic resize: leased :data:`ASK_MIN_W` or more above their figure
-    (:func:`fair_w`) while a host waits (:func:`waiting`) outside them but under their
+    (:func:`fair_w`) while a host waits (:func:`waiting`, ``step_w``) outside them but under their
     nearest leased ancestor (anywhere, where none), or while that ancestor is to give
     back itself (it can shrink only as far as its children have). A lease's figure is
     its share of the division its siblings' are too, so watts given back down to it are
@@ -240,7 +246,7 @@ def giving(read: Read, wants_w: Mapping[str, float], margin_w: float | None) -> 
     def compute() -> frozenset[str]:
         tree = read.view.tree
         assert tree is not None
-        waits = waiting(read)
+        waits = waiting(read, step_w)
         if not waits:
             return frozenset()
         fair = fair_w(read, wants_w, margin_w)
@@ -257,22 +263,28 @@ def giving(read: Read, wants_w: Mapping[str, float], margin_w: float | None) -> 
             if p in out or scope - under[n]:
                 out.add(n)
         return frozenset(out)
-    return _per_read(read, ("giving", margin_w), wants_w, compute)
+    return _per_read(read, ("giving", margin_w, step_w), wants_w, compute)
 
 
-def gives_back(read: Read, host: str, wants_w: Mapping[str, float], margin_w: float | None) -> bool:
+def gives_back(read: Read, host: str, wants_w: Mapping[str, float], margin_w: float | None, step_w: float) -> bool:
     """Whether ``host`` is to resize now (as periodically) to give watts back: it is the
-    first host of a node above it that is :func:`giving` and holds a watt or more above
-    what its subtree is charged (it can shrink)."""
+    first host of a node above it that is :func:`giving`, holds a watt or more above
+    what its subtree is charged (it can shrink), and would move in a periodic resize
+    (half its margin or more above its figure, or its ancestors pressed: ``_pressed``;
+    else the resize would write nothing, and the host's own ask goes first)."""
     tree = read.view.tree
     if tree is None or read.view.tree_bad or not read.delegations:
         return False
-    give = giving(read, wants_w, margin_w)
+    give = giving(read, wants_w, margin_w, step_w)
     if not give:
         return False
-    charged = read.charged_w()
-    return any(n in give and first_host(read, tree, n) == host
-               and read.delegations[n] - charged.get(n, 0.0) >= ASK_MIN_W for n in delegated_above(tree, host))
+    charged, fair = read.charged_w(), fair_w(read, wants_w, margin_w)
+    for n in delegated_above(tree, host):
+        if n in give and first_host(read, tree, n) == host and read.delegations[n] - charged.get(n, 0.0) >= ASK_MIN_W:
+            margin, current = _margin_w(tree, n, margin_w), read.delegations[n]
+            if current - fair[n] >= margin / 2 or _pressed(read, n, wants_w, margin, current):
+                return True
+    return False
 
 
 def _ask_helps(read: Read, host: str, wants_w: Mapping[str, float], margin_w: float | None) -> bool:
