@@ -30,7 +30,7 @@ from typing import Any
 
 from powerbudgetd.control.controller import Controller
 from powerbudgetd.core.arbiter import BudgetArbiter
-from powerbudgetd.core.circuit import WAKE_GAP_S, CircuitView, Fence, GrantPolicy, HostPower, raise_allowed
+from powerbudgetd.core.circuit import WAKE_GAP_S, CircuitView, Fence, GrantPolicy, HostPower, WakeBudget, raise_allowed
 from powerbudgetd.core.fair import max_min_fair
 from powerbudgetd.core.fairshare import fair_shares
 from powerbudgetd.core.feed import Feed
@@ -149,6 +149,8 @@ class SimHost:
     held_w: float = 0.0
     in_use_w: float = 0.0
     next_poll: float = 0.0
+    woken: WakeBudget = field(default_factory=WakeBudget)  # the rounds a change may start early
+    woken_round: bool = False  # next_poll is a woken round's, not the poll's
     last_keepalive: float = float("-inf")
     at_reserve_since: float | None = None
     reserve_spells: list[tuple[float, float]] = field(default_factory=list)
@@ -271,8 +273,10 @@ def run_circuit(
             h.ctl.tick(t)
             if policy == "circuit" and h.power.given_back(h.held_w, h.in_use_w, h.bank.sum_limit_bound_mw() / 1000):
                 # The cards are down to the grant in use: as the daemon's channel, a round
-                # woken a wake gap later lowers the store's (not the next poll).
-                h.next_poll = min(h.next_poll, t + WAKE_GAP_S)
+                # woken a wake gap later (within its wake budget) lowers the store's.
+                woken_at = t + max(WAKE_GAP_S, h.woken.wait_s(t))
+                if woken_at < h.next_poll:
+                    h.next_poll, h.woken_round = woken_at, True
         wall = sum(h.power.feed.wall_w(h.bank.sum_limit_bound_mw() / 1000) for h in hosts if h.ctl.ready)
         worst_wall = max(worst_wall, wall)
         k += 1
@@ -298,7 +302,9 @@ def _client_round(h: SimHost, store: LeaseStore, fence: Fence, t: float, poll_s:
     """The daemon's circuit round on virtual time (see ``channels.circuit.channel``)."""
     if t < h.next_poll:
         return
-    h.next_poll = t + poll_s
+    if h.woken_round:
+        h.woken.spend(t)
+    h.next_poll, h.woken_round = t + poll_s, False
     if not store.up(t):
         return
     if h.lease is None or h.lease not in store.leases:

@@ -53,7 +53,7 @@ from pathlib import Path
 from typing import Any
 
 from powerbudgetd.config.tree import TreeFile, load_tree
-from powerbudgetd.core.circuit import WAKE_GAP_S, CircuitView, GrantPolicy, raise_allowed
+from powerbudgetd.core.circuit import WAKE_GAP_S, CircuitView, GrantPolicy, WakeBudget, raise_allowed
 from powerbudgetd.core.model import Timings
 from powerbudgetd.core.tree import PowerTree, divide
 from powerbudgetd_sim.circuit import SimHost, floor_wall_w, make_host
@@ -138,6 +138,7 @@ class Client:
     published_w: float  # its last published want (reserve + want, wall W)
     policy: GrantPolicy
     woken_at: float | None = None  # a round woken for the cards coming down is due then (s)
+    woken: WakeBudget = field(default_factory=WakeBudget)  # the rounds a change may start early
 
 
 @dataclass
@@ -337,16 +338,18 @@ def _lower_record(c: Client) -> None:
 
 def wake_for_cards(tree: PowerTree, clients: dict[str, Client], c: Client, t: float, lost: str | None) -> None:
     """After a host's tick: once its cards are all the way down to the grant in use, a
-    round, ``WAKE_GAP_S`` later (a woken round's least gap), as the daemon's channel
-    wakes one then (``CircuitChannel.on_tick``) instead of waiting for its next poll."""
+    round, ``WAKE_GAP_S`` later (a woken round's least gap) and within the host's wake
+    budget (``core.circuit.WakeBudget``), as the daemon's channel wakes one then
+    (``CircuitChannel.on_tick``) instead of waiting for its next poll."""
     if c.woken_at is not None:
         if t >= c.woken_at - 1e-9:
             c.woken_at = None
+            c.woken.spend(t)
             _round(tree, clients, c, t, lost)
         return
     seat = c.host.power.reserve_w
     if c.host.power.given_back(c.held_w - seat, c.in_use_w - seat, c.host.bank.sum_limit_bound_mw() / 1000):
-        c.woken_at = t + WAKE_GAP_S
+        c.woken_at = t + max(WAKE_GAP_S, c.woken.wait_s(t))
 
 
 def _survivors(meters: dict[str, NodeMeter], worst_limits_w: dict[str, float], worst_instant_w: dict[str, float],

@@ -50,9 +50,42 @@ _LAST_DIVISION: LastDivision[dict[str, float]] = LastDivision()
 # are read once (``channels.circuit.channel.wake_gap_s``; the simulator's store model too).
 WAKE_GAP_S = 0.1
 
+# A host's rounds woken by a change, beyond its polls: WOKEN_BURST at once after a quiet
+# spell, then one every WOKEN_EVERY_S on average (``WakeBudget``). On a busy circuit each
+# host's lowering wakes every host held back, and slow hosts see more of them (their
+# raises' compares fail, their cards lag their grants): bounded by count, a host costs
+# etcd at most 1/poll_s + 1/WOKEN_EVERY_S rounds a second however many changes it is told.
+WOKEN_BURST = 3
+WOKEN_EVERY_S = 2.0
+
 # A quartz oscillator without NTP drifts by tens of ppm; 1000 ppm is a wide allowance
 # for the host's and the store leader's clocks each.
 DEFAULT_CLOCK_RATE_ALLOWANCE = 1e-3
+
+
+@dataclass
+class WakeBudget:
+    """The rounds a host may start early on a change (a token bucket on the caller's
+    monotonic clock, s): ``burst`` at most, one more every ``every_s``. A round that
+    comes when its poll (or keepalive) was due anyway spends nothing."""
+
+    burst: int = WOKEN_BURST
+    every_s: float = WOKEN_EVERY_S
+    _tokens: float = field(default=math.nan, init=False)
+    _at: float = field(default=-math.inf, init=False)
+
+    def _level(self, now: float) -> float:
+        if math.isnan(self._tokens):
+            return float(self.burst)
+        return min(float(self.burst), self._tokens + (now - self._at) / self.every_s)
+
+    def wait_s(self, now: float) -> float:
+        """Seconds (>= 0) until a woken round may start."""
+        return max(0.0, (1.0 - self._level(now)) * self.every_s)
+
+    def spend(self, now: float) -> None:
+        """A woken round started at ``now``."""
+        self._tokens, self._at = max(0.0, self._level(now) - 1.0), now
 
 
 @dataclass(frozen=True)

@@ -911,6 +911,60 @@ def test_a_broken_watch_leaves_the_rounds_polling_and_is_said_once(tmp_path: Pat
     assert wake_gap_s(4, 1.0) == 0.1 and wake_gap_s(200, 1.0) == 0.4 and wake_gap_s(2000, 1.0) == 1.0
 
 
+def test_a_storm_of_changes_starts_no_more_rounds_than_the_polls_and_the_wake_budget(tmp_path: Path) -> None:
+    """Told of a change every 20 ms for 4 s (a busy circuit's lowerings, each waking every
+    host held back), a host reads at its polls (1 s) and, beyond them, at most its wake
+    budget: the burst of 3, then one every ``WOKEN_EVERY_S``; not every wake gap (0.1 s:
+    40 reads)."""
+    import asyncio
+
+    from powerbudgetd.channels.circuit.store import Read
+    from powerbudgetd.core.circuit import WOKEN_BURST, WOKEN_EVERY_S, CircuitView
+
+    class Store:
+        name, endpoint, endpoints = "lab", "fake:1", ["fake:1"]
+        reads = 0
+
+        def host_keys(self, host: str) -> list[bytes]:
+            return []
+
+        def meter_prefix(self, host: str) -> bytes:
+            return b"m/"
+
+        async def changes(self, endpoint: str):  # noqa: ANN201
+            yield None
+            await asyncio.Event().wait()
+
+        async def read(self) -> Read:
+            self.reads += 1
+            return Read(None, CircuitView(0, {}, {}, {}, revision=1), 1)
+
+        async def close(self) -> None:
+            pass
+
+    s = _cfg(tmp_path, CIRCUIT.replace('name = "lab"', 'name = "lab"\nhost = "vm"\npoll_s = 1'))
+    assert s.circuit is not None
+    store, window_s, poll_s = Store(), 4.0, 1.0
+    ch = CircuitChannel(s.circuit, s.circuit.host_power(s.feed), BudgetArbiter(s.effective_budget_w()), lower_s=1.0,
+                        store=store, registry=CollectorRegistry())  # type: ignore[arg-type]
+
+    async def go() -> int:
+        task = asyncio.create_task(ch.run())
+        await asyncio.sleep(0.5)  # the first round, and the one the watch's opening woke
+        before, t0 = store.reads, asyncio.get_running_loop().time()
+        while asyncio.get_running_loop().time() - t0 < window_s:
+            ch._wake(urgent=True)
+            await asyncio.sleep(0.02)
+        reads = store.reads - before
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        return reads
+
+    reads = asyncio.run(go())
+    most = window_s / poll_s + 1 + WOKEN_BURST + window_s / WOKEN_EVERY_S
+    assert window_s / poll_s <= reads <= most, (reads, most)
+
+
 def test_a_stop_that_lands_as_a_round_is_woken_is_never_lost(tmp_path: Path) -> None:
     """The daemon cancels the channel as it stops, right after the last tick woke a round
     (the cards' mode ``stopping``): the cancel and the wake-up land together. Python 3.11's

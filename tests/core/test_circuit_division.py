@@ -12,6 +12,7 @@ from powerbudgetd.core.circuit import (
     GrantPolicy,
     fenced_lease_ttl_s,
     HostPower,
+    WakeBudget,
     raise_allowed,
 )
 from powerbudgetd.core.fair import max_min_fair
@@ -293,3 +294,36 @@ def test_an_unreadable_record_on_a_tree_takes_no_grant_back():
         # 100 W above its share, within the hold: kept (the unreadable record put no readable node over).
         assert GrantPolicy(release_hold_s=60).target_w(view, "a", 2100.0, 0.0) == 2100.0, bad
         assert not raise_allowed(view, "b", 1600.0), bad
+
+
+@given(st.lists(st.floats(min_value=0.0, max_value=5.0, allow_nan=False), min_size=1, max_size=60),
+       st.integers(min_value=1, max_value=5), st.floats(min_value=0.1, max_value=10.0))
+def test_woken_rounds_in_any_window_are_at_most_the_burst_plus_the_refill(gaps, burst, every_s):
+    """A host woken at any times starts a woken round as soon as the budget allows: over
+    any window of T s it starts at most burst + T / every_s of them, and a round asked
+    for when the budget allows one is never refused."""
+    budget, now, starts = WakeBudget(burst, every_s), 0.0, []
+    for gap in gaps:
+        now += gap
+        wait = budget.wait_s(now)
+        assert wait >= 0.0
+        now += wait
+        assert budget.wait_s(now) <= 1e-9
+        budget.spend(now)
+        starts.append(now)
+    for i, a in enumerate(starts):
+        for j in range(i, len(starts)):
+            assert j - i + 1 <= burst + (starts[j] - a) / every_s + 1e-6
+
+
+def test_a_quiet_host_has_its_whole_burst_at_once_then_one_round_per_refill():
+    budget = WakeBudget(3, 2.0)
+    for _ in range(3):
+        assert budget.wait_s(10.0) == 0.0
+        budget.spend(10.0)
+    assert budget.wait_s(10.0) == pytest.approx(2.0)
+    assert budget.wait_s(11.0) == pytest.approx(1.0)
+    assert budget.wait_s(100.0) == 0.0  # refilled, never above the burst:
+    for _ in range(3):
+        budget.spend(100.0)
+    assert budget.wait_s(100.0) == pytest.approx(2.0)

@@ -73,7 +73,15 @@ from powerbudgetd.channels.circuit.store import (
 )
 from powerbudgetd.channels.circuit import leases
 from powerbudgetd.core.arbiter import BudgetArbiter
-from powerbudgetd.core.circuit import WAKE_GAP_S, Fence, GrantPolicy, HostPower, fenced_lease_ttl_s, raise_allowed
+from powerbudgetd.core.circuit import (
+    WAKE_GAP_S,
+    Fence,
+    GrantPolicy,
+    HostPower,
+    WakeBudget,
+    fenced_lease_ttl_s,
+    raise_allowed,
+)
 from powerbudgetd.core.nodemeter import MeterReport, Sample, report_of, stale_after_s
 from powerbudgetd.core.snapshot import CircuitStatus
 from powerbudgetd.errors import ExitStatus
@@ -259,6 +267,7 @@ class CircuitChannel:
         self._reread_at = 0  # the revision of the read whose raise last failed its compare
         self._given_back: tuple[float, float] | None = None  # (held, in use) W the cards' wake was for
         self._grant_settled = False  # the last round found the grant at its target and wrote nothing
+        self.woken = WakeBudget()  # rounds a change may start before the poll (on the lease clock)
         self.metrics.reserve.set(power.reserve_w)
         self.metrics.info.labels(circuit=cfg.name).set(1)
         # From the first tick: the reserve, whatever etcd says (or does not).
@@ -459,8 +468,8 @@ class CircuitChannel:
 
     async def _wait(self) -> None:
         """Until the next round: a change told (urgent: at once, at least
-        :func:`wake_gap_s` after the last round), the keepalive, or ``poll_s`` unless
-        settled."""
+        :func:`wake_gap_s` after the last round, and within the wake budget,
+        ``core.circuit.WakeBudget``), the keepalive, or ``poll_s`` unless settled."""
         while True:
             wait = self._next_wait_s()
             if not self.urgent:
@@ -470,12 +479,27 @@ class CircuitChannel:
             self.wake.clear()
             if self.urgent or self._next_wait_s() <= 0.02:
                 break
-        self.urgent = False
         read = self.last_read
         hosts = 1 if read is None else len(read.view.seats.keys() | read.view.unseated.keys())
         gap = self._round_at + wake_gap_s(hosts, self.cfg.poll_s) - self.lease_clock()
         if gap > 0:
             await asyncio.sleep(gap)
+        if self._next_wait_s() > 0.02 and not self.stopping:
+            # Woken before its poll or keepalive: a round from the wake budget, waited for
+            # (a stop, or the poll falling due meanwhile, ends the wait; the poll's round
+            # spends nothing).
+            await self._wait_for(lambda: min(self.woken.wait_s(self.lease_clock()), self._next_wait_s()))
+            if self._next_wait_s() > 0.02 and not self.stopping:
+                self.woken.spend(self.lease_clock())
+        self.urgent = False  # what was told meanwhile, the round about to read sees
+
+    async def _wait_for(self, left_s: Callable[[], float]) -> None:
+        """Until ``left_s()`` (s) is 0.02 or less, or a stop began (told through ``wake``)."""
+        while (left := left_s()) > 0.02 and not self.stopping:
+            self.wake.clear()
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(left):
+                    await self.wake.wait()
 
     FIRST_WORD_S = 0.5  # the first round not done by then: said (within a second of start, on a loaded host)
 
