@@ -217,10 +217,9 @@ class DelegClient(Client):
             if await self._rebalance(await self._read(fresh=True), first_only=True):
                 self.dirty = True
             read = await self._read(fresh=False)
-        charges = read.charges()
-        seat = read.view.seats.get(self.host, 0.0)
-        room = (read.room_for_w(self.host) if charges is not None
-                else self.tree.room_for_w(self.host, read.held_w())) - seat
+        # Under the leases as the daemon (leases.room_w); with none, the whole tree's room.
+        room = leases.room_w(read, self.host) if read.charges() is not None \
+            else self.tree.room_for_w(self.host, read.held_w()) - read.view.seats.get(self.host, 0.0)
         conflicted = False
         # Raises in one zone are staggered by how much each host lacks (as read), most first:
         # two from one revision would conflict (they compare each other's grant).

@@ -607,15 +607,6 @@ class CircuitChannel:
         self._offer()
         await self._resize_leases(read)
 
-    def _lease_room_w(self, read: Read) -> float:
-        """The largest grant (W) the leases of watts of the delegated nodes above this host
-        leave it (``core.delegation``; inf where none is in force)."""
-        charges = read.charges()
-        if charges is None or self.host not in charges.tree.hosts:
-            return math.inf
-        seat = read.view.seats.get(self.host, 0.0) + read.view.pending.get(self.host, 0.0)
-        return read.room_for_w(self.host) - seat
-
     async def _resize_leases(self, read: Read) -> None:
         """The leases of watts above this host: resized every ``leases.REBALANCE_S`` (jittered) where
         this host is a node's first, and so at once where such a lease holds watts another
@@ -1022,7 +1013,7 @@ class CircuitChannel:
         target = self.policy.target_w(read.view, self.host, self.held_w, now) if allowed else 0.0
         if now < self.raises_after:
             target = min(target, self.held_w)  # keep (or lower) the grant; raise nothing
-        target = min(target, max(self.held_w, self._lease_room_w(read)))  # within the leases of watts above
+        target = min(target, max(self.held_w, leases.room_w(read, self.host)))  # within the leases of watts above
         if target > self.held_w and self.in_use_w == self.held_w:  # no lowering under way
             # No raise at all while another live host waits for a seat (raise_allowed
             # leaves room for its reserve; the policy's share did not count it).

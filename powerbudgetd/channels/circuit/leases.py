@@ -196,14 +196,24 @@ async def resize(store: CircuitStore, read: Read, host: str, *, wants_w: Mapping
     return sent, failed, changed
 
 
+def _seat_w(view: CircuitView, host: str) -> float:
+    """``host``'s seat as read, a pending one included (W)."""
+    return view.seats.get(host, 0.0) + view.pending.get(host, 0.0)
+
+
+def room_w(read: Read, host: str) -> float:
+    """The largest grant (W) the leases of watts above ``host`` leave it at ``read``: its
+    room under them (``Read.room_for_w``), its seat aside; inf where none is in force."""
+    return read.room_for_w(host) - _seat_w(read.view, host)
+
+
 def held_back(read: Read, host: str, step_w: float, view: CircuitView | None = None) -> bool:
     """Whether the leases of watts above ``host`` hold its raise back at ``read``: its room
-    under them (its seat aside) below its fair share of the wants (``CircuitView.fair_w``;
-    spare room is no ask) by ``step_w`` (W) or more. What a host asks on. ``view``:
-    ``read.view`` without ceilings, where the caller has it."""
+    under them (:func:`room_w`) below its fair share of the wants
+    (``CircuitView.fair_w``; spare room is no ask) by ``step_w`` (W) or more. What a host
+    asks on. ``view``: ``read.view`` without ceilings, where the caller has it."""
     view = view or dataclasses.replace(read.view, ceilings={})
-    seat = view.seats.get(host, 0.0) + view.pending.get(host, 0.0)
-    return read.room_for_w(host) - seat < view.fair_w(host) - step_w
+    return room_w(read, host) < view.fair_w(host) - step_w
 
 
 def waiting(read: Read, step_w: float) -> frozenset[str]:
@@ -214,9 +224,10 @@ def waiting(read: Read, step_w: float) -> frozenset[str]:
         view, held = dataclasses.replace(read.view, ceilings={}), read.held_w()
         out = set()
         for h in read.records or view.seats:
-            # (the cheap test first: a host holding its share is held back by nothing)
-            seat = view.seats.get(h, 0.0) + view.pending.get(h, 0.0)
-            if held.get(h, 0.0) - seat < view.fair_w(h) - step_w and held_back(read, h, step_w, view):
+            # The cheap test first (a host holding its share is held back by nothing),
+            # then its room under the leases against the same figure.
+            short_of = view.fair_w(h) - step_w
+            if held.get(h, 0.0) - _seat_w(view, h) < short_of and room_w(read, h) < short_of:
                 out.add(h)
         return frozenset(out)
     return _per_read(read, ("waiting", step_w), read.view, compute)
