@@ -912,10 +912,10 @@ def test_a_broken_watch_leaves_the_rounds_polling_and_is_said_once(tmp_path: Pat
 
 
 def test_a_storm_of_changes_starts_no_more_rounds_than_the_polls_and_the_wake_budget(tmp_path: Path) -> None:
-    """Told of a change every 20 ms for 4 s (a busy circuit's lowerings, each waking every
+    """Told of a chance every 20 ms for 4 s (a busy circuit's lowerings, each waking every
     host held back), a host reads at its polls (1 s) and, beyond them, at most its wake
     budget: the burst of 3, then one every ``WOKEN_EVERY_S``; not every wake gap (0.1 s:
-    40 reads)."""
+    40 reads). A change of the circuit's rules then is read at once, the budget spent."""
     import asyncio
 
     from powerbudgetd.channels.circuit.store import Read
@@ -948,21 +948,30 @@ def test_a_storm_of_changes_starts_no_more_rounds_than_the_polls_and_the_wake_bu
     ch = CircuitChannel(s.circuit, s.circuit.host_power(s.feed), BudgetArbiter(s.effective_budget_w()), lower_s=1.0,
                         store=store, registry=CollectorRegistry())  # type: ignore[arg-type]
 
-    async def go() -> int:
+    async def go() -> tuple[int, int]:
         task = asyncio.create_task(ch.run())
         await asyncio.sleep(0.5)  # the first round, and the one the watch's opening woke
         before, t0 = store.reads, asyncio.get_running_loop().time()
         while asyncio.get_running_loop().time() - t0 < window_s:
-            ch._wake(urgent=True)
+            ch._wake(urgent=True, chance=True)  # another host's grant lowered, and the like
             await asyncio.sleep(0.02)
         reads = store.reads - before
+        # The budget spent: the circuit's rules changed (the spec, say) wait for none of it.
+        await asyncio.sleep(0.15)
+        for _ in range(WOKEN_BURST):
+            ch.woken.spend(ch.lease_clock())
+        before = store.reads
+        ch._wake(urgent=True)
+        await asyncio.sleep(0.3)
+        pressing = store.reads - before
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
-        return reads
+        return reads, pressing
 
-    reads = asyncio.run(go())
+    reads, pressing = asyncio.run(go())
     most = window_s / poll_s + 1 + WOKEN_BURST + window_s / WOKEN_EVERY_S
-    assert window_s / poll_s <= reads <= most, (reads, most)
+    assert window_s / poll_s - 1 <= reads <= most, (reads, most)
+    assert pressing == 1
 
 
 def test_a_stop_that_lands_as_a_round_is_woken_is_never_lost(tmp_path: Path) -> None:

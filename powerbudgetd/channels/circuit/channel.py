@@ -12,7 +12,11 @@ they are down to a grant given back (etcd follows them, below). Another host's r
 of ``poll_s``; a raise whose compare finds the circuit moved reads it again at once.
 Woken rounds are spaced by :func:`wake_gap_s` (0.1 s on a small circuit, longer on a
 large one: the circuit's hosts together read at most ``WOKEN_READS_PER_S`` times a
-second). Between changes a round comes every ``poll_s`` while anything is in
+second). A round woken by a chance to take or tidy watts (another host's grant
+lowered, seat or claim moved, or a lease of watts resized; this host's want risen,
+its grant given back, a compare lost) spends the host's wake budget
+(``core.circuit.WakeBudget``); the circuit's rules (spec, tree, feed marks, meters)
+and a stop never wait for it. Between changes a round comes every ``poll_s`` while anything is in
 motion or the watch is down, and only at the keepalive when this host is settled
 (:meth:`CircuitChannel._settled`): an idle host reads nothing between renewals.
 
@@ -256,9 +260,10 @@ class CircuitChannel:
         self.meter_sources: dict[str, Callable[[], Sample | None]] = {}
         self._meters_sent: dict[str, MeterReport] = {}
         # Woken rounds: the watch (or the cards) set ``wake``; ``urgent``: a change told
-        # (a round at once), else the watch went down (a settled wait ends: polling again).
+        # (a round at once), else the watch went down (a settled wait ends: polling again);
+        # ``pressing``: an urgent change that does not wait for the wake budget (_wake).
         self.wake = asyncio.Event()
-        self.urgent = self.nudged = False
+        self.urgent = self.pressing = self.nudged = False
         self.watching = False  # the watch is in place: a change is told, not polled for
         self._watching_at: str | None = None  # the member the watch is on (while watching)
         self._watch_task: asyncio.Task[None] | None = None
@@ -301,7 +306,7 @@ class CircuitChannel:
             # A raise may be due now, not at the next poll; with no free watts to take as
             # the last read saw it, the want is published at the poll's pace.
             read = self.last_read
-            self._wake(urgent=read is None or read.view.free_w >= self.cfg.step_w)
+            self._wake(urgent=read is None or read.view.free_w >= self.cfg.step_w, chance=True)
         if self.in_use_w < self.held_w and self.lease_id is not None and self.reachable \
                 and self._given_back != (self.held_w, self.in_use_w):
             # Our grant given back to the offer first: the cards are down to it now, so
@@ -312,7 +317,7 @@ class CircuitChannel:
             cards = self._cards_board_w()
             if cards is not None and self.power.given_back(self.held_w, self.in_use_w, cards):
                 self._given_back = (self.held_w, self.in_use_w)
-                self._wake(urgent=True)
+                self._wake(urgent=True, chance=True)  # the cards are down: etcd's record is bookkeeping
         left = self.valid_until - self.lease_clock()
         self.metrics.lease_left.set(max(0.0, left) if self.in_use_w > 0 else 0.0)
         if left <= 0 and self.in_use_w > 0:
@@ -390,8 +395,13 @@ class CircuitChannel:
             self.watching, self._watching_at = False, None
             self._watch_task = asyncio.create_task(self._watch())
 
-    def _wake(self, *, urgent: bool) -> None:
+    def _wake(self, *, urgent: bool, chance: bool = False) -> None:
+        """A round due: at once where ``urgent``, else at the poll's pace. ``chance``: a
+        chance to take or tidy watts (another's lowered, a want risen, a compare lost),
+        which spends the wake budget; any other urgent wake (the circuit's rules: spec,
+        tree, feed marks, meters; a stop) is pressing and spends none."""
         self.urgent = self.urgent or urgent
+        self.pressing = self.pressing or (urgent and not chance)
         self.nudged = True  # not settled until the next round has looked
         self.wake.set()
 
@@ -401,6 +411,8 @@ class CircuitChannel:
         doubling), with a round at once after each opening (what changed meanwhile)."""
         own = set(self.store.host_keys(self.host))
         mine = self.store.meter_prefix(self.host)
+        st = self.store
+        rules = (st.spec_key, st.tree_key, st.down, st.marks, st.meters)
         retry_s, index = 1.0, self.store.endpoints.index(self.store.endpoint)
         while True:
             endpoint = self.store.endpoints[index % len(self.store.endpoints)]
@@ -413,12 +425,13 @@ class CircuitChannel:
                     elif key.startswith(self.store.grants) and key not in own:
                         # Another host's grant lowered (a raise is not told): the watts freed
                         # matter now only to a host held back from what it wants.
-                        self._wake(urgent=self._held_back())
+                        self._wake(urgent=self._held_back(), chance=True)
                     elif key not in own and not key.startswith(mine):
                         # Another host's record (its want) moves with its load: read at the
                         # poll's pace, not at once (a busy circuit's records woke every host
-                        # ten times a second, each round publishing its own in turn).
-                        self._wake(urgent=not key.startswith(self.store.wants))
+                        # ten times a second, each round publishing its own in turn). Its seat
+                        # or claim, or a lease of watts resized, is a chance; the rules are not.
+                        self._wake(urgent=not key.startswith(self.store.wants), chance=not key.startswith(rules))
             except StoreUnavailable as exc:
                 self._watch_down(str(exc))
             except Exception as exc:  # noqa: BLE001 - the rounds go on polling whatever the watch does
@@ -443,7 +456,7 @@ class CircuitChannel:
         refused before etcd was asked finds the same read next time)."""
         if read.revision != self._reread_at:
             self._reread_at = read.revision
-            self._wake(urgent=True)
+            self._wake(urgent=True, chance=True)
 
     def _held_back(self) -> bool:
         """Whether watts freed on the circuit are this host's to take at once: it waits
@@ -484,18 +497,18 @@ class CircuitChannel:
         gap = self._round_at + wake_gap_s(hosts, self.cfg.poll_s) - self.lease_clock()
         if gap > 0:
             await asyncio.sleep(gap)
-        if self._next_wait_s() > 0.02 and not self.stopping:
-            # Woken before its poll or keepalive: a round from the wake budget, waited for
-            # (a stop, or the poll falling due meanwhile, ends the wait; the poll's round
-            # spends nothing).
+        if self._next_wait_s() > 0.02 and not self.pressing:
+            # Woken by a chance before its poll or keepalive: a round from the wake budget,
+            # waited for (a pressing wake, or the poll falling due meanwhile, ends the wait;
+            # the poll's round spends nothing).
             await self._wait_for(lambda: min(self.woken.wait_s(self.lease_clock()), self._next_wait_s()))
-            if self._next_wait_s() > 0.02 and not self.stopping:
+            if self._next_wait_s() > 0.02 and not self.pressing:
                 self.woken.spend(self.lease_clock())
-        self.urgent = False  # what was told meanwhile, the round about to read sees
+        self.urgent = self.pressing = False  # what was told meanwhile, the round about to read sees
 
     async def _wait_for(self, left_s: Callable[[], float]) -> None:
-        """Until ``left_s()`` (s) is 0.02 or less, or a stop began (told through ``wake``)."""
-        while (left := left_s()) > 0.02 and not self.stopping:
+        """Until ``left_s()`` (s) is 0.02 or less, or a pressing wake."""
+        while (left := left_s()) > 0.02 and not self.pressing:
             self.wake.clear()
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(left):
@@ -1045,7 +1058,7 @@ class CircuitChannel:
             log.info("circuit_grant_lowered", from_w=self.held_w, to_w=lowered, host=self.host)
             self.held_w = lowered
             if target > lowered and self.in_use_w == lowered:
-                self._wake(urgent=True)  # wanted again meanwhile: the raise that waited for the lowering, now
+                self._wake(urgent=True, chance=True)  # wanted again meanwhile: the raise that waited for the lowering
         else:
             self._grant_settled = target == self.held_w
 
