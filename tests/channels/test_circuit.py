@@ -974,6 +974,75 @@ def test_a_storm_of_changes_starts_no_more_rounds_than_the_polls_and_the_wake_bu
     assert pressing == 1
 
 
+@pytest.mark.parametrize(("kind", "pressing"), [
+    ("spec", True), ("tree", True), ("down/a", True), ("marks/b", True), ("meters/b/pdu", True),
+    ("pending/b", True), ("claims/b", True), ("seats/b", False), ("delegations/pdu", False), ("grants/b", False),
+])
+def test_a_change_that_may_call_for_a_grant_to_come_down_waits_for_no_wake_budget(
+        tmp_path: Path, kind: str, pressing: bool) -> None:
+    """Told by the watch, with the wake budget spent: the circuit's rules (spec, tree,
+    feed marks, meters) and a host on a reserve not yet seated (pending, or claiming its
+    name) are read at once; another host's seat, grant or a lease of watts resized (a
+    chance to take watts) waits for the budget, here 2 s. The store's own key layout
+    (``CircuitStore.pressing``)."""
+    import asyncio
+
+    from powerbudgetd.channels.circuit.store import CircuitStore, Read
+    from powerbudgetd.core.circuit import CircuitView
+
+    real = CircuitStore(["x:1"], "lab")
+
+    class Store:
+        name, endpoint, endpoints = "lab", "x:1", ["x:1"]
+        grants, wants, pressing = real.grants, real.wants, real.pressing
+        reads = 0
+        told = asyncio.Event()
+
+        def host_keys(self, host: str) -> list[bytes]:
+            return real.host_keys(host)
+
+        def meter_prefix(self, host: str) -> bytes:
+            return real.meter_prefix(host)
+
+        async def changes(self, endpoint: str):  # noqa: ANN201
+            yield None
+            await self.told.wait()
+            yield real.base + kind.encode()
+            await asyncio.Event().wait()
+
+        async def read(self) -> Read:
+            self.reads += 1
+            return Read(None, CircuitView(0, {}, {}, {}, revision=1), 1)
+
+        async def writes_refused(self, host: str) -> bool:
+            return False
+
+        async def close(self) -> None:
+            pass
+
+    s = _cfg(tmp_path, CIRCUIT.replace('name = "lab"', 'name = "lab"\nhost = "vm"\npoll_s = 5'))
+    assert s.circuit is not None
+    store = Store()
+    ch = CircuitChannel(s.circuit, s.circuit.host_power(s.feed), BudgetArbiter(s.effective_budget_w()), lower_s=1.0,
+                        store=store, registry=CollectorRegistry())  # type: ignore[arg-type]
+    ch._held_back = lambda: True  # type: ignore[method-assign]  # watts freed are this host's to take
+
+    async def go() -> int:
+        task = asyncio.create_task(ch.run())
+        await asyncio.sleep(0.4)  # the first round, and the one the watch's opening woke
+        assert ch.watching
+        for _ in range(3):
+            ch.woken.spend(ch.lease_clock())
+        before = store.reads
+        store.told.set()
+        await asyncio.sleep(0.4)
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        return store.reads - before
+
+    assert asyncio.run(go()) == (1 if pressing else 0)
+
+
 def test_a_stop_that_lands_as_a_round_is_woken_is_never_lost(tmp_path: Path) -> None:
     """The daemon cancels the channel as it stops, right after the last tick woke a round
     (the cards' mode ``stopping``): the cancel and the wake-up land together. Python 3.11's

@@ -13,10 +13,11 @@ of ``poll_s``; a raise whose compare finds the circuit moved reads it again at o
 Woken rounds are spaced by :func:`wake_gap_s` (0.1 s on a small circuit, longer on a
 large one: the circuit's hosts together read at most ``WOKEN_READS_PER_S`` times a
 second). A round woken by a chance to take or tidy watts (another host's grant
-lowered, seat or claim moved, or a lease of watts resized; this host's want risen,
-its grant given back, a compare lost) spends the host's wake budget
-(``core.circuit.WakeBudget``); the circuit's rules (spec, tree, feed marks, meters)
-and a stop never wait for it. Between changes a round comes every ``poll_s`` while anything is in
+lowered, its seat, a lease of watts resized; this host's want risen, its grant given
+back, a compare lost) spends the host's wake budget (``core.circuit.WakeBudget``);
+what may call for a grant to come down (``CircuitStore.pressing``: the spec, the
+tree, feed marks, meters, a host pending on its reserve or claiming its name), a UPS
+on battery, the watch's opening and a stop never wait for it. Between changes a round comes every ``poll_s`` while anything is in
 motion or the watch is down, and only at the keepalive when this host is settled
 (:meth:`CircuitChannel._settled`): an idle host reads nothing between renewals.
 
@@ -397,9 +398,9 @@ class CircuitChannel:
 
     def _wake(self, *, urgent: bool, chance: bool = False) -> None:
         """A round due: at once where ``urgent``, else at the poll's pace. ``chance``: a
-        chance to take or tidy watts (another's lowered, a want risen, a compare lost),
-        which spends the wake budget; any other urgent wake (the circuit's rules: spec,
-        tree, feed marks, meters; a stop) is pressing and spends none."""
+        chance to take or tidy watts (another's grant lowered, a want risen, a compare
+        lost), which spends the wake budget; any other urgent wake (what may call for a
+        grant to come down, ``CircuitStore.pressing``; a stop) is pressing and spends none."""
         self.urgent = self.urgent or urgent
         self.pressing = self.pressing or (urgent and not chance)
         self.nudged = True  # not settled until the next round has looked
@@ -411,8 +412,6 @@ class CircuitChannel:
         doubling), with a round at once after each opening (what changed meanwhile)."""
         own = set(self.store.host_keys(self.host))
         mine = self.store.meter_prefix(self.host)
-        st = self.store
-        rules = (st.spec_key, st.tree_key, st.down, st.marks, st.meters)
         retry_s, index = 1.0, self.store.endpoints.index(self.store.endpoint)
         while True:
             endpoint = self.store.endpoints[index % len(self.store.endpoints)]
@@ -429,9 +428,10 @@ class CircuitChannel:
                     elif key not in own and not key.startswith(mine):
                         # Another host's record (its want) moves with its load: read at the
                         # poll's pace, not at once (a busy circuit's records woke every host
-                        # ten times a second, each round publishing its own in turn). Its seat
-                        # or claim, or a lease of watts resized, is a chance; the rules are not.
-                        self._wake(urgent=not key.startswith(self.store.wants), chance=not key.startswith(rules))
+                        # ten times a second, each round publishing its own in turn). A seat or
+                        # a lease of watts resized is a chance; the rules are not (store.pressing).
+                        wants = key.startswith(self.store.wants)
+                        self._wake(urgent=not wants, chance=not wants and not self.store.pressing(key))
             except StoreUnavailable as exc:
                 self._watch_down(str(exc))
             except Exception as exc:  # noqa: BLE001 - the rounds go on polling whatever the watch does

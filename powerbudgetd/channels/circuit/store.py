@@ -535,6 +535,16 @@ class CircuitStore:
         role writes under it (the trailing slash: ``gpu1``'s does not cover ``gpu10``'s)."""
         return self.meters + host.encode() + b"/"
 
+    def pressing(self, key: bytes) -> bool:
+        """Whether a change of ``key`` (another host's, told by the watch) may call for
+        this host's grant to come down, and so must not wait for the wake budget
+        (``core.circuit.WakeBudget``): the circuit's rules (spec, tree, feed marks,
+        meters), a host running on a reserve not yet seated (pending) or claiming its
+        name. Seats (each registered only where it fits), grants, wants and leases of
+        watts (a lease never shrinks below what its hosts hold) are chances."""
+        return key.startswith((self.spec_key, self.tree_key, self.down, self.marks, self.meters, self.pending,
+                               self.claims))
+
     def meter_key(self, host: str, node: str) -> bytes:
         return self.meter_prefix(host) + node.encode()
 
