@@ -939,6 +939,9 @@ def test_a_storm_of_changes_starts_no_more_rounds_than_the_polls_and_the_wake_bu
             self.reads += 1
             return Read(None, CircuitView(0, {}, {}, {}, revision=1), 1)
 
+        async def writes_refused(self, host: str) -> bool:
+            return False
+
         async def close(self) -> None:
             pass
 
@@ -951,6 +954,7 @@ def test_a_storm_of_changes_starts_no_more_rounds_than_the_polls_and_the_wake_bu
     async def go() -> tuple[int, int]:
         task = asyncio.create_task(ch.run())
         await asyncio.sleep(0.5)  # the first round, and the one the watch's opening woke
+        assert ch.watching
         before, t0 = store.reads, asyncio.get_running_loop().time()
         while asyncio.get_running_loop().time() - t0 < window_s:
             ch._wake(urgent=True, chance=True)  # another host's grant lowered, and the like
