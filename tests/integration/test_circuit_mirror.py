@@ -14,6 +14,7 @@ import time
 import pytest
 
 from powerbudgetd.channels.circuit.store import CircuitStore, HostRecord
+from powerbudgetd.core.nodemeter import MeterReport
 from powerbudgetd.core.tree import Host, Node, PowerTree
 from support.circuit import EtcdCluster
 
@@ -178,3 +179,45 @@ def test_a_grant_raised_is_not_told_and_one_lowered_or_removed_is(etcd1: EtcdClu
     frees watts a host held back may take: told."""
     told, grant = asyncio.run(_grants_told(etcd1.endpoints))
     assert told.count(grant) == 2, told
+
+
+async def _meters_told(eps: list[str]) -> list[bool]:
+    watcher, other = CircuitStore(eps, "metered", timeout_s=5), CircuitStore(eps, "metered", timeout_s=5)
+    assert await watcher.init(3000, 30)
+    lease = (await other.grant_lease(30))[0]
+    key = watcher.meter_key("b", "ups")
+    told: list[bool] = []
+
+    async def follow() -> None:
+        async for k in watcher.changes(watcher.endpoint):
+            if k == key:
+                told.append(watcher.pressing(k))  # as the channel asks, when told
+
+    task = asyncio.create_task(follow())
+    try:
+        while not watcher.mirror.live:
+            await asyncio.sleep(0.01)
+        now = time.time()
+        # (value W, published at): new; the same, fresh; lower; higher; the same an
+        # hour later (the last one stale by then); then the report removed.
+        for value_w, at in ((1000.0, now), (1000.0, now + 1), (900.0, now + 2), (950.0, now + 3),
+                            (950.0, now + 3600)):
+            await other.put_meter(MeterReport("ups", "b", value_w, 0.5, 10.0, 2.0, at), lease)
+        await other.revoke(lease)
+        deadline = time.monotonic() + 5
+        while len(told) < 6 and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+    finally:
+        await _stop(task)
+        await watcher.close()
+        await other.close()
+    return told
+
+
+def test_a_meter_report_that_may_lower_a_grant_is_pressing_and_one_with_no_news_is_not(etcd1: EtcdCluster) -> None:
+    """A meter is republished every few seconds, mostly unchanged: told at once, every
+    report woke every host's round past its wake budget. Pressing (read at once) only
+    where it may call for a grant to come down: a new report, a reading that rose, one
+    replacing a stale reading (which counted no unmanaged load), a report removed."""
+    told = asyncio.run(_meters_told(etcd1.endpoints))
+    assert told == [True, False, False, True, True, True], told

@@ -381,6 +381,21 @@ def _meter_report(rest: str, doc: dict[str, Any]) -> MeterReport:
                        records.stamp(doc, "at"))
 
 
+def _meter_news(rest: str, before: Entry | None, after: Entry | None) -> bool:
+    """Whether a meter report's change (``meters/<rest>``) may call for a grant to come
+    down: a reading that rose, or replaced one stale when it came (a stale reading
+    counts no unmanaged load, ``core.nodemeter``), a new or removed report, or one that
+    cannot be read. The same or a lower reading replacing a fresh one leaves as much
+    room or more."""
+    if before is None or after is None:
+        return True
+    try:
+        was, now = _meter_report(rest, before.doc()), _meter_report(rest, after.doc())
+    except records.BadRecord:
+        return True
+    return now.value_w > was.value_w or not was.fresh_at(now.at)
+
+
 def _claim(doc: dict[str, Any], lease: int, mod: int) -> Claim:
     pid = doc.get("pid")
     if isinstance(pid, bool) or not isinstance(pid, int) or not 0 < pid < 2**31:
@@ -458,6 +473,7 @@ class CircuitStore:
         self.meters = base + b"meters/"
         self.wall_clock = wall_clock  # a meter report's age: hosts on one circuit keep NTP time
         self.delegations = base + b"delegations/"
+        self._meters_calm: set[bytes] = set()  # meter keys whose last change told was no news (_meter_news)
         self.calls = 0  # etcd requests sent (for the load test's ops/s)
         self.range_reads = self.keys_read = 0  # range reads of the circuit sent, and the keys they returned
         self.mirror_lagged = 0  # reads that found the mirror behind this store's own write (read the range)
@@ -536,14 +552,16 @@ class CircuitStore:
         return self.meters + host.encode() + b"/"
 
     def pressing(self, key: bytes) -> bool:
-        """Whether a change of ``key`` (another host's, told by the watch) may call for
-        this host's grant to come down, and so must not wait for the wake budget
-        (``core.circuit.WakeBudget``): the circuit's rules (spec, tree, feed marks,
-        meters), a host running on a reserve not yet seated (pending) or claiming its
-        name. Seats (each registered only where it fits), grants, wants and leases of
-        watts (a lease never shrinks below what its hosts hold) are chances."""
-        return key.startswith((self.spec_key, self.tree_key, self.down, self.marks, self.meters, self.pending,
-                               self.claims))
+        """Whether a change of ``key`` (another host's, as :meth:`changes` last told it)
+        may call for this host's grant to come down, and so must not wait for the wake
+        budget (``core.circuit.WakeBudget``): the circuit's rules (spec, tree, feed
+        marks), a meter's report unless it was no news (:func:`_meter_news`), a host
+        running on a reserve not yet seated (pending) or claiming its name. Seats (each
+        registered only where it fits), grants, wants and leases of watts (a lease never
+        shrinks below what its hosts hold) are chances."""
+        if key.startswith(self.meters):
+            return key not in self._meters_calm
+        return key.startswith((self.spec_key, self.tree_key, self.down, self.marks, self.pending, self.claims))
 
     def meter_key(self, host: str, node: str) -> bytes:
         return self.meter_prefix(host) + node.encode()
@@ -601,6 +619,8 @@ class CircuitStore:
                     kv = event.kv
                     key = bytes(kv.key)
                     was = _grant_w(mirror.kvs.get(key)) if key.startswith(self.grants) else None
+                    meter = key.startswith(self.meters)
+                    before = mirror.kvs.get(key) if meter else None
                     if event.kind == "DELETE":
                         mirror.delete(key, int(kv.mod_revision))
                     else:
@@ -626,6 +646,10 @@ class CircuitStore:
                         if told.get(key) == figures:
                             continue
                         told[key] = figures
+                    if meter:  # (a meter publishes every few seconds: mostly no news)
+                        calm = not _meter_news(key[len(self.meters):].decode(errors="replace"), before,
+                                               mirror.kvs.get(key))
+                        (self._meters_calm.add if calm else self._meters_calm.discard)(key)
                     yield key
             except (aetcd.exceptions.ClientError, grpc.RpcError, OSError) as exc:
                 raise_if_cancelled()
