@@ -252,6 +252,7 @@ def run_tree(
                 c.held_w = c.in_use_w = fair[name]
             elif policy != "static" and t >= c.next_poll:
                 c.next_poll += poll_s
+                c.woken_at = None  # a woken round due: this one reads what woke it, and spends nothing
                 _round(store_tree, clients, c, t, lost)
             if policy != "static":
                 h.keeper.arbiter.offer("circuit", h.power.board_w(c.in_use_w), t)
