@@ -411,6 +411,11 @@ CIRCUIT_GRANT_LOST = _declare(
 CIRCUIT_TXN_CONFLICTS = _declare(
     "circuit_txn_conflicts", "counter", "Raise transactions that failed their compare"
 )
+CIRCUIT_ROUNDS = _declare(
+    "circuit_rounds", "counter",
+    "Circuit rounds this host ran, by what started each: poll (poll_s or the keepalive), chance (a change woke it, "
+    "from the wake budget) or pressing (a change that may lower a grant, or a stop)", ("cause",)
+)
 CIRCUIT_SEAT_VANISHED = _declare(
     "circuit_seat_vanished", "counter", "Times this host's seat was found gone (or changed) while it ran"
 )

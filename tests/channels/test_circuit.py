@@ -947,9 +947,9 @@ def test_a_storm_of_changes_starts_no_more_rounds_than_the_polls_and_the_wake_bu
 
     s = _cfg(tmp_path, CIRCUIT.replace('name = "lab"', 'name = "lab"\nhost = "vm"\npoll_s = 1'))
     assert s.circuit is not None
-    store, window_s, poll_s = Store(), 4.0, 1.0
+    store, window_s, poll_s, registry = Store(), 4.0, 1.0, CollectorRegistry()
     ch = CircuitChannel(s.circuit, s.circuit.host_power(s.feed), BudgetArbiter(s.effective_budget_w()), lower_s=1.0,
-                        store=store, registry=CollectorRegistry())  # type: ignore[arg-type]
+                        store=store, registry=registry)  # type: ignore[arg-type]
 
     async def go() -> tuple[int, int]:
         task = asyncio.create_task(ch.run())
@@ -976,6 +976,12 @@ def test_a_storm_of_changes_starts_no_more_rounds_than_the_polls_and_the_wake_bu
     most = window_s / poll_s + 1 + WOKEN_BURST + window_s / WOKEN_EVERY_S
     assert window_s / poll_s - 1 <= reads <= most, (reads, most)
     assert pressing == 1
+    # Each round counted by what started it (powerbudgetd_circuit_rounds_total).
+    by_cause = {c: registry.get_sample_value("powerbudgetd_circuit_rounds_total", {"cause": c})
+                for c in ("poll", "chance", "pressing")}
+    assert sum(by_cause.values()) == store.reads, (by_cause, store.reads)
+    assert 1 <= by_cause["chance"] <= WOKEN_BURST + window_s / WOKEN_EVERY_S + 1, by_cause
+    assert by_cause["pressing"] == 2, by_cause  # the watch's opening, and the change at the end
 
 
 @pytest.mark.parametrize(("kind", "pressing"), [

@@ -102,6 +102,7 @@ _JITTER = random.Random()  # spreads periodic work between hosts (not security)
 SOURCE = "circuit"  # the arbiter's name for this budget source
 KEEPALIVES_PER_TTL = 6  # renew six times per TTL: five may be lost before the fence
 WOKEN_READS_PER_S = 500  # the whole circuit's woken reads a second, at most (etcd's load on a large circuit)
+ROUND_CAUSES = ("poll", "chance", "pressing")  # what starts a round (powerbudgetd_circuit_rounds_total)
 WATCH_RETRY_MAX_S = 30.0  # a broken watch is opened again after 1 s, doubling up to this (s)
 
 
@@ -169,6 +170,8 @@ class CircuitMetrics:
         self.grants_ok = names.gauge(names.CIRCUIT_GRANTS_ALLOWED, registry)
         self.lost = names.counter(names.CIRCUIT_GRANT_LOST, registry)
         self.conflicts = names.counter(names.CIRCUIT_TXN_CONFLICTS, registry)
+        rounds = names.counter(names.CIRCUIT_ROUNDS, registry)
+        self.rounds = {cause: rounds.labels(cause=cause) for cause in ROUND_CAUSES}
         self.claim_ok = names.gauge(names.CIRCUIT_CLAIM_HELD, registry)
         self.at_floors = names.gauge(names.CIRCUIT_AT_FLOORS, registry)
         self.bad_records = names.gauge(names.CIRCUIT_BAD_RECORDS, registry)
@@ -274,6 +277,7 @@ class CircuitChannel:
         self._given_back: tuple[float, float] | None = None  # (held, in use) W the cards' wake was for
         self._grant_settled = False  # the last round found the grant at its target and wrote nothing
         self.woken = WakeBudget()  # rounds a change may start before the poll (on the lease clock)
+        self._cause = "poll"  # what started the round about to run (ROUND_CAUSES)
         self.metrics.reserve.set(power.reserve_w)
         self.metrics.info.labels(circuit=cfg.name).set(1)
         # From the first tick: the reserve, whatever etcd says (or does not).
@@ -497,13 +501,17 @@ class CircuitChannel:
         gap = self._round_at + wake_gap_s(hosts, self.cfg.poll_s) - self.lease_clock()
         if gap > 0:
             await asyncio.sleep(gap)
+        self._cause = "pressing" if self.pressing else "poll"
         if self._next_wait_s() > 0.02 and not self.pressing:
             # Woken by a chance before its poll or keepalive: a round from the wake budget,
             # waited for (a pressing wake, or the poll falling due meanwhile, ends the wait;
             # the poll's round spends nothing).
             await self._wait_for(lambda: min(self.woken.wait_s(self.lease_clock()), self._next_wait_s()))
-            if self._next_wait_s() > 0.02 and not self.pressing:
+            if self.pressing:
+                self._cause = "pressing"
+            elif self._next_wait_s() > 0.02:
                 self.woken.spend(self.lease_clock())
+                self._cause = "chance"
         self.urgent = self.pressing = False  # what was told meanwhile, the round about to read sees
 
     async def _wait_for(self, left_s: Callable[[], float]) -> None:
@@ -572,6 +580,7 @@ class CircuitChannel:
         renew; publish this host's record; move the grant. Raises StoreUnavailable."""
         self._round_at, self._want_at_round, self._grant_settled = self.lease_clock(), self.want_w, False
         self.nudged = False
+        self.metrics.rounds[self._cause].inc()
         read = await self.store.read()
         self.last_read = read
         self._report_bad(read)
