@@ -54,7 +54,8 @@ WAKE_GAP_S = 0.1
 # spell, then one every WOKEN_EVERY_S on average (``WakeBudget``). On a busy circuit each
 # host's lowering wakes every host held back, and slow hosts see more of them (their
 # raises' compares fail, their cards lag their grants): bounded by count, a host costs
-# etcd at most 1/poll_s + 1/WOKEN_EVERY_S rounds a second however many changes it is told.
+# etcd at most 1/poll_s + 1/WOKEN_EVERY_S rounds a second however many such chances it
+# is told. A change that may lower a grant does not wait for the budget (the channel's).
 WOKEN_BURST = 3
 WOKEN_EVERY_S = 2.0
 

@@ -16,9 +16,10 @@ second). A round woken by a chance to take or tidy watts (another host's grant
 lowered, its seat, a lease of watts resized; this host's want risen, its grant given
 back, a compare lost) spends the host's wake budget (``core.circuit.WakeBudget``);
 what may call for a grant to come down (``CircuitStore.pressing``: the spec, the
-tree, feed marks, a meter's news, a host pending on its reserve or claiming its name), a UPS
-on battery, the watch's opening and a stop never wait for it. Between changes a round comes every ``poll_s`` while anything is in
-motion or the watch is down, and only at the keepalive when this host is settled
+tree, feed marks, a meter's news, a host pending on its reserve or claiming its
+name), a UPS on battery, the watch's opening and a stop never wait for it. Between
+changes a round comes every ``poll_s`` while anything is in motion or the watch is
+down, and only at the keepalive when this host is settled
 (:meth:`CircuitChannel._settled`): an idle host reads nothing between renewals.
 
 - **raise**: a transaction on the read (see ``store``) first, then the offer to the
