@@ -413,8 +413,9 @@ CIRCUIT_TXN_CONFLICTS = _declare(
 )
 CIRCUIT_ROUNDS = _declare(
     "circuit_rounds", "counter",
-    "Circuit rounds this host ran, by what started each: poll (poll_s or the keepalive), chance (a change woke it, "
-    "from the wake budget) or pressing (a change that may lower a grant, or a stop)", ("cause",)
+    "Circuit rounds this host ran, by what started each: poll (poll_s or the keepalive; the first round too), chance "
+    "(a change woke it, from the wake budget) or pressing (a change that may lower a grant, a UPS on battery, the "
+    "watch opened, a stop)", ("cause",)
 )
 CIRCUIT_SEAT_VANISHED = _declare(
     "circuit_seat_vanished", "counter", "Times this host's seat was found gone (or changed) while it ran"

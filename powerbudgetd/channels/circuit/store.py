@@ -381,19 +381,22 @@ def _meter_report(rest: str, doc: dict[str, Any]) -> MeterReport:
                        records.stamp(doc, "at"))
 
 
-def _meter_news(rest: str, before: Entry | None, after: Entry | None) -> bool:
-    """Whether a meter report's change (``meters/<rest>``) may call for a grant to come
-    down: a reading that rose, or replaced one stale when it came (a stale reading
-    counts no unmanaged load, ``core.nodemeter``), a new or removed report, or one that
-    cannot be read. The same or a lower reading replacing a fresh one leaves as much
-    room or more."""
-    if before is None or after is None:
+def _meter_news(rest: str, before: Entry | None, after: Entry | None, now: float, alone: bool) -> bool:
+    """Whether a meter report's change (``meters/<rest>``, told at wall-clock ``now``)
+    may call for a grant to come down: any report of a node another host also reports
+    (the node counts whichever report is newest, ``core.nodemeter.node_meters``: one
+    host's same reading may replace another's lower one), a new or removed report, one
+    that cannot be read, a reading that rose, or one replacing a reading stale by then
+    (a stale reading counts no unmanaged load). Its only reporter's same or lower
+    reading replacing a fresh one leaves as much room or more. ``alone``: no other
+    host reports the node."""
+    if not alone or before is None or after is None:
         return True
     try:
-        was, now = _meter_report(rest, before.doc()), _meter_report(rest, after.doc())
+        was, new = _meter_report(rest, before.doc()), _meter_report(rest, after.doc())
     except records.BadRecord:
         return True
-    return now.value_w > was.value_w or not was.fresh_at(now.at)
+    return new.value_w > was.value_w or not was.fresh_at(max(now, new.at))
 
 
 def _claim(doc: dict[str, Any], lease: int, mod: int) -> Claim:
@@ -474,6 +477,7 @@ class CircuitStore:
         self.wall_clock = wall_clock  # a meter report's age: hosts on one circuit keep NTP time
         self.delegations = base + b"delegations/"
         self._meters_calm: set[bytes] = set()  # meter keys whose last change told was no news (_meter_news)
+        self._reporters: dict[str, set[str]] = {}  # a metered node's reporting hosts, as the watch has them
         self.calls = 0  # etcd requests sent (for the load test's ops/s)
         self.range_reads = self.keys_read = 0  # range reads of the circuit sent, and the keys they returned
         self.mirror_lagged = 0  # reads that found the mirror behind this store's own write (read the range)
@@ -610,6 +614,11 @@ class CircuitStore:
                 raise StoreUnavailable(f"{endpoint}: watch: {type(exc).__name__}: {exc}".rstrip(": ")) from None
             mirror.load(kvs, revision)
             mirror.live = True
+            self._meters_calm.clear()
+            self._reporters.clear()
+            for key, _ in kvs:
+                if key.startswith(self.meters):
+                    self._count_reporter(key, True)
             yield None
             told: dict[bytes, tuple[float | None, ...]] = {}  # a record's want, seat and grant, as last told
             try:
@@ -647,8 +656,10 @@ class CircuitStore:
                             continue
                         told[key] = figures
                     if meter:  # (a meter publishes every few seconds: mostly no news)
-                        calm = not _meter_news(key[len(self.meters):].decode(errors="replace"), before,
-                                               mirror.kvs.get(key))
+                        after = mirror.kvs.get(key)
+                        alone = self._count_reporter(key, after is not None) <= 1
+                        calm = not _meter_news(key[len(self.meters):].decode(errors="replace"), before, after,
+                                               self.wall_clock(), alone)
                         (self._meters_calm.add if calm else self._meters_calm.discard)(key)
                     yield key
             except (aetcd.exceptions.ClientError, grpc.RpcError, OSError) as exc:
@@ -660,6 +671,14 @@ class CircuitStore:
             with contextlib.suppress(Exception):  # a dead channel may fail to close; it is dropped
                 async with asyncio.timeout(1.0):
                     await client.close()
+
+    def _count_reporter(self, key: bytes, present: bool) -> int:
+        """A meter key (``meters/<host>/<node>``) present or gone: its node's reporting
+        hosts now, counted."""
+        host, _, node = key[len(self.meters):].decode(errors="replace").partition("/")
+        hosts = self._reporters.setdefault(node, set())
+        (hosts.add if present else hosts.discard)(host)
+        return len(hosts)
 
     def _metered(self) -> bool:
         """Whether the tree last read has a metered node (the hosts' draw counts)."""
