@@ -911,6 +911,39 @@ def test_a_broken_watch_leaves_the_rounds_polling_and_is_said_once(tmp_path: Pat
     assert wake_gap_s(4, 1.0) == 0.1 and wake_gap_s(200, 1.0) == 0.4 and wake_gap_s(2000, 1.0) == 1.0
 
 
+class _QuietStore:
+    """A store for the channel's wake-ups: the circuit not initialised (a round reads,
+    counted, and writes nothing), a watch that opens and then says nothing."""
+
+    name, endpoint, endpoints = "lab", "fake:1", ["fake:1"]
+    reads = 0
+
+    def host_keys(self, host: str) -> list[bytes]:
+        return []
+
+    def meter_prefix(self, host: str) -> bytes:
+        return b"m/"
+
+    async def changes(self, endpoint: str):  # noqa: ANN201
+        import asyncio
+
+        yield None
+        await asyncio.Event().wait()
+
+    async def read(self):  # noqa: ANN201
+        from powerbudgetd.channels.circuit.store import Read
+        from powerbudgetd.core.circuit import CircuitView
+
+        self.reads += 1
+        return Read(None, CircuitView(0, {}, {}, {}, revision=1), 1)
+
+    async def writes_refused(self, host: str) -> bool:
+        return False
+
+    async def close(self) -> None:
+        pass
+
+
 def test_a_storm_of_changes_starts_no_more_rounds_than_the_polls_and_the_wake_budget(tmp_path: Path) -> None:
     """Told of a chance every 20 ms for 4 s (a busy circuit's lowerings, each waking every
     host held back), a host reads at its polls (1 s) and, beyond them, at most its wake
@@ -918,36 +951,11 @@ def test_a_storm_of_changes_starts_no_more_rounds_than_the_polls_and_the_wake_bu
     40 reads). A change of the circuit's rules then is read at once, the budget spent."""
     import asyncio
 
-    from powerbudgetd.channels.circuit.store import Read
-    from powerbudgetd.core.circuit import WOKEN_BURST, WOKEN_EVERY_S, CircuitView
-
-    class Store:
-        name, endpoint, endpoints = "lab", "fake:1", ["fake:1"]
-        reads = 0
-
-        def host_keys(self, host: str) -> list[bytes]:
-            return []
-
-        def meter_prefix(self, host: str) -> bytes:
-            return b"m/"
-
-        async def changes(self, endpoint: str):  # noqa: ANN201
-            yield None
-            await asyncio.Event().wait()
-
-        async def read(self) -> Read:
-            self.reads += 1
-            return Read(None, CircuitView(0, {}, {}, {}, revision=1), 1)
-
-        async def writes_refused(self, host: str) -> bool:
-            return False
-
-        async def close(self) -> None:
-            pass
+    from powerbudgetd.core.circuit import WOKEN_BURST, WOKEN_EVERY_S
 
     s = _cfg(tmp_path, CIRCUIT.replace('name = "lab"', 'name = "lab"\nhost = "vm"\npoll_s = 1'))
     assert s.circuit is not None
-    store, window_s, poll_s, registry = Store(), 4.0, 1.0, CollectorRegistry()
+    store, window_s, poll_s, registry = _QuietStore(), 4.0, 1.0, CollectorRegistry()
     ch = CircuitChannel(s.circuit, s.circuit.host_power(s.feed), BudgetArbiter(s.effective_budget_w()), lower_s=1.0,
                         store=store, registry=registry)  # type: ignore[arg-type]
 
@@ -997,15 +1005,12 @@ def test_a_change_that_may_call_for_a_grant_to_come_down_waits_for_no_wake_budge
     (``CircuitStore.pressing``)."""
     import asyncio
 
-    from powerbudgetd.channels.circuit.store import CircuitStore, Read
-    from powerbudgetd.core.circuit import CircuitView
+    from powerbudgetd.channels.circuit.store import CircuitStore
 
     real = CircuitStore(["x:1"], "lab")
 
-    class Store:
-        name, endpoint, endpoints = "lab", "x:1", ["x:1"]
+    class Store(_QuietStore):
         grants, wants, pressing = real.grants, real.wants, real.pressing
-        reads = 0
         told = asyncio.Event()
 
         def host_keys(self, host: str) -> list[bytes]:
@@ -1019,16 +1024,6 @@ def test_a_change_that_may_call_for_a_grant_to_come_down_waits_for_no_wake_budge
             await self.told.wait()
             yield real.base + kind.encode()
             await asyncio.Event().wait()
-
-        async def read(self) -> Read:
-            self.reads += 1
-            return Read(None, CircuitView(0, {}, {}, {}, revision=1), 1)
-
-        async def writes_refused(self, host: str) -> bool:
-            return False
-
-        async def close(self) -> None:
-            pass
 
     s = _cfg(tmp_path, CIRCUIT.replace('name = "lab"', 'name = "lab"\nhost = "vm"\npoll_s = 5'))
     assert s.circuit is not None
