@@ -295,13 +295,14 @@ class CircuitView:
         if self.tree is None or self.lost is None or host not in self.tree.hosts:
             return False
         seat = self.seats.get(host, 0.0)
-        return self._divide().get(host, 0.0) < seat - 1e-6
+        return self.division().get(host, 0.0) < seat - 1e-6
 
-    def _divide(self) -> dict[str, float]:
+    def division(self) -> dict[str, float]:
         """The tree's division (``core.tree.divide``, under the lost feed if any) of each
         host's seat plus want (W, in all), over the hosts whose seat could be read (as
         :attr:`known_pool_w`: an unreadable seat, counted at the whole budget, would
-        otherwise take every share). Computed once per view."""
+        otherwise take every share). Computed once per view. Raises AssertionError off
+        a tree."""
         if "divide" not in self._memo:
             self._memo["divide"] = self._divide_now()
         return self._memo["divide"]
@@ -366,7 +367,7 @@ class CircuitView:
             return fair.get(host, 0.0) + (max_min_fair(left, spare).get(host, 0.0) if left > EPS_W else 0.0)
         if host not in self.tree.hosts:
             return 0.0
-        return max(0.0, self._divide().get(host, 0.0) - self.seats.get(host, 0.0))
+        return max(0.0, self.division().get(host, 0.0) - self.seats.get(host, 0.0))
 
 
 @dataclass

@@ -74,6 +74,7 @@ from powerbudgetd.channels.circuit.store import (
     StoreRefused,
     StoreUnavailable,
     Tls,
+    off_loop,
     raise_if_cancelled,
     stored_fields,
 )
@@ -458,10 +459,13 @@ class CircuitChannel:
     def _reread(self, read: Read) -> None:
         """A raise failed its compare: the circuit moved under ``read`` (another host's
         raise, which is not told), so a round reads it again now; once for each read (one
-        refused before etcd was asked finds the same read next time)."""
+        refused before etcd was asked finds the same read next time). A chance, unless
+        this round answers a pressing change: the hosts it woke raise together and all but
+        one lose their compare, and an operator's raised budget must not wait for a
+        token (each such reread follows another host's write: progress, not a storm)."""
         if read.revision != self._reread_at:
             self._reread_at = read.revision
-            self._wake(urgent=True, chance=True)
+            self._wake(urgent=True, chance=self._cause != "pressing")
 
     def _held_back(self) -> bool:
         """Whether watts freed on the circuit are this host's to take at once: it waits
@@ -582,7 +586,7 @@ class CircuitChannel:
         self._round_at, self._want_at_round, self._grant_settled = self.lease_clock(), self.want_w, False
         self.nudged = False
         self.metrics.rounds[self._cause].inc()
-        read = await self.store.read()
+        read = await self._read()
         self.last_read = read
         self._report_bad(read)
         self._show(read)
@@ -615,12 +619,12 @@ class CircuitChannel:
             return
         await self._adopt_mark(read)
         if await self._follow_ups_feed(read):  # a mark of this host's, under its lease (it holds the name)
-            read = await self.store.read()
+            read = await self._read()
             self.last_read = read
             if read.spec is None:
                 return  # wiped since the first read: the next round says so
         if not await self._check_seat(read):
-            read = await self.store.read()
+            read = await self._read()
             self.last_read = read
         self.grants_ok = self.sharing_ok and self.seated and self.claimed and not self.at_floors
         self._show(read)
@@ -629,6 +633,17 @@ class CircuitChannel:
         await self._move_grant(read)
         self._offer()
         await self._resize_leases(read)
+
+    async def _read(self) -> Read:
+        """The circuit (``store.read``), and under a lease of watts what its round computes
+        from it, on the circuit's worker thread (``leases.prepare``, ``store.off_loop``: the
+        figures a hall's leases take must not hold up the event loop, and with it the
+        control ticks)."""
+        read = await self.store.read()
+        tree = read.view.tree
+        if tree is not None and read.delegations and leases.delegated_above(tree, self.host):
+            await off_loop(leases.prepare, read, self.cfg.step_w)
+        return read
 
     async def _resize_leases(self, read: Read) -> None:
         """The leases of watts above this host: resized every ``leases.REBALANCE_S`` (jittered) where

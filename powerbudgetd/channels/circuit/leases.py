@@ -196,6 +196,19 @@ async def resize(store: CircuitStore, read: Read, host: str, *, wants_w: Mapping
     return sent, failed, changed
 
 
+def prepare(read: Read, step_w: float) -> None:
+    """What every round under a lease computes from ``read`` whoever the host (the
+    leases' figures, :func:`fair_w`, and who waits and who gives back, :func:`giving`,
+    with the daemon's margin and ``step_w``), computed once for the read, to be called in a worker
+    thread: on a hall of a thousand hosts it is near a tenth of a second of Python,
+    which on the event loop would hold up the control ticks."""
+    tree = read.view.tree
+    if tree is None or read.view.tree_bad or read.charges() is None:
+        return
+    fair_w(read, read.view.wants, None)
+    giving(read, read.view.wants, None, step_w)
+
+
 def _seat_w(view: CircuitView, host: str) -> float:
     """``host``'s seat as read, a pending one included (W)."""
     return view.seats.get(host, 0.0) + view.pending.get(host, 0.0)

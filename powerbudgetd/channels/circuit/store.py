@@ -70,10 +70,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
+import functools
 import json
 import math
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, TypeVar
@@ -98,6 +101,19 @@ T = TypeVar("T")
 # Tree values parsed in this process, and what each gave (a few: one daemon reads one
 # circuit; in-process hosts of one circuit share the shape, and with it its memo).
 _SHAPES: dict[bytes, PowerTree | str] = {}
+
+# The circuit's Python work (a tree's checks, a read's build, the division and the leases'
+# figures): tens to hundreds of milliseconds on a hall, none of it on the event loop, on
+# a thread of its own (named in the daemon's per-thread CPU), which nothing else queues on.
+_WORKER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="powerbudgetd-circuit")
+
+
+async def off_loop(fn: Callable[..., T], *args: Any) -> T:
+    """``fn(*args)`` on the circuit's worker thread, its context (the log's bound fields)
+    with it; the loop goes on meanwhile."""
+    call = functools.partial(contextvars.copy_context().run, fn, *args)
+    return await asyncio.get_running_loop().run_in_executor(_WORKER, call)
+
 
 MIRROR_CONFIRM_S = 1.0  # a read from the watch's mirror checks it against etcd's revision at least this often (s)
 MIRROR_WAIT_S = 0.5  # ... and waits this long for it to get there before reading the range (s)
@@ -699,7 +715,7 @@ class CircuitStore:
 
         shape = _SHAPES.get(value)
         if shape is None:
-            shape = await asyncio.to_thread(parse)
+            shape = await off_loop(parse)
             if len(_SHAPES) >= 4:
                 _SHAPES.clear()
             _SHAPES[value] = shape
@@ -732,14 +748,17 @@ class CircuitStore:
                         mirror.load(kvs, revision)
             self._confirmed_at = now
         if mirror.live:
-            memo = mirror.memo
-            if memo is not None and memo[0] == mirror.revision:
-                out: Read = memo[1]
-                return out
             revision = mirror.revision
-            read = await self._build(list(mirror.kvs.items()), revision)
-            if mirror.revision == revision and not read.meters:  # a meter's age moves with the clock
-                mirror.memo = (revision, read)
+            memo = mirror.memo
+            if memo is None or memo[0] != revision:
+                # One build per revision, shared by every reader that comes while it runs
+                # (the load test's hosts share one mirror): a future, not the Read.
+                built = asyncio.ensure_future(self._build(list(mirror.kvs.items()), revision))
+                built.add_done_callback(_retrieved)
+                memo = mirror.memo = (revision, built)
+            read: Read = await asyncio.shield(memo[1])
+            if read.meters and mirror.memo is memo:  # a meter's age moves with the clock: built again next time
+                mirror.memo = None
             return read
         return await self._range_read()
 
@@ -768,7 +787,21 @@ class CircuitStore:
         return out
 
     async def _build(self, kvs: list[tuple[bytes, Entry]], revision: int) -> Read:
-        """The :class:`Read` of ``kvs``, the circuit's keys at ``revision``."""
+        """The :class:`Read` of ``kvs``, the circuit's keys at ``revision``, built on the
+        circuit's worker thread with the tree's division it implies (:meth:`_assemble`,
+        :func:`off_loop`): on a hall of thousands of hosts that is a few hundred
+        milliseconds of Python, which on the event loop held up the control ticks and the
+        watchdog's ping for as long. ``kvs`` is a snapshot: the watch goes on changing the
+        mirror meanwhile."""
+        tree_value = next((e.value for key, e in kvs if key == self.tree_key), None)
+        shape = None if tree_value is None else await self._tree_shape(tree_value)
+        return await off_loop(self._assemble, kvs, revision, shape)
+
+    def _assemble(self, kvs: list[tuple[bytes, Entry]], revision: int, shape: PowerTree | str | None) -> Read:
+        """:meth:`_build`'s work, off the event loop: ``shape`` is the tree key's power
+        tree (no reserves) or why it could not be read (None: no tree key). The view's
+        division (``CircuitView.fair_w``: every round's grant target) is computed here too,
+        once for the read; what it raises is the round's to meet, where it asks."""
         spec: Spec | None = None
         spec_mod = spec_created = tree_mod = 0
         tree_value: bytes | None = None
@@ -877,7 +910,7 @@ class CircuitStore:
                     for h, r in recs.items() if r.max_w is not None and h not in unknown[self.seats]}
         tree: PowerTree | None = None
         if tree_value is not None:
-            shape = await self._tree_shape(tree_value)
+            assert shape is not None
             if isinstance(shape, str):
                 bad[name(self.tree_key)] = shape
             else:
@@ -903,8 +936,13 @@ class CircuitStore:
                            lost=None if down_bad else lost,
                            unseated={h: c.reserve_w for h, c in claims.items() if h not in seats},
                            ceilings=ceilings)
-        return Read(spec, view, revision, spec_mod, leases, spec_created, claims, recs, bad, tree_mod, marked,
+        read = Read(spec, view, revision, spec_mod, leases, spec_created, claims, recs, bad, tree_mod, marked,
                     host_marks, unleased, free_claims, meters, delegations, delegation_mods)
+        if tree is not None and not view.tree_bad:
+            with contextlib.suppress(Exception):  # a warm-up: the round computes it again, and meets what it raises
+                view.division()
+                read.charges()
+        return read
 
     def _node_meters(self, tree: PowerTree, reports: list[tuple[bytes, MeterReport]], recs: dict[str, HostRecord],
                      lost: str | None, bad: dict[str, str]) -> dict[str, NodeMeter]:
@@ -1253,3 +1291,10 @@ def _fits_delegations(read: Read, host: str, total_w: float) -> bool:
 
 def _lease_not_found(exc: BaseException) -> bool:
     return "lease not found" in str(exc)
+
+
+def _retrieved(built: asyncio.Future[Any]) -> None:
+    """A shared build's outcome taken, so that one every reader gave up on (cancelled)
+    is not reported as never retrieved; a reader that waits gets it as it is."""
+    if not built.cancelled():
+        built.exception()
