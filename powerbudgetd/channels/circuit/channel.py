@@ -635,14 +635,13 @@ class CircuitChannel:
         await self._resize_leases(read)
 
     async def _read(self) -> Read:
-        """The circuit (``store.read``), and under a lease of watts what its round computes
-        from it, on the circuit's worker thread (``leases.prepare``, ``store.off_loop``: the
-        figures a hall's leases take must not hold up the event loop, and with it the
-        control ticks)."""
+        """The circuit (``store.read``), and the figures a round computes from it, on the
+        circuit's worker thread (:func:`_prepare`, ``store.off_loop``): on a hall they
+        take a few hundred milliseconds of Python, which must not hold up the event loop,
+        and with it the control ticks."""
         read = await self.store.read()
-        tree = read.view.tree
-        if tree is not None and read.delegations and leases.delegated_above(tree, self.host):
-            await off_loop(leases.prepare, read, self.cfg.step_w)
+        if read.view.tree is not None and not read.view.tree_bad:
+            await off_loop(_prepare, read, self.host, self.cfg.step_w)
         return read
 
     async def _resize_leases(self, read: Read) -> None:
@@ -1281,6 +1280,18 @@ class CircuitChannel:
             pass
         except Exception:  # noqa: BLE001 - on the way out: the lease lapses on its own
             log.exception("circuit_leave_failed", host=self.host)
+
+
+def _prepare(read: Read, host: str, step_w: float) -> None:
+    """What a round computes from ``read`` whatever the host, once for the read (each is
+    kept with it): the tree's division (``CircuitView.division``: the grant target) and,
+    under a lease of watts, the leases' figures and who waits (``leases.prepare``). A
+    warm-up: what it raises, the round meets where it asks."""
+    with contextlib.suppress(Exception):
+        read.view.division()
+        tree = read.view.tree
+        if tree is not None and read.delegations and leases.delegated_above(tree, host):
+            leases.prepare(read, step_w)
 
 
 def _moved(old: HostRecord, new: HostRecord, step_w: float) -> bool:

@@ -788,20 +788,17 @@ class CircuitStore:
 
     async def _build(self, kvs: list[tuple[bytes, Entry]], revision: int) -> Read:
         """The :class:`Read` of ``kvs``, the circuit's keys at ``revision``, built on the
-        circuit's worker thread with the tree's division it implies (:meth:`_assemble`,
-        :func:`off_loop`): on a hall of thousands of hosts that is a few hundred
-        milliseconds of Python, which on the event loop held up the control ticks and the
-        watchdog's ping for as long. ``kvs`` is a snapshot: the watch goes on changing the
-        mirror meanwhile."""
+        circuit's worker thread (:meth:`_assemble`, :func:`off_loop`): on a hall of
+        thousands of hosts that is tens of milliseconds of Python, which on the event loop
+        would hold up the control ticks and the watchdog's ping for as long. ``kvs`` is a
+        snapshot: the watch goes on changing the mirror meanwhile."""
         tree_value = next((e.value for key, e in kvs if key == self.tree_key), None)
         shape = None if tree_value is None else await self._tree_shape(tree_value)
         return await off_loop(self._assemble, kvs, revision, shape)
 
     def _assemble(self, kvs: list[tuple[bytes, Entry]], revision: int, shape: PowerTree | str | None) -> Read:
         """:meth:`_build`'s work, off the event loop: ``shape`` is the tree key's power
-        tree (no reserves) or why it could not be read (None: no tree key). The view's
-        division (``CircuitView.fair_w``: every round's grant target) is computed here too,
-        once for the read; what it raises is the round's to meet, where it asks."""
+        tree (no reserves) or why it could not be read (None: no tree key)."""
         spec: Spec | None = None
         spec_mod = spec_created = tree_mod = 0
         tree_value: bytes | None = None
@@ -936,13 +933,8 @@ class CircuitStore:
                            lost=None if down_bad else lost,
                            unseated={h: c.reserve_w for h, c in claims.items() if h not in seats},
                            ceilings=ceilings)
-        read = Read(spec, view, revision, spec_mod, leases, spec_created, claims, recs, bad, tree_mod, marked,
+        return Read(spec, view, revision, spec_mod, leases, spec_created, claims, recs, bad, tree_mod, marked,
                     host_marks, unleased, free_claims, meters, delegations, delegation_mods)
-        if tree is not None and not view.tree_bad:
-            with contextlib.suppress(Exception):  # a warm-up: the round computes it again, and meets what it raises
-                view.division()
-                read.charges()
-        return read
 
     def _node_meters(self, tree: PowerTree, reports: list[tuple[bytes, MeterReport]], recs: dict[str, HostRecord],
                      lost: str | None, bad: dict[str, str]) -> dict[str, NodeMeter]:
