@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -1067,6 +1068,82 @@ def test_a_compare_lost_answering_a_pressing_change_reads_again_without_the_wake
     assert ch.urgent and ch.pressing is pressing
 
 
+def test_a_pressing_change_on_a_busy_circuit_reads_again_without_the_budget_only_once(tmp_path: Path) -> None:
+    """Every round's raise losing its compare (other hosts write all the time), the wake
+    budget spent: the round answering a pressing change (the watch's opening) reads again
+    at once, once; the rereads after that wait for the budget. A chain of budget-free
+    rereads read 30 times in 3 s here (at the wake gap's pace)."""
+    import asyncio
+
+    from powerbudgetd.channels.circuit.store import Read
+    from powerbudgetd.core.circuit import WOKEN_BURST, WOKEN_EVERY_S, CircuitView
+
+    class Busy(_QuietStore):
+        revision = 1
+
+        async def read(self) -> Read:  # every read at a newer revision
+            self.reads += 1
+            self.revision += 1
+            return Read(None, CircuitView(0, {}, {}, {}, revision=self.revision), self.revision)
+
+    s = _cfg(tmp_path, CIRCUIT.replace('name = "lab"', 'name = "lab"\nhost = "vm"\npoll_s = 5'))
+    assert s.circuit is not None
+    store, registry = Busy(), CollectorRegistry()
+    ch = CircuitChannel(s.circuit, s.circuit.host_power(s.feed), BudgetArbiter(s.effective_budget_w()), lower_s=1.0,
+                        store=store, registry=registry)  # type: ignore[arg-type]
+    first = ch.round
+
+    async def round_losing_its_compare() -> None:
+        try:
+            await first()
+        finally:
+            assert ch.last_read is not None
+            ch._reread(ch.last_read)
+
+    ch.round = round_losing_its_compare  # type: ignore[method-assign]
+    window_s = 3.0
+
+    async def go() -> int:
+        task = asyncio.create_task(ch.run())
+        await asyncio.sleep(0.05)  # the first round; the watch's opening wakes the next, pressing
+        for _ in range(WOKEN_BURST):
+            ch.woken.spend(ch.lease_clock())
+        before = store.reads
+        await asyncio.sleep(window_s)
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        return store.reads - before
+
+    reads = asyncio.run(go())
+    # The pressing round, its one free reread, and what the budget refills meanwhile.
+    assert 2 <= reads <= 2 + window_s / WOKEN_EVERY_S + 1, reads
+    assert registry.get_sample_value("powerbudgetd_circuit_rounds_total", {"cause": "pressing"}) <= 3
+
+
+def test_a_read_whose_readers_all_went_is_built_again(tmp_path: Path) -> None:
+    """A read's build is shared by the readers of its revision; where every one of them
+    went (a loop stopping cancels its tasks) the unfinished build is not kept: the next
+    read builds the revision again, rather than raising CancelledError for ever."""
+    import asyncio
+
+    from powerbudgetd.channels.circuit.store import CircuitStore
+
+    store = CircuitStore(["x:1"], "lab")  # never connected: every read comes from the mirror
+    store.confirm_s, store._confirmed_at, store._wrote = float("inf"), time.monotonic(), False
+    kvs, rev = _hall_kvs(store, 1000)
+    store.mirror.load(kvs.items(), rev)
+    store.mirror.live = True
+
+    async def gone() -> None:
+        reader = asyncio.create_task(store.read())
+        await asyncio.sleep(0.001)  # the build under way on the worker
+        reader.cancel()
+
+    asyncio.run(gone())
+    read = asyncio.run(store.read())
+    assert read.revision == rev and len(read.view.seats) == 1000
+
+
 def test_a_stop_that_lands_as_a_round_is_woken_is_never_lost(tmp_path: Path) -> None:
     """The daemon cancels the channel as it stops, right after the last tick woke a round
     (the cards' mode ``stopping``): the cancel and the wake-up land together. Python 3.11's
@@ -1355,7 +1432,6 @@ def test_a_hall_sized_circuit_is_read_and_divided_off_the_event_loop(tmp_path: P
     stops every thread, whoever starts it (the round's own hold is what is asserted)."""
     import asyncio
     import gc
-    import time
 
     from powerbudgetd.channels.circuit import leases
     from powerbudgetd.channels.circuit.store import CircuitStore

@@ -276,6 +276,9 @@ class CircuitChannel:
         self._round_at = float("-inf")  # the last round's start (lease clock s)
         self._want_at_round = 0.0  # the want (W) as the last round saw it
         self._reread_at = 0  # the revision of the read whose raise last failed its compare
+        # A pressing round's lost compare reads again without the wake budget, once: the
+        # round so started is flagged (_from_reread), and its own lost compare is a chance.
+        self._free_reread = self._from_reread = False
         self._given_back: tuple[float, float] | None = None  # (held, in use) W the cards' wake was for
         self._grant_settled = False  # the last round found the grant at its target and wrote nothing
         self.woken = WakeBudget()  # rounds a change may start before the poll (on the lease clock)
@@ -459,13 +462,16 @@ class CircuitChannel:
     def _reread(self, read: Read) -> None:
         """A raise failed its compare: the circuit moved under ``read`` (another host's
         raise, which is not told), so a round reads it again now; once for each read (one
-        refused before etcd was asked finds the same read next time). A chance, unless
-        this round answers a pressing change: the hosts it woke raise together and all but
-        one lose their compare, and an operator's raised budget must not wait for a
-        token (each such reread follows another host's write: progress, not a storm)."""
+        refused before etcd was asked finds the same read next time). A chance, except
+        once after a round answering a pressing change: the hosts it woke raise together
+        and all but one lose their compare, and an operator's raised budget must not wait
+        for a token. Only once: on a busy circuit every reread may lose again, and a chain
+        of them would read at the wake gap's pace, budget or not."""
         if read.revision != self._reread_at:
             self._reread_at = read.revision
-            self._wake(urgent=True, chance=self._cause != "pressing")
+            free = self._cause == "pressing" and not self._from_reread
+            self._free_reread = free
+            self._wake(urgent=True, chance=not free)
 
     def _held_back(self) -> bool:
         """Whether watts freed on the circuit are this host's to take at once: it waits
@@ -585,6 +591,7 @@ class CircuitChannel:
         renew; publish this host's record; move the grant. Raises StoreUnavailable."""
         self._round_at, self._want_at_round, self._grant_settled = self.lease_clock(), self.want_w, False
         self.nudged = False
+        self._from_reread, self._free_reread = self._free_reread, False
         self.metrics.rounds[self._cause].inc()
         read = await self._read()
         self.last_read = read

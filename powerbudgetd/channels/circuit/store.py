@@ -754,11 +754,9 @@ class CircuitStore:
                 # One build per revision, shared by every reader that comes while it runs
                 # (the load test's hosts share one mirror): a future, not the Read.
                 built = asyncio.ensure_future(self._build(list(mirror.kvs.items()), revision))
-                built.add_done_callback(_retrieved)
                 memo = mirror.memo = (revision, built)
+                built.add_done_callback(functools.partial(_kept_if_good, mirror, memo))
             read: Read = await asyncio.shield(memo[1])
-            if read.meters and mirror.memo is memo:  # a meter's age moves with the clock: built again next time
-                mirror.memo = None
             return read
         return await self._range_read()
 
@@ -1285,8 +1283,11 @@ def _lease_not_found(exc: BaseException) -> bool:
     return "lease not found" in str(exc)
 
 
-def _retrieved(built: asyncio.Future[Any]) -> None:
-    """A shared build's outcome taken, so that one every reader gave up on (cancelled)
-    is not reported as never retrieved; a reader that waits gets it as it is."""
-    if not built.cancelled():
-        built.exception()
+def _kept_if_good(mirror: CircuitMirror, memo: tuple[int, Any], built: asyncio.Future[Read]) -> None:
+    """A shared build done: its Read stays the mirror's memo for its revision unless the
+    build was cancelled (every reader gone: a loop stopping), failed, or read a meter
+    (whose age moves with the clock): the next read builds again. Its outcome is taken,
+    so that one no reader waited for is not reported as never retrieved."""
+    good = not built.cancelled() and built.exception() is None and not built.result().meters
+    if not good and mirror.memo is memo:
+        mirror.memo = None
