@@ -141,15 +141,36 @@ print(answered[0])
 """
 
 
+# The same clients' load on the machine with nothing of the daemon's in it: a server in
+# another process answering a body of the exposition's size (the control window).
+ELSEWHERE_SERVER = """
+import http.server, sys
+port, size = int(sys.argv[1]), int(sys.argv[2])
+body = b"#" * size
+class Answer(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+    def log_message(self, *args):
+        pass
+http.server.ThreadingHTTPServer(("127.0.0.1", port), Answer).serve_forever()
+"""
+
+
 def gaps(ticks: list[float]) -> list[float]:
     return sorted(b - a for a, b in zip(ticks, ticks[1:]))
 
 
 async def test_a_scrape_flood_costs_the_control_loop_nothing(tmp_path: Path) -> None:
     """The daemon in this process, its metrics served as ``run`` serves them; six clients in
-    another process scrape back to back for 8 s. The control loop keeps its cadence (ticks
-    and tick-to-tick gaps as in the quiet 8 s before) and its ticks take no longer (the
-    median from a tick's start to its report, GIL waits included)."""
+    another process scrape it back to back for 8 s. The control loop keeps its cadence
+    (ticks and tick-to-tick gaps) and its ticks take no longer (the median from a tick's
+    start to its report, GIL waits included) than in the 8 s before, when the same clients
+    scraped a server in a third process: the machine as busy, nothing of it in the daemon
+    (against a quiet window, a loaded CI machine's two cores counted the clients' own CPU
+    as the daemon's: 1.2 -> 2.4 ms)."""
     port = free_port()
     config = bank_config(tmp_path, port)
     servers = []
@@ -164,10 +185,21 @@ async def test_a_scrape_flood_costs_the_control_loop_nothing(tmp_path: Path) -> 
                 """(when each tick ended, how long it took from its start), from tick ``since`` on."""
                 return [(t, t - report.now) for t, report in r.ticks[since:]]
 
-            await asyncio.sleep(1.0)
-            n0 = len(r.ticks)
-            await asyncio.sleep(8.0)
-            quiet = window_ticks(n0)
+            size = len((await asyncio.to_thread(scrape, port)).encode())
+            other = free_port()
+            elsewhere = subprocess.Popen([sys.executable, "-c", ELSEWHERE_SERVER, str(other), str(size)])
+            try:
+                await asyncio.sleep(1.0)
+                control = subprocess.Popen([sys.executable, "-c", FLOOD_CLIENT, f"http://127.0.0.1:{other}/metrics",
+                                            "6", "9.5"], stdout=subprocess.PIPE, text=True)
+                await asyncio.sleep(1.0)
+                n0 = len(r.ticks)
+                await asyncio.sleep(8.0)
+                quiet = window_ticks(n0)
+                out0, _ = await asyncio.to_thread(control.communicate)
+            finally:
+                elsewhere.kill()
+                elsewhere.wait()
             flood = subprocess.Popen([sys.executable, "-c", FLOOD_CLIENT, f"http://127.0.0.1:{port}/metrics", "6", "9.5"],
                                      stdout=subprocess.PIPE, text=True)
             await asyncio.sleep(1.0)
@@ -178,6 +210,7 @@ async def test_a_scrape_flood_costs_the_control_loop_nothing(tmp_path: Path) -> 
         finally:
             for s in servers:
                 s.close()
+    assert control.returncode == 0 and int(out0) >= 50  # the control window's load was there
     assert flood.returncode == 0 and int(out) >= 50  # the flood was answered, not refused
     p90 = [g[int(0.9 * (len(g) - 1))] for g in (gaps([t for t, _ in quiet]), gaps([t for t, _ in flooded]))]
     took = [statistics.median(d for _, d in w) for w in (quiet, flooded)]
@@ -186,6 +219,7 @@ async def test_a_scrape_flood_costs_the_control_loop_nothing(tmp_path: Path) -> 
     assert p90[1] <= p90[0] + 0.020, p90
     # Each tick (its NVML reads on worker threads, handed back to the loop) waits on no
     # scrape for the GIL: measured 0.8 ms quiet, 3.2 ms under this flood when every
-    # scrape was rendered afresh; 0.8 ms under it now.
+    # scrape was rendered afresh; 0.8 ms under it now (0.9-1.1 ms against the control
+    # window's 1.2-1.6 beside two busy processes).
     assert took[1] <= 1.5 * took[0] + 0.0005, took
 
