@@ -1128,11 +1128,9 @@ def test_a_read_whose_readers_all_went_is_built_again(tmp_path: Path) -> None:
 
     from powerbudgetd.channels.circuit.store import CircuitStore
 
-    store = CircuitStore(["x:1"], "lab")  # never connected: every read comes from the mirror
-    store.confirm_s, store._confirmed_at, store._wrote = float("inf"), time.monotonic(), False
+    store = CircuitStore(["x:1"], "lab")
     kvs, rev = _hall_kvs(store, 1000)
-    store.mirror.load(kvs.items(), rev)
-    store.mirror.live = True
+    _mirrored(store, kvs, rev)
 
     async def gone() -> None:
         reader = asyncio.create_task(store.read())
@@ -1151,28 +1149,6 @@ def test_a_stop_that_lands_as_a_round_is_woken_is_never_lost(tmp_path: Path) -> 
     on with its rounds and the daemon never left (exit 11 waited on for ever)."""
     import asyncio
 
-    from powerbudgetd.channels.circuit.store import Read
-    from powerbudgetd.core.circuit import CircuitView
-
-    class Store:
-        name, endpoint, endpoints = "lab", "fake:1", ["fake:1"]
-
-        def host_keys(self, host: str) -> list[bytes]:
-            return []
-
-        def meter_prefix(self, host: str) -> bytes:
-            return b"m/"
-
-        async def changes(self, endpoint: str):  # noqa: ANN201
-            yield None
-            await asyncio.Event().wait()
-
-        async def read(self) -> Read:
-            return Read(None, CircuitView(0, {}, {}, {}, revision=1), 1)
-
-        async def close(self) -> None:
-            pass
-
     s = _cfg(tmp_path, CIRCUIT.replace('name = "lab"', 'name = "lab"\nhost = "vm"\npoll_s = 5'))
     assert s.circuit is not None
 
@@ -1180,7 +1156,7 @@ def test_a_stop_that_lands_as_a_round_is_woken_is_never_lost(tmp_path: Path) -> 
         lost = 0
         for _ in range(5):
             ch = CircuitChannel(s.circuit, s.circuit.host_power(s.feed), BudgetArbiter(s.effective_budget_w()),
-                                lower_s=1.0, store=Store(), registry=CollectorRegistry())  # type: ignore[arg-type]
+                                lower_s=1.0, store=_QuietStore(), registry=CollectorRegistry())  # type: ignore[arg-type]
             task = asyncio.create_task(ch.run())
             await asyncio.sleep(0.3)  # two rounds done (the start, the watch in place): waiting (poll_s 5 s)
             ch._wake(urgent=True)  # the wake-up and the stop in one step of the loop
@@ -1422,6 +1398,15 @@ def _hall_kvs(store, hosts_n: int, leases_w: dict[str, float] | None = None, see
     return kvs, rev
 
 
+def _mirrored(store, kvs, revision: int):  # noqa: ANN001, ANN202
+    """``store`` (never connected) reading ``kvs`` at ``revision`` from its mirror: a live
+    watch, confirmed, with no write of its own since (no probe of etcd)."""
+    store.confirm_s, store._confirmed_at, store._wrote = float("inf"), time.monotonic(), False
+    store.mirror.load(kvs.items(), revision)
+    store.mirror.live = True
+    return store
+
+
 def test_a_hall_sized_circuit_is_read_and_divided_off_the_event_loop(tmp_path: Path) -> None:
     """A circuit of 3000 hosts under delegated PDUs: building a read and what a round
     computes from it (the tree's division, the leases' figures, who waits and who gives
@@ -1438,12 +1423,9 @@ def test_a_hall_sized_circuit_is_read_and_divided_off_the_event_loop(tmp_path: P
 
     s = _cfg(tmp_path, CIRCUIT.replace('name = "lab"', 'name = "lab"\nhost = "vm"\nstep_w = 20'))
     assert s.circuit is not None
-    store = CircuitStore(["x:1"], "lab")  # never connected: every read comes from the mirror
-    # A live watch, confirmed, with no write of this store's since: no probe of etcd.
-    store.confirm_s, store._confirmed_at, store._wrote = float("inf"), time.monotonic(), False
+    store = CircuitStore(["x:1"], "lab")
     kvs, rev = _hall_kvs(store, 3000)
-    store.mirror.load(kvs.items(), rev)
-    store.mirror.live = True
+    _mirrored(store, kvs, rev)
     first = asyncio.run(store.read())
     figures = leases.fair_w(first, first.view.wants, None)  # each PDU leased at its figure
     kvs, rev = _hall_kvs(store, 3000, figures, seed=2)  # the wants moved since: divided again
