@@ -27,6 +27,7 @@ a hung call costs one card its control (it counts at its worst case), never the 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from types import MappingProxyType
 from typing import Any
 
 import structlog
@@ -190,7 +191,14 @@ class Controller:
         if self._budget_reason is not None and mode != Mode.STOPPING:
             reasons = dict.fromkeys(reasons, self._budget_reason)
         self._budget_reason = None
-        applied = self.actuator.apply(self._plan(now, active, targets, bounds, bool(faults) or contested),
+        # Over budget, a cut that one cap does not show yet is sent again every tick (it may
+        # have been put back), so the card is down within a tick plus its lag; the card
+        # still counts where it is (not active), the others lowered around it.
+        resent = {c.uuid: cut for c in self.cards if c.ledger.above_requested
+                  and (cut := c.ledger.unshown_cut_mw) is not None and self._controlled(c, now)} if self._over else {}
+        if resent:
+            reasons = {**reasons, **dict.fromkeys(resent, "resend")}
+        applied = self.actuator.apply(self._plan(now, active, targets, bounds, bool(faults) or contested, resent),
                                       sum_bound_mw=sum_bound_mw, budget_mw=self.budget_mw)
         by_uuid = self.bank.by_uuid
         done = record(applied, by_uuid, reasons, sum_bound_mw, now, self.dry_run, self.allow_monitor_only)
@@ -204,12 +212,13 @@ class Controller:
         return self._report(now, done.events, faults + held, bounds)
 
     def _plan(self, now: float, active: list[CardState], targets: dict[str, int], bounds: Mapping[str, int],
-              hold_raises: bool = False) -> list[Write]:
+              hold_raises: bool = False, resent: Mapping[str, int] = MappingProxyType({})) -> list[Write]:
         """The writes that move the active cards to their targets (``bounds``: every
         card's, by UUID), decreases first, increases only into the budget left above
         every other card's bound; none in a tick that ``hold_raises`` (a fault: a card
         just lost may have made way for one NVML lists only at the next enumeration,
-        uncounted until then; a contested card), nor while a card is new."""
+        uncounted until then; a contested card), nor while a card is new. The cards in
+        ``resent`` (by UUID) are sent their cut in flight again (mW), as decreases."""
         steps = []
         for c in active:
             target, bound = targets[c.uuid], bounds[c.uuid]
@@ -235,6 +244,8 @@ class Controller:
             # A slow card (its reads time out) keeps its place and takes no write meanwhile.
             steps.append(Step(c.uuid, bound, target, asked, c.priority,
                               busy=c.ledger.writing or c.slow_since is not None, force=new))
+        by_uuid = self.bank.by_uuid
+        steps += [Step(u, bounds[u], cut, by_uuid[u].asked_mw, by_uuid[u].priority) for u, cut in resent.items()]
         outside_mw = sum(bounds.values()) - sum(st.bound_mw for st in steps)  # fixed, lost, held, at rest
         hold_raises = hold_raises or any(c.ledger.new for c in active)
         return plan_writes(steps, self.budget_mw - outside_mw, allow_increases=not hold_raises)

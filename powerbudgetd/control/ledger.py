@@ -143,7 +143,7 @@ class CardLedger:
                     self.inflight.clear()
             elif (requested_mw > self.inflight[-1][0] and requested_mw == self.requested_before_mw
                     and not self.seen_ours and self.cut_shown_s is not None
-                    and now - self.inflight[-1][1] > self.cut_shown_s + self.timings.tick_s / 2):
+                    and now - self._first_sent_at() > self.cut_shown_s + self.timings.tick_s / 2):
                 # A cut of ours not shown, later than any cut of ours took to show on this card
                 # (a cut shows once it bites, after the card's lag; a raise at once): ignored,
                 # or the value it had put back by another writer (a reset). As with a separate
@@ -287,6 +287,19 @@ class CardLedger:
         return r is not None and e is not None and e > r
 
     @property
+    def unshown_cut_mw(self) -> int | None:
+        """One cap read back: a cut of ours in flight (its call returned) that the cap
+        does not show yet (mW), else None. A slow card that has not shown it cannot be told
+        from one whose cap another writer put back (a reset's default, a tool writing the
+        value the card had) before any cut has been seen to show, nor within that time
+        after; sending the same cut again is safe either way (it lands no higher than what
+        is counted), so a bank over budget resends it every tick rather than wait on it."""
+        if self.separate_requested or not self.inflight or self.overdue or self.requested_mw is None:
+            return None
+        cut = self.inflight[-1][0]
+        return cut if self.requested_mw > cut else None
+
+    @property
     def held_above(self) -> bool:
         """Enforced above requested with nothing of ours in flight: a floor set elsewhere
         (firmware, a BMC, another limiter). Writing lower cannot bring the card down."""
@@ -304,8 +317,24 @@ class CardLedger:
             self._request_replaced(sent_at)
             self.request_settled, self.replaced_by_ours = False, True
             self.foreign_mw = self.foreign_since = None
+        if not self._resending(to_mw) or self.last_sent is None:
+            self.last_sent = (to_mw, sent_at, self.requested_mw)
         self.inflight.append((to_mw, sent_at))
-        self.last_sent = (to_mw, sent_at, self.requested_mw)
+
+    def _resending(self, to_mw: int) -> bool:
+        """``to_mw`` is the write in flight sent again (a cut not shown yet, see
+        :attr:`unshown_cut_mw`): its wait and its time to show count from the first send."""
+        return bool(self.inflight) and self.inflight[-1][0] == to_mw
+
+    def _first_sent_at(self) -> float:
+        """When the write in flight was first sent (s), its resends of the same value
+        aside."""
+        mw, at = self.inflight[-1]
+        for m, t in reversed(self.inflight):
+            if m != mw:
+                break
+            at = t
+        return at
 
     def record_overdue_write(self, to_mw: int, sent_at: float) -> None:
         """A write that did not return in time may land whenever it returns: worst case."""
@@ -331,7 +360,7 @@ class CardLedger:
         """The last write, if it did not take: still unconfirmed ``confirm_timeout_s``
         after it was sent, or the second in a row the card ignored (the in-flight list is
         then dropped: the card counts at what it reads)."""
-        if self.inflight and (now - self.inflight[-1][1] > self.timings.confirm_timeout_s or self.unread >= 2
+        if self.inflight and (now - self._first_sent_at() > self.timings.confirm_timeout_s or self.unread >= 2
                               or self.overwritten >= 2):
             last = self.inflight[-1]
             self.superseded += self.inflight  # expired at once (ignored twice): it may still be queued

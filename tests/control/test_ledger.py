@@ -474,3 +474,33 @@ def test_one_cap_a_resent_cut_landing_late_ends_the_misses_and_teaches_the_card_
         led.observe(t, 200_000, 200_000)
         assert led.inflight == [(80_000, 20.0)] and led.expire(t) is None
     assert led.observe(20.4, 80_000, 80_000) == 80_000
+
+
+def test_one_cap_a_cut_sent_again_before_it_shows_waits_and_learns_from_its_first_send():
+    """Over budget, a cut the cap does not show is sent again every tick (it may have been
+    put back by another writer). The resends are the same write: the card is not given up
+    later for them (confirm_timeout_s counts from the first send), the time a cut takes
+    to show is learnt from the first send (the longer, safe side), and every send stays
+    counted while it may land."""
+    led = CardLedger(T, 300_000, separate_requested=False)
+    led.observe(0.0, 276_000, 276_000)
+    led.record_write(252_000, 0.0)
+    assert led.unshown_cut_mw == 252_000
+    for k in range(1, 4):
+        t = round(0.1 * k, 9)
+        led.observe(t, 276_000, 276_000)
+        assert led.unshown_cut_mw == 252_000
+        led.record_write(252_000, t)
+    assert led.bound_mw == 276_000 and led.inflight[0] == (252_000, 0.0) and len(led.inflight) == 4
+    assert led.expire(0.3 + T.confirm_timeout_s - 0.1) == (252_000, 0.3)  # 3 s after the first send
+    led = CardLedger(T, 300_000, separate_requested=False)
+    led.observe(0.0, 276_000, 276_000)
+    led.record_write(252_000, 0.0)
+    led.observe(0.1, 276_000, 276_000)
+    led.record_write(252_000, 0.1)
+    assert led.observe(0.2, 252_000, 252_000) == 252_000 and led.unshown_cut_mw is None
+    assert led.cut_shown_s is not None and abs(led.cut_shown_s - 0.2) < 1e-9  # the first send's, not 0.1
+    led2 = CardLedger(T, 300_000, separate_requested=True)  # NVML: requested shows ours at once
+    led2.observe(0.0, 276_000, 276_000)
+    led2.record_write(252_000, 0.0)
+    assert led2.unshown_cut_mw is None

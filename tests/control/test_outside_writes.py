@@ -474,3 +474,29 @@ def test_another_tools_raise_on_a_lagging_card_is_over_budget_at_most_a_tick_plu
     assert corrected_at == raise_at  # the tick whose read first showed the raise
     assert over_s <= tick + lag_s + 1e-6, over_s
     assert rig.truth_w() <= 500.0 and rig.enforced_w(0) == 250.0
+
+
+@pytest.mark.parametrize("lag_s", [0.0, 0.1, 0.2, 0.5])
+@pytest.mark.parametrize("default_w", [120.0, 322.0], ids=["no-cut-learned", "boot-cut-learned"])
+def test_one_cap_a_writer_putting_back_what_it_had_under_our_cut_is_corrected_within_a_tick_plus_the_lag(
+        lag_s: float, default_w: float) -> None:
+    """Found by the outside-event property test (hwmon, lag 0): another tool sets an idle
+    120-322 W card to 276 W, over the 322 W budget beside a fixed 70 W card; our cut to
+    252 W is sent at the next tick, and 60 ms later the tool writes 276 W again. The cap
+    reads 276 W, what it had before our cut: a card still biting reads the same, so the
+    cut was waited for until confirm_timeout_s (3 s) and the bank stayed 24 W over. Over
+    budget, a cut the cap does not show is sent again every tick (the same value lands no
+    higher than what is counted): back within a tick plus the lag, whether or not a cut
+    has been seen to show on the card before (boot's, from a 322 W default), and the slow
+    card is not taken for one that ignores us."""
+    specs = [card(0, min_w=120.0, max_w=322.0, default_w=default_w, idle_w=5.0, has_instant=False),
+             card(1, min_w=70.0, max_w=70.0, default_w=70.0, idle_w=5.0, has_instant=False)]
+    rig = make_rig(specs, 322.0, lag_s=lag_s, backend="hwmon")
+    rig.run(3.0)
+    assert rig.ctl.ready and rig.bank.cards[0].requested_mw == 252_000
+    rig.bank._events = [(3.06, 0, BankEvent(3.06, 0, "set_limit", limit_w=276.0)),
+                        (3.12, 1, BankEvent(3.12, 0, "set_limit", limit_w=276.0))]
+    assert over_budget_after(rig, 5.0, since=3.12) <= rig.ctl.timings.tick_s + lag_s + 1e-9
+    assert rig.bank.cards[0].requested_mw == 252_000 and rig.truth_w() <= 322.0
+    assert not [f for rep in rig.reports for f in rep.faults], "a slow cut is not a write that did not take"
+    assert not rig.ctl.cards[0].ledger.backoff_s, "never held"
