@@ -47,7 +47,10 @@ lease: the check keeps ``C(p) <= D(p)`` (``p``'s bound), so every ancestor of ``
 counts ``D(p)`` before and after (or, where a feed lost had put ``C(p)`` above ``D(p)``,
 less after), and a lease nested under a sibling lease ``m'`` is hidden behind
 ``max(D(m'), C(m'))`` by the same argument. Leases nested under one parent lease (a
-PDU's outlets under its rack's lease) thus resize against their siblings only.
+PDU's outlets under its rack's lease) thus resize against their siblings only. A resize
+of a lease ``m`` holds needs half of that: a growth can break only what lies above
+``m`` (the hosts and leases below it each compare ``D(m)``, so they are left out), a
+shrink only ``m``'s own bound (only the hosts and leases below it are compared).
 
 What a raise of host ``h`` depends on (:func:`zone`): the nodes ``R(h)`` where
 ``resid(h, k) > 0`` (its charge moves only there), the hosts charged at any of them,
@@ -583,21 +586,42 @@ def leased_above(tree: PowerTree, live: Mapping[str, float]) -> dict[str, str | 
     return out
 
 
-def lease_compares(charges: Charges, node: str) -> LeaseCompares:
+def lease_compares(charges: Charges, node: str, to_w: float | None = None) -> LeaseCompares:
     """The compares of a change to ``node``'s delegation under ``charges`` (the read's
     delegations in force; module docstring): with ``p`` the nearest ancestor holding a
     lease, the hosts charged outside any lease from ``node`` up to ``p`` (to the root
-    where there is none), and ``p`` and the delegate-marked nodes whose nearest leased
-    ancestor is ``p`` (beside ``node``) or ``node`` (below it: its own check counts them)."""
+    where there is none), and ``node``, ``p`` and the delegate-marked nodes whose nearest
+    leased ancestor is ``p`` (beside ``node``) or ``node`` (below it: its own check
+    counts them).
+
+    ``to_w`` (W), where ``node`` holds a lease in ``charges``, narrows that to what the
+    move can break. A **growth** can break only the nodes above ``node`` (up to ``p``):
+    the hosts charged at ``node`` and the leases below it are left out, as a sibling
+    lease's hosts are, since each of their raises and growths compares ``node``'s lease:
+    checked against the old figure (it landed first) or failing and reading the new one,
+    ``C(node)`` stays within the smaller. A **shrink** lowers every charge above
+    ``node``: only ``node``'s own bound can break, so only the hosts charged at ``node``
+    and the leases below it are compared. A raise under a lease being the very thing its
+    growth is asked for, comparing its hosts failed most growths on a busy subtree;
+    comparing the siblings failed most shrinks. A lease created compares everything (no
+    raise under it compared one)."""
     tree = charges.tree
     above = leased_above(tree, charges.live)
     parent = above[node]
     path = tree.path(node)
     if parent is not None:
         path = path[:path.index(parent) + 1]
+    current = charges.live.get(node)
+    grow = current is not None and to_w is not None and to_w >= current
+    shrink = current is not None and to_w is not None and to_w < current
+    if grow:
+        path = path[1:]
+    elif shrink:
+        path = path[:1]
     hosts = {h for table in charges.tables() for a in path for h in table.get(a, {})}
-    scope = {m for m, nd in tree.nodes.items() if nd.delegate and above[m] in (parent, node)}
-    if parent is not None:
+    near = (parent,) if grow else (node,) if shrink else (parent, node)
+    scope = {m for m, nd in tree.nodes.items() if nd.delegate and above[m] in near} | {node}
+    if parent is not None and not shrink:
         scope.add(parent)
     if len(hosts) + 8 > MAX_ZONE_COMPARES:
         return LeaseCompares(True)

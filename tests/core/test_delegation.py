@@ -160,7 +160,7 @@ def play(tree: PowerTree, wants: dict[str, float], steps) -> Etcd:
                                  dict.fromkeys(marked, 100 * frac), read.lost)[m] if stale % 4 == 1 else None
             w = proposed_w(tree, held, wants, deleg, m, margin_w=100 * frac, lost=read.lost, fair_w=fair) \
                 if stale % 2 else frac * tree.nodes[m].budget_w
-            plan = lease_compares(Charges(tree, active(tree, deleg), read.lost), m)
+            plan = lease_compares(Charges(tree, active(tree, deleg), read.lost), m, w)
             if delegation_fits(tree, held, deleg, m, w, read.lost) and db.lease_unchanged(read, plan):
                 db.put("deleg", m, w)
         elif op == "lose" and db.lost is None and tree.feeds():
@@ -302,6 +302,75 @@ def test_a_raise_under_a_sibling_lease_does_not_fail_a_lease_change():
     assert db.lease_unchanged(stale, lease_compares(charges, "pa"))
     db.put("deleg", "pa", 800.0)
     check(tree, db, True)
+
+
+def test_a_resize_compares_only_what_its_direction_can_break():
+    """From one read, ha raises within pa's lease (100 + 350 <= 500 W) and pb's lease
+    grows by 1000 W. pa's growth to 800 W compares neither (ha's raise was checked
+    against the 500 W it compared; pb's growth against pa's 500 W) and every node stays
+    within its budget, both landed. pa's shrink to 300 W (allowed at the read: 100 W
+    held) compares ha's grant and fails; committed anyway, pa would be over its lease.
+    A shrink compares no sibling and nothing above (it lowers every charge there); a
+    lease created compares everything whatever its size (no raise under it compared it)."""
+    tree = lease_and_leaf_tree()
+    db = seated_with_leases(tree)
+    stale = db.snapshot()
+    charges = Charges(tree, active(tree, stale.values("deleg")))
+    grow, shrink = lease_compares(charges, "pa", 800.0), lease_compares(charges, "pa", 300.0)
+    assert (grow.hosts, grow.delegations) == ({"hq"}, {"pa", "pb"})
+    assert (shrink.hosts, shrink.delegations) == ({"ha"}, {"pa"})
+    created = lease_compares(Charges(tree, {"pb": 500.0}), "pa", 100.0)
+    assert (created.hosts, created.delegations) == ({"hq", "ha"}, {"pa", "pb"})
+    assert db.zone_unchanged(stale, raise_compares(charges, "ha"))
+    db.put("grant", "ha", 350.0)
+    assert db.lease_unchanged(stale, lease_compares(charges, "pb", 1_500.0))
+    db.put("deleg", "pb", 1_500.0)
+    raised = db.snapshot()
+    assert delegation_fits(tree, stale.held(), stale.values("deleg"), "pa", 300.0)
+    assert not db.lease_unchanged(stale, shrink)
+    db.put("deleg", "pa", 300.0)  # committed anyway: what the compare prevents
+    with pytest.raises(AssertionError):
+        check(tree, db, True)
+    db = raised
+    assert delegation_fits(tree, stale.held(), stale.values("deleg"), "pa", 800.0)
+    assert not db.lease_unchanged(stale, grow)  # pb grew from the same read: 1500 + 800 + 100 > 2000
+    db = seated_with_leases(tree)
+    db.put("grant", "ha", 350.0)
+    assert db.lease_unchanged(stale, grow)
+    db.put("deleg", "pa", 800.0)
+    check(tree, db, True)
+
+
+def test_an_outlet_s_growth_read_before_its_pdu_s_lease_shrank_fails_and_its_shrink_does_not():
+    """Outlets o1, o2 lease from pdu's lease (1000 W); one 100 W host on each. From one
+    read, pdu shrinks to 600 W and o1 grows from 200 to 500 W, each fitting that read:
+    o1's growth compares pdu's record and fails (committed anyway, pdu would carry
+    500 + 200 W in 600). o1's shrink to 150 W compares neither pdu nor o2: it lowers
+    pdu's charge, whatever they did."""
+    nodes = {"site": Node("site", 2_000.0), "pdu": Node("pdu", 2_000.0, "site", "pdu", delegate=True),
+             "o1": Node("o1", 1_000.0, "pdu", "outlet", delegate=True),
+             "o2": Node("o2", 1_000.0, "pdu", "outlet", delegate=True)}
+    tree = PowerTree(nodes, {h: Host(h, {leaf: 1.0}, 100.0) for h, leaf in (("h1", "o1"), ("h2", "o2"))})
+    db = Etcd()
+    for h in tree.hosts:
+        db.put("seat", h, 100.0)
+    for n, w in (("pdu", 1_000.0), ("o1", 200.0), ("o2", 200.0)):
+        db.put("deleg", n, w)
+    stale = db.snapshot()
+    deleg = stale.values("deleg")
+    charges = Charges(tree, active(tree, deleg))
+    grow, shrink = lease_compares(charges, "o1", 500.0), lease_compares(charges, "o1", 150.0)
+    assert grow.delegations == {"pdu", "o1", "o2"} and shrink.delegations == {"o1"}
+    assert delegation_fits(tree, stale.held(), deleg, "pdu", 600.0) and delegation_fits(tree, stale.held(), deleg, "o1", 500.0)
+    assert db.lease_unchanged(stale, lease_compares(charges, "pdu", 600.0))
+    db.put("deleg", "pdu", 600.0)
+    assert not db.lease_unchanged(stale, grow)
+    assert db.lease_unchanged(stale, shrink)
+    db.put("deleg", "o1", 150.0)
+    check(tree, db, True)
+    db.put("deleg", "o1", 500.0)  # the growth committed anyway: what its compare prevents
+    with pytest.raises(AssertionError):
+        check(tree, db, True)
 
 
 def test_a_raise_read_before_its_lease_shrank_fails_its_compare():

@@ -1141,14 +1141,15 @@ class CircuitStore:
         key = self.key(self.delegations, node)
         body = records.dumps(watts_w=watts_w, by=by)
         ok, _ = await self._call(lambda c: c.transaction(
-            compare=[*self._lease_unchanged(c, read, tree, node),
+            compare=[*self._lease_unchanged(c, read, tree, node, watts_w),
                      c.transactions.mod(key) == read.delegation_mods.get(node, 0)],
             success=[c.transactions.put(key, body)], failure=[]))
         return bool(ok)
 
-    def _lease_unchanged(self, c: _Client, read: Read, tree: PowerTree, node: str) -> list[Any]:
-        """The compares of a change to ``node``'s lease (``core.delegation.lease_compares``)."""
-        plan = lease_compares(read.charges() or Charges(tree, {}, read.view.lost), node)
+    def _lease_unchanged(self, c: _Client, read: Read, tree: PowerTree, node: str, watts_w: float) -> list[Any]:
+        """The compares of a change to ``node``'s lease to ``watts_w`` (W;
+        ``core.delegation.lease_compares``: a resize compares less than a creation)."""
+        plan = lease_compares(read.charges() or Charges(tree, {}, read.view.lost), node, watts_w)
         if plan.whole:
             return self._unchanged(c, read)
         t = c.transactions
