@@ -193,8 +193,9 @@ class Controller:
         self._budget_reason = None
         # Over budget, a cut that one cap does not show yet is sent again every tick (it may
         # have been put back), so the card is down within a tick plus its lag; the card
-        # still counts where it is (not active), the others lowered around it.
-        resent = {c.uuid: cut for c in self.cards if c.ledger.above_requested
+        # still counts where it is (not active), the others lowered around it. Not to a
+        # slow card (its reads time out): as any, it takes no write meanwhile.
+        resent = {c.uuid: cut for c in self.cards if c.ledger.above_requested and c.slow_since is None
                   and (cut := c.ledger.unshown_cut_mw) is not None and self._controlled(c, now)} if self._over else {}
         if resent:
             reasons = {**reasons, **dict.fromkeys(resent, "resend")}

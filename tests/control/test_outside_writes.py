@@ -15,7 +15,7 @@ from support.inprocess import OnTick
 from support.rig import FAST, Fault, busy, card, idle, make_rig
 from powerbudgetd.control.controller import Controller
 from powerbudgetd.core.model import CardOverride, Mode, Role, Timings
-from powerbudgetd.errors import CardLimitUnknown, ExitStatus
+from powerbudgetd.errors import CardLimitUnknown, ExitStatus, NvmlTimeout
 from powerbudgetd.hw.calls import DeadlineCalls
 from powerbudgetd.hw.nvml import Nvml
 from powerbudgetd.service.daemon import Daemon
@@ -500,3 +500,40 @@ def test_one_cap_a_writer_putting_back_what_it_had_under_our_cut_is_corrected_wi
     assert rig.bank.cards[0].requested_mw == 252_000 and rig.truth_w() <= 322.0
     assert not [f for rep in rig.reports for f in rep.faults], "a slow cut is not a write that did not take"
     assert not rig.ctl.cards[0].ledger.backoff_s, "never held"
+
+
+def test_one_cap_a_slow_card_is_not_sent_its_cut_again_while_its_calls_hang() -> None:
+    """Found by review: the resend of an unshown cut (above) went to a card whose reads
+    time out, which takes no write meanwhile. In the daemon a call on a card with an
+    abandoned call times out at once: the resend was recorded overdue, the card counted
+    at its 322 W worst and held (``write_overdue``). It is left alone until it answers,
+    counted at the 276 W it read, and its cut shows after the lag."""
+    specs = [card(0, min_w=120.0, max_w=322.0, default_w=322.0, idle_w=5.0, has_instant=False),
+             card(1, min_w=70.0, max_w=70.0, default_w=70.0, idle_w=5.0, has_instant=False)]
+    rig = make_rig(specs, 322.0, lag_s=0.5, backend="hwmon")
+    rig.run(3.0)
+    uuid = rig.ctl.cards[0].uuid
+    read, set_limit = rig.nvml.read, rig.nvml.set_power_limit
+
+    def hung(u: str) -> bool:
+        return u == uuid and 3.15 <= rig.t < 3.65
+
+    def slow_read(u: str):  # type: ignore[no-untyped-def]
+        if hung(u):
+            raise NvmlTimeout("read hung")
+        return read(u)
+
+    def slow_set(u: str, w: float):  # type: ignore[no-untyped-def]
+        if hung(u):
+            raise NvmlTimeout("an abandoned call on this card")
+        return set_limit(u, w)
+
+    rig.nvml.read, rig.nvml.set_power_limit = slow_read, slow_set  # type: ignore[method-assign]
+    rig.bank._events = [(3.06, 0, BankEvent(3.06, 0, "set_limit", limit_w=276.0))]
+    for _ in range(12):
+        rep = rig.step()
+        c = rig.ctl.cards[0]
+        if c.slow_since is not None:
+            assert not [w for w in rep.writes if w.index == 0], rep.now
+        assert not c.ledger.overdue and not c.ledger.backoff_s and c.bound_mw <= 276_000, rep.now
+    assert rig.truth_w() <= 322.0
