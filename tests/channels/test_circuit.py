@@ -16,6 +16,7 @@ from powerbudgetd.core.arbiter import BudgetArbiter
 from powerbudgetd.errors import ConfigError
 from powerbudgetd.hw.nvml import Nvml
 from powerbudgetd.config import load_config
+from powerbudgetd_sim.hall import hall_kvs, mirrored
 from powerbudgetd_sim.libnvml import SimNvmlLibrary
 from powerbudgetd_sim.physics import SimBank
 from support.configs import config_file
@@ -1129,8 +1130,8 @@ def test_a_read_whose_readers_all_went_is_built_again(tmp_path: Path) -> None:
     from powerbudgetd.channels.circuit.store import CircuitStore
 
     store = CircuitStore(["x:1"], "lab")
-    kvs, rev = _hall_kvs(store, 1000)
-    _mirrored(store, kvs, rev)
+    kvs, rev = hall_kvs(store, 1000)
+    mirrored(store, kvs, rev)
 
     async def gone() -> None:
         reader = asyncio.create_task(store.read())
@@ -1357,56 +1358,6 @@ def test_the_watch_moves_to_the_member_the_reads_moved_to(tmp_path: Path) -> Non
     assert not any(e["event"] == "circuit_round_failed" for e in logs)
 
 
-def _hall_kvs(store, hosts_n: int, leases_w: dict[str, float] | None = None, seed: int = 1):  # noqa: ANN001, ANN202
-    """A hall's circuit as the watch's mirror holds it: ``hosts_n`` hosts (the last named
-    ``vm``), racks of ten on a delegated PDU per feed, two feeds of two panels; every host
-    seated at 500 W with a want (random, by ``seed``), and each PDU's lease of watts
-    (``leases_w``) where given."""
-    import json
-    import random
-
-    from powerbudgetd.channels.circuit import records
-    from powerbudgetd.channels.circuit.mirror import Entry
-    from powerbudgetd.channels.circuit.store import tree_doc
-    from powerbudgetd.core.tree import Host, Node, PowerTree
-
-    names = [f"h{i:04d}" for i in range(hosts_n - 1)] + ["vm"]
-    racks = -(-hosts_n // 10)
-    feed_w = hosts_n * 500.0 + hosts_n * 150.0
-    nodes = {"site": Node("site", 2 * feed_w, None, "site")}
-    for side in "ab":
-        nodes[f"feed-{side}"] = Node(f"feed-{side}", feed_w, "site", "ups")
-        for p in range(2):
-            nodes[f"p{p}-{side}"] = Node(f"p{p}-{side}", feed_w / 2 + 5000, f"feed-{side}", "panel")
-        for r in range(racks):
-            nodes[f"r{r}-{side}"] = Node(f"r{r}-{side}", 10 * 800.0, f"p{r % 2}-{side}", "pdu", delegate=True)
-    tree = PowerTree(nodes, {h: Host(h, {f"r{i // 10}-a": 0.5, f"r{i // 10}-b": 0.5}) for i, h in enumerate(names)})
-    rng, rev = random.Random(seed), 0
-
-    def entry(value: bytes, lease: int = 0) -> Entry:
-        nonlocal rev
-        rev += 1
-        return Entry(value, rev, rev, lease)
-
-    kvs = {store.spec_key: entry(records.dumps(budget_w=2 * feed_w, ttl_s=30)),
-           store.tree_key: entry(json.dumps(tree_doc(tree.with_mode("redundant")), sort_keys=True).encode())}
-    for h in names:
-        kvs[store.key(store.seats, h)] = entry(records.dumps(reserve_w=500.0))
-        kvs[store.key(store.wants, h)] = entry(records.dumps(want_w=round(rng.uniform(0, 400), 1)), lease=7)
-    for node, w in (leases_w or {}).items():
-        kvs[store.key(store.delegations, node)] = entry(records.dumps(watts_w=w))
-    return kvs, rev
-
-
-def _mirrored(store, kvs, revision: int):  # noqa: ANN001, ANN202
-    """``store`` (never connected) reading ``kvs`` at ``revision`` from its mirror: a live
-    watch, confirmed, with no write of its own since (no probe of etcd)."""
-    store.confirm_s, store._confirmed_at, store._wrote = float("inf"), time.monotonic(), False
-    store.mirror.load(kvs.items(), revision)
-    store.mirror.live = True
-    return store
-
-
 def test_a_hall_sized_circuit_is_read_and_divided_off_the_event_loop(tmp_path: Path) -> None:
     """A circuit of 3000 hosts under delegated PDUs: building a read and what a round
     computes from it (the tree's division, the leases' figures, who waits and who gives
@@ -1424,11 +1375,11 @@ def test_a_hall_sized_circuit_is_read_and_divided_off_the_event_loop(tmp_path: P
     s = _cfg(tmp_path, CIRCUIT.replace('name = "lab"', 'name = "lab"\nhost = "vm"\nstep_w = 20'))
     assert s.circuit is not None
     store = CircuitStore(["x:1"], "lab")
-    kvs, rev = _hall_kvs(store, 3000)
-    _mirrored(store, kvs, rev)
+    kvs, rev = hall_kvs(store, 3000)
+    mirrored(store, kvs, rev)
     first = asyncio.run(store.read())
     figures = leases.fair_w(first, first.view.wants, None)  # each PDU leased at its figure
-    kvs, rev = _hall_kvs(store, 3000, figures, seed=2)  # the wants moved since: divided again
+    kvs, rev = hall_kvs(store, 3000, figures, seed=2)  # the wants moved since: divided again
     store.mirror.load(kvs.items(), rev + 1)
     ch = CircuitChannel(s.circuit, s.circuit.host_power(s.feed), BudgetArbiter(s.effective_budget_w()), lower_s=1.0,
                         store=store, registry=CollectorRegistry())  # type: ignore[arg-type]
