@@ -601,10 +601,9 @@ def lease_compares(charges: Charges, node: str, to_w: float | None = None) -> Le
     checked against the old figure (it landed first) or failing and reading the new one,
     ``C(node)`` stays within the smaller. A **shrink** lowers every charge above
     ``node``: only ``node``'s own bound can break, so only the hosts charged at ``node``
-    and the leases below it are compared. A raise under a lease being the very thing its
-    growth is asked for, comparing its hosts failed most growths on a busy subtree;
-    comparing the siblings failed most shrinks. A lease created compares everything (no
-    raise under it compared one)."""
+    and the leases below it are compared. (A raise under a lease is the very thing its
+    growth is asked for: comparing its hosts failed growths on a busy subtree.) A lease
+    created compares everything: no raise under it compared one."""
     tree = charges.tree
     above = leased_above(tree, charges.live)
     parent = above[node]
