@@ -1,6 +1,6 @@
 """Benchmark: how long a host's circuit round holds the event loop on a hall.
 
-A hall's circuit as a host's watch holds it (``powerbudgetd_sim.hall``: ``--hosts``
+A hall's circuit as a host's watch holds it (the tests' ``support/hall.py``: ``--hosts``
 hosts in racks of ten on delegated PDUs, two feeds of two panels, every host seated with
 a want; ``--leases``: every PDU leased at its figure in the tree's division), read by a
 ``CircuitStore`` that is never connected (its mirror loaded as a live, confirmed watch's).
@@ -27,7 +27,10 @@ import statistics
 import sys
 import time
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))  # the tests' hall (support.hall)
 
 PULSE_S = 0.005  # the lateness probe's sleep (s)
 
@@ -46,7 +49,7 @@ async def hall(hosts_n: int, leased: bool, rounds: int, on_loop: bool) -> dict[s
     from powerbudgetd.channels.circuit import channel, leases, records
     from powerbudgetd.channels.circuit import store as store_mod
     from powerbudgetd.channels.circuit.store import CircuitStore
-    from powerbudgetd_sim.hall import hall_kvs, mirrored
+    from support.hall import hall_kvs, mirrored
 
     store = CircuitStore(["127.0.0.1:1"], "hall")  # never connected: every read from the mirror
     kvs, rev = hall_kvs(store, hosts_n)

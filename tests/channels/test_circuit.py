@@ -16,10 +16,10 @@ from powerbudgetd.core.arbiter import BudgetArbiter
 from powerbudgetd.errors import ConfigError
 from powerbudgetd.hw.nvml import Nvml
 from powerbudgetd.config import load_config
-from powerbudgetd_sim.hall import hall_kvs, mirrored
 from powerbudgetd_sim.libnvml import SimNvmlLibrary
 from powerbudgetd_sim.physics import SimBank
 from support.configs import config_file
+from support.hall import hall_kvs, mirrored
 
 CIRCUIT = """budget_w = 1200
 [circuit]

@@ -1,5 +1,5 @@
-"""A hall's circuit as a host's watch holds it, for the tests and benchmarks that time a
-round at the size of a hall without an etcd to seat thousands of hosts in.
+"""A hall's circuit as a host's watch holds it, for the tests (and ``benchmarks/round_lag.py``)
+that time a round at the size of a hall without an etcd to seat thousands of hosts in.
 
 :func:`hall_kvs` lays the keys out as ``CircuitStore`` does (its own key names and
 record format); :func:`mirrored` loads them into a store that is never connected, as a
