@@ -20,6 +20,7 @@ from powerbudgetd_sim.libnvml import SimNvmlLibrary
 from powerbudgetd_sim.physics import SimBank
 from support.configs import config_file
 from support.hall import hall_kvs, mirrored
+from support.pulse import beat
 
 CIRCUIT = """budget_w = 1200
 [circuit]
@@ -1388,15 +1389,7 @@ def test_a_hall_sized_circuit_is_read_and_divided_off_the_event_loop(tmp_path: P
         gaps: list[float] = []
         done = asyncio.Event()
 
-        async def ticks() -> None:  # the loop's pulse, every 2 ms
-            last = time.perf_counter()
-            while not done.is_set():
-                await asyncio.sleep(0.002)
-                now = time.perf_counter()
-                gaps.append(now - last)
-                last = now
-
-        pulse = asyncio.create_task(ticks())
+        pulse = asyncio.create_task(beat(0.002, gaps, done.is_set))  # the loop's pulse, every 2 ms
         await asyncio.sleep(0.02)
         t0 = time.perf_counter()
         read = await ch._read()

@@ -141,6 +141,13 @@ print(answered[0])
 """
 
 
+def flood_clients(port: int) -> subprocess.Popen[str]:
+    """Six clients in another process scraping ``port``'s /metrics back to back for 9.5 s;
+    the process prints how many scrapes were answered."""
+    return subprocess.Popen([sys.executable, "-c", FLOOD_CLIENT, f"http://127.0.0.1:{port}/metrics", "6", "9.5"],
+                            stdout=subprocess.PIPE, text=True)
+
+
 # The same clients' load on the machine with nothing of the daemon's in it: a server in
 # another process answering a body of the exposition's size (the control window).
 ELSEWHERE_SERVER = """
@@ -190,8 +197,7 @@ async def test_a_scrape_flood_costs_the_control_loop_nothing(tmp_path: Path) -> 
             elsewhere = subprocess.Popen([sys.executable, "-c", ELSEWHERE_SERVER, str(other), str(size)])
             try:
                 await asyncio.sleep(1.0)
-                control = subprocess.Popen([sys.executable, "-c", FLOOD_CLIENT, f"http://127.0.0.1:{other}/metrics",
-                                            "6", "9.5"], stdout=subprocess.PIPE, text=True)
+                control = flood_clients(other)
                 await asyncio.sleep(1.0)
                 n0 = len(r.ticks)
                 await asyncio.sleep(8.0)
@@ -200,8 +206,7 @@ async def test_a_scrape_flood_costs_the_control_loop_nothing(tmp_path: Path) -> 
             finally:
                 elsewhere.kill()
                 elsewhere.wait()
-            flood = subprocess.Popen([sys.executable, "-c", FLOOD_CLIENT, f"http://127.0.0.1:{port}/metrics", "6", "9.5"],
-                                     stdout=subprocess.PIPE, text=True)
+            flood = flood_clients(port)
             await asyncio.sleep(1.0)
             n1 = len(r.ticks)
             await asyncio.sleep(8.0)

@@ -9,6 +9,7 @@ import time
 import pytest
 
 from powerbudgetd.service.tickthread import TickThread
+from support.pulse import beat
 
 
 def _threads_named(name: str) -> list[threading.Thread]:
@@ -54,16 +55,8 @@ async def test_the_loop_keeps_its_cadence_while_a_tick_blocks() -> None:
     release = threading.Event()
     gaps: list[float] = []
 
-    async def beat() -> None:
-        last = time.monotonic()
-        while not release.is_set():
-            await asyncio.sleep(0.01)
-            now = time.monotonic()
-            gaps.append(now - last)
-            last = now
-
     try:
-        beating = asyncio.create_task(beat())
+        beating = asyncio.create_task(beat(0.01, gaps, release.is_set))
         slow = asyncio.create_task(ticks.run(release.wait, 0.5))
         assert await slow is False  # timed out after 0.5 s, on the tick's thread
         release.set()
