@@ -497,6 +497,7 @@ def test_one_cap_a_writer_putting_back_what_it_had_under_our_cut_is_corrected_wi
     rig.bank._events = [(3.06, 0, BankEvent(3.06, 0, "set_limit", limit_w=276.0)),
                         (3.12, 1, BankEvent(3.12, 0, "set_limit", limit_w=276.0))]
     assert over_budget_after(rig, 5.0, since=3.12) <= rig.ctl.timings.tick_s + lag_s + 1e-9
+    assert any(w.reason == "resend" for rep in rig.reports for w in rep.writes)  # as the logs name it
     assert rig.bank.cards[0].requested_mw == 252_000 and rig.truth_w() <= 322.0
     assert not [f for rep in rig.reports for f in rep.faults], "a slow cut is not a write that did not take"
     assert not rig.ctl.cards[0].ledger.backoff_s, "never held"
