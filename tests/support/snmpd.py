@@ -17,7 +17,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from support.wait import free_port, reap, wait_until
+from support.wait import free_udp_port, reap, wait_until
 
 SNMPD = "/usr/sbin/snmpd"
 AUTH_KEY = "authkey-Zq9x"
@@ -68,7 +68,8 @@ class Snmpd:
     def __init__(self, workdir: Path, subtree: str, community: str = "pdu-c0mmunity") -> None:
         self.dir = workdir
         self.dir.mkdir(parents=True, exist_ok=True)
-        self.port = free_port()
+        self.port = free_udp_port()
+        self.started = False
         self.community = community
         self.values = workdir / "values.json"
         self.set({})
@@ -95,15 +96,36 @@ class Snmpd:
         tmp.replace(self.values)
 
     def start(self) -> Snmpd:
-        log = open(self.dir / "snmpd.log", "ab")  # noqa: SIM115 - closed with the process
-        self.proc = subprocess.Popen(
-            [snmpd_binary(), "-f", "-Lo", "-C", "-c", str(self.conf), "-p", str(self.dir / "snmpd.pid"), "-r",
-             f"udp:127.0.0.1:{self.port}"],
-            env=self.env, stdout=log, stderr=log, cwd=self.dir,
-        )
-        wait_until(lambda: "NET-SNMP version" in (self.dir / "snmpd.log").read_text(errors="replace"), 15,
-                   "snmpd to start", proc=self.proc, log=self.dir / "snmpd.log")
-        return self
+        """Start snmpd. The first start takes another free port where the one picked was
+        taken meanwhile (a parallel test's socket: CI once lost a run to it); a restart
+        keeps its port, as the tests that restart it expect."""
+        log_path = self.dir / "snmpd.log"
+        for tries_left in range(2, -1, -1):
+            log = open(log_path, "ab")  # noqa: SIM115 - closed with the process
+            since = log.tell()  # this start's lines only
+            self.proc = subprocess.Popen(
+                [snmpd_binary(), "-f", "-Lo", "-C", "-c", str(self.conf), "-p", str(self.dir / "snmpd.pid"), "-r",
+                 f"udp:127.0.0.1:{self.port}"],
+                env=self.env, stdout=log, stderr=log, cwd=self.dir,
+            )
+            try:
+                wait_until(lambda since=since: "NET-SNMP version" in self._log_since(since), 15,
+                           "snmpd to start", proc=self.proc, log=log_path)
+            except AssertionError:
+                taken = "Error opening specified endpoint" in self._log_since(since)
+                reap(self.proc, 5)
+                if self.started or not taken or not tries_left:
+                    raise
+                self.port = free_udp_port()
+                continue
+            self.started = True
+            return self
+        raise AssertionError("unreachable")
+
+    def _log_since(self, offset: int) -> str:
+        with open(self.dir / "snmpd.log", "rb") as f:
+            f.seek(offset)
+            return f.read().decode(errors="replace")
 
     def stop(self) -> None:
         reap(self.proc, 5)

@@ -22,6 +22,14 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def free_udp_port() -> int:
+    """A UDP port on 127.0.0.1 that was free when asked (the kernel's pick): a free TCP
+    port says nothing of the UDP port of the same number."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
 def log_tail(log: Log, chars: int = 3000) -> str:
     """The last ``chars`` characters of ``log`` (a file, or a callable giving the text)."""
     if log is None:
